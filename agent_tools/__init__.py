@@ -1,0 +1,1 @@
+"""Tools the LLM agent calls (compile, run-tests, profile, read-file); built on the evaluator."""

@@ -1,0 +1,111 @@
+"""Operator cards: one distinct operator call of a workload, with its cost and its reference.
+
+A card is one distinct (target, input shapes, dtypes, strides, non-tensor arguments). Its
+``program`` reproduces what eager computed (see program.py); its samples are captured real
+inputs and outputs, stored by hash outside git (tensorstore.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+               "int64": "i64", "int32": "i32", "bool": "bool", "uint8": "u8", "int8": "i8"}
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[int]
+    stride: list[int]
+    dtype: str
+    role: Literal["input", "param", "const", "output"] = "input"
+    name: str = ""
+    value_range: tuple[float, float] | None = None
+    """Smallest and largest finite value seen at capture (random inputs stay in a valid domain:
+    indices in range, variances non-negative)."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def contiguous(self) -> bool:
+        expected, acc = [], 1
+        for s in reversed(self.shape):
+            expected.append(acc)
+            acc *= s
+        return all(sz <= 1 or st == e for sz, st, e in zip(self.shape, self.stride, reversed(expected)))
+
+    def short(self) -> str:
+        dims = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{dims} {DTYPE_SHORT.get(self.dtype, self.dtype)}"
+
+
+class Sample(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[str]
+    outputs: list[str]
+
+
+class Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    kind: Literal["op", "module"]
+    target: str
+    """'aten._softmax.default' for ops; 'module:RMSNorm' for leaf modules."""
+    label: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    program: dict[str, Any]
+    module_paths: list[str] = []
+    flags: list[str] = []
+    """'mutates' (in-place op; the card is its functional form), 'dynamic_shape' (output shape
+    depends on data), 'no_sample' (inputs too large to keep; timing used random inputs)."""
+    calls: int = 0
+    time_us: float | None = None
+    time_spread: float | None = None
+    share: float | None = None
+    bytes: int = 0
+    flops: int = 0
+    floor_us: float | None = None
+    headroom: float | None = None
+    samples: list[Sample] = []
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @property
+    def total_us(self) -> float:
+        return (self.time_us or 0.0) * self.calls
+
+    @property
+    def op_name(self) -> str:
+        """'_softmax' for 'aten._softmax.default'; 'RMSNorm' for 'module:RMSNorm'."""
+        if self.kind == "module":
+            return self.target.split(":", 1)[1]
+        parts = self.target.split(".")
+        return parts[1] if len(parts) > 1 else self.target
+
+    def shapes(self) -> str:
+        return ", ".join(s.short() for s in self.inputs if s.role == "input") or "-"
+
+
+def save_cards(cards: list[Card], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for card in cards:
+        (folder / f"{card.id}.json").write_text(json.dumps(card.model_dump(mode="json"), indent=1) + "\n")
+
+
+def load_cards(folder: Path) -> list[Card]:
+    cards = [Card.model_validate_json(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    cards.sort(key=lambda c: (-(c.share or 0.0), c.id))
+    return cards

@@ -1,0 +1,76 @@
+"""Comparing outputs: tolerances by dtype, NaN/Inf exactly where the reference has them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (rtol, atol) per dtype: fp32 near 1e-5 relative, half precision near 1e-2.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-5, 1e-6),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (1.6e-2, 1e-2),
+}
+
+
+def tolerance(dtype_name: str) -> tuple[float, float]:
+    return TOLERANCES.get(dtype_name, (0.0, 0.0))
+
+
+@dataclass
+class Mismatch:
+    index: int  # which output
+    reason: str
+    max_abs_err: float = 0.0
+    bad_fraction: float = 0.0
+
+    def __str__(self) -> str:
+        return f"output {self.index}: {self.reason}"
+
+
+def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: float | None = None,
+            scale=None) -> Mismatch | None:
+    """None when ``actual`` matches ``expected``; else what is wrong.
+
+    Floats: |a - e| <= atol * s + rtol * |e| elementwise, where s is ``scale`` (the typical size
+    of the reference's values, default 1); non-finite values must match exactly in position and
+    kind. Integers and bools: exact.
+    """
+    import torch
+
+    name = str(expected.dtype).removeprefix("torch.")
+    if actual.shape != expected.shape:
+        return Mismatch(index, f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        return Mismatch(index, f"dtype {actual.dtype} != expected {expected.dtype}")
+    if not expected.is_floating_point():
+        bad = (actual != expected)
+        n = int(bad.sum())
+        if n:
+            return Mismatch(index, f"{n} of {bad.numel()} elements differ", bad_fraction=n / bad.numel())
+        return None
+    r, a = tolerance(name)
+    rtol = r if rtol is None else rtol
+    atol = a if atol is None else atol
+    act = actual.double()
+    exp = expected.double()
+    fin_e = torch.isfinite(exp)
+    nan_e, nan_a = torch.isnan(exp), torch.isnan(act)
+    if not torch.equal(nan_e, nan_a):
+        n = int((nan_e != nan_a).sum())
+        return Mismatch(index, f"NaN where the reference has none, or missing NaN ({n} elements)",
+                        bad_fraction=n / max(exp.numel(), 1))
+    inf_e = torch.isinf(exp)
+    if not torch.equal(inf_e, torch.isinf(act)) or not torch.equal(exp[inf_e], act[inf_e]):
+        return Mismatch(index, "Inf where the reference has none, or of the wrong sign")
+    if exp.numel() == 0:
+        return None
+    s = 1.0 if scale is None else float(scale)
+    err = (act - exp).abs()
+    err = torch.where(fin_e, err, torch.zeros_like(err))
+    bad = err > (atol * s + rtol * exp.abs())
+    n = int(bad.sum())
+    if n:
+        return Mismatch(index, f"{n} of {bad.numel()} elements outside tolerance (max abs error {float(err.max()):.3g}, "
+                        f"rtol {rtol:g}, atol {atol:g})", max_abs_err=float(err.max()), bad_fraction=n / bad.numel())
+    return None

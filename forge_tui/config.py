@@ -1,0 +1,129 @@
+"""forge.toml: read with tomllib, validated into typed models that reject unknown keys by name.
+
+Discovery order (first found wins): ``--config PATH``, ``./forge.toml``, the workspace's own
+``forge.toml``. Secrets never live here: API keys are read from the environment variables the
+config names.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+CONFIG_NAME = "forge.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TimingConfig(_Section):
+    warmup: int = Field(3, ge=0)
+    repeats: int = Field(20, ge=1)
+    cold_l2: bool = True
+    """Flush the L2 cache (CUDA) between timed runs. On the CPU backend this is ignored."""
+    flush_mib: int = Field(256, ge=1)
+
+
+class ProfileConfig(_Section):
+    ops: bool = True
+    """Cards at the single-op (aten) granularity."""
+    modules: bool = True
+    """Cards for leaf nn.Modules (an RMSNorm written as six tensor ops becomes one card)."""
+    skip_views: bool = True
+    skip_rng: bool = True
+    skip_param_copies: bool = True
+    samples_per_card: int = Field(2, ge=1, le=16)
+    max_sample_mib: float = Field(512.0, gt=0)
+    """A sample whose tensors add up to more than this is not stored (the card keeps the first)."""
+    train_mode: bool = False
+    forwards: int = Field(1, ge=1)
+    """Forward passes captured (the first is also the warm-up for the forward timing)."""
+
+
+class EvaluatorConfig(_Section):
+    backend: Literal["auto", "cuda", "cpu"] = "auto"
+    build_timeout_s: float = Field(120.0, gt=0)
+    run_timeout_s: float = Field(60.0, gt=0)
+    random_sets: int = Field(3, ge=3)
+    parallel_builds: int = Field(0, ge=0)
+    """0 means one per CPU core."""
+    profile_with_ncu: bool = False
+
+
+class ForgeConfig(_Section):
+    timing: TimingConfig = TimingConfig()
+    profile: ProfileConfig = ProfileConfig()
+    evaluator: EvaluatorConfig = EvaluatorConfig()
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        section, _, key = loc.rpartition(".")
+        where = f"[{section}] " if section else ""
+        hint = ""
+        if "key" in key.lower() or "secret" in key.lower() or "token" in key.lower():
+            hint = " (secrets are read from the environment only)"
+        return f"{source}: {where}unknown key '{key}'{hint}"
+    value = first.get("input")
+    return f"{source}: {loc}: {first['msg'].lower()} (got {type(value).__name__} {value!r})"
+
+
+def parse_config(data: dict, source: str = CONFIG_NAME) -> ForgeConfig:
+    try:
+        return ForgeConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source)) from None
+
+
+def load_config_file(path: Path) -> ForgeConfig:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return parse_config(data, str(path))
+
+
+def discover_config(explicit: Path | None = None, workspace: Path | None = None) -> tuple[ForgeConfig, Path | None]:
+    """Return the config and the file it came from (None for the built-in defaults)."""
+    if explicit is not None:
+        return load_config_file(explicit), explicit
+    local = Path.cwd() / CONFIG_NAME
+    if local.is_file():
+        return load_config_file(local), local
+    if workspace is not None and (workspace / CONFIG_NAME).is_file():
+        return load_config_file(workspace / CONFIG_NAME), workspace / CONFIG_NAME
+    return ForgeConfig(), None
+
+
+def to_toml(cfg: ForgeConfig) -> str:
+    """Render a config as TOML (every key, so the workspace's copy documents the defaults)."""
+    lines: list[str] = []
+    for section, model in cfg:
+        lines.append(f"[{section}]")
+        for key, value in model:
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, (int, float)):
+                text = repr(value)
+            else:
+                text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            lines.append(f"{key} = {text}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,20 @@
+"""Gemma-3-like decoder (bf16): HF-style RMSNorm, RoPE, gated GELU(tanh) MLP, eager softmax attention.
+
+8 layers, hidden 1536, vocab 262144, 4 sequences of 1024 tokens; random weights.
+"""
+
+import torch
+
+from forge_tui.examples._decoder_parts import Decoder, DecoderConfig, decoder_inputs, init_random
+
+DTYPE = torch.bfloat16
+CONFIG = DecoderConfig()
+BATCH, SEQ = 4, 1024
+
+
+def get_model():
+    return init_random(Decoder(CONFIG))
+
+
+def get_inputs():
+    return decoder_inputs(CONFIG, BATCH, SEQ)

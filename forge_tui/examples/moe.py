@@ -1,0 +1,24 @@
+"""Qwen-3-MoE-like decoder (bf16): 6 layers, 64 experts top-8, q/k RMSNorm, SDPA attention.
+
+Routing and expert dispatch as Hugging Face's eager code does it; 4 sequences of 1024 tokens.
+"""
+
+import torch
+
+from forge_tui.examples._decoder_parts import Decoder, DecoderConfig, decoder_inputs, init_random
+
+DTYPE = torch.bfloat16
+CONFIG = DecoderConfig(
+    layers=6, hidden=2048, heads=32, kv_heads=4, head_dim=128, intermediate=0, vocab=151936,
+    act="silu", attention="sdpa", qk_norm=True, experts=64, top_k=8, expert_intermediate=768,
+    embed_scale=False,
+)
+BATCH, SEQ = 4, 1024
+
+
+def get_model():
+    return init_random(Decoder(CONFIG))
+
+
+def get_inputs():
+    return decoder_inputs(CONFIG, BATCH, SEQ)

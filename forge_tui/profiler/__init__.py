@@ -1,0 +1,1 @@
+"""Profiling a workload into operator cards."""

@@ -1,0 +1,419 @@
+"""Capture every operator call of an unmodified model, at two granularities.
+
+Ops: a ``TorchDispatchMode`` sees each aten call after autograd and composite decomposition
+(what actually runs). Modules: forward hooks on leaf ``nn.Module``s bracket the aten calls
+made inside them; those calls, with their data flow, become the module card's program. Calls
+are grouped by signature (target, input shapes, dtypes, strides, non-tensor arguments); the
+first few calls of each group keep their real inputs and outputs, packed on the CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cards import TensorSpec
+from ..program import Unencodable, encode, flatten_outputs
+from ..tensorstore import pack
+from .cost import op_flops, tensor_read_bytes, tensor_write_bytes
+
+VIEW_LIKE = {"_unsafe_view", "detach", "alias", "lift_fresh", "expand", "_reshape_alias",
+             "view", "as_strided", "t", "transpose", "permute", "unsqueeze", "squeeze", "slice",
+             "select", "split", "chunk", "unbind", "narrow", "diagonal", "unfold", "_conj", "_neg_view"}
+ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+               "empty_permuted"}
+DYNAMIC_SHAPE = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+                 "unique_consecutive", "nonzero_static"}
+ATTENTION_PREFIXES = ("_scaled_dot_product", "scaled_dot_product", "_flash_attention", "_efficient_attention")
+
+
+def op_name(func) -> str:
+    return func._overloadpacket.__name__
+
+
+def is_view(func) -> bool:
+    return bool(func.is_view) or op_name(func) in VIEW_LIKE
+
+
+def is_rng(func, args, kwargs) -> bool:
+    import torch
+
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    name = op_name(func)
+    if name.startswith(ATTENTION_PREFIXES):
+        p = kwargs.get("dropout_p", args[3] if len(args) > 3 and isinstance(args[3], float) else 0.0)
+        return bool(p and p > 0)
+    return True
+
+
+def _tensor_leaves(obj) -> list:
+    import torch
+
+    out: list = []
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            out.extend(_tensor_leaves(x))
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            out.extend(_tensor_leaves(x))
+    return out
+
+
+def dtype_name(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def spec_of(t, role: str = "input", name: str = "", with_range: bool = True) -> TensorSpec:
+    import torch
+
+    value_range = None
+    if with_range and not t.is_complex() and t.numel() > 0:
+        v = t.detach()
+        if v.dtype == torch.bool:
+            v = v.to(torch.uint8)
+        if v.is_floating_point():
+            v = v[torch.isfinite(v)]
+            if v.numel():
+                value_range = (float(v.min()), float(v.max()))
+        else:
+            value_range = (int(v.min()), int(v.max()))
+    return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=dtype_name(t), role=role,
+                      name=name, value_range=value_range)
+
+
+def signature_key(kind: str, target: str, program: dict, specs: list[TensorSpec]) -> str:
+    payload = json.dumps({"kind": kind, "target": target, "program": program,
+                          "inputs": [[s.shape, s.stride, s.dtype, s.role] for s in specs]}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass
+class Bucket:
+    """All calls sharing one signature: the future card."""
+
+    key: str
+    kind: str
+    target: str
+    program: dict
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    flops: int
+    bytes: int
+    calls: int = 0
+    samples: list[tuple[list, list]] = field(default_factory=list)
+    module_paths: list[str] = field(default_factory=list)
+    flags: set[str] = field(default_factory=set)
+    first_seen: int = 0
+    skipped_samples: int = 0
+
+
+@dataclass
+class _Frame:
+    module: Any
+    path: str
+    refs: Any  # WeakIdKeyDictionary: tensor -> ref
+    tensors: list  # the card's input tensors, in order (inputs, params, consts)
+    specs: list[TensorSpec]
+    nodes: list = field(default_factory=list)
+    flops: int = 0
+    rng: bool = False
+    flags: set[str] = field(default_factory=set)
+    invalid: str = ""
+    sample_inputs: list | None = None
+
+
+class CaptureOptions:
+    def __init__(self, cfg) -> None:
+        self.ops = cfg.ops
+        self.modules = cfg.modules
+        self.skip_views = cfg.skip_views
+        self.skip_rng = cfg.skip_rng
+        self.skip_param_copies = cfg.skip_param_copies
+        self.samples_per_card = cfg.samples_per_card
+        self.max_sample_bytes = int(cfg.max_sample_mib * (1 << 20))
+
+
+def _make_mode_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Mode(TorchDispatchMode):
+        def __init__(self, recorder: "Recorder") -> None:
+            super().__init__()
+            self.recorder = recorder
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self.recorder.on_call(func, args, kwargs or {})
+
+    return _Mode
+
+
+class Recorder:
+    """Runs a model under capture; ``buckets`` holds the result."""
+
+    def __init__(self, model, options: CaptureOptions) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.model = model
+        self.opt = options
+        self.params = WeakIdKeyDictionary()
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            self.params[p] = name
+        self.buckets: dict[str, Bucket] = {}
+        self.frame: _Frame | None = None
+        self.busy = False  # our own tensor work inside hooks is not captured
+        self.seq = 0
+        self.skipped: dict[str, int] = {"views": 0, "rng": 0, "param_copies": 0, "allocations": 0, "no_tensor_output": 0}
+        self._module_samples: dict[tuple, int] = {}
+        self._handles: list = []
+        self._WeakIdKeyDictionary = WeakIdKeyDictionary
+
+    # ---- public -------------------------------------------------------------------------------
+    def run(self, fn):
+        mode = _make_mode_class()(self)
+        if self.opt.modules:
+            self._install_hooks()
+        try:
+            with mode:
+                return fn()
+        finally:
+            for h in self._handles:
+                h.remove()
+            self._handles.clear()
+            self.frame = None
+
+    # ---- ops ----------------------------------------------------------------------------------
+    def _within_budget(self, tensors) -> bool:
+        return sum(t.numel() * t.element_size() for t in tensors) <= self.opt.max_sample_bytes
+
+    def on_call(self, func, args, kwargs):
+        if self.busy:
+            return func(*args, **kwargs)
+        self.busy = True
+        try:
+            return self._record(func, args, kwargs)
+        finally:
+            self.busy = False
+
+    def _record(self, func, args, kwargs):
+        import torch
+
+        name = op_name(func)
+        in_tensors = _tensor_leaves((args, kwargs))
+        # Decide before running: in-place ops change their inputs.
+        op_card = self.opt.ops
+        reason = None
+        if name in ALLOCATIONS:
+            reason = "allocations"
+        elif self.opt.skip_views and is_view(func):
+            reason = "views"
+        elif self.opt.skip_rng and is_rng(func, args, kwargs):
+            reason = "rng"
+        elif self.opt.skip_param_copies and in_tensors and all(t in self.params for t in in_tensors):
+            reason = "param_copies"
+        if reason is not None:
+            op_card = False
+
+        program = key = None
+        specs: list[TensorSpec] = []
+        if op_card:
+            index: dict[int, int] = {}
+            uniq: list = []
+
+            def ref(t):
+                k = index.get(id(t))
+                if k is None:
+                    k = index[id(t)] = len(uniq)
+                    uniq.append(t)
+                return {"$in": k}
+
+            try:
+                node = {"op": str(func), "args": encode(list(args), ref), "kwargs": encode(dict(kwargs), ref)}
+            except Unencodable:
+                op_card = False
+            else:
+                specs = [spec_of(t, "param" if t in self.params else "input", with_range=False) for t in uniq]
+                program = {"nodes": [node], "outputs": []}
+                key = signature_key("op", str(func), program, specs)
+        bucket = self.buckets.get(key) if key else None
+        sample_in = None
+        if op_card and (bucket is None or len(bucket.samples) < self.opt.samples_per_card):
+            if self._within_budget(uniq):
+                sample_in = [pack(t) for t in uniq]
+
+        out = func(*args, **kwargs)
+        self.seq += 1
+        flat_out = flatten_outputs(out)
+        out_tensors = [t for t in flat_out if isinstance(t, torch.Tensor)]
+
+        if self.frame is not None:
+            self._frame_node(func, args, kwargs, out, flat_out, in_tensors, out_tensors)
+        if in_tensors and all(t in self.params for t in in_tensors):
+            for t in out_tensors:  # a copy or view of parameters is parameter-derived too
+                self.params[t] = "derived"
+
+        if reason is not None:
+            self.skipped[reason] += 1
+            return out
+        if not op_card:
+            return out
+        if not out_tensors:
+            self.skipped["no_tensor_output"] += 1
+            return out
+        if bucket is None:
+            program["outputs"] = [{"$node": 0, "out": j} for j, t in enumerate(flat_out) if isinstance(t, torch.Tensor)]
+            specs = [spec_of(t, s.role) for t, s in zip(uniq, specs)]
+            flags = set()
+            if func._schema.is_mutable:
+                flags.add("mutates")
+            if name in DYNAMIC_SHAPE or (name == "where" and len(args) == 1):
+                flags.add("dynamic_shape")
+            bucket = Bucket(
+                key=key, kind="op", target=str(func), program=program, inputs=specs,
+                outputs=[spec_of(t, "output", with_range=False) for t in out_tensors],
+                flops=op_flops(func, args, kwargs, out, uniq, out_tensors),
+                bytes=sum(tensor_read_bytes(t) for t in uniq) + sum(tensor_write_bytes(t) for t in out_tensors),
+                flags=flags, first_seen=self.seq,
+            )
+            self.buckets[key] = bucket
+        bucket.calls += 1
+        if self.frame is not None and self.frame.path not in bucket.module_paths:
+            bucket.module_paths.append(self.frame.path)
+        if len(bucket.samples) < self.opt.samples_per_card:
+            if sample_in is not None and self._within_budget(out_tensors):
+                bucket.samples.append((sample_in, [pack(t) for t in out_tensors]))
+            else:
+                bucket.skipped_samples += 1
+        return out
+
+    # ---- modules ------------------------------------------------------------------------------
+    def _install_hooks(self) -> None:
+        for path, mod in self.model.named_modules():
+            if any(True for _ in mod.children()):
+                continue
+            self._handles.append(mod.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True))
+            self._handles.append(mod.register_forward_hook(self._post_hook(), with_kwargs=True))
+
+    def _pre_hook(self, path: str):
+        def hook(module, args, kwargs):
+            if self.busy or self.frame is not None:
+                return None
+            self.busy = True
+            try:
+                frame = _Frame(module=module, path=path, refs=self._WeakIdKeyDictionary(), tensors=[], specs=[])
+                for t in _tensor_leaves((args, kwargs)):
+                    if t not in frame.refs:
+                        frame.refs[t] = {"$in": len(frame.tensors)}
+                        frame.tensors.append(t)
+                        frame.specs.append(spec_of(t, "input", with_range=False))
+                for pname, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+                    if p is not None and p not in frame.refs:
+                        frame.refs[p] = {"$in": len(frame.tensors)}
+                        frame.tensors.append(p)
+                        frame.specs.append(spec_of(p, "param", pname, with_range=False))
+                pre_key = (type(module).__qualname__, tuple((tuple(s.shape), s.dtype) for s in frame.specs))
+                if self._module_samples.get(pre_key, 0) < self.opt.samples_per_card and self._within_budget(frame.tensors):
+                    frame.sample_inputs = [pack(t) for t in frame.tensors]
+                frame.pre_key = pre_key  # type: ignore[attr-defined]
+                self.frame = frame
+            finally:
+                self.busy = False
+            return None
+
+        return hook
+
+    def _frame_node(self, func, args, kwargs, out, flat_out, in_tensors, out_tensors) -> None:
+        import torch
+
+        frame = self.frame
+        if frame.invalid:
+            return
+
+        def ref(t):
+            r = frame.refs.get(t)
+            if r is None:  # a tensor from outside the module's inputs: a constant input
+                r = frame.refs[t] = {"$in": len(frame.tensors)}
+                frame.tensors.append(t)
+                frame.specs.append(spec_of(t, "const", with_range=False))
+                if frame.sample_inputs is not None:
+                    frame.sample_inputs.append(pack(t))
+            return r
+
+        try:
+            node = {"op": str(func), "args": encode(list(args), ref), "kwargs": encode(dict(kwargs), ref)}
+        except Unencodable as exc:
+            frame.invalid = f"unencodable argument {exc}"
+            return
+        i = len(frame.nodes)
+        frame.nodes.append(node)
+        for j, t in enumerate(flat_out):
+            if isinstance(t, torch.Tensor):
+                frame.refs[t] = {"$node": i, "out": j}
+        if not is_view(func):
+            frame.flops += op_flops(func, args, kwargs, out, in_tensors, out_tensors)
+        if is_rng(func, args, kwargs):
+            frame.rng = True
+        if func._schema.is_mutable:
+            frame.flags.add("mutates")
+        if op_name(func) in DYNAMIC_SHAPE:
+            frame.flags.add("dynamic_shape")
+
+    def _post_hook(self):
+        def hook(module, args, kwargs, output):
+            frame = self.frame
+            if self.busy or frame is None or frame.module is not module:
+                return None
+            self.frame = None
+            self.busy = True
+            try:
+                self._close_frame(frame, output)
+            finally:
+                self.busy = False
+            return None
+
+        return hook
+
+    def _close_frame(self, frame: _Frame, output) -> None:
+        compute = [n for n in frame.nodes
+                   if not is_view(_resolve(n["op"])) and op_name(_resolve(n["op"])) not in ALLOCATIONS]
+        if frame.invalid or len(compute) < 2 or (frame.rng and self.opt.skip_rng):
+            return  # single-op modules are already op cards
+        outs = _tensor_leaves(output)
+        refs = []
+        for t in outs:
+            r = frame.refs.get(t)
+            if r is None:
+                return
+            refs.append(r)
+        program = {"nodes": frame.nodes, "outputs": refs}
+        target = f"module:{type(frame.module).__name__}"
+        key = signature_key("module", target, program, frame.specs)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            specs = [spec_of(t, s.role, s.name) for t, s in zip(frame.tensors, frame.specs)]
+            bucket = Bucket(
+                key=key, kind="module", target=target, program=program, inputs=specs,
+                outputs=[spec_of(t, "output", with_range=False) for t in outs], flops=frame.flops,
+                bytes=sum(tensor_read_bytes(t) for t in frame.tensors) + sum(tensor_write_bytes(t) for t in outs),
+                flags=set(frame.flags), first_seen=self.seq,
+            )
+            self.buckets[key] = bucket
+        bucket.calls += 1
+        if frame.path not in bucket.module_paths:
+            bucket.module_paths.append(frame.path)
+        if len(bucket.samples) < self.opt.samples_per_card:
+            if frame.sample_inputs is not None and self._within_budget(outs):
+                bucket.samples.append((frame.sample_inputs, [pack(t) for t in outs]))
+                self._module_samples[frame.pre_key] = self._module_samples.get(frame.pre_key, 0) + 1
+            else:
+                bucket.skipped_samples += 1
+
+
+def _resolve(name: str):
+    from ..program import resolve_op
+
+    return resolve_op(name)

@@ -1,0 +1,184 @@
+"""``forge profile``: run a workload under capture, time every card, and produce the op table."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..cards import Card, Sample
+from ..compare import compare
+from ..config import ForgeConfig
+from ..inputs import random_inputs
+from ..program import bind_program, run_program
+from ..tensorstore import TensorStore, unpack
+from ..timing import Stats, Timer
+from ..workload import Workload
+from . import roofline
+from .capture import Bucket, CaptureOptions, Recorder
+
+
+@dataclass
+class ProfileResult:
+    cards: list[Card]
+    forward: Stats
+    device: str
+    device_name: str
+    dtype: str | None
+    ceilings: dict
+    skipped: dict[str, int]
+    timing: dict
+    calls_total: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def coverage(self) -> dict[str, float]:
+        """Sum of card times over the forward time, per granularity."""
+        f = self.forward.median or 1.0
+        return {kind: sum(c.total_us for c in self.cards if c.kind == kind) / f for kind in ("op", "module")}
+
+    def summary(self) -> dict:
+        return {
+            "device": self.device, "device_name": self.device_name, "dtype": self.dtype,
+            "forward_us": self.forward.to_json(), "ceilings": self.ceilings, "skipped": self.skipped,
+            "timing": self.timing, "cards": len(self.cards), "calls_captured": self.calls_total,
+            "coverage": self.coverage, "warnings": self.warnings,
+        }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+
+
+def card_id(bucket: Bucket) -> str:
+    if bucket.kind == "module":
+        name = "mod-" + _slug(bucket.target.split(":", 1)[1])
+    else:
+        parts = bucket.target.split(".")
+        name = _slug(parts[1] if len(parts) > 1 else bucket.target)
+        if len(parts) > 2 and parts[2] != "default":
+            name += "." + _slug(parts[2])
+    return f"{name}-{bucket.key[:10]}"
+
+
+def _main_dtype(bucket: Bucket) -> str:
+    for s in bucket.inputs:
+        if s.dtype.startswith(("float", "bfloat")) and s.role == "input":
+            return s.dtype
+    for s in bucket.inputs + bucket.outputs:
+        if s.dtype.startswith(("float", "bfloat")):
+            return s.dtype
+    return (bucket.inputs or bucket.outputs)[0].dtype
+
+
+def _label(bucket: Bucket, card_inputs) -> str:
+    name = bucket.target.split(":", 1)[1] if bucket.kind == "module" else bucket.target.split(".")[1]
+    shapes = ", ".join(s.short() for s in card_inputs if s.role == "input")
+    return f"{name}({shapes})"
+
+
+def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, store: TensorStore,
+                     progress: Callable[[str], None] = lambda msg: None) -> ProfileResult:
+    import torch
+
+    progress(f"building {workload.name} on {device}")
+    model, inputs = workload.build(device, dtype)
+    model.train(cfg.profile.train_mode)
+    ceil = roofline.ceilings(device)
+    timer = Timer.from_config(device, cfg.timing)
+    warnings: list[str] = []
+    with torch.no_grad():
+        workload.run(model, inputs)  # warm-up, and the model's own errors surface here
+        progress("capturing operator calls")
+        rec = Recorder(model, CaptureOptions(cfg.profile))
+        for _ in range(cfg.profile.forwards):
+            rec.run(lambda: workload.run(model, inputs))
+        progress("timing the forward")
+        fwd, _, _ = timer.time({"forward": lambda: model(*inputs)})
+        fwd_stats = fwd["forward"]
+        del model, inputs
+        buckets = sorted(rec.buckets.values(), key=lambda b: b.first_seen)
+        cards: list[Card] = []
+        for i, b in enumerate(buckets, 1):
+            progress(f"timing card {i}/{len(buckets)}: {b.target}")
+            cards.append(_make_card(b, device, timer, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings))
+    cards.sort(key=lambda c: (-(c.share or 0.0), c.id))
+    return ProfileResult(
+        cards=cards, forward=fwd_stats, device=device, device_name=ceil["device_name"],
+        dtype=str(dtype).removeprefix("torch.") if dtype is not None else (
+            str(workload.default_dtype).removeprefix("torch.") if workload.default_dtype is not None else None),
+        ceilings=ceil, skipped=dict(rec.skipped), timing=timer.describe(), calls_total=rec.seq,
+        warnings=warnings,
+    )
+
+
+def _make_card(b: Bucket, device: str, timer: Timer, store: TensorStore, ceil: dict, forwards: int,
+               forward_us: float, warnings: list[str]) -> Card:
+    flags = set(b.flags)
+    samples: list[Sample] = []
+    for ins, outs in b.samples:
+        samples.append(Sample(inputs=[store.put_packed(p) for p in ins], outputs=[store.put_packed(p) for p in outs]))
+    if not samples:
+        flags.add("no_sample")
+    card = Card(
+        id=card_id(b), kind=b.kind, target=b.target, label="", inputs=b.inputs, outputs=b.outputs,
+        program=b.program, module_paths=b.module_paths, flags=[], calls=max(1, round(b.calls / forwards)),
+        bytes=b.bytes, flops=b.flops, samples=samples, device=device, dtype=_main_dtype(b),
+    )
+    card.label = _label(b, card.inputs)
+    if b.samples:
+        ins = [unpack(*p, device=device) for p in b.samples[0][0]]
+        expected = [unpack(*p, device=device) for p in b.samples[0][1]]
+    else:
+        ins, expected = random_inputs(card, device, seed=0), None
+    try:
+        got = run_program(card.program, [t.clone() if "mutates" in flags else t for t in ins], device)
+        if expected is not None:
+            bad = next((m for m in (compare(g, e, k) for k, (g, e) in enumerate(zip(got, expected))) if m), None)
+            if bad is not None:
+                flags.add("reference_mismatch")
+                warnings.append(f"{card.id}: the reference does not reproduce the captured output ({bad})")
+        stats, _, _ = timer.time({"ref": bind_program(card.program, ins, device)})
+        card.time_us = stats["ref"].median
+        card.time_spread = stats["ref"].spread
+    except Exception as exc:  # noqa: BLE001 - a card whose replay fails is reported, not fatal
+        flags.add("replay_failed")
+        warnings.append(f"{card.id}: replaying the reference failed: {type(exc).__name__}: {exc}")
+    card.floor_us = roofline.floor_us(card.bytes, card.flops, card.dtype, ceil)
+    if card.time_us is not None:
+        card.share = card.total_us / forward_us if forward_us > 0 else None
+        card.headroom = card.time_us / card.floor_us if card.floor_us else None
+    card.flags = sorted(flags)
+    return card
+
+
+def profile_into_workspace(workload_spec, workspace_path, *, device: str | None = None, dtype: str | None = None,
+                           config_path=None, progress: Callable[[str], None] = lambda msg: None):
+    """The whole ``forge profile`` job: validate everything first, profile, then write atomically.
+
+    Returns (Workspace, ProfileResult). Raises ForgeError subclasses for bad input, having written
+    nothing.
+    """
+    import shutil
+    from pathlib import Path
+
+    from ..config import discover_config
+    from ..workload import load_workload, parse_dtype, resolve_device
+    from ..workspace import check_target, commit_profile, staging_dir
+
+    target = Path(workspace_path)
+    kind = check_target(target)
+    cfg, _ = discover_config(Path(config_path) if config_path else None, target if kind == "ours" else None)
+    torch_dtype = parse_dtype(dtype)
+    dev = resolve_device(device)
+    workload = load_workload(workload_spec)
+    staging = staging_dir(target)
+    try:
+        store = TensorStore(staging / ".forge" / "cache" / "tensors")
+        result = profile_workload(workload, dev, torch_dtype, cfg, store, progress)
+        progress(f"writing workspace {target}")
+        ws = commit_profile(target, staging, result, workload, cfg)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return ws, result

@@ -1,0 +1,161 @@
+"""A card's reference: a small, serialisable aten program and its interpreter.
+
+A program is a list of aten calls whose arguments are JSON: tensors are references to the card's
+inputs (``{"$in": k}``) or to an earlier call's outputs (``{"$node": i, "out": j}``); dtypes,
+devices, layouts and memory formats are tagged values; numbers, strings, None and lists are plain.
+Running it replays exactly what eager ran, so ``run_program(card.program, captured inputs)``
+reproduces the captured outputs, on any device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+_TAGS = ("$dtype", "$device", "$layout", "$memory_format", "$float")
+
+
+class Unencodable(Exception):
+    """An argument that has no JSON form (a generator, a Python object)."""
+
+
+def encode(obj: Any, tensor_ref: Callable[[Any], dict]) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return tensor_ref(obj)
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return {"$float": "nan"}
+        if math.isinf(obj):
+            return {"$float": "inf" if obj > 0 else "-inf"}
+        return obj
+    if isinstance(obj, torch.dtype):
+        return {"$dtype": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.device):
+        return {"$device": obj.type}
+    if isinstance(obj, torch.layout):
+        return {"$layout": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.memory_format):
+        return {"$memory_format": str(obj).removeprefix("torch.")}
+    if isinstance(obj, (list, tuple, torch.Size)):
+        return [encode(x, tensor_ref) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): encode(v, tensor_ref) for k, v in obj.items()}
+    raise Unencodable(type(obj).__name__)
+
+
+def decode(obj: Any, resolve: Callable[[dict], Any], device: str) -> Any:
+    import torch
+
+    if isinstance(obj, list):
+        return [decode(x, resolve, device) for x in obj]
+    if isinstance(obj, dict):
+        if "$in" in obj or "$node" in obj:
+            return resolve(obj)
+        if "$dtype" in obj:
+            return getattr(torch, obj["$dtype"])
+        if "$device" in obj:
+            return torch.device(device)
+        if "$layout" in obj:
+            return getattr(torch, obj["$layout"])
+        if "$memory_format" in obj:
+            return getattr(torch, obj["$memory_format"])
+        if "$float" in obj:
+            return float(obj["$float"])
+        return {k: decode(v, resolve, device) for k, v in obj.items()}
+    return obj
+
+
+def resolve_op(name: str):
+    """'aten._softmax.default' -> torch.ops.aten._softmax.default."""
+    import torch
+
+    ns, op, overload = name.split(".", 2) if name.count(".") >= 2 else (*name.split(".", 1), "default")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def flatten_outputs(out: Any) -> list:
+    """Tensor leaves of an op's output, in order (non-tensors kept so indices stay stable)."""
+    if isinstance(out, (list, tuple)):
+        flat: list = []
+        for x in out:
+            flat.extend(flatten_outputs(x))
+        return flat
+    return [out]
+
+
+class _Ref:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: dict) -> None:
+        self.ref = ref
+
+
+def _substituter(template: Any, lookup: Callable[[dict], Any]) -> Callable[[], Any]:
+    """A function that rebuilds ``template`` with every _Ref replaced by ``lookup(ref)``.
+
+    Parts without references are built once, so a bound program costs little more per call than
+    the aten calls themselves.
+    """
+    if isinstance(template, _Ref):
+        ref = template.ref
+        return lambda: lookup(ref)
+    if isinstance(template, list) and any(_has_ref(x) for x in template):
+        parts = [_substituter(x, lookup) for x in template]
+        return lambda: [f() for f in parts]
+    if isinstance(template, dict) and any(_has_ref(x) for x in template.values()):
+        items = [(k, _substituter(v, lookup)) for k, v in template.items()]
+        return lambda: {k: f() for k, f in items}
+    return lambda: template
+
+
+def _has_ref(x: Any) -> bool:
+    if isinstance(x, _Ref):
+        return True
+    if isinstance(x, list):
+        return any(_has_ref(y) for y in x)
+    if isinstance(x, dict):
+        return any(_has_ref(y) for y in x.values())
+    return False
+
+
+def bind_program(program: dict, inputs: list, device: str | None = None) -> Callable[[], list]:
+    """Prepare a program to run repeatedly on fixed input tensors; returns a no-argument callable."""
+    if device is None:
+        device = inputs[0].device.type if inputs else "cpu"
+    env: list[list] = []
+
+    def lookup(ref: dict):
+        if "$in" in ref:
+            return inputs[ref["$in"]]
+        return env[ref["$node"]][ref.get("out", 0)]
+
+    steps = []
+    for node in program["nodes"]:
+        op = resolve_op(node["op"])
+        args = _substituter(decode(node["args"], _Ref, device), lookup)
+        kwargs = _substituter(decode(node.get("kwargs", {}), _Ref, device), lookup)
+        steps.append((op, args, kwargs))
+    outs = [_substituter(_Ref(r), lookup) for r in program["outputs"]]
+
+    def run() -> list:
+        env.clear()
+        for op, args, kwargs in steps:
+            env.append(flatten_outputs(op(*args(), **kwargs())))
+        result = [f() for f in outs]
+        env.clear()
+        return result
+
+    return run
+
+
+def run_program(program: dict, inputs: list, device: str | None = None) -> list:
+    """Execute a program on the given input tensors; returns its output tensors."""
+    return bind_program(program, inputs, device)()
+
+
+def program_ops(program: dict) -> list[str]:
+    return [n["op"] for n in program["nodes"]]

@@ -1,0 +1,150 @@
+"""Timing that can be trusted: warm-up, cold L2, device-wide synchronisation, many runs, medians.
+
+One implementation serves the profiler (operator cards) and the evaluator (candidates), so a
+card's measured time and a candidate's are taken the same way and their ratio is meaningful.
+
+CUDA: per run, the L2 is flushed (a write over a buffer larger than the cache), a start event is
+recorded, the callable runs, the whole device is synchronised (work a callable hides on another
+stream is counted), then the end event is recorded. The synchronisation costs a few microseconds;
+the same protocol timed around an empty callable, interleaved with the others, measures that
+overhead so it can be reported and subtracted. CPU: ``perf_counter_ns`` around the call.
+
+Several callables are timed interleaved (run i of each before run i+1 of any), so drift in clocks
+or temperature hits all of them alike and their ratios are paired.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Times in microseconds."""
+
+    median: float
+    mean: float
+    min: float
+    max: float
+    q1: float
+    q3: float
+    n: int
+
+    @property
+    def spread(self) -> float:
+        """Relative inter-quartile range: (q3 - q1) / median."""
+        return (self.q3 - self.q1) / self.median if self.median > 0 else 0.0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["spread"] = self.spread
+        return d
+
+    @classmethod
+    def from_samples(cls, samples: list[float]) -> "Stats":
+        s = sorted(samples)
+        n = len(s)
+        if n == 1:
+            q1 = q3 = s[0]
+        else:
+            qs = statistics.quantiles(s, n=4, method="inclusive")
+            q1, q3 = qs[0], qs[2]
+        return cls(median=statistics.median(s), mean=statistics.fmean(s), min=s[0], max=s[-1],
+                   q1=q1, q3=q3, n=n)
+
+    def minus(self, overhead_us: float) -> "Stats":
+        """These times less a constant overhead, never below zero."""
+        f = lambda v: max(v - overhead_us, 0.0)  # noqa: E731
+        return Stats(f(self.median), f(self.mean), f(self.min), f(self.max), f(self.q1), f(self.q3), self.n)
+
+
+def paired_ratio(num: list[float], den: list[float]) -> Stats:
+    """Per-run ratios num[i] / den[i] of interleaved samples (a speedup when num is the baseline)."""
+    return Stats.from_samples([a / b for a, b in zip(num, den) if b > 0])
+
+
+class Timer:
+    """Times callables on one device with the protocol above."""
+
+    def __init__(self, device: str, *, warmup: int = 3, repeats: int = 20, cold_l2: bool = True,
+                 flush_mib: int = 256) -> None:
+        self.device = device
+        self.warmup = warmup
+        self.repeats = repeats
+        self.cold_l2 = cold_l2 and device == "cuda"
+        self._flush = None
+        if self.cold_l2:
+            import torch
+
+            self._flush = torch.empty(flush_mib * (1 << 20) // 4, dtype=torch.float32, device="cuda")
+
+    @classmethod
+    def from_config(cls, device: str, cfg) -> "Timer":
+        return cls(device, warmup=cfg.warmup, repeats=cfg.repeats, cold_l2=cfg.cold_l2, flush_mib=cfg.flush_mib)
+
+    def describe(self) -> dict:
+        return {"device": self.device, "warmup": self.warmup, "repeats": self.repeats,
+                "cold_l2": self.cold_l2, "sync": "device-wide before end event" if self.device == "cuda" else "n/a"}
+
+    def _one_cuda(self, fn: Callable[[], object]) -> float:
+        import torch
+
+        if self._flush is not None:
+            self._flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0
+
+    @staticmethod
+    def _one_cpu(fn: Callable[[], object]) -> float:
+        import time
+
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) / 1000.0
+
+    def run_interleaved(self, fns: Mapping[str, Callable[[], object]], *,
+                        after_each: Callable[[str, int], None] | None = None) -> dict[str, list[float]]:
+        """Raw per-run samples (µs) for every callable, interleaved. ``after_each(name, i)`` runs
+        after timed run i of ``name`` (outside the timed region), e.g. to check its outputs."""
+        one = self._one_cuda if self.device == "cuda" else self._one_cpu
+        for _ in range(self.warmup):
+            for fn in fns.values():
+                fn()
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        for i in range(self.repeats):
+            for name, fn in fns.items():
+                samples[name].append(one(fn))
+                if after_each is not None:
+                    after_each(name, i)
+        return samples
+
+    def time(self, fns: Mapping[str, Callable[[], object]], *, subtract_overhead: bool = True,
+             after_each: Callable[[str, int], None] | None = None) -> tuple[dict[str, Stats], dict[str, list[float]], float]:
+        """Stats per callable, raw samples, and the measured per-run overhead (µs).
+
+        With ``subtract_overhead`` (CUDA only) an empty callable is timed interleaved with the
+        others and its median is subtracted from every reported statistic; raw samples are kept.
+        """
+        fns = dict(fns)
+        measure_overhead = subtract_overhead and self.device == "cuda"
+        if measure_overhead:
+            fns["__empty__"] = lambda: None
+        raw = self.run_interleaved(fns, after_each=(
+            None if after_each is None else (lambda n, i: n != "__empty__" and after_each(n, i))))
+        overhead = 0.0
+        if measure_overhead:
+            overhead = statistics.median(raw.pop("__empty__"))
+        stats = {name: Stats.from_samples(s).minus(overhead) for name, s in raw.items()}
+        return stats, raw, overhead

@@ -1,0 +1,1 @@
+"""Prompt templates for the LLM agent, as text files beside this module."""
