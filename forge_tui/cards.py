@@ -96,7 +96,7 @@ class Card(BaseModel):
         return parts[1] if len(parts) > 1 else self.target
 
     def shapes(self) -> str:
-        return ", ".join(s.short() for s in self.inputs if s.role == "input") or "-"
+        return ", ".join(s.short() for s in self.inputs if s.role in ("input", "param")) or "-"
 
 
 def save_cards(cards: list[Card], folder: Path) -> None:

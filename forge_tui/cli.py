@@ -61,6 +61,81 @@ def cmd_cards(args) -> int:
     return 0
 
 
+def _load_card(spec: str, workspace: Path | None):
+    """A card id (or unique prefix) in the workspace, or a path to a card's JSON file."""
+    from .cards import Card
+    from .workspace import Workspace
+
+    path = Path(spec)
+    if path.suffix == ".json" and path.is_file():
+        card = Card.model_validate_json(path.read_text())
+        ws = Workspace.open(workspace or path.resolve().parent.parent)
+        return ws, card
+    ws = Workspace.open(workspace or Path("."))
+    return ws, ws.card(spec)
+
+
+def format_result(r: dict) -> str:
+    """A human summary of an evaluator result."""
+    lines = [f"{r['status'].upper()}: {r['card']} on {r['backend']}" + (f": {r['reason']}" if r["reason"] else "")]
+    for f in (r.get("static") or {}).get("findings", []):
+        lines.append(f"  static {f['severity']}: " + (f"line {f['line']}: " if f.get("line") else "") +
+                     f"{f['message']} [{f['rule']}]")
+    b = r.get("build")
+    if b:
+        lines.append(f"  build: {'ok' if b['ok'] else 'failed'} in {b['seconds']:.2f} s" + (" (cached)" if b["cached"] else ""))
+        for d in b["diagnostics"][:10]:
+            where = d["file"] + (f":{d['line']}" if d["line"] else "")
+            lines.append(f"    {where}: {d['severity']}: {d['message']}")
+    c = r.get("correctness")
+    if c:
+        sets = ", ".join(f"{s['name']} ({s['determinism']}{', degenerate' if s['degenerate'] else ''})" for s in c["sets"])
+        lines.append(f"  correct on: {sets}")
+    t = r.get("timing")
+    if t:
+        cand, eager = t["candidate"], t["eager"]
+        lines.append(f"  time: candidate {cand['median']:.2f} µs (spread {100 * cand['spread']:.1f}%), "
+                     f"eager {eager['median']:.2f} µs" +
+                     (f", torch.compile {t['compile']['median']:.2f} µs" if t.get("compile") else ""))
+        sp = t["speedup_vs_eager"]
+        lines.append(f"  speedup vs eager {sp['median']:.3f}x [{sp['q1']:.3f}, {sp['q3']:.3f}]" +
+                     (f", vs torch.compile {t['speedup_vs_compile']['median']:.3f}x" if t.get("speedup_vs_compile") else
+                      f" (torch.compile: {t.get('compile_note')})"))
+        lines.append(f"  roofline floor {t['floor_us']:.2f} µs ({100 * t['fraction_of_floor']:.0f}% of it reached); "
+                     f"noise between two timing blocks {100 * t['noise']:.1f}%; {t['checked_timed_runs']} timed runs "
+                     "checked")
+    p = r.get("profile")
+    if p:
+        if p.get("available"):
+            lines.append(f"  ncu: {p['duration_us']:.2f} µs, DRAM {p['dram_throughput_pct']}%, SM {p['sm_throughput_pct']}%, "
+                         f"occupancy {p['achieved_occupancy_pct']}%, {p['registers_per_thread']} regs/thread")
+        else:
+            lines.append(f"  {p['reason']}")
+    return "\n".join(lines)
+
+
+def cmd_eval(args) -> int:
+    import json
+
+    from .config import discover_config
+    from .evaluator import EvalOptions, Evaluator
+
+    src_path = Path(args.source)
+    if not src_path.is_file():
+        raise ForgeError(f"candidate source not found: {src_path}")
+    ws, card = _load_card(args.card, args.workspace)
+    cfg, _ = discover_config(args.config, ws.root)
+    opts = EvalOptions(static_checks=not args.no_static, profile=args.profile, seed=args.seed,
+                       allow_libraries=args.allow_libraries)
+    with Evaluator(ws.store, ws.cache, cfg, backend=args.backend) as ev:
+        result = ev.evaluate(card, src_path.read_text(), opts)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(format_result(result))
+    return 0 if result["status"] == "passed" else 1
+
+
 def cmd_examples(args) -> int:
     from .examples import EXAMPLES
 
@@ -92,6 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kind", choices=["op", "module"])
     sp.add_argument("--limit", type=int, default=None)
     sp.set_defaults(func=cmd_cards)
+
+    sp = sub.add_parser("eval", help="evaluate one candidate kernel against a card (exit 1 when rejected)")
+    sp.add_argument("card", help="card id or unique prefix (in the workspace), or a card .json file")
+    sp.add_argument("source", help="candidate source: .cu for the cuda backend, .cpp for the cpu backend")
+    sp.add_argument("-w", "--workspace", type=Path, help="workspace (default: the current folder)")
+    sp.add_argument("--backend", choices=["auto", "cuda", "cpu"], default=None)
+    sp.add_argument("--profile", action="store_true", help="also run Nsight Compute on one launch")
+    sp.add_argument("--no-static", action="store_true", help="skip the static checks (the runtime checks stay)")
+    sp.add_argument("--allow-libraries", action="store_true", help="allow vendor library calls (labelled)")
+    sp.add_argument("--seed", type=int, help="seed of the random input sets (default: fresh each run)")
+    sp.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("examples", help="list the bundled example workloads")
     sp.set_defaults(func=cmd_examples)

@@ -1,7 +1,7 @@
 """Input tensors for a card: its captured samples, or fresh random ones drawn from its specs.
 
-Random sets vary the distribution per draw (normal, wide uniform, positive-only, small
-magnitudes, a few large outliers) and never produce all zeros. Inputs whose captured values had
+Random sets vary the distribution per draw (normal, a few large outliers, wide uniform,
+positive-only, small magnitudes; the first three are the default three sets) and never produce all zeros. Inputs whose captured values had
 a restricted domain keep it: integer indices stay within the captured range, tensors that were
 never negative (variances, probabilities) stay non-negative.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from .cards import Card, TensorSpec
 from .tensorstore import TensorStore, storage_extent
 
-DISTRIBUTIONS = ("normal", "uniform", "positive", "small", "outliers")
+DISTRIBUTIONS = ("normal", "outliers", "uniform", "positive", "small")
 
 
 def _as_layout(values, spec: TensorSpec, device: str):

@@ -159,3 +159,52 @@ def run_program(program: dict, inputs: list, device: str | None = None) -> list:
 
 def program_ops(program: dict) -> list[str]:
     return [n["op"] for n in program["nodes"]]
+
+
+def _py(value: Any, names: Callable[[dict], str]) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_py(v, names) for v in value) + "]"
+    if isinstance(value, dict):
+        if "$in" in value or "$node" in value:
+            return names(value)
+        if "$dtype" in value:
+            return f"torch.{value['$dtype']}"
+        if "$device" in value:
+            return "device"
+        if "$layout" in value:
+            return f"torch.{value['$layout']}"
+        if "$memory_format" in value:
+            return f"torch.{value['$memory_format']}"
+        if "$float" in value:
+            return f"float({value['$float']!r})"
+        return "{" + ", ".join(f"{k!r}: {_py(v, names)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def program_source(program: dict, n_inputs: int, name: str = "reference") -> str:
+    """The program as a plain Python function of its inputs (readable by people and LLMs, and
+    traceable by torch.compile)."""
+
+    def names(ref: dict) -> str:
+        if "$in" in ref:
+            return f"in{ref['$in']}"
+        return f"n{ref['$node']}[{ref.get('out', 0)}]"
+
+    args = ", ".join(f"in{i}" for i in range(n_inputs))
+    lines = [f"def {name}({args}{', ' if args else ''}device='cpu'):"]
+    for i, node in enumerate(program["nodes"]):
+        call_args = [_py(a, names) for a in node["args"]]
+        call_args += [f"{k}={_py(v, names)}" for k, v in node.get("kwargs", {}).items()]
+        ns, op, overload = node["op"].split(".", 2)
+        lines.append(f"    n{i} = _flat(torch.ops.{ns}.{op}.{overload}({', '.join(call_args)}))")
+    lines.append("    return [" + ", ".join(names(r) for r in program["outputs"]) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def compile_source(program: dict, n_inputs: int) -> Callable:
+    """A Python function (from ``program_source``) equivalent to ``run_program``."""
+    import torch
+
+    namespace: dict = {"torch": torch, "_flat": flatten_outputs}
+    exec(program_source(program, n_inputs), namespace)  # noqa: S102 - our own generated code
+    return namespace["reference"]

@@ -65,7 +65,7 @@ def _digest(flat, shape, stride, mode) -> str:
 
 class TensorStore:
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        self.root = Path(root).absolute()
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pt"

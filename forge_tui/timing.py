@@ -54,11 +54,6 @@ class Stats:
         return cls(median=statistics.median(s), mean=statistics.fmean(s), min=s[0], max=s[-1],
                    q1=q1, q3=q3, n=n)
 
-    def minus(self, overhead_us: float) -> "Stats":
-        """These times less a constant overhead, never below zero."""
-        f = lambda v: max(v - overhead_us, 0.0)  # noqa: E731
-        return Stats(f(self.median), f(self.mean), f(self.min), f(self.max), f(self.q1), f(self.q3), self.n)
-
 
 def paired_ratio(num: list[float], den: list[float]) -> Stats:
     """Per-run ratios num[i] / den[i] of interleaved samples (a speedup when num is the baseline)."""
@@ -111,9 +106,11 @@ class Timer:
         return (time.perf_counter_ns() - t0) / 1000.0
 
     def run_interleaved(self, fns: Mapping[str, Callable[[], object]], *,
-                        after_each: Callable[[str, int], None] | None = None) -> dict[str, list[float]]:
-        """Raw per-run samples (µs) for every callable, interleaved. ``after_each(name, i)`` runs
-        after timed run i of ``name`` (outside the timed region), e.g. to check its outputs."""
+                        after_each: Callable[[str, int], None] | None = None,
+                        before_each: Callable[[str, int], None] | None = None) -> dict[str, list[float]]:
+        """Raw per-run samples (µs) for every callable, interleaved. ``before_each(name, i)`` and
+        ``after_each(name, i)`` run around timed run i of ``name``, outside the timed region (to
+        rotate input contents, poison outputs, check results)."""
         one = self._one_cuda if self.device == "cuda" else self._one_cpu
         for _ in range(self.warmup):
             for fn in fns.values():
@@ -125,26 +122,34 @@ class Timer:
         samples: dict[str, list[float]] = {name: [] for name in fns}
         for i in range(self.repeats):
             for name, fn in fns.items():
+                if before_each is not None:
+                    before_each(name, i)
                 samples[name].append(one(fn))
                 if after_each is not None:
                     after_each(name, i)
         return samples
 
     def time(self, fns: Mapping[str, Callable[[], object]], *, subtract_overhead: bool = True,
-             after_each: Callable[[str, int], None] | None = None) -> tuple[dict[str, Stats], dict[str, list[float]], float]:
-        """Stats per callable, raw samples, and the measured per-run overhead (µs).
+             after_each: Callable[[str, int], None] | None = None,
+             before_each: Callable[[str, int], None] | None = None,
+             ) -> tuple[dict[str, Stats], dict[str, list[float]], float]:
+        """Stats per callable, per-run samples, and the measured per-run overhead (µs).
 
         With ``subtract_overhead`` (CUDA only) an empty callable is timed interleaved with the
-        others and its median is subtracted from every reported statistic; raw samples are kept.
+        others and its median is subtracted from every sample (never below zero).
         """
         fns = dict(fns)
         measure_overhead = subtract_overhead and self.device == "cuda"
         if measure_overhead:
             fns["__empty__"] = lambda: None
-        raw = self.run_interleaved(fns, after_each=(
-            None if after_each is None else (lambda n, i: n != "__empty__" and after_each(n, i))))
+        raw = self.run_interleaved(
+            fns,
+            after_each=None if after_each is None else (lambda n, i: n != "__empty__" and after_each(n, i)),
+            before_each=None if before_each is None else (lambda n, i: n != "__empty__" and before_each(n, i)))
         overhead = 0.0
         if measure_overhead:
             overhead = statistics.median(raw.pop("__empty__"))
-        stats = {name: Stats.from_samples(s).minus(overhead) for name, s in raw.items()}
+        if overhead:
+            raw = {name: [max(v - overhead, 0.0) for v in s] for name, s in raw.items()}
+        stats = {name: Stats.from_samples(s) for name, s in raw.items()}
         return stats, raw, overhead

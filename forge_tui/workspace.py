@@ -64,7 +64,7 @@ def check_target(path: Path) -> str:
 
 class Workspace:
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        self.root = Path(root).absolute()
 
     @classmethod
     def open(cls, path: Path) -> "Workspace":
@@ -97,7 +97,8 @@ class Workspace:
     def card(self, card_id: str) -> Card:
         path = self.cards_dir / f"{card_id}.json"
         if not path.is_file():
-            matches = [p for p in self.cards_dir.glob("*.json") if p.stem.startswith(card_id)]
+            want = card_id.lstrip("_")
+            matches = [p for p in self.cards_dir.glob("*.json") if p.stem.lstrip("_").startswith(want)]
             if len(matches) != 1:
                 raise WorkspaceError(f"no card '{card_id}' in {self.root}" if not matches else
                                      f"card '{card_id}' is ambiguous in {self.root}: {len(matches)} match")

@@ -12,9 +12,11 @@ CONFIG = DecoderConfig()
 BATCH, SEQ = 4, 1024
 
 
-def get_model():
-    return init_random(Decoder(CONFIG))
+def get_model(device="cpu"):
+    with torch.device(device):  # built where it runs: random init of large weights is fast there
+        return init_random(Decoder(CONFIG))
 
 
-def get_inputs():
-    return decoder_inputs(CONFIG, BATCH, SEQ)
+def get_inputs(device="cpu"):
+    with torch.device(device):
+        return decoder_inputs(CONFIG, BATCH, SEQ)

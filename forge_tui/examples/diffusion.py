@@ -12,9 +12,11 @@ DTYPE = torch.float16
 CONFIG = DiffusionConfig()
 
 
-def get_model():
-    return init_random(DiffusionStep(CONFIG))
+def get_model(device="cpu"):
+    with torch.device(device):  # built where it runs: random init of large weights is fast there
+        return init_random(DiffusionStep(CONFIG))
 
 
-def get_inputs():
-    return diffusion_inputs(CONFIG)
+def get_inputs(device="cpu"):
+    with torch.device(device):
+        return diffusion_inputs(CONFIG)

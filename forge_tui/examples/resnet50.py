@@ -8,14 +8,14 @@ from forge_tui.examples._resnet_parts import ResNet, randomize_batchnorm
 DTYPE = torch.float16
 
 
-def get_model():
+def get_model(device="cpu"):
     try:
         from torchvision.models import resnet50
         model = resnet50(weights=None)
     except Exception:  # torchvision missing or not importable beside this torch build
         model = ResNet((3, 4, 6, 3))
-    return randomize_batchnorm(model)
+    return randomize_batchnorm(model).to(device)
 
 
-def get_inputs():
-    return [torch.randn(32, 3, 224, 224)]
+def get_inputs(device="cpu"):
+    return [torch.randn(32, 3, 224, 224, device=device)]

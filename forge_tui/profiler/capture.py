@@ -264,8 +264,13 @@ class Recorder:
         if not out_tensors:
             self.skipped["no_tensor_output"] += 1
             return out
+        if name.startswith(ATTENTION_PREFIXES):
+            # Attention ops also return softmax statistics and RNG state (seed, offset) that
+            # inference never reads; the card is the attention output alone.
+            out_tensors = out_tensors[:1]
         if bucket is None:
-            program["outputs"] = [{"$node": 0, "out": j} for j, t in enumerate(flat_out) if isinstance(t, torch.Tensor)]
+            program["outputs"] = [{"$node": 0, "out": j} for j, t in enumerate(flat_out)
+                                  if isinstance(t, torch.Tensor)][:len(out_tensors)]
             specs = [spec_of(t, s.role) for t, s in zip(uniq, specs)]
             flags = set()
             if func._schema.is_mutable:

@@ -1,7 +1,6 @@
 """Bytes moved and floating-point operations of one op call.
 
-Bytes: every input tensor read once (the storage span its layout reaches, so an expanded
-tensor counts once) and every output written once. FLOPs: torch's own flop formulas
+Bytes: every input element read once (an expanded tensor counts its storage once) and every output written once. FLOPs: torch's own flop formulas
 (``torch.utils.flop_counter``) for matrix products, convolutions and attention; otherwise one
 operation per element of the largest tensor involved, which is the right order for pointwise
 ops, reductions and normalisations (they are memory-bound; their floor is set by bytes).
@@ -19,7 +18,9 @@ _FLOP_ALIASES = {
 
 
 def tensor_read_bytes(t) -> int:
-    return storage_extent(tuple(t.shape), tuple(t.stride())) * t.element_size()
+    """Each distinct element once: the reachable storage span for an overlapping (expanded)
+    layout, the element count for any other (a strided slice reads only its elements)."""
+    return min(storage_extent(tuple(t.shape), tuple(t.stride())), t.numel()) * t.element_size()
 
 
 def tensor_write_bytes(t) -> int:

@@ -47,7 +47,7 @@ class ProfileResult:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text)
 
 
 def card_id(bucket: Bucket) -> str:
@@ -73,7 +73,7 @@ def _main_dtype(bucket: Bucket) -> str:
 
 def _label(bucket: Bucket, card_inputs) -> str:
     name = bucket.target.split(":", 1)[1] if bucket.kind == "module" else bucket.target.split(".")[1]
-    shapes = ", ".join(s.short() for s in card_inputs if s.role == "input")
+    shapes = ", ".join(s.short() for s in card_inputs if s.role in ("input", "param"))
     return f"{name}({shapes})"
 
 

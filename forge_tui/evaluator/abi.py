@@ -1,0 +1,126 @@
+"""The C ABI of forge_kernel.h, seen from Python (ctypes), and a card's scalar arguments."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HEADER_DIR = Path(__file__).resolve().parent.parent / "abi"
+HEADER = HEADER_DIR / "forge_kernel.h"
+MAX_DIMS = 8
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4, "int32": 5,
+               "int16": 6, "int8": 7, "uint8": 8, "bool": 9}
+SCALAR_INT, SCALAR_FLOAT, SCALAR_BOOL, SCALAR_NONE = 0, 1, 2, 3
+
+
+class ForgeTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS), ("stride", ctypes.c_int64 * MAX_DIMS)]
+
+
+class ForgeScalar(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("reserved", ctypes.c_int32), ("i", ctypes.c_int64), ("f", ctypes.c_double)]
+
+
+def describe(t) -> ForgeTensor:
+    d = ForgeTensor()
+    d.data = t.data_ptr()
+    d.dtype = DTYPE_CODES[str(t.dtype).removeprefix("torch.")]
+    if t.dim() > MAX_DIMS:
+        raise ValueError(f"tensor of rank {t.dim()} exceeds the ABI's {MAX_DIMS} dimensions")
+    d.ndim = t.dim()
+    for k, (s, st) in enumerate(zip(t.shape, t.stride())):
+        d.shape[k] = s
+        d.stride[k] = st
+    return d
+
+
+@dataclass(frozen=True)
+class Scalar:
+    name: str
+    value: Any  # int, float, bool or None
+
+    def to_c(self) -> ForgeScalar:
+        s = ForgeScalar()
+        if self.value is None:
+            s.kind = SCALAR_NONE
+        elif isinstance(self.value, bool):
+            s.kind, s.i = SCALAR_BOOL, int(self.value)
+        elif isinstance(self.value, int):
+            s.kind, s.i = SCALAR_INT, self.value
+        else:
+            s.kind, s.f = SCALAR_FLOAT, float(self.value)
+        return s
+
+
+def _arg_names(op_name: str) -> list[str]:
+    try:
+        from ..program import resolve_op
+
+        return [a.name for a in resolve_op(op_name)._schema.arguments]
+    except Exception:  # noqa: BLE001 - names are a courtesy; the values are what matter
+        return []
+
+
+def _walk(value: Any, name: str, out: list[Scalar]) -> None:
+    if isinstance(value, dict):
+        if "$in" in value or "$node" in value or any(k in value for k in ("$dtype", "$device", "$layout", "$memory_format")):
+            return
+        if "$float" in value:
+            out.append(Scalar(name, float(value["$float"])))
+            return
+        for k, v in value.items():
+            _walk(v, f"{name}.{k}", out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(v, f"{name}[{i}]", out)
+    elif value is None or isinstance(value, (bool, int, float)):
+        out.append(Scalar(name, value))
+
+
+def card_scalars(program: dict) -> list[Scalar]:
+    """The non-tensor arguments of a card's program, flattened in order, with schema names.
+
+    Names read ``<node>.<argument>`` (``0.dim``, ``3.other``) and ``[i]`` for list elements.
+    """
+    out: list[Scalar] = []
+    for i, node in enumerate(program["nodes"]):
+        names = _arg_names(node["op"])
+        for k, arg in enumerate(node["args"]):
+            _walk(arg, f"{i}.{names[k] if k < len(names) else k}", out)
+        for key, arg in node.get("kwargs", {}).items():
+            _walk(arg, f"{i}.{key}", out)
+    return out
+
+
+class Library:
+    """A loaded candidate: ``call(inputs, outputs, scalars, stream)`` returns the int it returned."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lib = ctypes.CDLL(str(self.path), mode=ctypes.RTLD_LOCAL)
+        try:
+            fn = self._lib.forge_launch
+        except AttributeError:
+            raise LookupError(f"{self.path.name} does not export forge_launch") from None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(ForgeTensor), ctypes.c_int32, ctypes.POINTER(ForgeTensor), ctypes.c_int32,
+                       ctypes.POINTER(ForgeScalar), ctypes.c_int32, ctypes.c_void_p]
+        self._fn = fn
+
+    def bind(self, inputs: list, outputs: list, scalars: list[Scalar], stream: int | None):
+        """A no-argument callable that launches on fixed buffers (descriptors built once)."""
+        ins = (ForgeTensor * max(len(inputs), 1))(*[describe(t) for t in inputs])
+        outs = (ForgeTensor * max(len(outputs), 1))(*[describe(t) for t in outputs])
+        scs = (ForgeScalar * max(len(scalars), 1))(*[s.to_c() for s in scalars])
+        n_in, n_out, n_sc = len(inputs), len(outputs), len(scalars)
+        fn = self._fn
+        keep = (ins, outs, scs)
+
+        def call() -> int:
+            _ = keep
+            return fn(ins, n_in, outs, n_out, scs, n_sc, stream)
+
+        return call

@@ -1,0 +1,164 @@
+"""The evaluator's one entry point: (card, candidate source, options) -> a JSON-serialisable result.
+
+The search, the agent's tools, the TUI and ``forge eval`` all call ``Evaluator.evaluate``.
+
+Result ``status``:
+  passed        correct on every input set and timed (see ``speedup_vs_eager``)
+  rejected      a static rule, a correctness check, or an impossible time (``failure``, ``reason``)
+  build_failed  the compiler refused it (``build.diagnostics``)
+  crash         it killed the worker (segfault, abort, illegal memory access)
+  timeout       it stopped making progress (endless loop, hang)
+  error         the harness itself failed (a bug to report, not the candidate's fault)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..cards import Card
+from ..config import ForgeConfig
+from ..tensorstore import TensorStore
+from .build import Builder, BuildResult
+from .static_checks import check_source, errors
+from .worker import WorkerClient
+
+
+@dataclass
+class EvalOptions:
+    static_checks: bool = True
+    timing: bool = True
+    profile: bool = False
+    sanitize: bool = False
+    """Run compute-sanitizer memcheck and initcheck on one call (cuda); errors reject."""
+    allow_libraries: bool = False
+    seed: int | None = None
+    random_sets: int | None = None
+    compile_baseline: str | bool = "auto"
+
+
+def resolve_backend(name: str) -> str:
+    if name != "auto":
+        return name
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001
+        return "cpu"
+
+
+class Evaluator:
+    """Builds in parallel on the CPU cores; runs candidates one at a time per worker process."""
+
+    def __init__(self, store: TensorStore, cache_dir: Path, config: ForgeConfig | None = None, *,
+                 backend: str | None = None, arch: str | None = None) -> None:
+        cfg = config or ForgeConfig()
+        self.timing_cfg = cfg.timing
+        self.cfg = cfg.evaluator
+        self.backend = resolve_backend(backend or self.cfg.backend)
+        self.device = "cuda" if self.backend == "cuda" else "cpu"
+        self.store = store
+        self.builder = Builder(self.backend, cache_dir, arch=arch, timeout_s=self.cfg.build_timeout_s,
+                               parallel=self.cfg.parallel_builds)
+        limits = {"correctness": self.cfg.run_timeout_s, "timing": self.cfg.run_timeout_s}
+        self.worker = WorkerClient(self.device, limits=limits)
+        self._closed = False
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self.worker.stop()
+            self.builder.close()
+            self._closed = True
+
+    def build(self, source: str) -> BuildResult:
+        return self.builder.build(source)
+
+    def _can_run(self) -> str | None:
+        if self.device == "cuda":
+            try:
+                import torch
+
+                if not torch.cuda.is_available():
+                    return "the cuda backend needs a CUDA GPU and this machine has none (use the cpu backend)"
+            except Exception as exc:  # noqa: BLE001
+                return f"torch is not importable: {exc}"
+        return None
+
+    def evaluate(self, card: Card, source: str, options: EvalOptions | None = None) -> dict:
+        opt = options or EvalOptions()
+        t0 = time.perf_counter()
+        result: dict = {
+            "status": "error", "reason": "", "failure": None, "card": card.id, "backend": self.backend,
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "options": asdict(opt),
+            "static": None, "build": None, "correctness": None, "timing": None, "profile": None,
+            "speedup_vs_eager": None, "speedup_vs_compile": None, "time_us": None,
+        }
+        findings = check_source(source, self.backend, allow_libraries=opt.allow_libraries)
+        result["static"] = {"findings": [f.to_json() for f in findings], "enforced": opt.static_checks}
+        if opt.static_checks and errors(findings):
+            first = errors(findings)[0]
+            result.update(status="rejected", failure="static", reason=f"static check: {first}")
+            return self._finish(result, t0)
+        build = self.builder.build(source)
+        result["build"] = build.to_json()
+        if not build.ok:
+            result.update(status="build_failed", failure="build", reason=build.reason)
+            return self._finish(result, t0)
+        cannot = self._can_run()
+        if cannot:
+            result.update(status="error", failure="no_device", reason=cannot)
+            return self._finish(result, t0)
+        request = {
+            "card": card.model_dump(mode="json"), "library": str(build.library), "store": str(self.store.root),
+            "device": self.device,
+            "options": {"seed": opt.seed, "random_sets": opt.random_sets or self.cfg.random_sets,
+                        "timing": opt.timing, "compile_baseline": opt.compile_baseline,
+                        "warmup": self.timing_cfg.warmup, "repeats": self.timing_cfg.repeats,
+                        "cold_l2": self.timing_cfg.cold_l2, "flush_mib": self.timing_cfg.flush_mib},
+        }
+        body = self.worker.run(request)
+        result.update({k: v for k, v in body.items() if k != "seconds"})
+        timing = result.get("timing")
+        if timing:
+            result["time_us"] = timing["candidate"]["median"]
+            result["speedup_vs_eager"] = timing["speedup_vs_eager"]["median"]
+            if timing.get("speedup_vs_compile"):
+                result["speedup_vs_compile"] = timing["speedup_vs_compile"]["median"]
+        if opt.sanitize and result["status"] == "passed" and self.device == "cuda":
+            from .sanitizer import sanitize
+
+            report = sanitize(card.model_dump(mode="json"), str(build.library), str(self.store.root))
+            result["sanitizer"] = report
+            if report.get("errors"):
+                bad = [f"{tool}: {t['errors']} errors" for tool, t in report["tools"].items() if t.get("errors")]
+                result.update(status="rejected", failure="sanitizer", reason="compute-sanitizer " + ", ".join(bad))
+        if opt.profile and result["status"] == "passed":
+            result["profile"] = self.profile(card, build, timing)
+        return self._finish(result, t0)
+
+    def profile(self, card: Card, build: BuildResult, timing: dict | None) -> dict:
+        from . import ncu
+
+        if self.device != "cuda":
+            return ncu.unavailable("Nsight Compute profiles CUDA kernels; this is the cpu backend")
+        from ..profiler import roofline
+
+        ceil = roofline.ceilings("cuda")
+        floor = timing["floor_us"] if timing else None
+        return ncu.profile(card.model_dump(mode="json"), str(build.library), str(self.store.root), floor_us=floor,
+                           bandwidth_Bps=ceil["bandwidth_Bps"])
+
+    @staticmethod
+    def _finish(result: dict, t0: float) -> dict:
+        result["seconds"] = time.perf_counter() - t0
+        return result

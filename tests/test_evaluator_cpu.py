@@ -1,0 +1,156 @@
+"""The evaluator on the cpu backend, with real compiled candidates: good ones pass, and every
+cheating pattern of anticheat.md that can be written for a CPU is rejected for the right reason."""
+
+from pathlib import Path
+
+import pytest
+
+from forge_tui.config import parse_config
+from forge_tui.evaluator import EvalOptions, Evaluator
+from forge_tui.profiler.run import profile_into_workspace
+
+HERE = Path(__file__).parent
+CPU = HERE / "candidates" / "cpu"
+WORKLOADS = HERE / "data" / "workloads"
+CFG = parse_config({"timing": {"warmup": 1, "repeats": 4},
+                    "evaluator": {"run_timeout_s": 8.0, "build_timeout_s": 120.0}})
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evalws")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\n")
+    out = {}
+    for name, spec, target in [("softmax", "example:kb_softmax", "aten._softmax.default"),
+                               ("degenerate", WORKLOADS / "degenerate_softmax.py", "aten._softmax.default"),
+                               ("identity", WORKLOADS / "near_identity.py", "aten.mul.Tensor")]:
+        ws, _ = profile_into_workspace(spec, root / name, device="cpu", config_path=cfg)
+        out[name] = (ws, next(c for c in ws.cards() if c.target == target))
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluators(cards):
+    evs = {name: Evaluator(ws.store, ws.cache, CFG, backend="cpu") for name, (ws, _) in cards.items()}
+    yield evs
+    for ev in evs.values():
+        ev.close()
+
+
+def run(evaluators, cards, which, filename, **opts):
+    _, card = cards[which]
+    return evaluators[which].evaluate(card, (CPU / filename).read_text(), EvalOptions(**opts))
+
+
+def test_good_candidate_passes_with_full_report(evaluators, cards):
+    r = run(evaluators, cards, "softmax", "softmax_good.cpp")
+    assert r["status"] == "passed", r["reason"]
+    sets = r["correctness"]["sets"]
+    assert [s["name"] for s in sets] == ["captured-0", "random-0", "random-1", "random-2"]
+    assert all(s["ok"] and s["determinism"] == "bitwise" for s in sets)
+    t = r["timing"]
+    assert t["candidate"]["n"] == 2 * CFG.timing.repeats and t["eager"]["n"] == 2 * CFG.timing.repeats
+    assert t["checked_timed_runs"] == 2 * CFG.timing.repeats
+    assert t["protocol"]["outputs_checked_every_timed_run"] and len(t["protocol"]["rotated_input_sets"]) == 3
+    assert r["speedup_vs_eager"] == t["speedup_vs_eager"]["median"] > 0
+    assert t["compile"] is None and "not requested" in t["compile_note"]
+    assert r["build"]["ok"] and r["static"]["findings"] == []
+    import json
+    json.dumps(r)  # JSON-serialisable
+
+
+@pytest.mark.parametrize("filename, which, expected", [
+    ("never_writes.cpp", "softmax", {"unwritten"}),                           # 1
+    ("uninit_memory.cpp", "softmax", {"mismatch", "unwritten", "nondeterministic"}),  # 2
+    ("constant_output.cpp", "degenerate", {"constant"}),                      # 3
+    ("skip_rows.cpp", "softmax", {"mismatch"}),                               # 4
+    ("mutate_input.cpp", "softmax", {"mutated_input"}),                       # 5
+    ("copy_input.cpp", "identity", {"copy_of_input"}),                        # 6
+    ("overfit_range.cpp", "softmax", {"mismatch"}),                           # 7
+    ("cache_by_pointer.cpp", "softmax", {"mismatch"}),                        # 8
+    ("batch_and_skip.cpp", "softmax", {"unwritten"}),                         # 9
+    ("background_thread.cpp", "softmax", {"unwritten"}),                      # 11
+    ("downcast_bf16.cpp", "softmax", {"mismatch"}),                           # 15
+])
+def test_cheats_fail_at_run_time_even_without_static_checks(evaluators, cards, filename, which, expected):
+    r = run(evaluators, cards, which, filename, static_checks=False)
+    assert r["status"] == "rejected", (r["status"], r["reason"])
+    assert r["failure"] in expected, r["reason"]
+    assert r["reason"]
+
+
+def test_pointer_cache_is_caught_in_the_timed_runs(evaluators, cards):
+    r = run(evaluators, cards, "softmax", "cache_by_pointer.cpp", static_checks=False)
+    assert "timed run" in r["reason"]
+
+
+@pytest.mark.parametrize("filename, rule", [
+    ("cache_by_pointer.cpp", "no-state"),
+    ("batch_and_skip.cpp", "no-state"),
+    ("background_thread.cpp", "no-threads"),
+    ("timer_patch.cpp", "no-loading"),          # 12
+    ("torch_fallback.cpp", "no-pytorch"),       # 14
+])
+def test_static_checks_reject_with_a_readable_reason(evaluators, cards, filename, rule):
+    r = run(evaluators, cards, "softmax", filename)
+    assert r["status"] == "rejected" and r["failure"] == "static"
+    assert any(f["rule"] == rule and f["severity"] == "error" for f in r["static"]["findings"])
+    assert r["reason"].startswith("static check: ")
+    assert r["build"] is None  # rejected before spending a compile
+
+
+def test_impossible_time_is_flagged_not_rewarded(evaluators, cards):
+    _, card = cards["softmax"]
+    fast_floor = card.model_copy(update={"bytes": 10**15})
+    r = evaluators["softmax"].evaluate(fast_floor, (CPU / "softmax_good.cpp").read_text())
+    assert r["status"] == "rejected" and r["failure"] == "impossible_time"
+    assert r["timing"]["impossible"] and "roofline floor" in r["reason"]
+
+
+def test_degenerate_card_is_flagged(evaluators, cards):
+    r = run(evaluators, cards, "degenerate", "softmax_good.cpp")
+    assert r["status"] == "passed", r["reason"]
+    by_name = {s["name"]: s for s in r["correctness"]["sets"]}
+    assert by_name["captured-0"]["degenerate"] is True   # a constant would pass on the captured input
+    assert by_name["random-0"]["degenerate"] is False    # but not on the random sets
+
+
+@pytest.mark.parametrize("filename, status, words", [
+    ("segfault.cpp", "crash", "segmentation fault"),
+    ("aborts.cpp", "crash", "abort"),
+    ("endless.cpp", "timeout", "no progress"),
+])
+def test_crashes_and_hangs_are_contained(evaluators, cards, filename, status, words):
+    r = run(evaluators, cards, "softmax", filename, static_checks=False)
+    assert r["status"] == status and words in r["reason"]
+    again = run(evaluators, cards, "softmax", "softmax_good.cpp")  # a fresh worker takes the next one
+    assert again["status"] == "passed", again["reason"]
+
+
+def test_error_code_and_build_failure(evaluators, cards):
+    r = run(evaluators, cards, "softmax", "returns_error.cpp")
+    assert r["status"] == "rejected" and r["failure"] == "returned_error" and "7" in r["reason"]
+    src = (CPU / "syntax_error.cpp").read_text()
+    r = run(evaluators, cards, "softmax", "syntax_error.cpp")
+    assert r["status"] == "build_failed"
+    line = next(i for i, text in enumerate(src.splitlines(), 1) if "undeclared_name" in text)
+    errs = [d for d in r["build"]["diagnostics"] if d["severity"] == "error"]
+    assert errs and errs[0]["line"] == line and "undeclared_name" in errs[0]["message"]
+    assert errs[0]["file"].endswith("candidate.cpp") and r["build"]["log"]
+
+
+def test_builds_are_cached_and_parallel(evaluators):
+    b = evaluators["softmax"].builder
+    src = (CPU / "softmax_good.cpp").read_text()
+    variants = [src + f"\n// variant {i}\n" for i in range(3)]
+    first = b.build_many(variants)
+    assert all(r.ok for r in first) and len({r.key for r in first}) == 3
+    second = b.build_many(variants)
+    assert all(r.cached and r.library == f.library for r, f in zip(second, first))
+
+
+def test_profiler_unavailable_on_cpu(evaluators, cards):
+    r = run(evaluators, cards, "softmax", "softmax_good.cpp", profile=True)
+    assert r["status"] == "passed"
+    assert r["profile"]["available"] is False and "profiler unavailable" in r["profile"]["reason"]
