@@ -36,6 +36,7 @@ torch::Tensor softmax(torch::Tensor x) {
     softmax_rows<<<(unsigned)rows, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), cols);
     return y;
 }"""
+    tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     load_inline(name=f"forge_bench_softmax_{os.getpid()}", cpp_sources="torch::Tensor softmax(torch::Tensor x);",
                 cuda_sources=cuda_src, functions=["softmax"], build_directory=str(tmp), verbose=False,
