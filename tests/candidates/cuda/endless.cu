@@ -2,7 +2,12 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include "forge_kernel.h"
-__global__ void spin(float* y, int64_t n) { volatile int64_t i = 0; while (i >= 0) i = (i + 1) % 1000; y[0] = (float)n; }
+// Spins until an output element holds a value nothing ever writes (the evaluator poisons it).
+__global__ void spin(float* y, int64_t n) {
+    volatile float* flag = y + 1;
+    while (*flag != 12345.0f) { }
+    y[0] = (float)n;
+}
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
