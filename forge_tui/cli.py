@@ -136,6 +136,78 @@ def cmd_eval(args) -> int:
     return 0 if result["status"] == "passed" else 1
 
 
+def make_proposer(spec: str, ws, cfg):
+    """'scripted:PLAN.json' or a built-in name."""
+    from .search.proposer import ScriptedProposer
+
+    if spec.startswith("scripted:"):
+        path = Path(spec.split(":", 1)[1])
+        if not path.is_file():
+            raise ForgeError(f"scripted plan not found: {path}")
+        return ScriptedProposer.from_file(path)
+    raise ForgeError(f"unknown proposer '{spec}' (available: scripted:PLAN.json)")
+
+
+def cmd_search(args) -> int:
+    from .config import discover_config
+    from .search.events import EventBus
+    from .search.pool import LocalEvalPool
+    from .search.replay import format_event
+    from .search.runner import Search
+    from .search.store import SearchStore
+    from .workspace import Workspace
+
+    ws = Workspace.open(args.workspace)
+    cfg, _ = discover_config(args.config, ws.root)
+    overrides = {k: v for k, v in {"max_evals": args.max_evals, "evals_per_card": args.evals_per_card,
+                                   "parallel": args.parallel, "max_wall_s": args.max_wall_s}.items() if v is not None}
+    if overrides:
+        cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update=overrides)})
+    if args.fresh:
+        with ws.git() as repo:
+            n = SearchStore(repo).delete_all()
+        print(f"removed {n} search refs", file=sys.stderr)
+    proposer = make_proposer(args.proposer, ws, cfg)
+    bus = EventBus()
+    if not args.quiet:
+        bus.subscribe(lambda e: e.persistent and print(format_event(e), flush=True))
+    pool = LocalEvalPool(ws.store, ws.cache, cfg, backend=args.backend)
+    try:
+        summary = Search(ws, cfg, proposer, pool, bus=bus, cards=args.cards).run(resume=args.resume or args.fresh)
+    finally:
+        pool.close()
+    for cid, why in summary.skipped.items():
+        print(f"skipped {cid}: {why}")
+    for cid, b in summary.best.items():
+        print(f"best {cid}: {b['node']} {b['speedup']:.3f}x ({b['move']})")
+    print(f"stopped: {summary.stopped}; {summary.evaluations} evaluations, {summary.wall_s:.1f} s, "
+          f"git {summary.git_s:.2f} s ({100 * summary.git_s / max(summary.wall_s, 1e-9):.1f}%), ${summary.cost_usd:.2f}")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    import json
+
+    from .search.replay import format_event, format_trees, load_events
+    from .workspace import Workspace
+
+    ws = Workspace.open(args.workspace)
+    events = load_events(ws)
+    if args.card:
+        events = [e for e in events if e.card is None or e.card.lstrip("_").startswith(args.card.lstrip("_"))]
+    if args.json:
+        print(json.dumps([e.to_json() for e in events], indent=1))
+        return 0
+    if not events:
+        print(f"no search recorded in {ws.root}")
+        return 0
+    for e in events:
+        print(format_event(e))
+    print()
+    print(format_trees(events))
+    return 0
+
+
 def cmd_examples(args) -> int:
     from .examples import EXAMPLES
 
@@ -179,6 +251,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, help="seed of the random input sets (default: fresh each run)")
     sp.add_argument("--json", action="store_true", help="print the whole result as JSON")
     sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("search", help="search for faster kernels for a workspace's cards (MCTS, in git)")
+    sp.add_argument("workspace", type=Path)
+    sp.add_argument("--resume", action="store_true", help="continue the search recorded in the workspace")
+    sp.add_argument("--fresh", action="store_true", help="discard the recorded search and start again")
+    sp.add_argument("--cards", nargs="+", metavar="ID", help="only these cards (ids or prefixes)")
+    sp.add_argument("--proposer", default="auto", help="auto, templates, or scripted:PLAN.json")
+    sp.add_argument("--backend", choices=["auto", "cuda", "cpu"], default=None)
+    sp.add_argument("--max-evals", type=int)
+    sp.add_argument("--evals-per-card", type=int)
+    sp.add_argument("--parallel", type=int)
+    sp.add_argument("--max-wall-s", type=float)
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.set_defaults(func=cmd_search)
+
+    sp = sub.add_parser("replay", help="rebuild a search from git history and print it in the order it grew")
+    sp.add_argument("workspace", type=Path)
+    sp.add_argument("--card", help="only this card (id or prefix)")
+    sp.add_argument("--json", action="store_true", help="the events as JSON")
+    sp.set_defaults(func=cmd_replay)
 
     sp = sub.add_parser("examples", help="list the bundled example workloads")
     sp.set_defaults(func=cmd_examples)

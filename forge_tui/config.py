@@ -61,10 +61,40 @@ class EvaluatorConfig(_Section):
     profile_with_ncu: bool = False
 
 
+class SearchConfig(_Section):
+    max_evals: int = Field(200, ge=0)
+    """Evaluations in all, over every card and every resume."""
+    max_wall_s: float = Field(3600.0, gt=0)
+    """Wall time of one ``forge search`` run."""
+    max_cost_usd: float = Field(20.0, ge=0)
+    """LLM spend over every card and every resume."""
+    evals_per_card: int = Field(20, ge=1)
+    parallel: int = Field(2, ge=1)
+    """Evaluations in flight (proposals and compiles run alongside the timed runs)."""
+    workers: int = Field(1, ge=1)
+    """Evaluator worker processes (one per GPU; on the CPU backend, one)."""
+    c_uct: float = Field(0.5, ge=0)
+    widen_k: float = Field(1.0, gt=0)
+    widen_alpha: float = Field(0.5, gt=0, le=1)
+    reward_cap: float = Field(4.0, gt=1)
+    """Speedup at which the normalised reward saturates."""
+    floor_fraction: float = Field(0.9, gt=0, le=1)
+    """A card stops once its best kernel reaches this fraction of the roofline floor."""
+    min_gain: float = Field(0.001, ge=0)
+    """A card stops once share x (1 - floor / best time) falls below this (0.001 = 0.1% of the forward)."""
+    min_share: float = Field(0.0, ge=0, le=1)
+    """Cards below this share of the forward are not searched."""
+    top: int = Field(0, ge=0)
+    """Search only the N cards with the most to gain (0: every eligible card)."""
+    proposer_failures: int = Field(3, ge=1)
+    """A card stops after this many proposer failures in a row (an LLM API that keeps failing)."""
+
+
 class ForgeConfig(_Section):
     timing: TimingConfig = TimingConfig()
     profile: ProfileConfig = ProfileConfig()
     evaluator: EvaluatorConfig = EvaluatorConfig()
+    search: SearchConfig = SearchConfig()
 
 
 def _describe(err: ValidationError, source: str) -> str:

@@ -54,7 +54,7 @@ class Evaluator:
     """Builds in parallel on the CPU cores; runs candidates one at a time per worker process."""
 
     def __init__(self, store: TensorStore, cache_dir: Path, config: ForgeConfig | None = None, *,
-                 backend: str | None = None, arch: str | None = None) -> None:
+                 backend: str | None = None, arch: str | None = None, worker_env: dict | None = None) -> None:
         cfg = config or ForgeConfig()
         self.timing_cfg = cfg.timing
         self.cfg = cfg.evaluator
@@ -64,7 +64,7 @@ class Evaluator:
         self.builder = Builder(self.backend, cache_dir, arch=arch, timeout_s=self.cfg.build_timeout_s,
                                parallel=self.cfg.parallel_builds)
         limits = {"correctness": self.cfg.run_timeout_s, "timing": self.cfg.run_timeout_s}
-        self.worker = WorkerClient(self.device, limits=limits)
+        self.worker = WorkerClient(self.device, limits=limits, env=worker_env)
         self._closed = False
 
     def __enter__(self) -> "Evaluator":

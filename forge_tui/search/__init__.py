@@ -1,0 +1,1 @@
+"""Monte Carlo Tree Search over kernel candidates, one tree per card, persisted in git."""

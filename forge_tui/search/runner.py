@@ -1,0 +1,373 @@
+"""The search loop: pick a card by expected gain, select a node by UCT, ask the proposer for a
+child, evaluate it, commit it to git, back the reward up, publish events.
+
+Proposals and evaluations run in worker threads (several in flight); every git write and every
+change to the trees happens on the loop's own thread, so the repository stays consistent. A
+failing proposer (an LLM API error) or a crashing candidate is recorded and the search goes on.
+``kill -9`` at any moment loses only what was in flight: every finished node is a committed ref.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from ..cards import Card
+from ..config import ForgeConfig
+from ..errors import ForgeError
+from ..program import program_source
+from ..workspace import Workspace
+from .budget import CardBudget, pick
+from .events import Event, EventBus
+from .history import History
+from .pool import EvalPool
+from .proposer import NodeView, Proposal, ProposalContext, Proposer
+from .store import LogRecord, NodeRecord, SearchStore
+from .tree import ROOT, CardTree, Node
+from .uct import select
+
+SOURCE_NAME = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
+INELIGIBLE_FLAGS = {"dynamic_shape": "its output shape depends on the data",
+                    "replay_failed": "its reference could not be replayed",
+                    "reference_mismatch": "its reference does not reproduce the captured output"}
+
+
+@dataclass
+class SearchSummary:
+    evaluations: int
+    stopped: str
+    best: dict[str, dict]
+    skipped: dict[str, str]
+    wall_s: float
+    git_s: float
+    cost_usd: float
+    events: int = 0
+    finished: dict[str, str] = field(default_factory=dict)
+
+
+class Search:
+    def __init__(self, ws: Workspace, cfg: ForgeConfig, proposer: Proposer, pool: EvalPool, *,
+                 bus: EventBus | None = None, cards: list[str] | None = None) -> None:
+        self.ws = ws
+        self.cfg = cfg
+        self.scfg = cfg.search
+        self.proposer = proposer
+        self.pool = pool
+        self.backend = pool.backend
+        self.bus = bus or EventBus()
+        self.card_filter = cards
+        self.trees: dict[str, CardTree] = {}
+        self.budgets: dict[str, CardBudget] = {}
+        self.cards: dict[str, Card] = {}
+        self.skipped: dict[str, str] = {}
+        self.history = History()
+        self.seq = 0
+        self.sources: dict[tuple[str, str], str] = {}
+        self.evals_total = 0
+        self.cost_total = 0.0
+        self.git_s = 0.0
+        self._repo_cm = None
+        self.store: SearchStore | None = None
+        self._stop_requested: str | None = None
+        self._main_commit = ""
+
+    # ---- events --------------------------------------------------------------------------------
+    def _publish(self, events: list[Event]) -> None:
+        for e in events:
+            self.bus.publish(e)
+
+    def _transient(self, kind: str, card: str | None = None, node: str | None = None, **data) -> None:
+        self.bus.publish(Event(kind, self.seq, card, node, data))
+
+    def request_stop(self, reason: str = "stopped by the user") -> None:
+        """Thread-safe: the loop stops starting new evaluations and records why."""
+        self._stop_requested = reason
+
+    # ---- state ---------------------------------------------------------------------------------
+    def _eligible(self, all_cards: list[Card]) -> list[Card]:
+        out = []
+        for card in all_cards:
+            if self.card_filter and not any(card.id.lstrip("_").startswith(p.lstrip("_")) for p in self.card_filter):
+                continue
+            why = next((msg for flag, msg in INELIGIBLE_FLAGS.items() if flag in card.flags), None)
+            if why is None and (card.share or 0.0) < self.scfg.min_share:
+                why = f"its share ({100 * (card.share or 0):.2f}%) is below min_share"
+            if why is None and card.time_us is None:
+                why = "it has no measured time"
+            if why is None:
+                why = self.proposer.supports(card, self.backend)
+            if why is None:
+                out.append(card)
+            else:
+                self.skipped[card.id] = why
+        if self.scfg.top:
+            out.sort(key=lambda c: -CardBudget(c).potential)
+            for c in out[self.scfg.top:]:
+                self.skipped[c.id] = f"not among the top {self.scfg.top} cards by potential gain"
+            out = out[: self.scfg.top]
+        return out
+
+    def _apply_node(self, rec: NodeRecord) -> list[Event]:
+        tree = self.trees.setdefault(rec.card, CardTree(rec.card, self.scfg.reward_cap))
+        tree.add(Node(card=rec.card, id=rec.node, parent=rec.parent, seq=rec.seq, status=rec.status,
+                      speedup=rec.speedup, move=rec.move, proposer=rec.proposer, commit=rec.commit,
+                      cost_usd=rec.cost_usd, reason=rec.reason))
+        b = self.budgets.get(rec.card)
+        if rec.node != ROOT:
+            self.evals_total += 1
+            self.cost_total += rec.cost_usd
+            if b is not None:
+                b.evals += 1
+                if rec.status in ("passed",) and rec.speedup:
+                    b.best_speedup = max(b.best_speedup, rec.speedup)
+        return self.history.node(rec)
+
+    def _load(self, resume: bool) -> None:
+        loaded = self.store.load()
+        if (loaded.nodes or loaded.log) and not resume:
+            raise ForgeError(f"{self.ws.root} already holds a search ({len(loaded.nodes)} nodes): "
+                             "continue it with --resume, or discard it with --fresh")
+        self.seq = loaded.max_seq
+        for card in self._eligible(self.ws.cards()):
+            self.cards[card.id] = card
+            self.budgets[card.id] = CardBudget(card)
+        items = sorted([(r.seq, 0, r) for r in loaded.nodes] + [(r.seq, 1, r) for r in loaded.log],
+                       key=lambda x: (x[0], x[1]))
+        for _, kind, rec in items:
+            if kind == 0:
+                self._apply_node(rec)
+            else:
+                self.history.log(rec)
+                if rec.kind == "card_finished" and rec.card in self.budgets:
+                    self.budgets[rec.card].finished = rec.data.get("reason", "finished")
+        for card_id, tree in self.trees.items():  # nodes that failed before had no children
+            for n in tree.nodes.values():
+                if not n.ok:
+                    n.expandable = False
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _log(self, kind: str, card: str | None = None, node: str | None = None, **data) -> None:
+        rec = LogRecord(self._next_seq(), kind, card, node, data, "")
+        t0 = time.perf_counter()
+        self.store.write_log(rec)
+        self.git_s += time.perf_counter() - t0
+        self._publish(self.history.log(rec))
+
+    def _commit_node(self, rec: NodeRecord, files: dict[str, bytes], base: str) -> None:
+        t0 = time.perf_counter()
+        self.store.write_node(rec, files, base)
+        self.git_s += time.perf_counter() - t0
+        self._publish(self._apply_node(rec))
+
+    def _ensure_root(self, card: Card) -> None:
+        tree = self.trees.get(card.id)
+        if tree is not None and tree.root is not None:
+            return
+        ref = program_source(card.program, len(card.inputs))
+        files = {"reference.py": ref.encode(), "card.json": json.dumps(card.model_dump(mode="json"), indent=1).encode(),
+                 "node.json": json.dumps({"card": card.id, "node": ROOT, "status": "reference"}).encode()}
+        rec = NodeRecord(self._next_seq(), card.id, ROOT, None, "reference", 1.0, "eager PyTorch (the fallback)",
+                         "reference", 0.0, "", "")
+        self._commit_node(rec, files, self._main_commit)
+
+    # ---- proposals ------------------------------------------------------------------------------
+    def _source(self, card_id: str, node: Node) -> str | None:
+        key = (card_id, node.id)
+        if key not in self.sources:
+            name = "reference.py" if node.id == ROOT else SOURCE_NAME.get(self.backend, "candidate.cu")
+            data = self.store.read(node.commit, name)
+            if data is None and node.id != ROOT:
+                data = self.store.read(node.commit, SOURCE_NAME["cuda" if self.backend == "cpu" else "cpu"])
+            self.sources[key] = data.decode() if data is not None else None
+        return self.sources[key]
+
+    def _view(self, card_id: str, node: Node, with_source: bool = False, with_result: bool = False) -> NodeView:
+        result = None
+        if with_result and node.id != ROOT and node.commit:
+            raw = self.store.read(node.commit, "result.json")
+            result = json.loads(raw) if raw else None
+        return NodeView(id=node.id, parent=node.parent, status=node.status, speedup=node.speedup, move=node.move,
+                        reason=node.reason, source=self._source(card_id, node) if with_source else None,
+                        result=result)
+
+    def _context(self, card: Card, parent: Node) -> ProposalContext:
+        tree = self.trees[card.id]
+        nodes = sorted(tree.nodes.values(), key=lambda n: n.seq)
+        best_so_far, improvements, regressions = 1.0, [], []
+        for n in nodes:
+            if n.id == ROOT or not n.ok or not n.speedup:
+                continue
+            if n.speedup > best_so_far:
+                improvements.append(n)
+                best_so_far = n.speedup
+            par = tree.nodes.get(n.parent)
+            if par is not None and par.speedup and n.speedup < par.speedup:
+                regressions.append(n)
+        children = [tree.nodes[c] for c in parent.children]
+        best = tree.best()
+        return ProposalContext(
+            card=card, backend=self.backend,
+            parent=self._view(card.id, parent, with_source=True, with_result=True),
+            lineage=[self._view(card.id, n) for n in tree.lineage(parent.id)],
+            best=self._view(card.id, best, with_source=True) if best is not None and best.id != ROOT else None,
+            improvements=[self._view(card.id, n) for n in improvements[-3:]],
+            regressions=[self._view(card.id, n) for n in regressions[-3:]],
+            failed_siblings=[self._view(card.id, n, with_source=True, with_result=True) for n in children if not n.ok],
+            children=[self._view(card.id, n) for n in children],
+            reference_source=self._source(card.id, tree.root) or "",
+            tree_moves=[n.move for n in nodes],
+        )
+
+    def _task(self, card: Card, ctx: ProposalContext) -> tuple[str, object, object]:
+        try:
+            proposal = self.proposer.propose(ctx)
+        except Exception as exc:  # noqa: BLE001 - an LLM API that fails must not stop the search
+            return "proposer_failed", f"{type(exc).__name__}: {exc}", None
+        if proposal is None:
+            return "exhausted", None, None
+        try:
+            result = self.pool.submit(card, proposal.source).result()
+        except Exception as exc:  # noqa: BLE001 - the harness failed; record it against the node
+            result = {"status": "error", "failure": "harness", "reason": f"{type(exc).__name__}: {exc}"}
+        return "evaluated", proposal, result
+
+    def _record_result(self, card: Card, parent: Node, proposal: Proposal, result: dict) -> None:
+        tree = self.trees[card.id]
+        node_id = f"n{len(tree.nodes):04d}"
+        while node_id in tree.nodes:
+            node_id += "b"
+        speedup = result.get("speedup_vs_eager") if result.get("status") == "passed" else None
+        rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.get("status", "error"), speedup,
+                         proposal.move, getattr(self.proposer, "name", "?"), proposal.cost_usd,
+                         result.get("reason", ""), "")
+        files = {SOURCE_NAME.get(self.backend, "candidate.cu"): proposal.source.encode(),
+                 "result.json": json.dumps(result, indent=1, default=str).encode(),
+                 "node.json": json.dumps({"card": card.id, "node": node_id, "parent": parent.id, "move": proposal.move,
+                                          "proposer": rec.proposer, "meta": proposal.meta,
+                                          "cost_usd": proposal.cost_usd}, indent=1, default=str).encode()}
+        if proposal.transcript is not None:
+            files["transcript.json"] = json.dumps(proposal.transcript, indent=1, default=str).encode()
+        self._commit_node(rec, files, parent.commit)
+        self.sources[(card.id, node_id)] = proposal.source
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def _limits(self, t_start: float) -> str | None:
+        if self._stop_requested:
+            return self._stop_requested
+        if self.evals_total >= self.scfg.max_evals:
+            return f"evaluation budget spent ({self.evals_total} of {self.scfg.max_evals})"
+        if time.monotonic() - t_start >= self.scfg.max_wall_s:
+            return f"wall-time budget spent ({self.scfg.max_wall_s:.0f} s)"
+        if self.cost_total >= self.scfg.max_cost_usd > 0:
+            return f"money budget spent (${self.cost_total:.2f} of ${self.scfg.max_cost_usd:.2f})"
+        return None
+
+    def _finish_card(self, b: CardBudget, reason: str) -> None:
+        if b.finished is None:
+            b.finished = reason
+            self._log("card_finished", b.card.id, reason=reason, evals=b.evals, best_speedup=b.best_speedup)
+
+    def _schedule(self, in_flight_cards: dict[str, int]) -> tuple[Card, Node] | None:
+        for b in self.budgets.values():
+            b.in_flight = in_flight_cards.get(b.card.id, 0)
+            if b.finished is None and b.in_flight == 0:
+                reason = b.stop_reason(self.scfg)
+                if reason:
+                    self._finish_card(b, reason)
+        tried: set[str] = set()
+        while True:
+            b = pick([x for x in self.budgets.values() if x.card.id not in tried])
+            if b is None:
+                return None
+            if b.evals + b.in_flight >= self.scfg.evals_per_card:
+                tried.add(b.card.id)
+                continue
+            node = select(self.trees[b.card.id], self.scfg.c_uct, self.scfg.widen_k, self.scfg.widen_alpha)
+            if node is None:
+                if b.in_flight == 0:
+                    self._finish_card(b, "the proposer has nothing more to try")
+                tried.add(b.card.id)
+                continue
+            return b.card, node
+
+    def run(self, *, resume: bool = False) -> SearchSummary:
+        t_start = time.monotonic()
+        with self.ws.git() as repo:
+            self.store = SearchStore(repo)
+            self._main_commit = repo.head("main")
+            self._load(resume)
+            self._log("search_started", resumed=self.seq > 0, cards=sorted(self.cards), backend=self.backend,
+                      proposer=getattr(self.proposer, "name", "?"), skipped=self.skipped,
+                      config=self.scfg.model_dump())
+            for card in self.cards.values():
+                self._ensure_root(card)
+            stopped = self._loop(t_start)
+            self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
+        best = {}
+        for cid, tree in self.trees.items():
+            n = tree.best()
+            if n is not None:
+                best[cid] = {"node": n.id, "speedup": n.speedup, "move": n.move}
+        return SearchSummary(evaluations=self.evals_total, stopped=stopped, best=best, skipped=dict(self.skipped),
+                             wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
+                             finished={c: b.finished for c, b in self.budgets.items() if b.finished})
+
+    def _loop(self, t_start: float) -> str:
+        in_flight: dict[Future, tuple[Card, Node]] = {}
+        per_card: dict[str, int] = {}
+        stopped = ""
+        with ThreadPoolExecutor(max_workers=self.scfg.parallel, thread_name_prefix="forge-search") as ex:
+            while True:
+                limit = self._limits(t_start)
+                while limit is None and len(in_flight) < self.scfg.parallel and \
+                        self.evals_total + len(in_flight) < self.scfg.max_evals:
+                    picked = self._schedule(per_card)
+                    if picked is None:
+                        break
+                    card, parent = picked
+                    ctx = self._context(card, parent)
+                    tree = self.trees[card.id]
+                    parent.pending += 1
+                    tree.add_virtual(parent.id, +1)
+                    per_card[card.id] = per_card.get(card.id, 0) + 1
+                    self._transient("node_started", card.id, parent.id, in_flight=len(in_flight) + 1)
+                    in_flight[ex.submit(self._task, card, ctx)] = (card, parent)
+                if not in_flight:
+                    stopped = limit or "every card is finished"
+                    break
+                done, _ = wait(list(in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    card, parent = in_flight.pop(fut)
+                    per_card[card.id] -= 1
+                    parent.pending -= 1
+                    self.trees[card.id].add_virtual(parent.id, -1)
+                    kind, a, b = fut.result()
+                    budget = self.budgets[card.id]
+                    if kind == "evaluated":
+                        budget.failures_in_row = 0
+                        self._record_result(card, parent, a, b)
+                    elif kind == "exhausted":
+                        parent.expandable = False
+                    else:
+                        budget.failures_in_row += 1
+                        self._log("proposer_failed", card.id, parent.id, reason=str(a)[:500])
+                    self._transient("budget_spent", evaluations=self.evals_total, max_evals=self.scfg.max_evals,
+                                    cost_usd=self.cost_total, wall_s=time.monotonic() - t_start,
+                                    git_s=self.git_s)
+                if limit is not None and not in_flight:
+                    stopped = limit
+                    break
+        return stopped
+
+    # ---- promotion (the TUI's approval) ---------------------------------------------------------
+    def request_promotion(self, card_id: str, node_id: str) -> None:
+        """Record that the user approved a node for promotion (only while the search runs; the
+        loop's thread owns git)."""
+        if self.store is None:
+            raise ForgeError("promotion requests are recorded while the search runs")
+        self._log("promotion_requested", card_id, node_id)

@@ -1,0 +1,97 @@
+"""One search tree per card: nodes, normalised rewards, max-backup of values."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+ROOT = "root"
+OK_STATUSES = ("passed", "reference")
+
+
+def reward(status: str, speedup: float | None, cap: float) -> float:
+    """0.5 at the eager speed (the root), 1 at ``cap`` times faster, 0 at ``cap`` times slower;
+    0 for a candidate that failed."""
+    if status not in OK_STATUSES or not speedup or speedup <= 0:
+        return 0.0
+    x = math.log(speedup) / math.log(cap)
+    return 0.5 + 0.5 * max(-1.0, min(1.0, x))
+
+
+@dataclass
+class Node:
+    card: str
+    id: str
+    parent: str | None
+    seq: int
+    status: str
+    speedup: float | None
+    move: str = ""
+    proposer: str = ""
+    commit: str = ""
+    cost_usd: float = 0.0
+    reason: str = ""
+    children: list[str] = field(default_factory=list)
+    visits: int = 0
+    virtual: int = 0
+    pending: int = 0
+    """Children being proposed or evaluated right now."""
+    value: float = 0.0
+    """Best reward in this node's subtree (max-backup)."""
+    expandable: bool = True
+    """False once the proposer has no more children for it, or the node failed."""
+    dead: bool = False
+    """Nothing below it can be expanded any more."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATUSES
+
+
+class CardTree:
+    def __init__(self, card_id: str, cap: float) -> None:
+        self.card_id = card_id
+        self.cap = cap
+        self.nodes: dict[str, Node] = {}
+
+    @property
+    def root(self) -> Node | None:
+        return self.nodes.get(ROOT)
+
+    def add(self, node: Node) -> None:
+        """Insert a node and back its reward up to the root (visits, max value)."""
+        if node.id in self.nodes:
+            return
+        self.nodes[node.id] = node
+        r = reward(node.status, node.speedup, self.cap)
+        node.value = r
+        if not node.ok:
+            node.expandable = False
+            node.dead = True
+        if node.parent is not None and node.parent in self.nodes:
+            self.nodes[node.parent].children.append(node.id)
+        cur: Node | None = node
+        while cur is not None:
+            cur.visits += 1
+            cur.value = max(cur.value, r)
+            cur = self.nodes.get(cur.parent) if cur.parent else None
+
+    def lineage(self, node_id: str) -> list[Node]:
+        out = []
+        cur = self.nodes.get(node_id)
+        while cur is not None:
+            out.append(cur)
+            cur = self.nodes.get(cur.parent) if cur.parent else None
+        return out[::-1]
+
+    def best(self) -> Node | None:
+        ok = [n for n in self.nodes.values() if n.ok and n.speedup]
+        return max(ok, key=lambda n: (n.speedup, -n.seq)) if ok else None
+
+    def evaluated(self) -> int:
+        return sum(1 for n in self.nodes.values() if n.id != ROOT)
+
+    def add_virtual(self, node_id: str, delta: int) -> None:
+        """Virtual visits along the path of an evaluation in flight, so parallel selections spread."""
+        for n in self.lineage(node_id):
+            n.virtual = max(0, n.virtual + delta)

@@ -1,0 +1,95 @@
+"""Shared pieces for the search tests: synthetic workspaces, a fake evaluation pool, proposers."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from forge_tui.cards import Card, TensorSpec, save_cards
+from forge_tui.gitrepo import GitRepo
+from forge_tui.search.proposer import Proposal
+from forge_tui.workspace import GITIGNORE, MARKER, Workspace
+
+
+def synthetic_card(card_id: str, share: float, time_us: float, floor_us: float) -> Card:
+    spec = TensorSpec(shape=[4, 8], stride=[8, 1], dtype="float32")
+    return Card(id=card_id, kind="op", target="aten._softmax.default", label=card_id, inputs=[spec],
+                outputs=[spec.model_copy(update={"role": "output"})],
+                program={"nodes": [{"op": "aten._softmax.default", "args": [{"$in": 0}, -1, False], "kwargs": {}}],
+                         "outputs": [{"$node": 0, "out": 0}]},
+                calls=1, time_us=time_us, share=share, floor_us=floor_us, headroom=time_us / floor_us)
+
+
+def make_workspace(root: Path, cards: list[Card]) -> Workspace:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text(json.dumps({"tool": "forge-tui", "format": 1, "workload": {"name": "synthetic"},
+                                           "device": "cpu", "device_name": "test"}))
+    (root / ".gitignore").write_text(GITIGNORE)
+    save_cards(cards, root / "cards")
+    with GitRepo.init(root) as repo:
+        repo.commit_worktree("synthetic workspace")
+    return Workspace(root)
+
+
+class FakePool:
+    """Evaluations without compiling: the speedup is a function of (card, source)."""
+
+    backend = "cpu"
+
+    def __init__(self, speedup=lambda card, source: 1.1, delay=(0.0, 0.0), status=lambda card, source: "passed"):
+        self.speedup = speedup
+        self.delay = delay
+        self.status = status
+        self.calls: list[tuple[str, str]] = []
+        self.max_in_flight = 0
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._exec = ThreadPoolExecutor(max_workers=8)
+
+    def _run(self, card, source):
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            self.calls.append((card.id, source))
+        try:
+            time.sleep(random.uniform(*self.delay))
+            st = self.status(card, source)
+            return {"status": st, "reason": "" if st == "passed" else "fake failure",
+                    "speedup_vs_eager": self.speedup(card, source) if st == "passed" else None}
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def submit(self, card, source, options=None) -> Future:
+        return self._exec.submit(self._run, card, source)
+
+    def close(self):
+        self._exec.shutdown(wait=True)
+
+
+class CountingProposer:
+    """An endless supply of distinct proposals: 'k<i>' for each card."""
+
+    name = "counting"
+
+    def __init__(self, fail_every: int = 0):
+        self.n = 0
+        self.fail_every = fail_every
+        self.contexts = []
+        self._lock = threading.Lock()
+
+    def supports(self, card, backend):
+        return None
+
+    def propose(self, ctx):
+        with self._lock:
+            self.n += 1
+            n = self.n
+            self.contexts.append(ctx)
+        if self.fail_every and n % self.fail_every == 0:
+            raise ConnectionError("LLM API unreachable")
+        return Proposal(source=f"// kernel {n} for {ctx.card.id} from {ctx.parent.id}\n", move=f"k{n}")

@@ -1,0 +1,189 @@
+"""The search end to end: budget across cards, parallel evaluations with a consistent repository,
+replay equal to the live log, proposer failures, resume after SIGKILL of a real process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_tui.config import parse_config
+from forge_tui.errors import ForgeError
+from forge_tui.search.events import EventBus, Recorder
+from forge_tui.search.replay import load_events
+from forge_tui.search.runner import Search
+from forge_tui.search.store import SearchStore
+
+from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
+
+HERE = Path(__file__).parent
+
+
+def cfg(**search):
+    return parse_config({"search": {"min_gain": 0.0, **search}})
+
+
+def run_search(ws, config, proposer, pool, resume=False):
+    bus, rec = EventBus(), Recorder()
+    bus.subscribe(rec)
+    summary = Search(ws, config, proposer, pool, bus=bus).run(resume=resume)
+    return summary, rec
+
+
+def test_budget_goes_to_the_card_with_more_to_gain(tmp_path):
+    big = synthetic_card("big", share=0.40, time_us=100.0, floor_us=10.0)     # potential 0.36
+    small = synthetic_card("small", share=0.10, time_us=100.0, floor_us=10.0)  # potential 0.09
+    atfloor = synthetic_card("atfloor", share=0.30, time_us=10.5, floor_us=10.0)  # 95% of floor already
+    ws = make_workspace(tmp_path / "ws", [big, small, atfloor])
+    pool = FakePool(speedup=lambda card, src: 1.05)
+    summary, rec = run_search(ws, cfg(max_evals=20, evals_per_card=50, parallel=1), CountingProposer(), pool)
+    per_card = {}
+    for card_id, _ in pool.calls:
+        per_card[card_id] = per_card.get(card_id, 0) + 1
+    assert summary.evaluations == 20
+    assert per_card.get("big", 0) > 2 * per_card.get("small", 0) > 0
+    assert "atfloor" not in per_card  # stopped at its floor before any evaluation
+    assert "roofline floor" in summary.finished["atfloor"]
+    pool.close()
+
+
+def test_card_stops_when_gain_is_small_or_budget_spent(tmp_path):
+    a = synthetic_card("a", share=0.5, time_us=100.0, floor_us=10.0)
+    ws = make_workspace(tmp_path / "ws", [a])
+    pool = FakePool(speedup=lambda card, src: 1.2)
+    summary, _ = run_search(ws, cfg(max_evals=100, evals_per_card=5, parallel=2), CountingProposer(), pool)
+    assert summary.evaluations == 5 and "budget of 5 evaluations" in summary.finished["a"]
+    pool.close()
+
+
+def test_parallel_evaluations_keep_the_repository_consistent(tmp_path):
+    cards = [synthetic_card(f"c{i}", share=0.2, time_us=100.0, floor_us=5.0) for i in range(3)]
+    ws = make_workspace(tmp_path / "ws", cards)
+    pool = FakePool(speedup=lambda card, src: 1.0 + (hash(src) % 50) / 100, delay=(0.01, 0.05),
+                    status=lambda card, src: "rejected" if hash(src) % 7 == 0 else "passed")
+    summary, rec = run_search(ws, cfg(max_evals=40, evals_per_card=40, parallel=6), CountingProposer(), pool)
+    assert pool.max_in_flight > 1  # several evaluations were really in flight together
+    assert summary.evaluations == 40
+    with ws.git() as repo:
+        assert "error" not in repo.git("fsck", "--strict").lower()
+        loaded = SearchStore(repo).load()
+        assert repo.git("status", "--porcelain") == ""  # the working tree (main) was never touched
+    by_card = {}
+    for r in loaded.nodes:
+        by_card.setdefault(r.card, {})[r.node] = r
+    for card_nodes in by_card.values():
+        for r in card_nodes.values():
+            assert r.parent is None or r.parent in card_nodes  # every parent exists
+    assert len(loaded.nodes) == 40 + 3  # plus one root per card
+    seqs = [r.seq for r in loaded.nodes] + [r.seq for r in loaded.log]
+    assert len(seqs) == len(set(seqs))  # one sequence, no duplicates
+    pool.close()
+
+
+def test_replay_equals_the_live_event_log(tmp_path):
+    cards = [synthetic_card(f"c{i}", share=0.3 - 0.1 * i, time_us=100.0, floor_us=5.0) for i in range(2)]
+    ws = make_workspace(tmp_path / "ws", cards)
+    pool = FakePool(speedup=lambda card, src: 1.0 + (hash(src) % 80) / 100, delay=(0.0, 0.02))
+    summary, rec = run_search(ws, cfg(max_evals=25, evals_per_card=20, parallel=3), CountingProposer(), pool)
+    live = [e.to_json() for e in rec.persistent()]
+    replayed = [e.to_json() for e in load_events(ws)]
+    assert live == replayed
+    kinds = {e["kind"] for e in live}
+    assert {"search_started", "node_added", "best_improved", "search_stopped"} <= kinds
+    transient = {e.kind for e in rec.events} - kinds
+    assert transient == {"node_started", "budget_spent"}
+    pool.close()
+
+
+def test_proposer_failures_are_recorded_and_the_search_goes_on(tmp_path):
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
+    pool = FakePool()
+    summary, rec = run_search(ws, cfg(max_evals=6, evals_per_card=10, parallel=1), CountingProposer(fail_every=2), pool)
+    failures = [e for e in rec.events if e.kind == "proposer_failed"]
+    assert failures and "LLM API unreachable" in failures[0].data["reason"]
+    assert summary.evaluations == 6
+    # always failing: the card stops after proposer_failures in a row, the search ends cleanly
+    ws2 = make_workspace(tmp_path / "ws2", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
+    summary2, _ = run_search(ws2, cfg(max_evals=6, proposer_failures=3, parallel=1), CountingProposer(fail_every=1), pool)
+    assert summary2.evaluations == 0 and "failed 3 times" in summary2.finished["a"]
+    pool.close()
+
+
+def test_proposer_sees_lineage_failures_and_sources(tmp_path):
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
+    pool = FakePool(speedup=lambda card, src: 1.5, status=lambda card, src: "rejected" if "kernel 2 " in src else "passed")
+    prop = CountingProposer()
+    run_search(ws, cfg(max_evals=8, parallel=1), prop, pool)
+    first = prop.contexts[0]
+    assert first.parent.id == "root" and "def reference(" in first.parent.source
+    assert "aten._softmax" in first.reference_source
+    later = [c for c in prop.contexts if c.failed_siblings]
+    assert later and later[0].failed_siblings[0].reason == "fake failure"
+    assert later[0].failed_siblings[0].source.startswith("// kernel 2 ")
+    deep = [c for c in prop.contexts if len(c.lineage) > 1]
+    assert deep and deep[0].lineage[0].id == "root" and deep[0].parent.source.startswith("// kernel")
+    pool.close()
+
+
+def test_existing_search_needs_resume(tmp_path):
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
+    pool = FakePool()
+    run_search(ws, cfg(max_evals=2, parallel=1), CountingProposer(), pool)
+    with pytest.raises(ForgeError, match="--resume"):
+        run_search(ws, cfg(max_evals=4, parallel=1), CountingProposer(), pool)
+    summary, rec = run_search(ws, cfg(max_evals=4, parallel=1), CountingProposer(), pool, resume=True)
+    assert summary.evaluations == 4  # the two recorded ones count toward the global budget
+    started = [e for e in rec.events if e.kind == "search_started"]
+    assert started[0].data["resumed"] is True
+    pool.close()
+
+
+def test_many_nodes_replay(tmp_path):
+    """A large tree comes back from git alone (the timing of 2,000 nodes is in docs/benchmarks.md)."""
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.9, time_us=100.0, floor_us=1.0)])
+    pool = FakePool(speedup=lambda card, src: 1.0 + (hash(src) % 100) / 100)
+    run_search(ws, cfg(max_evals=300, evals_per_card=300, parallel=4), CountingProposer(), pool)
+    events = load_events(ws)
+    assert sum(e.kind == "node_added" for e in events) == 301
+    pool.close()
+
+
+# ---- a real process, killed with SIGKILL, then resumed -------------------------------------------
+def test_resume_after_sigkill(tmp_path, fast_config):
+    from forge_tui.profiler.run import profile_into_workspace
+
+    ws, _ = profile_into_workspace("example:kb_softmax", tmp_path / "ws", device="cpu", config_path=fast_config)
+    good = (HERE / "candidates" / "cpu" / "softmax_good.cpp").read_text()
+    plan = {"delay_s": 0.4, "cards": {"_softmax": [
+        {"source": good + f"\n// variant {i}\n", "move": f"variant {i}"} for i in range(8)]}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    forge = str(Path(sys.executable).parent / "forge")
+    cmd = [forge, "--config", str(fast_config), "search", str(ws.root), "--proposer",
+           f"scripted:{tmp_path / 'plan.json'}", "--backend", "cpu", "--parallel", "1", "-q"]
+    env = {**os.environ}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    heads = ws.root / ".git" / "refs" / "heads" / "search"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        n = len(list(heads.rglob("n0*"))) if heads.exists() else 0
+        if n >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the search and its evaluator worker, mid-flight
+    proc.wait()
+    with ws.git() as repo:
+        before = {(r.card, r.node): r.commit for r in SearchStore(repo).load().nodes}
+        assert "error" not in repo.git("fsck", "--strict").lower()
+    assert 3 <= len([k for k in before if k[1] != "root"]) < 8
+    out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    with ws.git() as repo:
+        after = {(r.card, r.node): r.commit for r in SearchStore(repo).load().nodes}
+        assert "error" not in repo.git("fsck", "--strict").lower()
+    assert all(after[k] == v for k, v in before.items())  # every finished node kept, unchanged
+    moves = [e.data["move"] for e in load_events(ws) if e.kind == "node_added" and e.node != "root"]
+    assert sorted(moves) == sorted(f"variant {i}" for i in range(8))  # and the search went on to the end
