@@ -137,15 +137,18 @@ def cmd_eval(args) -> int:
 
 
 def make_proposer(spec: str, ws, cfg):
-    """'scripted:PLAN.json' or a built-in name."""
+    """'scripted:PLAN.json', 'templates', or 'auto' (the LLM agent when a key is set, else templates)."""
     from .search.proposer import ScriptedProposer
+    from .templates.proposer import TemplateProposer
 
+    if spec in ("auto", "templates"):
+        return TemplateProposer()
     if spec.startswith("scripted:"):
         path = Path(spec.split(":", 1)[1])
         if not path.is_file():
             raise ForgeError(f"scripted plan not found: {path}")
         return ScriptedProposer.from_file(path)
-    raise ForgeError(f"unknown proposer '{spec}' (available: scripted:PLAN.json)")
+    raise ForgeError(f"unknown proposer '{spec}' (available: auto, templates, scripted:PLAN.json)")
 
 
 def cmd_search(args) -> int:

@@ -82,8 +82,21 @@ def _bits(t):
     """A view of t's bytes (bitwise comparison that treats NaN payloads exactly)."""
     import torch
 
-    c = t.contiguous()
+    c = t.contiguous().reshape(-1)
     return c.view(torch.uint8) if c.numel() else c
+
+
+def _span(t):
+    """The storage span a tensor's layout reaches, as a flat view (same extent for same layouts)."""
+    from ..tensorstore import storage_extent
+
+    return t.as_strided((storage_extent(tuple(t.shape), tuple(t.stride())),), (1,), t.storage_offset())
+
+
+def _clone_layout(t):
+    """A copy with exactly t's shape and strides (clone() would compact a non-dense layout)."""
+    flat = _span(t).clone()
+    return flat.as_strided(t.shape, t.stride(), 0)
 
 
 def _overlaps(a, b) -> bool:
@@ -277,7 +290,7 @@ class Evaluation:
         timer = Timer(self.device, warmup=int(self.opt.get("warmup", 3)), repeats=int(self.opt.get("repeats", 20)),
                       cold_l2=bool(self.opt.get("cold_l2", True)), flush_mib=int(self.opt.get("flush_mib", 256)))
         rot = sets[: max(1, min(3, len(sets)))]
-        tin = [t.clone() for t in rot[0][1]]
+        tin = [_clone_layout(t) for t in rot[0][1]]  # the card's strides, exactly
         outs = _alloc_outputs(self.card, self.device)
         cand = self.lib.bind(tin, outs, self.scalars, self.stream_handle)
 
@@ -307,7 +320,7 @@ class Evaluation:
             k = i % len(rot)
             current["set"] = k
             for dst, src in zip(tin, rot[k][1]):
-                dst.copy_(src)
+                _span(dst).copy_(_span(src))
             for o in outs:
                 _poison(o, i % 2)
             _sync(self.device)

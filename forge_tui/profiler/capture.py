@@ -264,6 +264,8 @@ class Recorder:
         if not out_tensors:
             self.skipped["no_tensor_output"] += 1
             return out
+        if op_card and program is not None:
+            program["nodes"][0]["out"] = _out_meta(flat_out)
         if name.startswith(ATTENTION_PREFIXES):
             # Attention ops also return softmax statistics and RNG state (seed, offset) that
             # inference never reads; the card is the attention output alone.
@@ -353,6 +355,7 @@ class Recorder:
         except Unencodable as exc:
             frame.invalid = f"unencodable argument {exc}"
             return
+        node["out"] = _out_meta(flat_out)
         i = len(frame.nodes)
         frame.nodes.append(node)
         for j, t in enumerate(flat_out):
@@ -416,6 +419,13 @@ class Recorder:
                 self._module_samples[frame.pre_key] = self._module_samples.get(frame.pre_key, 0) + 1
             else:
                 bucket.skipped_samples += 1
+
+
+def _out_meta(flat_out) -> list:
+    """[shape, dtype] of each output leaf (None for non-tensors): the program's types."""
+    import torch
+
+    return [[list(t.shape), dtype_name(t)] if isinstance(t, torch.Tensor) else None for t in flat_out]
 
 
 def _resolve(name: str):

@@ -1,0 +1,83 @@
+"""What every template family provides, and the header every rendered candidate carries."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..cards import Card
+
+HEADER_RE = re.compile(r"^// forge-template: (\{.*\})$", re.M)
+CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+         "int64": "int64_t", "int32": "int32_t", "bool": "bool", "uint8": "uint8_t", "int8": "int8_t"}
+CPU_CTYPE = {"float32": "float", "float16": "fhalf", "bfloat16": "fbf16", "float64": "double",
+             "int64": "int64_t", "int32": "int32_t", "bool": "bool", "uint8": "uint8_t", "int8": "int8_t"}
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
+
+
+@dataclass
+class Match:
+    family: str
+    card: Card
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Family(Protocol):
+    name: str
+
+    def match(self, card: Card) -> Match | None: ...
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        """Parameter axes, each a list of values valid for this card, in a sensible order."""
+
+    def initial(self, m: Match, backend: str) -> dict:
+        """The heuristic first configuration for this shape."""
+
+    def render(self, m: Match, params: dict, backend: str) -> str: ...
+
+    def passes(self, m: Match, params: dict) -> int:
+        """Passes over the data this configuration makes (1: read once, write once)."""
+
+
+def header(family: str, params: dict, passes: int) -> str:
+    return "// forge-template: " + json.dumps({"family": family, "params": params, "passes": passes},
+                                              sort_keys=True) + "\n"
+
+
+def parse_header(source: str | None) -> dict | None:
+    if not source:
+        return None
+    m = HEADER_RE.search(source)
+    return json.loads(m.group(1)) if m else None
+
+
+def describe(family: str, params: dict) -> str:
+    return family + ": " + " ".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def contiguous(spec) -> bool:
+    return spec.contiguous
+
+
+def node_scalar(node: dict, index: int, name: str | None = None, default=None):
+    """A node's positional or keyword argument (JSON form)."""
+    args = node.get("args", [])
+    if index < len(args):
+        return args[index]
+    if name is not None and name in node.get("kwargs", {}):
+        return node["kwargs"][name]
+    return default
+
+
+def input_index(ref) -> int | None:
+    return ref["$in"] if isinstance(ref, dict) and "$in" in ref else None

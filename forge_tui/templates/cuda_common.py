@@ -1,0 +1,67 @@
+"""Code shared by every CUDA template: dtype conversion, vector access, row reductions."""
+
+COMMON = r'''
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+#include "forge_kernel.h"
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+/* Round a float to T's precision and back (emulates eager rounding between ops). */
+template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f(from_f<T>(v)); }
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+
+template <typename T, int N>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&out)[N]) {
+    Vec<T, N> a = *reinterpret_cast<const Vec<T, N>*>(p);
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_f(a.v[j]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* __restrict__ p, const float (&in)[N]) {
+    Vec<T, N> a;
+#pragma unroll
+    for (int j = 0; j < N; ++j) a.v[j] = from_f<T>(in[j]);
+    *reinterpret_cast<Vec<T, N>*>(p) = a;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Reduce over the TPR threads that share a row (TPR a multiple of 32, rows side by side in the
+   block). Every thread of the block must call it. scratch: ROWS * (TPR / 32) floats. */
+template <int TPR, bool MAX>
+__device__ __forceinline__ float row_reduce(float v, float* scratch) {
+    v = MAX ? warp_max(v) : warp_sum(v);
+    if constexpr (TPR > 32) {
+        constexpr int W = TPR / 32;
+        const int lane = threadIdx.x & 31, w = (threadIdx.x % TPR) >> 5, r = threadIdx.x / TPR;
+        __syncthreads();
+        if (lane == 0) scratch[r * W + w] = v;
+        __syncthreads();
+        v = lane < W ? scratch[r * W + lane] : (MAX ? -INFINITY : 0.f);
+        v = MAX ? warp_max(v) : warp_sum(v);
+    }
+    return v;
+}
+
+static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
+'''

@@ -1,0 +1,1 @@
+"""Template families, one module each; ``FAMILIES`` in matching order."""

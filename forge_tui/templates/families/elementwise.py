@@ -1,0 +1,281 @@
+"""Elementwise programs, fused: any card (op or module) whose program is a chain of pointwise
+aten ops (activations, gates such as silu(a) * b and gelu(a) * b, bias adds, casts) becomes one
+kernel. Each op is computed in fp32 and rounded to its own output dtype, as eager rounds between
+kernels, so the fused result matches eager's. Inputs broadcast to the output (a bias, a
+per-row scale); same-shape inputs are read with 16-byte vectors.
+"""
+
+from __future__ import annotations
+
+from ...cards import Card
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel
+
+UNARY = {
+    "neg": "(-{a})", "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "RSQRT({a})",
+    "tanh": "tanhf({a})", "sigmoid": "(1.f / (1.f + expf(-{a})))", "abs": "fabsf({a})", "erf": "erff({a})",
+    "relu": "(({a}) != ({a}) ? ({a}) : fmaxf({a}, 0.f))", "silu": "(({a}) / (1.f + expf(-({a}))))",
+    "reciprocal": "(1.f / ({a}))", "clone": "({a})", "_to_copy": "({a})", "alias": "({a})",
+    "sin": "sinf({a})", "cos": "cosf({a})",
+}
+GELU_NONE = "(0.5f * ({a}) * (1.f + erff(({a}) * 0.70710678118654752f)))"
+GELU_TANH = ("(0.5f * ({a}) * (1.f + tanhf(0.79788456080286536f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))")
+BINARY = {"mul": "(({a}) * ({b}))", "div": "(({a}) / ({b}))", "maximum": "MAXIMUM({a}, {b})",
+          "minimum": "MINIMUM({a}, {b})"}
+OVERLOADS = {"Tensor", "Scalar", "default", "self"}
+
+
+def _op(name: str) -> tuple[str, str]:
+    _, op, overload = name.split(".", 2)
+    return op.rstrip("_") if op.endswith("_") and not op.startswith("_") else op, overload
+
+
+class Elementwise:
+    name = "elementwise"
+
+    def _translate(self, card: Card) -> tuple[list[str], str] | None:
+        """C statements computing the output from inputs in0..inK (floats) and the result name."""
+        nodes = card.program["nodes"]
+        out_shape = card.outputs[0].shape
+        lines: list[str] = []
+
+        def ref(v) -> str | None:
+            if isinstance(v, dict) and "$in" in v:
+                return f"in{v['$in']}"
+            if isinstance(v, dict) and "$node" in v and v.get("out", 0) == 0:
+                return f"t{v['$node']}"
+            if isinstance(v, bool):
+                return None
+            if isinstance(v, (int, float)):
+                return f"{float(v)!r}f".replace("inff", "INFINITY")
+            return None
+
+        for k, node in enumerate(nodes):
+            meta = node.get("out") or []
+            if len(meta) != 1 or meta[0] is None or meta[0][1] not in FLOAT_DTYPES or meta[0][0] != out_shape:
+                return None
+            op, overload = _op(node["op"])
+            if overload not in OVERLOADS:
+                return None
+            args, kw = node["args"], node.get("kwargs", {})
+            a = ref(args[0]) if args else None
+            if a is None:
+                return None
+            if op == "_to_copy":
+                if set(kw) - {"dtype", "layout", "device", "memory_format", "non_blocking"}:
+                    return None
+                expr = a
+            elif op in UNARY:
+                if len(args) > 1:
+                    return None
+                expr = UNARY[op].format(a=a)
+            elif op == "gelu":
+                approx = kw.get("approximate", args[1] if len(args) > 1 else "none")
+                expr = (GELU_TANH if approx == "tanh" else GELU_NONE).format(a=a)
+            elif op in ("add", "sub"):
+                b = ref(args[1]) if len(args) > 1 else None
+                alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
+                if b is None or not isinstance(alpha, (int, float)):
+                    return None
+                sign = "+" if op == "add" else "-"
+                expr = f"(({a}) {sign} ({b}))" if alpha == 1 else f"(({a}) {sign} {float(alpha)!r}f * ({b}))"
+            elif op in BINARY:
+                b = ref(args[1]) if len(args) > 1 else None
+                if b is None or (op == "div" and kw.get("rounding_mode")):
+                    return None
+                expr = BINARY[op].format(a=a, b=b)
+            elif op == "pow" and overload == "Tensor_Scalar":
+                e = args[1]
+                if e == 2:
+                    expr = f"(({a}) * ({a}))"
+                elif e == 0.5:
+                    expr = f"sqrtf({a})"
+                elif isinstance(e, (int, float)):
+                    expr = f"powf({a}, {float(e)!r}f)"
+                else:
+                    return None
+            else:
+                return None
+            dtype = meta[0][1]
+            rounded = f"ROUND_{dtype.upper()}({expr})"
+            lines.append(f"const float t{k} = {rounded};")
+        out = card.program["outputs"]
+        if len(out) != 1 or "$node" not in out[0]:
+            return None
+        return lines, f"t{out[0]['$node']}"
+
+    def match(self, card: Card) -> Match | None:
+        if len(card.outputs) != 1 or not card.program.get("nodes"):
+            return None
+        y = card.outputs[0]
+        if y.dtype not in FLOAT_DTYPES or not y.contiguous or numel(y.shape) == 0:
+            return None
+        if card.kind == "op" and "mutates" in card.flags and not card.target.split(".")[1].endswith("_"):
+            return None
+        tr = self._translate(card)
+        if tr is None:
+            return None
+        # every input broadcasts to the output
+        ins = []
+        for s in card.inputs:
+            if s.dtype not in FLOAT_DTYPES or len(s.shape) > len(y.shape):
+                return None
+            pad = len(y.shape) - len(s.shape)
+            bstride = []
+            for d, size in enumerate(y.shape):
+                if d < pad:
+                    bstride.append(0)
+                    continue
+                sz, st = s.shape[d - pad], s.stride[d - pad]
+                if sz == size:
+                    bstride.append(st if size > 1 else 0)
+                elif sz == 1:
+                    bstride.append(0)
+                else:
+                    return None
+            same = s.shape == y.shape and s.contiguous
+            ins.append({"dtype": s.dtype, "bstride": bstride, "same": same})
+        if not any(i["same"] for i in ins):
+            return None
+        return Match(self.name, card, {"ins": ins, "lines": tr[0], "result": tr[1], "shape": y.shape,
+                                       "n": numel(y.shape), "tout": y.dtype})
+
+    def _vecs(self, m: Match) -> list[int]:
+        isz = min([ITEMSIZE[i["dtype"]] for i in m.info["ins"] if i["same"]] + [ITEMSIZE[m.info["tout"]]])
+        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and m.info["n"] % v == 0]
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        if backend == "cpu":
+            return {"chunk": [4096, 16384, 65536]}
+        return {"threads": [128, 256, 512], "vec": self._vecs(m), "grid": ["full", "waves4", "waves1"]}
+
+    def valid(self, m: Match, p: dict, backend: str) -> bool:
+        return backend == "cpu" or p["vec"] in self._vecs(m)
+
+    def initial(self, m: Match, backend: str) -> dict:
+        if backend == "cpu":
+            return {"chunk": 16384}
+        return {"threads": 256, "vec": self._vecs(m)[0], "grid": "full"}
+
+    def passes(self, m: Match, p: dict) -> int:
+        return 1
+
+    def _index_expr(self, bstride: list[int], shape: list[int]) -> str:
+        """Element index of a broadcast input for flat output index ``i`` (constants fold)."""
+        terms = []
+        inner = 1
+        for d in range(len(shape) - 1, -1, -1):
+            if bstride[d]:
+                terms.append(f"((i / {inner}LL) % {shape[d]}LL) * {bstride[d]}LL")
+            inner *= shape[d]
+        return " + ".join(terms) if terms else "0"
+
+    def _body(self, m: Match, ctype: dict, cuda: bool) -> tuple[str, str, str]:
+        """(kernel parameter list, per-element loads for broadcast inputs, pointer arguments)."""
+        i = m.info
+        params, loads, args = [], [], []
+        for k, inp in enumerate(i["ins"]):
+            params.append(f"const {ctype[inp['dtype']]}* __restrict__ p{k}" if cuda else f"const {ctype[inp['dtype']]}* p{k}")
+            args.append(f"(const {ctype[inp['dtype']]}*)in[{k}].data")
+            if not inp["same"]:
+                loads.append(f"const float in{k} = to_f(p{k}[{self._index_expr(inp['bstride'], i['shape'])}]);")
+        return ", ".join(params), "\n            ".join(loads), ", ".join(args)
+
+    def render(self, m: Match, p: dict, backend: str) -> str:
+        return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
+
+    def _cpu(self, m: Match, p: dict) -> str:
+        from ..cpu_common import COMMON
+
+        i = m.info
+        params, loads, args = self._body(m, CPU_CTYPE, False)
+        same = "\n            ".join(f"const float in{k} = to_f(p{k}[i]);" for k, inp in enumerate(i["ins"]) if inp["same"])
+        comp = "\n            ".join(i["lines"])
+        return COMMON + ROUNDING_CPU + f'''
+typedef {CPU_CTYPE[i["tout"]]} TO;
+static const int64_t NUMEL = {i["n"]};
+
+static void run({params}, TO* out) {{
+#pragma omp parallel for schedule(static, {p["chunk"]})
+    for (int64_t i = 0; i < NUMEL; ++i) {{
+            {same}
+            {loads}
+            {comp}
+            out[i] = from_f<TO>({i["result"]});
+    }}
+}}
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (n_in != {len(i["ins"])} || forge_numel(&out[0]) != NUMEL) return 2;
+    run({args}, (TO*)out[0].data);
+    return 0;
+}}
+'''
+
+    def _cuda(self, m: Match, p: dict) -> str:
+        from ..cuda_common import COMMON
+
+        i = m.info
+        threads, vec = p["threads"], p["vec"]
+        params, loads, args = self._body(m, CTYPE, True)
+        same_loads = "\n        ".join(f"float v{k}[VEC]; load_vec<{CTYPE[inp['dtype']]}, VEC>(p{k} + base, v{k});"
+                                       for k, inp in enumerate(i["ins"]) if inp["same"])
+        same_pick = "\n            ".join(f"const float in{k} = v{k}[j];" for k, inp in enumerate(i["ins"]) if inp["same"])
+        comp = "\n            ".join(i["lines"])
+        n = i["n"]
+        full = -(-n // (threads * vec))
+        grid = {"full": full, "waves4": min(full, 132 * 4 * (2048 // threads)),
+                "waves1": min(full, 132 * (2048 // threads))}[p["grid"]]
+        aligned = " && ".join([f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[inp['dtype']]})"
+                               for k, inp in enumerate(i["ins"]) if inp["same"]]
+                              + [f"forge_aligned(out[0].data, {vec * ITEMSIZE[i['tout']]})"])
+        return COMMON + ROUNDING_CUDA + f'''
+typedef {CTYPE[i["tout"]]} TO;
+static const int64_t NUMEL = {n};
+
+template <int VEC>
+__global__ void __launch_bounds__({threads}) fused({params}, TO* __restrict__ out) {{
+    for (int64_t base = ((int64_t)blockIdx.x * {threads} + threadIdx.x) * VEC; base < NUMEL;
+         base += (int64_t)gridDim.x * {threads} * VEC) {{
+        {same_loads}
+        float o[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {{
+            const int64_t i = base + j;
+            (void)i;
+            {same_pick}
+            {loads}
+            {comp}
+            o[j] = {i["result"]};
+        }}
+        store_vec<TO, VEC>(out + base, o);
+    }}
+}}
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (n_in != {len(i["ins"])} || forge_numel(&out[0]) != NUMEL) return 2;
+    cudaStream_t s = (cudaStream_t)stream;
+    if ({aligned}) fused<{vec}><<<{grid}, {threads}, 0, s>>>({args}, (TO*)out[0].data);
+    else fused<1><<<{-(-n // threads) if p["grid"] == "full" else grid}, {threads}, 0, s>>>({args}, (TO*)out[0].data);
+    return (int)cudaGetLastError();
+}}
+'''
+
+
+ROUNDING_CUDA = r'''
+#define ROUND_FLOAT32(v) (v)
+#define ROUND_FLOAT16(v) round_to<__half>(v)
+#define ROUND_BFLOAT16(v) round_to<__nv_bfloat16>(v)
+#define RSQRT(v) rsqrtf(v)
+__device__ __forceinline__ float MAXIMUM(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
+__device__ __forceinline__ float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN : fminf(a, b); }
+'''
+ROUNDING_CPU = r'''
+#define ROUND_FLOAT32(v) (v)
+#define ROUND_FLOAT16(v) round_to<fhalf>(v)
+#define ROUND_BFLOAT16(v) round_to<fbf16>(v)
+#define RSQRT(v) (1.f / std::sqrt(v))
+static inline float MAXIMUM(float a, float b) { return (a != a || b != b) ? NAN : std::max(a, b); }
+static inline float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN : std::min(a, b); }
+'''

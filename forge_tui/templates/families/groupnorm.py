@@ -1,0 +1,369 @@
+"""group_norm (NCHW, affine) and batch_norm in inference.
+
+group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUDA: split into
+CHUNK-element pieces; kernel 1 computes each piece's count/mean/M2 (Welford, merged with Chan's
+formula), kernel 2 merges a group's pieces and writes mean and rstd, kernel 3 normalises with the
+per-channel affine. Two passes over the input (the second often from L2) and one write.
+
+batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
+"""
+
+from __future__ import annotations
+
+from ...cards import Card
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel
+from ..cpu_common import COMMON as CPU_COMMON
+from ..cuda_common import COMMON as CUDA_COMMON
+
+BN_TARGETS = {  # op -> index of (weight, bias, running_mean, running_var), training flag index, eps index
+    "aten.native_batch_norm.default": (1, 2, 3, 4, 5, 7),
+    "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4, None, 6),
+    "aten.cudnn_batch_norm.default": (1, 2, 3, 4, 5, 7),
+}
+
+
+class GroupNorm:
+    name = "group_norm"
+
+    def match(self, card: Card) -> Match | None:
+        if card.kind != "op" or card.target != "aten.native_group_norm.default" or len(card.outputs) != 3:
+            return None
+        a = card.program["nodes"][0]["args"]
+        xi, wi, bi = input_index(a[0]), input_index(a[1]), input_index(a[2])
+        n, c, hw, g, eps = a[3], a[4], a[5], a[6], a[7]
+        if xi is None or not all(isinstance(v, int) for v in (n, c, hw, g)) or c % g:
+            return None
+        x = card.inputs[xi]
+        if x.dtype not in FLOAT_DTYPES or not x.contiguous or not card.outputs[0].contiguous:
+            return None
+        return Match(self.name, card, {
+            "x": xi, "w": wi, "b": bi, "n": n, "c": c, "hw": hw, "g": g, "eps": float(eps), "tin": x.dtype,
+            "tw": card.inputs[wi].dtype if wi is not None else x.dtype,
+            "tb": card.inputs[bi].dtype if bi is not None else x.dtype,
+            "tout": card.outputs[0].dtype, "tstat": card.outputs[1].dtype,
+            "group_len": (c // g) * hw})
+
+    def _vecs(self, m: Match) -> list[int]:
+        isz = ITEMSIZE[m.info["tin"]]
+        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and m.info["hw"] % v == 0]
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        if backend == "cpu":
+            return {"chunk": [1, 2, 4]}
+        return {"chunk": [2048, 4096, 8192, 16384, 32768, 65536], "threads": [128, 256, 512, 1024],
+                "vec": self._vecs(m)}
+
+    def valid(self, m: Match, p: dict, backend: str) -> bool:
+        if backend == "cpu":
+            return True
+        return p["vec"] in self._vecs(m) and p["chunk"] % (p["threads"] * p["vec"]) == 0
+
+    def initial(self, m: Match, backend: str) -> dict:
+        if backend == "cpu":
+            return {"chunk": 1}
+        vec = self._vecs(m)[0]
+        total = m.info["n"] * m.info["c"] * m.info["hw"]
+        chunk = 16384
+        while chunk > 2048 and total // chunk < 4 * 132:
+            chunk //= 2
+        return {"chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec}
+
+    def passes(self, m: Match, p: dict) -> int:
+        return 2
+
+    def render(self, m: Match, p: dict, backend: str) -> str:
+        return header(self.name, p, 2) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
+
+    def _cpu(self, m: Match, p: dict) -> str:
+        i, ct = m.info, CPU_CTYPE
+        wexpr = f"to_f(w[ch])" if i["w"] is not None else "1.f"
+        bexpr = f"to_f(b[ch])" if i["b"] is not None else "0.f"
+        return CPU_COMMON + f'''
+typedef {ct[i["tin"]]} TX; typedef {ct[i["tw"]]} TW; typedef {ct[i["tb"]]} TB; typedef {ct[i["tout"]]} TO; typedef {ct[i["tstat"]]} TS;
+static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]}, G = {i["g"]}, CPG = {i["c"] // i["g"]};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[{i["x"]}]) != N * C * HW || !forge_is_contiguous(&out[0])) return 2;
+    const TX* x = (const TX*)in[{i["x"]}].data;
+    {"const TW* w = (const TW*)in[%d].data;" % i["w"] if i["w"] is not None else ""}
+    {"const TB* b = (const TB*)in[%d].data;" % i["b"] if i["b"] is not None else ""}
+    TO* y = (TO*)out[0].data;
+    TS* mean_out = (TS*)out[1].data;
+    TS* rstd_out = (TS*)out[2].data;
+#pragma omp parallel for schedule(static, {p["chunk"]})
+    for (int64_t ng = 0; ng < N * G; ++ng) {{
+        const TX* a = x + ng * CPG * HW;
+        TO* o = y + ng * CPG * HW;
+        double sum = 0.0;
+        for (int64_t k = 0; k < CPG * HW; ++k) sum += to_f(a[k]);
+        const float mean = (float)(sum / (double)(CPG * HW));
+        double var = 0.0;
+        for (int64_t k = 0; k < CPG * HW; ++k) {{ const double d = to_f(a[k]) - mean; var += d * d; }}
+        const float rstd = 1.f / std::sqrt((float)(var / (double)(CPG * HW)) + (float){i["eps"]!r});
+        for (int64_t cc = 0; cc < CPG; ++cc) {{
+            const int64_t ch = (ng % G) * CPG + cc;
+            const float scale = rstd * {wexpr}, shift = {bexpr} - mean * scale;
+            for (int64_t k = 0; k < HW; ++k) o[cc * HW + k] = from_f<TO>(to_f(a[cc * HW + k]) * scale + shift);
+        }}
+        mean_out[ng] = from_f<TS>(mean);
+        rstd_out[ng] = from_f<TS>(rstd);
+    }}
+    return 0;
+}}
+'''
+
+    def _cuda(self, m: Match, p: dict) -> str:
+        i, ct = m.info, CTYPE
+        chunk, threads, vec = p["chunk"], p["threads"], p["vec"]
+        glen = i["group_len"]
+        pieces = -(-glen // chunk)
+        ng = i["n"] * i["g"]
+        total = ng * glen
+        wp = f"(const TW*)in[{i['w']}].data" if i["w"] is not None else "(const TW*)nullptr"
+        bp = f"(const TB*)in[{i['b']}].data" if i["b"] is not None else "(const TB*)nullptr"
+        apply_blocks = -(-total // (threads * vec * 4))
+        return CUDA_COMMON + KERNELS + f'''
+typedef {ct[i["tin"]]} TX; typedef {ct[i["tw"]]} TW; typedef {ct[i["tb"]]} TB; typedef {ct[i["tout"]]} TO; typedef {ct[i["tstat"]]} TS;
+static const int64_t NG = {ng}, GLEN = {glen}, TOTAL = {total};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[{i["x"]}]) != TOTAL || !forge_is_contiguous(&out[0])) return 2;
+    cudaStream_t s = (cudaStream_t)stream;
+    const TX* x = (const TX*)in[{i["x"]}].data;
+    TO* y = (TO*)out[0].data;
+    float* ws = nullptr;  /* per piece: count, mean, M2; per group: mean, rstd */
+    if (cudaMallocAsync((void**)&ws, sizeof(float) * (NG * {pieces} * 3 + NG * 2), s) != cudaSuccess) return 3;
+    float* stats = ws + NG * {pieces} * 3;
+    const bool aligned = forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO));
+    if (aligned) gn_partial<TX, {threads}, {vec}><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
+    else gn_partial<TX, {threads}, 1><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
+    gn_finalize<TS><<<(unsigned)((NG + 127) / 128), 128, 0, s>>>(ws, stats, (TS*)out[1].data, (TS*)out[2].data, NG, {pieces}, (float){i["eps"]!r});
+    if (aligned) gn_apply<TX, TW, TB, TO, {threads}, {vec}><<<{apply_blocks}, {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, TOTAL, GLEN, {i["hw"]}, {i["c"]}, {i["g"]});
+    else gn_apply<TX, TW, TB, TO, {threads}, 1><<<{apply_blocks}, {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, TOTAL, GLEN, {i["hw"]}, {i["c"]}, {i["g"]});
+    cudaFreeAsync(ws, s);
+    return (int)cudaGetLastError();
+}}
+'''
+
+
+KERNELS = r'''
+/* Chan's parallel merge of (count, mean, M2). */
+__device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float n2, float mean2, float m22) {
+    if (n2 == 0.f) return;
+    if (n == 0.f) { n = n2; mean = mean2; m2 = m22; return; }
+    const float nn = n + n2, d = mean2 - mean;
+    mean += d * (n2 / nn);
+    m2 += m22 + d * d * (n * n2 / nn);
+    n = nn;
+}
+
+template <typename TX, int THREADS, int VEC>
+__global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, float* __restrict__ ws, int64_t glen,
+                                                      int chunk, int pieces) {
+    const int64_t g = blockIdx.x / pieces;
+    const int piece = blockIdx.x % pieces;
+    const int64_t start = piece * (int64_t)chunk, end = min(glen, start + (int64_t)chunk);
+    const TX* a = x + g * glen;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
+    for (int64_t k = start + threadIdx.x * VEC; k < end; k += THREADS * VEC) {
+        float v[VEC];
+        load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            n += 1.f;
+            const float d = v[j] - mean;
+            mean += d / n;
+            m2 += d * (v[j] - mean);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        welford_merge(n, mean, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, mean, o),
+                      __shfl_xor_sync(0xffffffffu, m2, o));
+    __shared__ float sn[32], smean[32], sm2[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) { sn[w] = n; smean[w] = mean; sm2[w] = m2; }
+    __syncthreads();
+    if (w == 0) {
+        n = lane < THREADS / 32 ? sn[lane] : 0.f;
+        mean = lane < THREADS / 32 ? smean[lane] : 0.f;
+        m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            welford_merge(n, mean, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, mean, o),
+                          __shfl_xor_sync(0xffffffffu, m2, o));
+        if (lane == 0) { ws[blockIdx.x * 3] = n; ws[blockIdx.x * 3 + 1] = mean; ws[blockIdx.x * 3 + 2] = m2; }
+    }
+}
+
+template <typename TS>
+__global__ void gn_finalize(const float* __restrict__ ws, float* __restrict__ stats, TS* __restrict__ mean_out,
+                            TS* __restrict__ rstd_out, int64_t ng, int pieces, float eps) {
+    const int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (g >= ng) return;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
+    for (int p = 0; p < pieces; ++p) {
+        const float* q = ws + (g * pieces + p) * 3;
+        welford_merge(n, mean, m2, q[0], q[1], q[2]);
+    }
+    const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+    stats[g * 2] = mean;
+    stats[g * 2 + 1] = rstd;
+    mean_out[g] = from_f<TS>(mean);
+    rstd_out[g] = from_f<TS>(rstd);
+}
+
+template <typename TX, typename TW, typename TB, typename TO, int THREADS, int VEC>
+__global__ void __launch_bounds__(THREADS) gn_apply(const TX* __restrict__ x, const TW* __restrict__ w,
+                                                    const TB* __restrict__ b, TO* __restrict__ y,
+                                                    const float* __restrict__ stats, int64_t total, int64_t glen,
+                                                    int hw, int channels, int groups) {
+    for (int64_t i = ((int64_t)blockIdx.x * THREADS + threadIdx.x) * VEC; i < total;
+         i += (int64_t)gridDim.x * THREADS * VEC) {
+        const int64_t g = i / glen;                       /* (n, group) */
+        const int ch = (int)((i / hw) % channels);        /* VEC divides hw: one channel per vector */
+        const float mean = stats[g * 2], rstd = stats[g * 2 + 1];
+        const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+        const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+        float v[VEC];
+        load_vec<TX, VEC>(x + i, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
+        store_vec<TO, VEC>(y + i, v);
+    }
+}
+'''
+
+
+class BatchNorm:
+    name = "batch_norm"
+
+    def match(self, card: Card) -> Match | None:
+        if card.kind != "op" or card.target not in BN_TARGETS:
+            return None
+        wi_, bi_, mi_, vi_, ti_, ei_ = BN_TARGETS[card.target]
+        a = card.program["nodes"][0]["args"]
+        if ti_ is not None and a[ti_] is not False:
+            return None  # training mode
+        if any(numel(o.shape) for o in card.outputs[1:]):
+            return None  # saved statistics would have to be written too
+        xi = input_index(a[0])
+        idx = [input_index(a[k]) for k in (wi_, bi_, mi_, vi_)]
+        if xi is None or idx[2] is None or idx[3] is None:
+            return None
+        x = card.inputs[xi]
+        if x.dtype not in FLOAT_DTYPES or len(x.shape) < 2 or not x.contiguous or not card.outputs[0].contiguous:
+            return None
+        hw = numel(x.shape[2:])
+        return Match(self.name, card, {"x": xi, "w": idx[0], "b": idx[1], "rm": idx[2], "rv": idx[3],
+                                       "eps": float(a[ei_]), "n": x.shape[0], "c": x.shape[1], "hw": hw,
+                                       "tin": x.dtype, "tout": card.outputs[0].dtype,
+                                       "tp": card.inputs[idx[2]].dtype})
+
+    def _vecs(self, m: Match) -> list[int]:
+        isz = ITEMSIZE[m.info["tin"]]
+        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and m.info["hw"] % v == 0]
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        if backend == "cpu":
+            return {"chunk": [1, 4, 16]}
+        return {"threads": [128, 256, 512, 1024], "vec": self._vecs(m), "unroll": [1, 2, 4]}
+
+    def valid(self, m: Match, p: dict, backend: str) -> bool:
+        return backend == "cpu" or p["vec"] in self._vecs(m)
+
+    def initial(self, m: Match, backend: str) -> dict:
+        return {"chunk": 4} if backend == "cpu" else {"threads": 256, "vec": self._vecs(m)[0], "unroll": 2}
+
+    def passes(self, m: Match, p: dict) -> int:
+        return 1
+
+    def render(self, m: Match, p: dict, backend: str) -> str:
+        return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
+
+    def _param_ptrs(self, m: Match, tp: str) -> str:
+        i = m.info
+        w = f"(const {tp}*)in[{i['w']}].data" if i["w"] is not None else f"(const {tp}*)nullptr"
+        b = f"(const {tp}*)in[{i['b']}].data" if i["b"] is not None else f"(const {tp}*)nullptr"
+        return f"{w}, {b}, (const {tp}*)in[{i['rm']}].data, (const {tp}*)in[{i['rv']}].data"
+
+    def _cpu(self, m: Match, p: dict) -> str:
+        i, ct = m.info, CPU_CTYPE
+        return CPU_COMMON + f'''
+typedef {ct[i["tin"]]} TX; typedef {ct[i["tout"]]} TO; typedef {ct[i["tp"]]} TP;
+static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]};
+
+static void bn(const TX* x, TO* y, const TP* w, const TP* b, const TP* rm, const TP* rv) {{
+#pragma omp parallel for schedule(static, {p["chunk"]})
+    for (int64_t nc = 0; nc < N * C; ++nc) {{
+        const int64_t c = nc % C;
+        const float invstd = 1.f / std::sqrt(to_f(rv[c]) + (float){i["eps"]!r});
+        const float gamma = w ? to_f(w[c]) : 1.f, beta = b ? to_f(b[c]) : 0.f, mean = to_f(rm[c]);
+        const TX* a = x + nc * HW;
+        TO* o = y + nc * HW;
+        for (int64_t k = 0; k < HW; ++k) o[k] = from_f<TO>((to_f(a[k]) - mean) * invstd * gamma + beta);
+    }}
+}}
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[{i["x"]}]) != N * C * HW || !forge_is_contiguous(&out[0])) return 2;
+    bn((const TX*)in[{i["x"]}].data, (TO*)out[0].data, {self._param_ptrs(m, "TP")});
+    return 0;
+}}
+'''
+
+    def _cuda(self, m: Match, p: dict) -> str:
+        i, ct = m.info, CTYPE
+        threads, vec, unroll = p["threads"], p["vec"], p["unroll"]
+        per_block = threads * vec * unroll
+        blocks_per_plane = -(-i["hw"] // per_block)
+        return CUDA_COMMON + BN_KERNEL + f'''
+typedef {ct[i["tin"]]} TX; typedef {ct[i["tout"]]} TO; typedef {ct[i["tp"]]} TP;
+static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[{i["x"]}]) != N * C * HW || !forge_is_contiguous(&out[0])) return 2;
+    cudaStream_t s = (cudaStream_t)stream;
+    const TX* x = (const TX*)in[{i["x"]}].data;
+    TO* y = (TO*)out[0].data;
+    dim3 grid((unsigned)(N * C), {blocks_per_plane});
+    if (forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO)))
+        bn_apply<TX, TO, TP, {threads}, {vec}, {unroll}><<<grid, {threads}, 0, s>>>(x, y, {self._param_ptrs(m, "TP")}, C, HW, (float){i["eps"]!r});
+    else
+        bn_apply<TX, TO, TP, {threads}, 1, {unroll}><<<grid, {threads}, 0, s>>>(x, y, {self._param_ptrs(m, "TP")}, C, HW, (float){i["eps"]!r});
+    return (int)cudaGetLastError();
+}}
+'''
+
+
+BN_KERNEL = r'''
+/* grid.x = one (n, c) plane, grid.y = pieces of it; eager's formula: (x - mean) * invstd * w + b. */
+template <typename TX, typename TO, typename TP, int THREADS, int VEC, int UNROLL>
+__global__ void __launch_bounds__(THREADS) bn_apply(const TX* __restrict__ x, TO* __restrict__ y,
+                                                    const TP* __restrict__ w, const TP* __restrict__ b,
+                                                    const TP* __restrict__ rm, const TP* __restrict__ rv,
+                                                    int64_t channels, int64_t hw, float eps) {
+    const int64_t plane = blockIdx.x;
+    const int64_t c = plane % channels;
+    const float invstd = rsqrtf(to_f(rv[c]) + eps);
+    const float gamma = w ? to_f(w[c]) : 1.f, beta = b ? to_f(b[c]) : 0.f, mean = to_f(rm[c]);
+    const TX* a = x + plane * hw;
+    TO* o = y + plane * hw;
+    const int64_t base = (int64_t)blockIdx.y * THREADS * VEC * UNROLL;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int64_t k = base + ((int64_t)u * THREADS + threadIdx.x) * VEC;
+        if (k < hw) {
+            float v[VEC];
+            load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean) * invstd * gamma + beta;
+            store_vec<TO, VEC>(o + k, v);
+        }
+    }
+}
+'''

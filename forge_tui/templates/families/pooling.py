@@ -1,0 +1,255 @@
+"""Pooling: adaptive average pooling to 1x1 (``mean`` over the trailing dims, as eager lowers it,
+or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch's indices)."""
+
+from __future__ import annotations
+
+from ...cards import Card
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel
+
+
+class MeanPool:
+    """Mean over the last k contiguous dims (rows x cols): global average pooling."""
+
+    name = "avg_pool"
+
+    def match(self, card: Card) -> Match | None:
+        if card.kind != "op" or len(card.outputs) != 1:
+            return None
+        a = card.program["nodes"][0]["args"]
+        kw = card.program["nodes"][0].get("kwargs", {})
+        x = card.inputs[0] if card.inputs else None
+        if x is None or x.dtype not in FLOAT_DTYPES or not x.contiguous or len(x.shape) < 2:
+            return None
+        nd = len(x.shape)
+        if card.target == "aten.mean.dim":
+            dims = a[1] if len(a) > 1 else None
+            if not isinstance(dims, list) or not dims or kw.get("dtype") or (len(a) > 3 and a[3] is not None):
+                return None
+            dims = sorted(d % nd for d in dims)
+            if dims != list(range(nd - len(dims), nd)):
+                return None
+            k = len(dims)
+        elif card.target == "aten._adaptive_avg_pool2d.default":
+            if a[1] != [1, 1] or nd not in (3, 4):
+                return None
+            k = 2
+        else:
+            return None
+        cols = numel(x.shape[nd - k:])
+        rows = numel(x.shape[:nd - k])
+        if card.outputs[0].dtype not in FLOAT_DTYPES or rows == 0 or cols == 0:
+            return None
+        return Match(self.name, card, {"rows": rows, "cols": cols, "tin": x.dtype, "tout": card.outputs[0].dtype})
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        if backend == "cpu":
+            return {"chunk": [16, 64, 256]}
+        return {"mode": ["tile", "warp"], "threads": [64, 128, 256, 512]}
+
+    def valid(self, m: Match, p: dict, backend: str) -> bool:
+        if backend == "cpu":
+            return True
+        if p["mode"] == "tile":
+            return m.info["cols"] * p["threads"] * 4 <= 48 * 1024
+        return True
+
+    def initial(self, m: Match, backend: str) -> dict:
+        if backend == "cpu":
+            return {"chunk": 64}
+        if m.info["cols"] <= 96:
+            return {"mode": "tile", "threads": 128 if m.info["cols"] * 128 * 4 <= 48 * 1024 else 64}
+        return {"mode": "warp", "threads": 256}
+
+    def passes(self, m: Match, p: dict) -> int:
+        return 1
+
+    def render(self, m: Match, p: dict, backend: str) -> str:
+        i = m.info
+        if backend == "cpu":
+            from ..cpu_common import COMMON
+
+            return header(self.name, p, 1) + COMMON + f'''
+typedef {CPU_CTYPE[i["tin"]]} TX; typedef {CPU_CTYPE[i["tout"]]} TO;
+static const int64_t ROWS = {i["rows"]}, COLS = {i["cols"]};
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[0]) != ROWS * COLS) return 2;
+    const TX* x = (const TX*)in[0].data;
+    TO* y = (TO*)out[0].data;
+#pragma omp parallel for schedule(static, {p["chunk"]})
+    for (int64_t r = 0; r < ROWS; ++r) {{
+        float s = 0.f;
+        for (int64_t c = 0; c < COLS; ++c) s += to_f(x[r * COLS + c]);
+        y[r] = from_f<TO>(s / (float)COLS);
+    }}
+    return 0;
+}}
+'''
+        from ..cuda_common import COMMON
+
+        threads = p["threads"]
+        if p["mode"] == "tile":
+            blocks = -(-i["rows"] // threads)
+            launch = f"mean_tile<TX, TO, {threads}, {i['cols']}><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS, COLS);"
+        else:
+            rpb = threads // 32
+            blocks = -(-i["rows"] // rpb)
+            launch = f"mean_warp<TX, TO, {threads}><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS, COLS);"
+        return header(self.name, p, 1) + COMMON + MEAN_KERNELS + f'''
+typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
+static const int64_t ROWS = {i["rows"]};
+static const int COLS = {i["cols"]};
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[0]) != ROWS * COLS) return 2;
+    cudaStream_t s = (cudaStream_t)stream;
+    const TX* x = (const TX*)in[0].data;
+    TO* y = (TO*)out[0].data;
+    {launch}
+    return (int)cudaGetLastError();
+}}
+'''
+
+
+MEAN_KERNELS = r'''
+/* THREADS rows per block: the block's rows are one contiguous span, loaded coalesced into shared
+   memory, then each thread sums its own row. For short rows (7x7 = 49 in ResNet's pooling). */
+template <typename TX, typename TO, int THREADS, int COLS>
+__global__ void __launch_bounds__(THREADS) mean_tile(const TX* __restrict__ x, TO* __restrict__ y, int64_t rows, int cols) {
+    __shared__ float tile[THREADS * COLS];
+    const int64_t r0 = (int64_t)blockIdx.x * THREADS;
+    const int64_t nrows = min((int64_t)THREADS, rows - r0);
+    const int64_t span = nrows * cols;
+    const TX* base = x + r0 * cols;
+    for (int64_t k = threadIdx.x; k < span; k += THREADS) tile[k] = to_f(base[k]);
+    __syncthreads();
+    if (threadIdx.x < nrows) {
+        float s = 0.f;
+        for (int c = 0; c < cols; ++c) s += tile[threadIdx.x * cols + c];
+        y[r0 + threadIdx.x] = from_f<TO>(s / (float)cols);
+    }
+}
+
+/* One warp per row. */
+template <typename TX, typename TO, int THREADS>
+__global__ void __launch_bounds__(THREADS) mean_warp(const TX* __restrict__ x, TO* __restrict__ y, int64_t rows, int cols) {
+    const int64_t row = (int64_t)blockIdx.x * (THREADS / 32) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const TX* a = x + row * cols;
+    float s = 0.f;
+    for (int c = lane; c < cols; c += 32) s += to_f(a[c]);
+    s = warp_sum(s);
+    if (lane == 0) y[row] = from_f<TO>(s / (float)cols);
+}
+'''
+
+
+class MaxPool:
+    name = "max_pool"
+
+    def match(self, card: Card) -> Match | None:
+        if card.kind != "op" or card.target != "aten.max_pool2d_with_indices.default" or len(card.outputs) != 2:
+            return None
+        a = card.program["nodes"][0]["args"]
+        x = card.inputs[input_index(a[0]) or 0]
+        if x.dtype not in FLOAT_DTYPES or len(x.shape) != 4 or not x.contiguous or not card.outputs[0].contiguous:
+            return None
+
+        def pair(v, default):
+            if v is None or v == []:
+                return list(default)
+            return [v[0], v[0]] if len(v) == 1 else list(v)
+
+        k = pair(a[1], None)
+        st = pair(a[2] if len(a) > 2 else None, k)
+        pd = pair(a[3] if len(a) > 3 else None, [0, 0])
+        dl = pair(a[4] if len(a) > 4 else None, [1, 1])
+        n, c, h, w = x.shape
+        oh, ow = card.outputs[0].shape[2:]
+        return Match(self.name, card, {"n": n, "c": c, "h": h, "w": w, "oh": oh, "ow": ow, "k": k, "s": st,
+                                       "p": pd, "d": dl, "tin": x.dtype, "tout": card.outputs[0].dtype})
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        return {"chunk": [1, 4, 16]} if backend == "cpu" else {"threads": [128, 256, 512], "per_thread": [1, 2, 4]}
+
+    def valid(self, m: Match, p: dict, backend: str) -> bool:
+        return True
+
+    def initial(self, m: Match, backend: str) -> dict:
+        return {"chunk": 4} if backend == "cpu" else {"threads": 256, "per_thread": 1}
+
+    def passes(self, m: Match, p: dict) -> int:
+        return 1
+
+    def render(self, m: Match, p: dict, backend: str) -> str:
+        i = m.info
+        consts = (f"static const int64_t NC = {i['n'] * i['c']}; static const int H = {i['h']}, W = {i['w']}, "
+                  f"OH = {i['oh']}, OW = {i['ow']}, KH = {i['k'][0]}, KW = {i['k'][1]}, SH = {i['s'][0]}, "
+                  f"SW = {i['s'][1]}, PH = {i['p'][0]}, PW = {i['p'][1]}, DH = {i['d'][0]}, DW = {i['d'][1]};")
+        window = '''
+        int hs = oh * SH - PH, ws = ow * SW - PW;
+        const int he = min(hs + (KH - 1) * DH + 1, H), we = min(ws + (KW - 1) * DW + 1, W);
+        while (hs < 0) hs += DH;
+        while (ws < 0) ws += DW;
+        float best = -INFINITY;
+        int64_t bi = (int64_t)hs * W + ws;
+        const TX* plane = x + nc * H * W;
+        for (int ih = hs; ih < he; ih += DH)
+            for (int iw = ws; iw < we; iw += DW) {
+                const float v = to_f(plane[ih * W + iw]);
+                if (v > best || v != v) { best = v; bi = (int64_t)ih * W + iw; }
+            }'''
+        if backend == "cpu":
+            from ..cpu_common import COMMON
+
+            return header(self.name, p, 1) + COMMON + f'''
+typedef {CPU_CTYPE[i["tin"]]} TX; typedef {CPU_CTYPE[i["tout"]]} TO;
+{consts}
+using std::min;
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[0]) != NC * H * W) return 2;
+    const TX* x = (const TX*)in[0].data;
+    TO* y = (TO*)out[0].data;
+    int64_t* idx = (int64_t*)out[1].data;
+#pragma omp parallel for schedule(static, {p["chunk"]})
+    for (int64_t nc = 0; nc < NC; ++nc)
+      for (int oh = 0; oh < OH; ++oh)
+        for (int ow = 0; ow < OW; ++ow) {{{window}
+        const int64_t o = (nc * OH + oh) * OW + ow;
+        y[o] = from_f<TO>(best);
+        idx[o] = bi;
+    }}
+    return 0;
+}}
+'''
+        from ..cuda_common import COMMON
+
+        threads, per = p["threads"], p["per_thread"]
+        total = i["n"] * i["c"] * i["oh"] * i["ow"]
+        blocks = -(-total // (threads * per))
+        return header(self.name, p, 1) + COMMON + f'''
+typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
+{consts}
+static const int64_t TOTAL = {total};
+
+__global__ void __launch_bounds__({threads}) maxpool(const TX* __restrict__ x, TO* __restrict__ y, int64_t* __restrict__ idx) {{
+#pragma unroll
+    for (int u = 0; u < {per}; ++u) {{
+        const int64_t o = ((int64_t)blockIdx.x * {per} + u) * {threads} + threadIdx.x;
+        if (o >= TOTAL) return;
+        const int ow = (int)(o % OW), oh = (int)((o / OW) % OH);
+        const int64_t nc = o / ((int64_t)OW * OH);{window}
+        y[o] = from_f<TO>(best);
+        idx[o] = bi;
+    }}
+}}
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[0]) != NC * H * W) return 2;
+    maxpool<<<{blocks}, {threads}, 0, (cudaStream_t)stream>>>((const TX*)in[0].data, (TO*)out[0].data, (int64_t*)out[1].data);
+    return (int)cudaGetLastError();
+}}
+'''

@@ -1,0 +1,363 @@
+"""softmax and log_softmax over the last dimension, any float dtype in and out (the upcast
+variants models use: bf16 in, fp32 out).
+
+CUDA modes:
+  regs   one pass: a row held in registers (TPR threads per row, RPB rows per block, VEC-wide
+         16-byte accesses); the row is read once and written once.
+  online two passes over global memory in one block per row (running max and sum, then write):
+         for rows too long for registers.
+  split  rows cut into SEGS segments on separate blocks (partial max/sum, then a merge and the
+         write): for a handful of long rows (decode shapes), where one block per row would leave
+         most of the GPU idle. Two passes; the second read usually hits L2.
+"""
+
+from __future__ import annotations
+
+from ...cards import Card
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel
+from ..cpu_common import COMMON as CPU_COMMON
+from ..cuda_common import COMMON as CUDA_COMMON
+
+TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
+SMS = 132  # H200 multiprocessors; only used to choose a first configuration
+
+
+def _pow2_ceil(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+class Softmax:
+    name = "softmax"
+
+    def match(self, card: Card) -> Match | None:
+        if len(card.inputs) != 1 or len(card.outputs) != 1:
+            return None
+        nodes = card.program["nodes"]
+        if card.kind == "module":
+            # upcast then softmax, as F.softmax(x, dim, dtype=torch.float32) runs in eager
+            if len(nodes) != 2 or nodes[0]["op"] != "aten._to_copy.default" or nodes[1]["op"] not in TARGETS:
+                return None
+            if nodes[1]["args"][0] != {"$node": 0, "out": 0} or nodes[0]["args"][0] != {"$in": 0}:
+                return None
+            target = nodes[1]["op"]
+            node = nodes[1]
+        elif card.target in TARGETS:
+            target, node = card.target, nodes[0]
+        else:
+            return None
+        x, y = card.inputs[0], card.outputs[0]
+        dim = node["args"][1]
+        nd = len(x.shape)
+        if nd == 0 or not isinstance(dim, int) or dim not in (-1, nd - 1):
+            return None
+        if x.dtype not in FLOAT_DTYPES or y.dtype not in FLOAT_DTYPES or not x.contiguous or not y.contiguous:
+            return None
+        cols = x.shape[-1]
+        rows = numel(x.shape) // max(cols, 1)
+        if cols == 0 or rows == 0:
+            return None
+        return Match(self.name, card, {"rows": rows, "cols": cols, "tin": x.dtype, "tout": y.dtype,
+                                       "log": TARGETS[target]})
+
+    # ---- parameter space -------------------------------------------------------------------------
+    def _vecs(self, m: Match) -> list[int]:
+        cols, isz = m.info["cols"], ITEMSIZE[m.info["tin"]]
+        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and cols % v == 0]
+
+    def axes(self, m: Match, backend: str) -> dict[str, list]:
+        if backend == "cpu":
+            return {"chunk": [1, 4, 16, 64]}
+        cols = m.info["cols"]
+        modes = ["online", "split"]
+        if cols <= 1024 * 8 * 8:
+            modes.insert(0, "regs")
+        return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
+                "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64]}
+
+    def valid(self, m: Match, p: dict, backend: str) -> bool:
+        if backend == "cpu":
+            return True
+        cols = m.info["cols"]
+        if p["tpr"] * p["rpb"] > 1024 or (p["rpb"] > 1 and p["tpr"] > 256):
+            return False
+        if p["vec"] not in self._vecs(m):
+            return False
+        if p["mode"] == "regs":
+            nv = -(-cols // (p["tpr"] * p["vec"]))
+            return nv * p["vec"] <= 64 and p["tpr"] * p["vec"] <= _pow2_ceil(cols) * 2
+        if p["mode"] == "split":
+            return p["rpb"] == 1 and cols // p["segs"] >= p["tpr"] * p["vec"]
+        return p["rpb"] == 1
+
+    def initial(self, m: Match, backend: str) -> dict:
+        if backend == "cpu":
+            return {"chunk": 4}
+        rows, cols = m.info["rows"], m.info["cols"]
+        vec = self._vecs(m)[0]
+        if cols <= 1024 * 8 * 8 and rows >= SMS:
+            per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
+            tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
+            tpr = max(tpr, 32)
+            while tpr * vec > _pow2_ceil(cols) and tpr > 32:
+                tpr //= 2
+            rpb = max(1, min(8, 256 // tpr)) if tpr <= 128 else 1
+            return {"mode": "regs", "tpr": tpr, "rpb": rpb, "vec": vec, "segs": 8}
+        if rows < 2 * SMS:
+            segs = min(64, _pow2_ceil(max(1, (4 * SMS) // rows)))
+            while segs > 2 and cols // segs < 1024 * vec:
+                segs //= 2
+            return {"mode": "split", "tpr": 1024 if cols // segs >= 1024 * vec else 256, "rpb": 1, "vec": vec,
+                    "segs": segs}
+        return {"mode": "online", "tpr": 1024, "rpb": 1, "vec": vec, "segs": 8}
+
+    def passes(self, m: Match, p: dict) -> int:
+        return 1 if p.get("mode", "regs") == "regs" and "chunk" not in p else 2
+
+    # ---- rendering -------------------------------------------------------------------------------
+    def render(self, m: Match, p: dict, backend: str) -> str:
+        head = header(self.name, p, self.passes(m, p))
+        if backend == "cpu":
+            return head + self._cpu(m, p)
+        return head + self._cuda(m, p)
+
+    def _cpu(self, m: Match, p: dict) -> str:
+        ti, to = CPU_CTYPE[m.info["tin"]], CPU_CTYPE[m.info["tout"]]
+        rows, cols, log = m.info["rows"], m.info["cols"], m.info["log"]
+        return CPU_COMMON + f'''
+typedef {ti} TI;
+typedef {to} TO;
+static const int64_t ROWS = {rows}, COLS = {cols};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || !forge_is_contiguous(&in[0])
+        || !forge_is_contiguous(&out[0])) return 2;
+    const TI* x = (const TI*)in[0].data;
+    TO* y = (TO*)out[0].data;
+#pragma omp parallel for schedule(static, {p["chunk"]})
+    for (int64_t r = 0; r < ROWS; ++r) {{
+        const TI* a = x + r * COLS;
+        TO* o = y + r * COLS;
+        float m = -INFINITY;
+        for (int64_t c = 0; c < COLS; ++c) m = std::max(m, to_f(a[c]));
+        float s = 0.f;
+        for (int64_t c = 0; c < COLS; ++c) s += std::exp(to_f(a[c]) - m);
+        {"const float ls = std::log(s);" if log else "const float inv = 1.f / s;"}
+        for (int64_t c = 0; c < COLS; ++c) o[c] = from_f<TO>({"to_f(a[c]) - m - ls" if log else "std::exp(to_f(a[c]) - m) * inv"});
+    }}
+    return 0;
+}}
+'''
+
+    def _cuda(self, m: Match, p: dict) -> str:
+        ti, to = CTYPE[m.info["tin"]], CTYPE[m.info["tout"]]
+        rows, cols, log = m.info["rows"], m.info["cols"], "true" if m.info["log"] else "false"
+        tpr, rpb, vec, segs = p["tpr"], p["rpb"], p["vec"], p["segs"]
+        mode = p["mode"]
+        body = KERNELS
+        if mode == "regs":
+            nv = -(-cols // (tpr * vec))
+            nv1 = -(-cols // tpr)
+            blocks = -(-rows // rpb)
+            launch = f'''
+    if (aligned) softmax_regs<TI, TO, {tpr}, {rpb}, {vec}, {nv}, {log}><<<{blocks}, {tpr * rpb}, 0, s>>>(x, y, ROWS, COLS);
+    else softmax_regs<TI, TO, {tpr}, {rpb}, 1, {nv1}, {log}><<<{blocks}, {tpr * rpb}, 0, s>>>(x, y, ROWS, COLS);'''
+        elif mode == "online":
+            launch = f'''
+    if (aligned) softmax_online<TI, TO, {tpr}, {vec}, {log}><<<ROWS, {tpr}, 0, s>>>(x, y, COLS);
+    else softmax_online<TI, TO, {tpr}, 1, {log}><<<ROWS, {tpr}, 0, s>>>(x, y, COLS);'''
+        else:
+            seg_len = -(-cols // segs)
+            seg_len = -(-seg_len // vec) * vec
+            launch = f'''
+    float2* ws = nullptr;
+    if (cudaMallocAsync((void**)&ws, sizeof(float2) * ROWS * {segs}, s) != cudaSuccess) return 3;
+    if (aligned) {{
+        softmax_split_stats<TI, {tpr}, {vec}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
+        softmax_split_write<TI, TO, {tpr}, {vec}, {log}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
+    }} else {{
+        softmax_split_stats<TI, {tpr}, 1><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
+        softmax_split_write<TI, TO, {tpr}, 1, {log}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
+    }}
+    cudaFreeAsync(ws, s);'''
+        return CUDA_COMMON + body + f'''
+typedef {ti} TI;
+typedef {to} TO;
+static const int64_t ROWS = {rows};
+static const int COLS = {cols};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || !forge_is_contiguous(&in[0])
+        || !forge_is_contiguous(&out[0])) return 2;
+    const TI* x = (const TI*)in[0].data;
+    TO* y = (TO*)out[0].data;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool aligned = forge_aligned(x, {vec} * sizeof(TI)) && forge_aligned(y, {vec} * sizeof(TO));
+{launch}
+    return (int)cudaGetLastError();
+}}
+'''
+
+
+KERNELS = r'''
+/* One pass: TPR threads own a row, each holding NV vectors of VEC elements in registers. */
+template <typename TI, typename TO, int TPR, int RPB, int VEC, int NV, bool LOG>
+__global__ void __launch_bounds__(TPR * RPB) softmax_regs(const TI* __restrict__ x, TO* __restrict__ y,
+                                                          int64_t rows, int cols) {
+    __shared__ float scratch[RPB * (TPR >= 32 ? TPR / 32 : 1)];
+    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / TPR;
+    const int t = threadIdx.x % TPR;
+    const bool live = row < rows;
+    const TI* xr = x + (live ? row : 0) * (int64_t)cols;
+    TO* yr = y + (live ? row : 0) * (int64_t)cols;
+    float v[NV][VEC];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * TPR + t) * VEC;
+        if (live && c < cols) {
+            load_vec<TI, VEC>(xr + c, v[k]);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k][j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[k][j] = -INFINITY;
+        }
+    }
+    m = row_reduce<TPR, true>(m, scratch);
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * TPR + t) * VEC;
+        if (live && c < cols) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s += __expf(v[k][j] - m);
+        }
+    }
+    s = row_reduce<TPR, false>(s, scratch);
+    const float inv = 1.f / s, ls = logf(s);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * TPR + t) * VEC;
+        if (live && c < cols) {
+            float o[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[k][j] - m - ls) : __expf(v[k][j] - m) * inv;
+            store_vec<TO, VEC>(yr + c, o);
+        }
+    }
+}
+
+/* Running (max, sum) merged across threads. A -inf partial contributes nothing. */
+__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+    if (m2 == -INFINITY) return;
+    if (m == -INFINITY) { m = m2; s = s2; return; }
+    const float M = fmaxf(m, m2);
+    s = s * __expf(m - M) + s2 * __expf(m2 - M);
+    m = M;
+}
+
+template <int VEC>
+__device__ __forceinline__ void ms_add(float& m, float& s, const float (&v)[VEC]) {
+    float vm = v[0];
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) vm = fmaxf(vm, v[j]);
+    if (vm == -INFINITY) return;
+    if (vm > m) { s = (m == -INFINITY) ? 0.f : s * __expf(m - vm); m = vm; }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s += __expf(v[j] - m);
+}
+
+template <int THREADS>
+__device__ __forceinline__ void block_ms(float& m, float& s) {
+    __shared__ float sm[32], ss[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ms_merge(m, s, m2, s2);
+    }
+    if constexpr (THREADS > 32) {
+        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+        __syncthreads();
+        if (lane == 0) { sm[w] = m; ss[w] = s; }
+        __syncthreads();
+        m = lane < THREADS / 32 ? sm[lane] : -INFINITY;
+        s = lane < THREADS / 32 ? ss[lane] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            ms_merge(m, s, m2, s2);
+        }
+    }
+}
+
+/* Two passes in one block per row: running max and sum, then the write. */
+template <typename TI, typename TO, int THREADS, int VEC, bool LOG>
+__global__ void __launch_bounds__(THREADS) softmax_online(const TI* __restrict__ x, TO* __restrict__ y, int cols) {
+    const TI* xr = x + (int64_t)blockIdx.x * cols;
+    TO* yr = y + (int64_t)blockIdx.x * cols;
+    float m = -INFINITY, s = 0.f;
+    for (int c = threadIdx.x * VEC; c < cols; c += THREADS * VEC) {
+        float v[VEC];
+        load_vec<TI, VEC>(xr + c, v);
+        ms_add<VEC>(m, s, v);
+    }
+    block_ms<THREADS>(m, s);
+    if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
+    const float inv = 1.f / s, ls = logf(s);
+    for (int c = threadIdx.x * VEC; c < cols; c += THREADS * VEC) {
+        float v[VEC], o[VEC];
+        load_vec<TI, VEC>(xr + c, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
+        store_vec<TO, VEC>(yr + c, o);
+    }
+}
+
+/* Split rows: partial (max, sum) per segment, then merge and write per segment. */
+template <typename TI, int THREADS, int VEC>
+__global__ void __launch_bounds__(THREADS) softmax_split_stats(const TI* __restrict__ x, float2* __restrict__ ws,
+                                                               int cols, int segs, int seg_len) {
+    const int64_t row = blockIdx.x / segs;
+    const int seg = blockIdx.x % segs;
+    const TI* xr = x + row * cols;
+    const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
+    float m = -INFINITY, s = 0.f;
+    for (int c = c0 + threadIdx.x * VEC; c < c1; c += THREADS * VEC) {
+        float v[VEC];
+        load_vec<TI, VEC>(xr + c, v);
+        ms_add<VEC>(m, s, v);
+    }
+    block_ms<THREADS>(m, s);
+    if (threadIdx.x == 0) ws[blockIdx.x] = make_float2(m, s);
+}
+
+template <typename TI, typename TO, int THREADS, int VEC, bool LOG>
+__global__ void __launch_bounds__(THREADS) softmax_split_write(const TI* __restrict__ x, TO* __restrict__ y,
+                                                               const float2* __restrict__ ws, int cols, int segs,
+                                                               int seg_len) {
+    const int64_t row = blockIdx.x / segs;
+    const int seg = blockIdx.x % segs;
+    float m = -INFINITY, s = 0.f;
+    for (int k = 0; k < segs; ++k) {
+        const float2 p = ws[row * segs + k];
+        ms_merge(m, s, p.x, p.y);
+    }
+    if (m == -INFINITY) s = NAN;
+    const float inv = 1.f / s, ls = logf(s);
+    const TI* xr = x + row * cols;
+    TO* yr = y + row * cols;
+    const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
+    for (int c = c0 + threadIdx.x * VEC; c < c1; c += THREADS * VEC) {
+        float v[VEC], o[VEC];
+        load_vec<TI, VEC>(xr + c, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
+        store_vec<TO, VEC>(yr + c, o);
+    }
+}
+'''

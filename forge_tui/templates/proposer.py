@@ -1,0 +1,83 @@
+"""TemplateProposer: the built-in Proposer. Children are transformations of the parent's
+configuration (one axis moved one step), tried in a fixed order of expected benefit; the first
+child of the root is the family's heuristic choice for the card's shape."""
+
+from __future__ import annotations
+
+import itertools
+
+from ..cards import Card
+from ..search.proposer import Proposal, ProposalContext
+from .base import describe, parse_header
+from .registry import match
+
+AXIS_ORDER = ("mode", "vec", "tpr", "rpb", "threads", "segs", "chunk", "grid", "unroll", "per_thread")
+
+
+class TemplateProposer:
+    name = "templates"
+
+    def supports(self, card: Card, backend: str) -> str | None:
+        fam, m = match(card)
+        if fam is None:
+            return f"no template family serves {card.target} (left to the LLM agent)"
+        if not self._valid_points(fam, m, backend, limit=1):
+            return f"the {fam.name} templates have no valid configuration for this shape"
+        return None
+
+    @staticmethod
+    def _valid_points(fam, m, backend, limit=None):
+        axes = fam.axes(m, backend)
+        keys = sorted(axes)
+        out = []
+        for values in itertools.product(*(axes[k] for k in keys)):
+            p = dict(zip(keys, values))
+            if fam.valid(m, p, backend):
+                out.append(p)
+                if limit and len(out) >= limit:
+                    break
+        return out
+
+    def neighbours(self, fam, m, params: dict, backend: str) -> list[dict]:
+        """Configurations one step away on one axis, most promising axes first."""
+        axes = fam.axes(m, backend)
+        out = []
+        for axis in sorted(axes, key=lambda a: AXIS_ORDER.index(a) if a in AXIS_ORDER else 99):
+            values = axes[axis]
+            if axis not in params or params[axis] not in values:
+                continue
+            k = values.index(params[axis])
+            steps = [values[j] for j in (k + 1, k - 1) if 0 <= j < len(values)]
+            if axis == "mode":
+                steps = [v for v in values if v != params[axis]]
+            for v in steps:
+                q = dict(params, **{axis: v})
+                if fam.valid(m, q, backend):
+                    out.append(q)
+                elif axis == "mode":  # a new mode may need other settings: repair with the family's choice
+                    base = fam.initial(m, backend)
+                    q = dict(base, mode=v)
+                    if fam.valid(m, q, backend):
+                        out.append(q)
+        return out
+
+    def propose(self, ctx: ProposalContext) -> Proposal | None:
+        fam, m = match(ctx.card)
+        if fam is None:
+            return None
+        backend = ctx.backend
+        tried = set(ctx.tree_moves)
+        parent = parse_header(ctx.parent.source) if ctx.parent.id != "root" else None
+        if parent is None:
+            first = fam.initial(m, backend)
+            candidates = [first] + self.neighbours(fam, m, first, backend) + self._valid_points(fam, m, backend)
+        else:
+            candidates = self.neighbours(fam, m, parent["params"], backend)
+        for p in candidates:
+            move = describe(m.family, p)
+            if move in tried:
+                continue
+            source = fam.render(m, p, backend)
+            return Proposal(source=source, move=move, meta={"family": m.family, "params": p,
+                                                              "passes": fam.passes(m, p)})
+        return None
