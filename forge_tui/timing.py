@@ -3,11 +3,14 @@
 One implementation serves the profiler (operator cards) and the evaluator (candidates), so a
 card's measured time and a candidate's are taken the same way and their ratio is meaningful.
 
-CUDA: per run, the L2 is flushed (a write over a buffer larger than the cache), a start event is
-recorded, the callable runs, the whole device is synchronised (work a callable hides on another
-stream is counted), then the end event is recorded. The synchronisation costs a few microseconds;
-the same protocol timed around an empty callable, interleaved with the others, measures that
-overhead so it can be reported and subtracted. CPU: ``perf_counter_ns`` around the call.
+CUDA: per run, the L2 is flushed (a write over a buffer larger than the cache), the GPU is given
+a short sleep kernel so that the host can queue the callable's launches before the start event
+fires (host launch overhead, which differs wildly between eager, torch.compile and a bare kernel,
+is not device time), a start event is recorded, the callable runs, the whole device is
+synchronised (work a callable hides on another stream is counted), then the end event is
+recorded. The synchronisation costs a few microseconds; the same protocol timed around an empty
+callable, interleaved with the others, measures that overhead so it can be reported and
+subtracted. CPU: ``perf_counter_ns`` around the call.
 
 Several callables are timed interleaved (run i of each before run i+1 of any), so drift in clocks
 or temperature hits all of them alike and their ratios are paired.
@@ -63,6 +66,9 @@ def paired_ratio(num: list[float], den: list[float]) -> Stats:
 class Timer:
     """Times callables on one device with the protocol above."""
 
+    LAUNCH_SHIELD_S = 300e-6
+    """GPU sleep before each start event: longer than any callable's host-side launch work."""
+
     def __init__(self, device: str, *, warmup: int = 3, repeats: int = 20, cold_l2: bool = True,
                  flush_mib: int = 256) -> None:
         self.device = device
@@ -70,10 +76,17 @@ class Timer:
         self.repeats = repeats
         self.cold_l2 = cold_l2 and device == "cuda"
         self._flush = None
+        self._sleep_cycles = 0
         if self.cold_l2:
             import torch
 
             self._flush = torch.empty(flush_mib * (1 << 20) // 4, dtype=torch.float32, device="cuda")
+        if device == "cuda":
+            import torch
+
+            if hasattr(torch.cuda, "_sleep"):
+                khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_980_000
+                self._sleep_cycles = int(khz * 1000 * self.LAUNCH_SHIELD_S)
 
     @classmethod
     def from_config(cls, device: str, cfg) -> "Timer":
@@ -81,13 +94,16 @@ class Timer:
 
     def describe(self) -> dict:
         return {"device": self.device, "warmup": self.warmup, "repeats": self.repeats,
-                "cold_l2": self.cold_l2, "sync": "device-wide before end event" if self.device == "cuda" else "n/a"}
+                "cold_l2": self.cold_l2, "sync": "device-wide before end event" if self.device == "cuda" else "n/a",
+                "launch_shield_us": self.LAUNCH_SHIELD_S * 1e6 if self._sleep_cycles else 0}
 
     def _one_cuda(self, fn: Callable[[], object]) -> float:
         import torch
 
         if self._flush is not None:
             self._flush.zero_()
+        if self._sleep_cycles:
+            torch.cuda._sleep(self._sleep_cycles)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()

@@ -5,6 +5,7 @@ child of the root is the family's heuristic choice for the card's shape."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 from ..cards import Card
 from ..search.proposer import Proposal, ProposalContext
@@ -16,6 +17,10 @@ AXIS_ORDER = ("mode", "vec", "tpr", "rpb", "threads", "segs", "chunk", "grid", "
 
 class TemplateProposer:
     name = "templates"
+
+    def __init__(self) -> None:
+        self._handed: dict[str, set[str]] = {}  # moves given out, recorded or still in flight
+        self._lock = threading.Lock()
 
     def supports(self, card: Card, backend: str) -> str | None:
         fam, m = match(card)
@@ -66,17 +71,25 @@ class TemplateProposer:
         if fam is None:
             return None
         backend = ctx.backend
-        tried = set(ctx.tree_moves)
         parent = parse_header(ctx.parent.source) if ctx.parent.id != "root" else None
         if parent is None:
             first = fam.initial(m, backend)
             candidates = [first] + self.neighbours(fam, m, first, backend) + self._valid_points(fam, m, backend)
         else:
             candidates = self.neighbours(fam, m, parent["params"], backend)
-        for p in candidates:
-            move = describe(m.family, p)
-            if move in tried:
-                continue
+        with self._lock:
+            handed = self._handed.setdefault(ctx.card.id, set())
+            handed.update(ctx.tree_moves)
+            chosen = None
+            relevant = getattr(fam, "relevant", lambda q: q)
+            for p in candidates:
+                move = describe(m.family, relevant(p))
+                if move not in handed:
+                    handed.add(move)
+                    chosen = (p, move)
+                    break
+        if chosen is not None:
+            p, move = chosen
             source = fam.render(m, p, backend)
             return Proposal(source=source, move=move, meta={"family": m.family, "params": p,
                                                               "passes": fam.passes(m, p)})

@@ -122,7 +122,9 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         total = ng * glen
         wp = f"(const TW*)in[{i['w']}].data" if i["w"] is not None else "(const TW*)nullptr"
         bp = f"(const TB*)in[{i['b']}].data" if i["b"] is not None else "(const TB*)nullptr"
-        apply_blocks = -(-total // (threads * vec * 4))
+        unroll = 4
+        apply_y = -(-i["hw"] // (threads * vec * unroll))
+        planes = i["n"] * i["c"]
         return CUDA_COMMON + KERNELS + f'''
 typedef {ct[i["tin"]]} TX; typedef {ct[i["tw"]]} TW; typedef {ct[i["tb"]]} TB; typedef {ct[i["tout"]]} TO; typedef {ct[i["tstat"]]} TS;
 static const int64_t NG = {ng}, GLEN = {glen}, TOTAL = {total};
@@ -140,8 +142,9 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     if (aligned) gn_partial<TX, {threads}, {vec}><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
     else gn_partial<TX, {threads}, 1><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
     gn_finalize<TS><<<(unsigned)((NG + 127) / 128), 128, 0, s>>>(ws, stats, (TS*)out[1].data, (TS*)out[2].data, NG, {pieces}, (float){i["eps"]!r});
-    if (aligned) gn_apply<TX, TW, TB, TO, {threads}, {vec}><<<{apply_blocks}, {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, TOTAL, GLEN, {i["hw"]}, {i["c"]}, {i["g"]});
-    else gn_apply<TX, TW, TB, TO, {threads}, 1><<<{apply_blocks}, {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, TOTAL, GLEN, {i["hw"]}, {i["c"]}, {i["g"]});
+    const dim3 grid2({planes}, {apply_y});
+    if (aligned) gn_apply<TX, TW, TB, TO, {threads}, {vec}, {unroll}><<<grid2, {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, {i["hw"]}, {i["c"]}, {i["c"] // i["g"]});
+    else gn_apply<TX, TW, TB, TO, {threads}, 1, {unroll}><<<dim3({planes}, {-(-i["hw"] // (threads * unroll))}), {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, {i["hw"]}, {i["c"]}, {i["c"] // i["g"]});
     cudaFreeAsync(ws, s);
     return (int)cudaGetLastError();
 }}
@@ -159,6 +162,8 @@ __device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, 
     n = nn;
 }
 
+/* Pass 1: per piece (count, mean, M2). Each thread sums (v - pivot) and its square (pivot: the
+   group's first element, so the sums do not cancel), then threads merge with Chan's formula. */
 template <typename TX, int THREADS, int VEC>
 __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, float* __restrict__ ws, int64_t glen,
                                                       int chunk, int pieces) {
@@ -166,18 +171,16 @@ __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, 
     const int piece = blockIdx.x % pieces;
     const int64_t start = piece * (int64_t)chunk, end = min(glen, start + (int64_t)chunk);
     const TX* a = x + g * glen;
-    float n = 0.f, mean = 0.f, m2 = 0.f;
+    const float pivot = to_f(a[0]);
+    float s1 = 0.f, s2 = 0.f, cnt = 0.f;
     for (int64_t k = start + threadIdx.x * VEC; k < end; k += THREADS * VEC) {
         float v[VEC];
         load_vec<TX, VEC>(a + k, v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            n += 1.f;
-            const float d = v[j] - mean;
-            mean += d / n;
-            m2 += d * (v[j] - mean);
-        }
+        for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+        cnt += (float)VEC;
     }
+    float n = cnt, mean = cnt > 0.f ? pivot + s1 / cnt : 0.f, m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         welford_merge(n, mean, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, mean, o),
@@ -215,23 +218,30 @@ __global__ void gn_finalize(const float* __restrict__ ws, float* __restrict__ st
     rstd_out[g] = from_f<TS>(rstd);
 }
 
-template <typename TX, typename TW, typename TB, typename TO, int THREADS, int VEC>
+/* Pass 2: grid.x = one (n, c) plane (its scale and shift computed once), grid.y = pieces of it. */
+template <typename TX, typename TW, typename TB, typename TO, int THREADS, int VEC, int UNROLL>
 __global__ void __launch_bounds__(THREADS) gn_apply(const TX* __restrict__ x, const TW* __restrict__ w,
                                                     const TB* __restrict__ b, TO* __restrict__ y,
-                                                    const float* __restrict__ stats, int64_t total, int64_t glen,
-                                                    int hw, int channels, int groups) {
-    for (int64_t i = ((int64_t)blockIdx.x * THREADS + threadIdx.x) * VEC; i < total;
-         i += (int64_t)gridDim.x * THREADS * VEC) {
-        const int64_t g = i / glen;                       /* (n, group) */
-        const int ch = (int)((i / hw) % channels);        /* VEC divides hw: one channel per vector */
-        const float mean = stats[g * 2], rstd = stats[g * 2 + 1];
-        const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
-        const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
-        float v[VEC];
-        load_vec<TX, VEC>(x + i, v);
+                                                    const float* __restrict__ stats, int hw, int channels, int cpg) {
+    const int64_t plane = blockIdx.x;
+    const int c = (int)(plane % channels);
+    const int64_t g = (plane / channels) * (channels / cpg) + c / cpg;
+    const float mean = stats[g * 2], rstd = stats[g * 2 + 1];
+    const float scale = rstd * (w ? to_f(w[c]) : 1.f);
+    const float shift = (b ? to_f(b[c]) : 0.f) - mean * scale;
+    const TX* a = x + plane * hw;
+    TO* o = y + plane * hw;
+    const int base = blockIdx.y * THREADS * VEC * UNROLL;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
-        store_vec<TO, VEC>(y + i, v);
+    for (int u = 0; u < UNROLL; ++u) {
+        const int k = base + (u * THREADS + threadIdx.x) * VEC;
+        if (k < hw) {
+            float v[VEC];
+            load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
+            store_vec<TO, VEC>(o + k, v);
+        }
     }
 }
 '''

@@ -119,7 +119,7 @@ class RowNorm:
             return {"chunk": 4}
         cols = m.info["cols"]
         vec = self._vecs(m)[0]
-        tpr = min(1024, max(32, _pow2_ceil(-(-cols // 8))))
+        tpr = min(1024, max(32, _pow2_ceil(-(-cols // 16))))
         while tpr * vec > _pow2_ceil(cols) and tpr > 32:
             tpr //= 2
         while -(-cols // (tpr * vec)) * vec > 32 and tpr < 1024:

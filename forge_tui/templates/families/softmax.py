@@ -116,6 +116,15 @@ class Softmax:
     def passes(self, m: Match, p: dict) -> int:
         return 1 if p.get("mode", "regs") == "regs" and "chunk" not in p else 2
 
+    def relevant(self, p: dict) -> dict:
+        """The parameters that change the kernel (segments only split, rows per block only regs)."""
+        q = dict(p)
+        if q.get("mode") != "split":
+            q.pop("segs", None)
+        if q.get("mode") != "regs":
+            q.pop("rpb", None)
+        return q
+
     # ---- rendering -------------------------------------------------------------------------------
     def render(self, m: Match, p: dict, backend: str) -> str:
         head = header(self.name, p, self.passes(m, p))
