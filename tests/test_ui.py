@@ -52,3 +52,24 @@ def test_bad_workspace_shows_error_without_crashing(tmp_path):
             assert app.error and "no workspace at" in app.error
 
     asyncio.run(scenario())
+
+
+def test_search_runs_in_a_worker_and_streams_events(tmp_path, fast_config):
+    """The demo flow: profile, then a template search off the UI thread; the app stays responsive."""
+    from textual.widgets import Log
+
+    async def scenario():
+        app = ForgeApp(tmp_path / "demo", workload="example:kb_softmax", device="cpu",
+                       search={"max_evals": 2, "parallel": 1, "min_gain": 0.0})
+        async with app.run_test() as pilot:
+            log = app.query_one("#status", Log)
+            for _ in range(1200):
+                await pilot.pause(0.05)
+                if any("search stopped" in line for line in log.lines):
+                    break
+            text = "\n".join(log.lines)
+            assert "search started" in text and "node_added" not in text
+            assert "root: eager reference" in text and "search stopped" in text, text
+            await pilot.press("down")  # still answering keys
+
+    asyncio.run(scenario())

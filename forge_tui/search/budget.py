@@ -30,9 +30,17 @@ class CardBudget:
         return None if self.card.time_us is None else self.card.time_us / max(self.best_speedup, 1e-9)
 
     @property
+    def floor_trusted(self) -> bool:
+        """False when eager already runs under the floor (a CPU whose caches hold the data): the
+        floor then bounds nothing and must not stop the card."""
+        return bool(self.card.floor_us and self.card.time_us and self.card.time_us >= self.card.floor_us)
+
+    @property
     def floor_fraction(self) -> float:
         t = self.best_time_us
-        return (self.card.floor_us / t) if (t and self.card.floor_us) else 0.0
+        if not (t and self.floor_trusted):
+            return 0.0
+        return self.card.floor_us / t
 
     @property
     def potential(self) -> float:

@@ -59,11 +59,10 @@ class TemplateProposer:
                 q = dict(params, **{axis: v})
                 if fam.valid(m, q, backend):
                     out.append(q)
-                elif axis == "mode":  # a new mode may need other settings: repair with the family's choice
-                    base = fam.initial(m, backend)
-                    q = dict(base, mode=v)
-                    if fam.valid(m, q, backend):
-                        out.append(q)
+                elif axis == "mode":  # a new mode may need other settings: the nearest valid ones
+                    same_mode = [c for c in self._valid_points(fam, m, backend) if c.get("mode") == v]
+                    if same_mode:
+                        out.append(min(same_mode, key=lambda c: sum(c[k] != params.get(k) for k in c)))
         return out
 
     def propose(self, ctx: ProposalContext) -> Proposal | None:

@@ -1,8 +1,9 @@
 """``forge-tui``: the terminal app.
 
-``forge-tui WORKSPACE`` opens a workspace; ``forge-tui --workload FILE -w WS`` profiles first
-(in a worker thread, with live progress); ``forge-tui`` alone opens the demo workspace,
-profiling the bundled CPU example into ``workspaces/demo`` the first time.
+``forge-tui WORKSPACE`` opens a workspace; ``--workload FILE`` profiles first (in a worker
+thread, with live progress); ``--search`` then runs a kernel search with the built-in template
+proposer, its events streaming into the status pane. ``forge-tui`` alone is the demo: it
+profiles the bundled CPU example into ``workspaces/demo`` the first time, then searches.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .widgets.op_table import OpTable
 
 DEMO_WORKLOAD = "example:tiny_decoder"
 DEMO_WORKSPACE = Path("workspaces") / "demo"
+DEMO_SEARCH = {"max_evals": 12, "evals_per_card": 4, "parallel": 2, "top": 4}
 
 
 class ForgeApp(App):
@@ -36,8 +38,10 @@ class ForgeApp(App):
     ]
 
     def __init__(self, workspace: Path, workload: str | None = None, device: str | None = None,
-                 dtype: str | None = None, config: Path | None = None) -> None:
+                 dtype: str | None = None, config: Path | None = None, search: dict | None = None) -> None:
         super().__init__()
+        self.search_settings = search
+        self._search = None
         self.workspace_path = Path(workspace)
         self.workload = workload
         self.device = device
@@ -82,6 +86,49 @@ class ForgeApp(App):
         table.show_cards(self.all_cards)
         table.focus()
         self.status(f"{len(self.all_cards)} cards loaded from {ws.root}")
+        if self.search_settings is not None and self._search is None:
+            self.status("searching with the built-in template proposer (q stops it and quits) ...")
+            self.search_worker()
+
+    @work(thread=True, exclusive=True, group="search")
+    def search_worker(self) -> None:
+        """A template search on the workspace, resumed if one is recorded; events go to the status pane."""
+        from ..config import discover_config
+        from ..search.events import EventBus
+        from ..search.pool import LocalEvalPool
+        from ..search.replay import format_event
+        from ..search.runner import Search
+        from ..search.store import SearchStore
+        from ..templates.proposer import TemplateProposer
+        from ..workspace import Workspace
+
+        try:
+            ws = Workspace.open(self.workspace_path)
+            cfg, _ = discover_config(self.config_path, ws.root)
+            cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update=self.search_settings)})
+            with ws.git() as repo:
+                resume = bool(SearchStore(repo).load().nodes)
+            bus = EventBus()
+            bus.subscribe(lambda e: e.persistent and self.call_from_thread(self.status, format_event(e)))
+            pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu" if ws.meta.get("device") == "cpu" else None)
+            try:
+                self._search = Search(ws, cfg, TemplateProposer(), pool, bus=bus)
+                summary = self._search.run(resume=resume)
+            finally:
+                pool.close()
+        except ForgeError as err:
+            self.call_from_thread(self.status, f"search: {err}")
+            return
+        except Exception as exc:  # noqa: BLE001 - the app stays up whatever the search does
+            self.call_from_thread(self.status, f"search failed: {type(exc).__name__}: {exc}")
+            return
+        best = ", ".join(f"{c[:24]} {b['speedup']:.2f}x" for c, b in summary.best.items() if b["node"] != "root")
+        self.call_from_thread(self.status, f"search stopped: {summary.stopped}; best: {best or 'eager everywhere'}")
+
+    def action_quit(self) -> None:
+        if self._search is not None:
+            self._search.request_stop("stopped from the app")
+        self.exit()
 
     @work(thread=True, exclusive=True, group="profile")
     def profile_worker(self) -> None:
@@ -122,11 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("--dtype")
     p.add_argument("--config", type=Path)
+    p.add_argument("--search", action="store_true", help="run a template search once the workspace is loaded")
     args = p.parse_args(argv)
     workspace, workload = args.workspace, args.workload
+    search = {} if args.search else None
     if workspace is None:
         workspace = DEMO_WORKSPACE
         workload = workload or DEMO_WORKLOAD
+        search = DEMO_SEARCH
     from ..workspace import Workspace, check_target
 
     try:
@@ -137,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except ForgeError as err:
         print(f"forge-tui: error: {err}", file=sys.stderr)
         return err.exit_code
-    app = ForgeApp(workspace, workload, args.device, args.dtype, args.config)
+    app = ForgeApp(workspace, workload, args.device, args.dtype, args.config, search=search)
     app.run()
     if app.error:
         print(f"forge-tui: error: {app.error}", file=sys.stderr)

@@ -136,7 +136,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     const TX* x = (const TX*)in[{i["x"]}].data;
     TO* y = (TO*)out[0].data;
     float* ws = nullptr;  /* per piece: count, mean, M2; per group: mean, rstd */
-    if (cudaMallocAsync((void**)&ws, sizeof(float) * (NG * {pieces} * 3 + NG * 2), s) != cudaSuccess) return 3;
+    if (forge_scratch((void**)&ws, sizeof(float) * (NG * {pieces} * 3 + NG * 2), s) != cudaSuccess) return 3;
     float* stats = ws + NG * {pieces} * 3;
     const bool aligned = forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO));
     if (aligned) gn_partial<TX, {threads}, {vec}><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});

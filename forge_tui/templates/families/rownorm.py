@@ -141,9 +141,9 @@ class RowNorm:
         if i["kind"] == "rms":
             inputs = f"const TX* x = (const TX*)in[{i['x']}].data; const TW* w = (const TW*)in[{i['w']}].data;"
             body = f'''
-        float ss = 0.f;
+        double ss = 0.0;
         for (int64_t c = 0; c < COLS; ++c) {{ float v = to_f(a[c]); ss += v * v; }}
-        const float rs = 1.f / std::sqrt(ss / (float)COLS + (float){i["eps"]!r});
+        const float rs = 1.f / std::sqrt((float)(ss / (double)COLS) + (float){i["eps"]!r});
         for (int64_t c = 0; c < COLS; ++c) o[c] = from_f<TO>(to_f(w[c]) * round_to<TM>(to_f(a[c]) * rs));'''
             types = f"typedef {ct[i['tin']]} TX; typedef {ct[i['tw']]} TW; typedef {ct[i['tout']]} TO; typedef {ct[i['tmid']]} TM;"
             outs = ""
@@ -155,12 +155,12 @@ class RowNorm:
                      f"typedef {ct[i['tout']]} TO; typedef {ct[i['tstat']]} TS;")
             outs = "TS* mean_out = (TS*)out[1].data; TS* rstd_out = (TS*)out[2].data;"
             body = f'''
-        float sum = 0.f;
+        double sum = 0.0;
         for (int64_t c = 0; c < COLS; ++c) sum += to_f(a[c]);
-        const float mean = sum / (float)COLS;
-        float var = 0.f;
-        for (int64_t c = 0; c < COLS; ++c) {{ float d = to_f(a[c]) - mean; var += d * d; }}
-        const float rstd = 1.f / std::sqrt(var / (float)COLS + (float){i["eps"]!r});
+        const float mean = (float)(sum / (double)COLS);
+        double var = 0.0;
+        for (int64_t c = 0; c < COLS; ++c) {{ double d = to_f(a[c]) - mean; var += d * d; }}
+        const float rstd = 1.f / std::sqrt((float)(var / (double)COLS) + (float){i["eps"]!r});
         for (int64_t c = 0; c < COLS; ++c) {{
             float v = (to_f(a[c]) - mean) * rstd;
             if (w) v *= to_f(w[c]);

@@ -152,9 +152,9 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         TO* o = y + r * COLS;
         float m = -INFINITY;
         for (int64_t c = 0; c < COLS; ++c) m = std::max(m, to_f(a[c]));
-        float s = 0.f;
+        double s = 0.0;  /* many small terms after a large one: a float sum would drift */
         for (int64_t c = 0; c < COLS; ++c) s += std::exp(to_f(a[c]) - m);
-        {"const float ls = std::log(s);" if log else "const float inv = 1.f / s;"}
+        {"const float ls = (float)std::log(s);" if log else "const float inv = (float)(1.0 / s);"}
         for (int64_t c = 0; c < COLS; ++c) o[c] = from_f<TO>({"to_f(a[c]) - m - ls" if log else "std::exp(to_f(a[c]) - m) * inv"});
     }}
     return 0;
@@ -183,7 +183,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             seg_len = -(-seg_len // vec) * vec
             launch = f'''
     float2* ws = nullptr;
-    if (cudaMallocAsync((void**)&ws, sizeof(float2) * ROWS * {segs}, s) != cudaSuccess) return 3;
+    if (forge_scratch((void**)&ws, sizeof(float2) * ROWS * {segs}, s) != cudaSuccess) return 3;
     if (aligned) {{
         softmax_split_stats<TI, {tpr}, {vec}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
         softmax_split_write<TI, TO, {tpr}, {vec}, {log}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});

@@ -1,0 +1,169 @@
+"""The template proposer: every family generated, built and passed by the evaluator on the cpu
+backend; moves; CUDA variants built with nvcc (where nvcc is, as on CI)."""
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from forge_tui.cards import Card
+from forge_tui.config import parse_config
+from forge_tui.evaluator import EvalOptions, Evaluator
+from forge_tui.profiler.run import profile_into_workspace
+from forge_tui.search.proposer import NodeView, ProposalContext
+from forge_tui.templates.base import describe, parse_header
+from forge_tui.templates.proposer import TemplateProposer
+from forge_tui.templates.registry import match
+
+HERE = Path(__file__).parent
+FAMILIES = {"softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm", "elementwise", "avg_pool", "max_pool"}
+CFG = parse_config({"timing": {"warmup": 1, "repeats": 3}, "evaluator": {"run_timeout_s": 60.0}})
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tpl")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\n")
+    w, _ = profile_into_workspace(HERE / "data" / "workloads" / "families.py", root / "ws", device="cpu",
+                                  config_path=cfg)
+    return w
+
+
+@pytest.fixture(scope="module")
+def matched(ws):
+    out = {}
+    for card in ws.cards():
+        fam, m = match(card)
+        if fam is not None:
+            out.setdefault(m.family, []).append((card, fam, m))
+    return out
+
+
+def test_every_family_is_recognised(matched):
+    assert FAMILIES <= set(matched), set(matched)
+    kinds = {(m.family, c.kind) for cards in matched.values() for c, _, m in cards}
+    assert ("rms_norm", "module") in kinds and ("elementwise", "module") in kinds  # fused gates and RMSNorm
+    logs = [m for c, f, m in matched["softmax"] if m.info["log"]]
+    assert logs, "log_softmax"
+
+
+def test_every_family_passes_the_evaluator_on_cpu(ws, matched):
+    passed = {}
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        for family, cards in matched.items():
+            for card, fam, m in cards:
+                params = fam.initial(m, "cpu")
+                r = ev.evaluate(card, fam.render(m, params, "cpu"), EvalOptions(timing=False))
+                assert r["status"] == "passed", (family, card.id, r["reason"], (r.get("build") or {}).get("log", "")[:800])
+                passed[family] = passed.get(family, 0) + 1
+    assert set(passed) >= FAMILIES
+    assert sum(passed.values()) >= 14
+
+
+def test_unsupported_cards_are_reported_not_faked(tmp_path):
+    card = Card(id="mm", kind="op", target="aten.mm.default", label="", inputs=[], outputs=[],
+                program={"nodes": [{"op": "aten.mm.default", "args": [{"$in": 0}, {"$in": 1}]}], "outputs": []})
+    why = TemplateProposer().supports(card, "cuda")
+    assert why and "no template family" in why and "LLM" in why
+
+
+def ctx_for(card, parent_source=None, moves=(), parent_id="root"):
+    view = NodeView(id=parent_id, parent=None, status="passed", speedup=1.0, move="", source=parent_source)
+    return ProposalContext(card=card, backend="cuda", parent=view, lineage=[view], best=None, improvements=[],
+                           regressions=[], failed_siblings=[], children=[], reference_source="",
+                           tree_moves=list(moves))
+
+
+def test_moves_are_one_axis_transformations(matched):
+    card, fam, m = matched["softmax"][0]
+    prop = TemplateProposer()
+    first = prop.propose(ctx_for(card))
+    assert first.meta["params"] == fam.initial(m, "cuda")  # the root's first child is the heuristic choice
+    assert parse_header(first.source)["params"] == first.meta["params"]
+    child = prop.propose(ctx_for(card, parent_source=first.source, moves=[first.move], parent_id="n0001"))
+    a, b = first.meta["params"], child.meta["params"]
+    changed = [k for k in a if a[k] != b[k]]
+    assert len(changed) == 1 or "mode" in changed
+    assert child.move != first.move
+
+
+def test_no_move_is_handed_out_twice_under_concurrency(matched):
+    card, fam, m = matched["layer_norm"][0]
+    prop = TemplateProposer()
+    moves, lock = [], threading.Lock()
+
+    def go():
+        p = prop.propose(ctx_for(card))
+        with lock:
+            moves.append(p.move if p else None)
+
+    threads = [threading.Thread(target=go) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [x for x in moves if x]
+    assert len(got) == len(set(got)) >= 3
+
+
+def test_template_search_on_cpu(ws, matched):
+    from forge_tui.search.pool import LocalEvalPool
+    from forge_tui.search.runner import Search
+
+    card, _, _ = matched["rms_norm"][0]
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3},
+                        "search": {"max_evals": 3, "parallel": 2, "min_gain": 0.0}})
+    pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu")
+    try:
+        summary = Search(ws, cfg, TemplateProposer(), pool, cards=[card.id]).run()
+    finally:
+        pool.close()
+    assert summary.evaluations == 3
+    assert card.id in summary.best and summary.best[card.id]["node"] != "root"  # a template beat eager on the CPU
+
+
+# ---- CUDA: every variant builds -----------------------------------------------------------------
+def _retyped(card: Card, dtype: str, out_dtype: str | None = None) -> Card:
+    """The same card with its float tensors in another dtype (what a bf16/fp16 model captures)."""
+    data = json.loads(card.model_dump_json())
+    floats = ("float32", "float16", "bfloat16")
+    for s in data["inputs"]:
+        if s["dtype"] in floats:
+            s["dtype"] = dtype
+    for k, s in enumerate(data["outputs"]):
+        if s["dtype"] in floats:
+            s["dtype"] = out_dtype if (out_dtype and k == 0) else dtype
+    for node in data["program"]["nodes"]:
+        for meta in node.get("out") or []:
+            if meta and meta[1] in floats:
+                meta[1] = dtype
+    return Card.model_validate(data)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
+    from forge_tui.evaluator.build import Builder
+
+    sources = {}
+    for family, cards in matched.items():
+        card, fam, _ = cards[0]
+        for dtype in ("float32", "bfloat16", "float16"):
+            c = _retyped(card, dtype)
+            f2, m = match(c)
+            if f2 is None:
+                continue
+            p0 = f2.initial(m, "cuda")
+            # the first choice and every one-step move from it (mode changes included)
+            variants = [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda")
+            for q in variants:
+                key = (m.family, dtype, q.get("mode"), describe(m.family, q))
+                sources.setdefault(key, f2.render(m, q, "cuda"))
+    assert {k[0] for k in sources} >= FAMILIES
+    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split"}
+    results = Builder("cuda", tmp_path, arch="sm_90").build_many(list(sources.values()))
+    failed = [(k, r.reason) for k, r in zip(sources, results) if not r.ok]
+    assert not failed, failed
+    assert len(sources) >= 40
