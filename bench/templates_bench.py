@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 

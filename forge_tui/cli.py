@@ -136,7 +136,7 @@ def cmd_eval(args) -> int:
     return 0 if result["status"] == "passed" else 1
 
 
-def make_proposer(spec: str, ws, cfg):
+def make_proposer(spec: str):
     """'scripted:PLAN.json', 'templates', or 'auto' (the LLM agent when a key is set, else templates)."""
     from .search.proposer import ScriptedProposer
     from .templates.proposer import TemplateProposer
@@ -170,7 +170,7 @@ def cmd_search(args) -> int:
         with ws.git() as repo:
             n = SearchStore(repo).delete_all()
         print(f"removed {n} search refs", file=sys.stderr)
-    proposer = make_proposer(args.proposer, ws, cfg)
+    proposer = make_proposer(args.proposer)
     bus = EventBus()
     if not args.quiet:
         bus.subscribe(lambda e: e.persistent and print(format_event(e), flush=True))

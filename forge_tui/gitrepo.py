@@ -105,9 +105,6 @@ class GitRepo:
         fields = out.split("\x00")
         return [(fields[i].strip(), fields[i + 1]) for i in range(0, len(fields) - 1, 2)]
 
-    def fsck(self) -> str:
-        return self.git("fsck", "--strict")
-
 
 # ---- plumbing: commits written in-process, no working tree --------------------------------------
 class ObjectWriter:

@@ -157,10 +157,6 @@ def run_program(program: dict, inputs: list, device: str | None = None) -> list:
     return bind_program(program, inputs, device)()
 
 
-def program_ops(program: dict) -> list[str]:
-    return [n["op"] for n in program["nodes"]]
-
-
 def _py(value: Any, names: Callable[[dict], str]) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_py(v, names) for v in value) + "]"

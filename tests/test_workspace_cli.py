@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from forge_tui.cli import main
-from forge_tui.gitrepo import GitRepo, parse_trailers
+from forge_tui.gitrepo import parse_trailers
 from forge_tui.workspace import Workspace
 
 

@@ -160,11 +160,6 @@ class Builder:
             self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="forge-build")
         return list(self._pool.map(self.build, sources))
 
-    def submit(self, source: str):
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="forge-build")
-        return self._pool.submit(self.build, source)
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -88,8 +88,6 @@ def _qualifiers(decl, src: bytes) -> set[str]:
         if c.type in ("type_qualifier", "storage_class_specifier", "__device__", "__managed__", "__constant__",
                       "__shared__"):
             q.add(_text(src, c).strip())
-        elif c.type in ("__device__", "__managed__"):
-            q.add(c.type)
     text = _text(src, decl)
     for kw in ("__device__", "__managed__", "__constant__", "constexpr", "extern", "typedef"):
         if re.search(rf"\b{kw}\b", text.split("=")[0]):

@@ -6,6 +6,7 @@ a large matrix product per dtype. The floor of a card is max(bytes / bandwidth, 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -71,7 +72,7 @@ def measure(device: str) -> dict:
         n_bytes, reps, mm = 256 << 20, 5, {"float32": 1024, "float16": 256, "bfloat16": 512}
     src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    t = _median_time(lambda: dst.copy_(src), device, reps)
+    t = _median_time(functools.partial(dst.copy_, src), device, reps)
     bandwidth = 2 * n_bytes / t
     del src, dst
     peak = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -92,11 +93,10 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
         progress("capturing operator calls")
         rec = Recorder(model, CaptureOptions(cfg.profile))
         for _ in range(cfg.profile.forwards):
-            rec.run(lambda: workload.run(model, inputs))
+            rec.run(functools.partial(workload.run, model, inputs))
         progress("timing the forward")
-        fwd, _, _ = timer.time({"forward": lambda: model(*inputs)})
-        fwd_stats = fwd["forward"]
-        del model, inputs
+        fwd_stats = _time_forward(timer, model, inputs)
+        del model, inputs  # free the activations before the cards are replayed
         buckets = sorted(rec.buckets.values(), key=lambda b: b.first_seen)
         cards: list[Card] = []
         for i, b in enumerate(buckets, 1):
@@ -110,6 +110,11 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
         ceilings=ceil, skipped=dict(rec.skipped), timing=timer.describe(), calls_total=rec.seq,
         warnings=warnings,
     )
+
+
+def _time_forward(timer: Timer, model, inputs) -> Stats:
+    stats, _, _ = timer.time({"forward": lambda: model(*inputs)})
+    return stats["forward"]
 
 
 def _make_card(b: Bucket, device: str, timer: Timer, store: TensorStore, ceil: dict, forwards: int,

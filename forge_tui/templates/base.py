@@ -58,25 +58,16 @@ def describe(family: str, params: dict) -> str:
     return family + ": " + " ".join(f"{k}={params[k]}" for k in sorted(params))
 
 
+def vec_widths(n: int, itemsize: int) -> list[int]:
+    """Elements per access, widest first: at most 16 bytes, and dividing ``n`` (no ragged tail)."""
+    return [v for v in (8, 4, 2, 1) if v * itemsize <= 16 and n % v == 0]
+
+
 def numel(shape) -> int:
     n = 1
     for s in shape:
         n *= s
     return n
-
-
-def contiguous(spec) -> bool:
-    return spec.contiguous
-
-
-def node_scalar(node: dict, index: int, name: str | None = None, default=None):
-    """A node's positional or keyword argument (JSON form)."""
-    args = node.get("args", [])
-    if index < len(args):
-        return args[index]
-    if name is not None and name in node.get("kwargs", {}):
-        return node["kwargs"][name]
-    return default
 
 
 def input_index(ref) -> int | None:

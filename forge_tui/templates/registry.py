@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..cards import Card
-from .base import Match
 from .families.elementwise import Elementwise
 from .families.groupnorm import BatchNorm, GroupNorm
 from .families.pooling import MaxPool, MeanPool

@@ -8,7 +8,7 @@ per-row scale); same-shape inputs are read with 16-byte vectors.
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel, vec_widths
 
 UNARY = {
     "neg": "(-{a})", "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "RSQRT({a})",
@@ -141,7 +141,7 @@ class Elementwise:
 
     def _vecs(self, m: Match) -> list[int]:
         isz = min([ITEMSIZE[i["dtype"]] for i in m.info["ins"] if i["same"]] + [ITEMSIZE[m.info["tout"]]])
-        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and m.info["n"] % v == 0]
+        return vec_widths(m.info["n"], isz)
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":

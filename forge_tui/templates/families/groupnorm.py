@@ -11,7 +11,7 @@ batch_norm (running statistics, training=False): one pass, per-channel scale and
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel, vec_widths
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -44,8 +44,7 @@ class GroupNorm:
             "group_len": (c // g) * hw})
 
     def _vecs(self, m: Match) -> list[int]:
-        isz = ITEMSIZE[m.info["tin"]]
-        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and m.info["hw"] % v == 0]
+        return vec_widths(m.info["hw"], ITEMSIZE[m.info["tin"]])
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
@@ -76,8 +75,8 @@ class GroupNorm:
 
     def _cpu(self, m: Match, p: dict) -> str:
         i, ct = m.info, CPU_CTYPE
-        wexpr = f"to_f(w[ch])" if i["w"] is not None else "1.f"
-        bexpr = f"to_f(b[ch])" if i["b"] is not None else "0.f"
+        wexpr = "to_f(w[ch])" if i["w"] is not None else "1.f"
+        bexpr = "to_f(b[ch])" if i["b"] is not None else "0.f"
         return CPU_COMMON + f'''
 typedef {ct[i["tin"]]} TX; typedef {ct[i["tw"]]} TW; typedef {ct[i["tb"]]} TB; typedef {ct[i["tout"]]} TO; typedef {ct[i["tstat"]]} TS;
 static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]}, G = {i["g"]}, CPG = {i["c"] // i["g"]};
@@ -273,8 +272,7 @@ class BatchNorm:
                                        "tp": card.inputs[idx[2]].dtype})
 
     def _vecs(self, m: Match) -> list[int]:
-        isz = ITEMSIZE[m.info["tin"]]
-        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and m.info["hw"] % v == 0]
+        return vec_widths(m.info["hw"], ITEMSIZE[m.info["tin"]])
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":

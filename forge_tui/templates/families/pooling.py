@@ -4,7 +4,7 @@ or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, Match, header, input_index, numel
 
 
 class MeanPool:

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, vec_widths, input_index, numel
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -97,8 +97,7 @@ class RowNorm:
         return Match("rms_norm" if info["kind"] == "rms" else "layer_norm", card, info)
 
     def _vecs(self, m: Match) -> list[int]:
-        cols, isz = m.info["cols"], ITEMSIZE[m.info["tin"]]
-        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and cols % v == 0]
+        return vec_widths(m.info["cols"], ITEMSIZE[m.info["tin"]])
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":

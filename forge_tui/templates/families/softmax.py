@@ -14,7 +14,7 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, vec_widths, numel
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -64,8 +64,7 @@ class Softmax:
 
     # ---- parameter space -------------------------------------------------------------------------
     def _vecs(self, m: Match) -> list[int]:
-        cols, isz = m.info["cols"], ITEMSIZE[m.info["tin"]]
-        return [v for v in (8, 4, 2, 1) if v * isz <= 16 and cols % v == 0]
+        return vec_widths(m.info["cols"], ITEMSIZE[m.info["tin"]])
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
