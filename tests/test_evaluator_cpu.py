@@ -154,3 +154,14 @@ def test_profiler_unavailable_on_cpu(evaluators, cards):
     r = run(evaluators, cards, "softmax", "softmax_good.cpp", profile=True)
     assert r["status"] == "passed"
     assert r["profile"]["available"] is False and "profiler unavailable" in r["profile"]["reason"]
+
+
+def test_a_rejected_candidate_cannot_touch_the_next_one(evaluators, cards):
+    """background_thread.cpp writes into its output buffer 30 ms after returning; once it is
+    rejected, its worker is gone, so those writes cannot land in the next candidate's buffers."""
+    ev = evaluators["softmax"]
+    r = run(evaluators, cards, "softmax", "background_thread.cpp", static_checks=False)
+    assert r["status"] == "rejected"
+    assert not ev.worker.alive()  # the worker that hosted it was stopped
+    nxt = run(evaluators, cards, "softmax", "downcast_bf16.cpp", static_checks=False)
+    assert nxt["status"] == "rejected" and nxt["failure"] == "mismatch"

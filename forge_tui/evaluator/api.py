@@ -127,6 +127,11 @@ class Evaluator:
                         "cold_l2": self.timing_cfg.cold_l2, "flush_mib": self.timing_cfg.flush_mib},
         }
         body = self.worker.run(request)
+        if body.get("status") != "passed":
+            # A rejected candidate may have left something running in the worker (a detached
+            # thread that writes into freed buffers later, a corrupted heap): the next candidate
+            # gets a fresh process.
+            self.worker.stop()
         result.update({k: v for k, v in body.items() if k != "seconds"})
         timing = result.get("timing")
         if timing:
