@@ -26,4 +26,8 @@ template <> inline fbf16 from_f<fbf16>(float v) {
     return r;
 }
 template <typename T> static inline float round_to(float v) { return to_f(from_f<T>(v)); }
+
+/* Below this many elements a parallel region costs more than it saves (two OpenMP runtimes, the
+   candidate's and PyTorch's, share the cores). */
+static const int64_t PARALLEL_MIN = 1 << 16;
 '''

@@ -195,7 +195,7 @@ typedef {CPU_CTYPE[i["tout"]]} TO;
 static const int64_t NUMEL = {i["n"]};
 
 static void run({params}, TO* out) {{
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(NUMEL >= PARALLEL_MIN)
     for (int64_t i = 0; i < NUMEL; ++i) {{
             {same}
             {loads}

@@ -90,7 +90,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     TO* y = (TO*)out[0].data;
     TS* mean_out = (TS*)out[1].data;
     TS* rstd_out = (TS*)out[2].data;
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(N * C * HW >= PARALLEL_MIN)
     for (int64_t ng = 0; ng < N * G; ++ng) {{
         const TX* a = x + ng * CPG * HW;
         TO* o = y + ng * CPG * HW;
@@ -304,7 +304,7 @@ typedef {ct[i["tin"]]} TX; typedef {ct[i["tout"]]} TO; typedef {ct[i["tp"]]} TP;
 static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]};
 
 static void bn(const TX* x, TO* y, const TP* w, const TP* b, const TP* rm, const TP* rv) {{
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(N * C * HW >= PARALLEL_MIN)
     for (int64_t nc = 0; nc < N * C; ++nc) {{
         const int64_t c = nc % C;
         const float invstd = 1.f / std::sqrt(to_f(rv[c]) + (float){i["eps"]!r});

@@ -76,7 +76,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     if (forge_numel(&in[0]) != ROWS * COLS) return 2;
     const TX* x = (const TX*)in[0].data;
     TO* y = (TO*)out[0].data;
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
     for (int64_t r = 0; r < ROWS; ++r) {{
         float s = 0.f;
         for (int64_t c = 0; c < COLS; ++c) s += to_f(x[r * COLS + c]);
@@ -213,7 +213,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     const TX* x = (const TX*)in[0].data;
     TO* y = (TO*)out[0].data;
     int64_t* idx = (int64_t*)out[1].data;
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(NC * H * W >= PARALLEL_MIN)
     for (int64_t nc = 0; nc < NC; ++nc)
       for (int oh = 0; oh < OH; ++oh)
         for (int ow = 0; ow < OW; ++ow) {{{window}

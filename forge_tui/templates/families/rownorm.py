@@ -178,7 +178,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     {inputs}
     TO* y = (TO*)out[0].data;
     {outs}
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
     for (int64_t r = 0; r < ROWS; ++r) {{
         const TX* a = x + r * COLS;
         TO* o = y + r * COLS;{body}

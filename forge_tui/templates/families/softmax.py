@@ -145,7 +145,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         || !forge_is_contiguous(&out[0])) return 2;
     const TI* x = (const TI*)in[0].data;
     TO* y = (TO*)out[0].data;
-#pragma omp parallel for schedule(static, {p["chunk"]})
+#pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
     for (int64_t r = 0; r < ROWS; ++r) {{
         const TI* a = x + r * COLS;
         TO* o = y + r * COLS;
