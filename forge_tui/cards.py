@@ -99,6 +99,11 @@ class Card(BaseModel):
         return ", ".join(s.short() for s in self.inputs if s.role in ("input", "param")) or "-"
 
 
+def id_matches(card_id: str, prefix: str) -> bool:
+    """Whether a user's card reference (an id or its start, leading underscores optional) names ``card_id``."""
+    return card_id.lstrip("_").startswith(prefix.lstrip("_"))
+
+
 def save_cards(cards: list[Card], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for card in cards:

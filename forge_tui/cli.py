@@ -191,13 +191,14 @@ def cmd_search(args) -> int:
 def cmd_replay(args) -> int:
     import json
 
+    from .cards import id_matches
     from .search.replay import format_event, format_trees, load_events
     from .workspace import Workspace
 
     ws = Workspace.open(args.workspace)
     events = load_events(ws)
     if args.card:
-        events = [e for e in events if e.card is None or e.card.lstrip("_").startswith(args.card.lstrip("_"))]
+        events = [e for e in events if e.card is None or id_matches(e.card, args.card)]
     if args.json:
         print(json.dumps([e.to_json() for e in events], indent=1))
         return 0

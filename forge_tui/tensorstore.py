@@ -21,6 +21,11 @@ def storage_extent(shape, stride) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
 
 
+def span(t):
+    """The storage span a tensor's layout reaches, as a flat view (same extent for same layouts)."""
+    return t.as_strided((storage_extent(tuple(t.shape), tuple(t.stride())),), (1,), t.storage_offset())
+
+
 def pack(t):
     """(flat CPU copy, shape, stride, mode) that ``unpack`` turns back into the same layout.
 
@@ -36,7 +41,7 @@ def pack(t):
     if n == 0:
         return torch.empty(0, dtype=t.dtype), shape, stride, "span"
     if n <= 2 * t.numel():
-        return t.as_strided((n,), (1,), t.storage_offset()).to("cpu", copy=True), shape, stride, "span"
+        return span(t).to("cpu", copy=True), shape, stride, "span"
     return t.contiguous().view(-1).to("cpu", copy=True), shape, stride, "dense"
 
 

@@ -19,6 +19,7 @@ or temperature hits all of them alike and their ratios are paired.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping
 
@@ -115,8 +116,6 @@ class Timer:
 
     @staticmethod
     def _one_cpu(fn: Callable[[], object]) -> float:
-        import time
-
         t0 = time.perf_counter_ns()
         fn()
         return (time.perf_counter_ns() - t0) / 1000.0

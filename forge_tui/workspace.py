@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import __version__
-from .cards import Card, load_cards, save_cards
+from .cards import Card, id_matches, load_cards, save_cards
 from .config import CONFIG_NAME, ForgeConfig, to_toml
 from .errors import WorkspaceError
 from .gitrepo import GitRepo
@@ -97,8 +97,7 @@ class Workspace:
     def card(self, card_id: str) -> Card:
         path = self.cards_dir / f"{card_id}.json"
         if not path.is_file():
-            want = card_id.lstrip("_")
-            matches = [p for p in self.cards_dir.glob("*.json") if p.stem.lstrip("_").startswith(want)]
+            matches = [p for p in self.cards_dir.glob("*.json") if id_matches(p.stem, card_id)]
             if len(matches) != 1:
                 raise WorkspaceError(f"no card '{card_id}' in {self.root}" if not matches else
                                      f"card '{card_id}' is ambiguous in {self.root}: {len(matches)} match")

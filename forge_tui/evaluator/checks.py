@@ -31,7 +31,7 @@ from ..cards import Card
 from ..compare import compare, tolerance
 from ..inputs import random_inputs, sample_inputs
 from ..program import bind_program, compile_source, run_program
-from ..tensorstore import TensorStore
+from ..tensorstore import TensorStore, span
 from ..timing import Stats, Timer, paired_ratio
 from .abi import Library, card_scalars
 
@@ -86,16 +86,9 @@ def _bits(t):
     return c.view(torch.uint8) if c.numel() else c
 
 
-def _span(t):
-    """The storage span a tensor's layout reaches, as a flat view (same extent for same layouts)."""
-    from ..tensorstore import storage_extent
-
-    return t.as_strided((storage_extent(tuple(t.shape), tuple(t.stride())),), (1,), t.storage_offset())
-
-
 def _clone_layout(t):
     """A copy with exactly t's shape and strides (clone() would compact a non-dense layout)."""
-    flat = _span(t).clone()
+    flat = span(t).clone()
     return flat.as_strided(t.shape, t.stride(), 0)
 
 
@@ -187,6 +180,8 @@ class Evaluation:
             raise CandidateFailure("returned_error", f"forge_launch returned {rc}")
 
     def check_outputs(self, where: str, ins: list, outs: list, expected: list) -> None:
+        import torch
+
         for k, (o, e) in enumerate(zip(outs, expected)):
             mismatch = compare(o, e, k, scale=_rms(e))
             if mismatch is not None:
@@ -199,7 +194,7 @@ class Evaluation:
             if _is_constant(o) and not _is_constant(e):
                 raise CandidateFailure("constant", f"{where}: output {k} is constant where the reference is not")
             for j, t in enumerate(ins):
-                if t.shape == o.shape and t.dtype == o.dtype and torch_equal(t, o) and not torch_equal(t, e):
+                if t.shape == o.shape and t.dtype == o.dtype and torch.equal(t, o) and not torch.equal(t, e):
                     raise CandidateFailure("copy_of_input", f"{where}: output {k} is a copy of input {j}")
 
     @staticmethod
@@ -320,7 +315,7 @@ class Evaluation:
             k = i % len(rot)
             current["set"] = k
             for dst, src in zip(tin, rot[k][1]):
-                _span(dst).copy_(_span(src))
+                span(dst).copy_(span(src))
             for o in outs:
                 _poison(o, i % 2)
             _sync(self.device)
@@ -374,12 +369,6 @@ class Evaluation:
                        "scalars": [[s.name, s.value] for s in self.scalars]}
         timing = self.time(sets, ceil) if do_timing else None
         return {"correctness": correctness, "timing": timing}
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))
 
 
 def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cards import TensorSpec
-from ..program import Unencodable, encode, flatten_outputs
+from ..program import Unencodable, encode, flatten_outputs, resolve_op
 from ..tensorstore import pack
 from .cost import op_flops, tensor_read_bytes, tensor_write_bytes
 
@@ -386,8 +386,8 @@ class Recorder:
         return hook
 
     def _close_frame(self, frame: _Frame, output) -> None:
-        compute = [n for n in frame.nodes
-                   if not is_view(_resolve(n["op"])) and op_name(_resolve(n["op"])) not in ALLOCATIONS]
+        funcs = [resolve_op(n["op"]) for n in frame.nodes]
+        compute = [f for f in funcs if not is_view(f) and op_name(f) not in ALLOCATIONS]
         if frame.invalid or len(compute) < 2 or (frame.rng and self.opt.skip_rng):
             return  # single-op modules are already op cards
         outs = _tensor_leaves(output)
@@ -426,9 +426,3 @@ def _out_meta(flat_out) -> list:
     import torch
 
     return [[list(t.shape), dtype_name(t)] if isinstance(t, torch.Tensor) else None for t in flat_out]
-
-
-def _resolve(name: str):
-    from ..program import resolve_op
-
-    return resolve_op(name)

@@ -72,12 +72,6 @@ def _main_dtype(bucket: Bucket) -> str:
     return (bucket.inputs or bucket.outputs)[0].dtype
 
 
-def _label(bucket: Bucket, card_inputs) -> str:
-    name = bucket.target.split(":", 1)[1] if bucket.kind == "module" else bucket.target.split(".")[1]
-    shapes = ", ".join(s.short() for s in card_inputs if s.role in ("input", "param"))
-    return f"{name}({shapes})"
-
-
 def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, store: TensorStore,
                      progress: Callable[[str], None] = lambda msg: None) -> ProfileResult:
     import torch
@@ -130,7 +124,7 @@ def _make_card(b: Bucket, device: str, timer: Timer, store: TensorStore, ceil: d
         program=b.program, module_paths=b.module_paths, flags=[], calls=max(1, round(b.calls / forwards)),
         bytes=b.bytes, flops=b.flops, samples=samples, device=device, dtype=_main_dtype(b),
     )
-    card.label = _label(b, card.inputs)
+    card.label = f"{card.op_name}({card.shapes()})"
     if b.samples:
         ins = [unpack(*p, device=device) for p in b.samples[0][0]]
         expected = [unpack(*p, device=device) for p in b.samples[0][1]]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..cards import Card
+from ..cards import Card, id_matches
 
 
 @dataclass
@@ -98,7 +98,7 @@ class ScriptedProposer:
 
     def _entries(self, card_id: str) -> list | None:
         for prefix, entries in self.cards.items():
-            if card_id.lstrip("_").startswith(prefix.lstrip("_")):
+            if id_matches(card_id, prefix):
                 return entries
         return self.default or None
 

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from ..cards import Card
+from ..cards import Card, id_matches
 from ..config import ForgeConfig
 from ..errors import ForgeError
 from ..program import program_source
@@ -65,6 +65,7 @@ class Search:
         self.history = History()
         self.seq = 0
         self.sources: dict[tuple[str, str], str] = {}
+        self.results: dict[tuple[str, str], dict | None] = {}
         self.evals_total = 0
         self.cost_total = 0.0
         self.git_s = 0.0
@@ -89,7 +90,7 @@ class Search:
     def _eligible(self, all_cards: list[Card]) -> list[Card]:
         out = []
         for card in all_cards:
-            if self.card_filter and not any(card.id.lstrip("_").startswith(p.lstrip("_")) for p in self.card_filter):
+            if self.card_filter and not any(id_matches(card.id, p) for p in self.card_filter):
                 continue
             why = next((msg for flag, msg in INELIGIBLE_FLAGS.items() if flag in card.flags), None)
             if why is None and (card.share or 0.0) < self.scfg.min_share:
@@ -142,10 +143,6 @@ class Search:
                 self.history.log(rec)
                 if rec.kind == "card_finished" and rec.card in self.budgets:
                     self.budgets[rec.card].finished = rec.data.get("reason", "finished")
-        for card_id, tree in self.trees.items():  # nodes that failed before had no children
-            for n in tree.nodes.values():
-                if not n.ok:
-                    n.expandable = False
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -189,8 +186,11 @@ class Search:
     def _view(self, card_id: str, node: Node, with_source: bool = False, with_result: bool = False) -> NodeView:
         result = None
         if with_result and node.id != ROOT and node.commit:
-            raw = self.store.read(node.commit, "result.json")
-            result = json.loads(raw) if raw else None
+            key = (card_id, node.id)
+            if key not in self.results:  # read from git once; contexts ask for the same nodes again
+                raw = self.store.read(node.commit, "result.json")
+                self.results[key] = json.loads(raw) if raw else None
+            result = self.results[key]
         return NodeView(id=node.id, parent=node.parent, status=node.status, speedup=node.speedup, move=node.move,
                         reason=node.reason, source=self._source(card_id, node) if with_source else None,
                         result=result)
@@ -254,6 +254,7 @@ class Search:
             files["transcript.json"] = json.dumps(proposal.transcript, indent=1, default=str).encode()
         self._commit_node(rec, files, parent.commit)
         self.sources[(card.id, node_id)] = proposal.source
+        self.results[(card.id, node_id)] = result
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _limits(self, t_start: float) -> str | None:
