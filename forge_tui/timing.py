@@ -125,10 +125,13 @@ class Timer:
                         before_each: Callable[[str, int], None] | None = None) -> dict[str, list[float]]:
         """Raw per-run samples (µs) for every callable, interleaved. ``before_each(name, i)`` and
         ``after_each(name, i)`` run around timed run i of ``name``, outside the timed region (to
-        rotate input contents, poison outputs, check results)."""
+        rotate input contents, poison outputs, check results). Warm-up run w is prepared by
+        ``before_each(name, -1 - w)`` too, so a warm-up sees the same state as a timed run."""
         one = self._one_cuda if self.device == "cuda" else self._one_cpu
-        for _ in range(self.warmup):
-            for fn in fns.values():
+        for w in range(self.warmup):
+            for name, fn in fns.items():
+                if before_each is not None:
+                    before_each(name, -1 - w)
                 fn()
         if self.device == "cuda":
             import torch

@@ -165,3 +165,27 @@ def test_a_rejected_candidate_cannot_touch_the_next_one(evaluators, cards):
     assert not ev.worker.alive()  # the worker that hosted it was stopped
     nxt = run(evaluators, cards, "softmax", "downcast_bf16.cpp", static_checks=False)
     assert nxt["status"] == "rejected" and nxt["failure"] == "mismatch"
+
+
+def test_workspace_candidate_gets_a_fresh_poisoned_workspace_every_call(evaluators, cards):
+    # The candidate returns 9 if the marker it leaves in the workspace survived to its next call;
+    # it passes only if every checked and timed call saw a re-poisoned workspace.
+    r = run(evaluators, cards, "softmax", "softmax_workspace.cpp")
+    assert r["status"] == "passed", r["reason"]
+    assert r["timing"]["checked_timed_runs"] > 0
+
+
+def test_workspace_assumed_zero_is_caught(evaluators, cards):
+    r = run(evaluators, cards, "softmax", "workspace_uninit.cpp", static_checks=False)
+    assert r["status"] == "rejected" and r["failure"] in {"mismatch", "unwritten"}, r["reason"]
+
+
+def test_workspace_refusal_and_missing_size_function(evaluators, cards):
+    r = run(evaluators, cards, "softmax", "workspace_refused.cpp")
+    assert r["status"] == "rejected" and r["failure"] == "workspace"
+    assert "forge_workspace_bytes returned -1" in r["reason"]
+    r = run(evaluators, cards, "softmax", "workspace_no_size.cpp")
+    assert r["status"] == "rejected" and r["failure"] == "static"
+    assert "without forge_workspace_bytes" in r["reason"]
+    r = run(evaluators, cards, "softmax", "workspace_no_size.cpp", static_checks=False)
+    assert r["status"] == "rejected" and r["failure"] == "load" and "forge_workspace_bytes" in r["reason"]

@@ -14,6 +14,14 @@
  *              scalar list: dims, eps, flags...).
  *   - stream:  cudaStream_t to launch on (cuda backend); NULL on the cpu backend.
  *
+ * Scratch memory: a candidate that needs device scratch between its kernels (partial sums of a
+ * row or group split over several blocks) defines forge_workspace_bytes() and, instead of
+ * forge_launch(), forge_launch_ws(). The caller allocates the workspace on the stream (the
+ * evaluator and the runtime use PyTorch's stream-ordered allocator, so no call pays a real
+ * allocation) with at least the requested size, 256-byte aligned. Its contents are undefined on
+ * entry: the evaluator fills it with a different poison before every call, so nothing may be
+ * carried in it from one call to the next. A candidate defines exactly one of the two entry points.
+ *
  * Return 0 on success; any other value is an error code and the candidate is rejected.
  * Rules checked before a candidate runs: at least one __global__ kernel defined and launched
  * (cuda), no stream or thread creation, no state that persists across calls (no mutable
@@ -24,7 +32,7 @@
 
 #include <stdint.h>
 
-#define FORGE_ABI_VERSION 1
+#define FORGE_ABI_VERSION 2
 #define FORGE_MAX_DIMS 8
 
 typedef enum {
@@ -69,6 +77,17 @@ FORGE_EXPORT int forge_launch(const forge_tensor* inputs, int32_t n_inputs,
                               forge_tensor* outputs, int32_t n_outputs,
                               const forge_scalar* scalars, int32_t n_scalars,
                               void* stream);
+
+/* Or, for a candidate that needs scratch memory, both of these (see the top of this file).
+   forge_workspace_bytes() returns the bytes forge_launch_ws() needs for these arguments (negative
+   for arguments it cannot serve); it must not touch the data pointers. */
+FORGE_EXPORT int64_t forge_workspace_bytes(const forge_tensor* inputs, int32_t n_inputs,
+                                           const forge_tensor* outputs, int32_t n_outputs,
+                                           const forge_scalar* scalars, int32_t n_scalars);
+FORGE_EXPORT int forge_launch_ws(const forge_tensor* inputs, int32_t n_inputs,
+                                 forge_tensor* outputs, int32_t n_outputs,
+                                 const forge_scalar* scalars, int32_t n_scalars,
+                                 void* workspace, int64_t workspace_bytes, void* stream);
 
 /* Helpers for candidates. */
 static inline int64_t forge_numel(const forge_tensor* t) {

@@ -95,29 +95,86 @@ def card_scalars(program: dict) -> list[Scalar]:
     return out
 
 
+MAX_WORKSPACE_BYTES = 8 << 30
+
+
 class Library:
-    """A loaded candidate: ``call(inputs, outputs, scalars, stream)`` returns the int it returned."""
+    """A loaded candidate: ``bind(inputs, outputs, scalars, stream, workspace)`` gives a launcher.
+
+    A candidate exports either ``forge_launch`` or, when it needs scratch memory,
+    ``forge_workspace_bytes`` and ``forge_launch_ws`` (see forge_kernel.h); ``needs_workspace``
+    says which, and ``workspace_bytes`` asks the candidate how much for given arguments.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lib = ctypes.CDLL(str(self.path), mode=ctypes.RTLD_LOCAL)
-        try:
-            fn = self._lib.forge_launch
-        except AttributeError:
-            raise LookupError(f"{self.path.name} does not export forge_launch") from None
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.POINTER(ForgeTensor), ctypes.c_int32, ctypes.POINTER(ForgeTensor), ctypes.c_int32,
-                       ctypes.POINTER(ForgeScalar), ctypes.c_int32, ctypes.c_void_p]
-        self._fn = fn
+        common = [ctypes.POINTER(ForgeTensor), ctypes.c_int32, ctypes.POINTER(ForgeTensor), ctypes.c_int32,
+                  ctypes.POINTER(ForgeScalar), ctypes.c_int32]
+        plain = getattr(self._lib, "forge_launch", None)
+        with_ws = getattr(self._lib, "forge_launch_ws", None)
+        sizer = getattr(self._lib, "forge_workspace_bytes", None)
+        if plain is not None and with_ws is not None:
+            raise LookupError(f"{self.path.name} exports both forge_launch and forge_launch_ws; define exactly one")
+        if with_ws is not None:
+            if sizer is None:
+                raise LookupError(f"{self.path.name} exports forge_launch_ws but not forge_workspace_bytes")
+            sizer.restype = ctypes.c_int64
+            sizer.argtypes = common
+            with_ws.restype = ctypes.c_int
+            with_ws.argtypes = common + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        elif plain is not None:
+            plain.restype = ctypes.c_int
+            plain.argtypes = common + [ctypes.c_void_p]
+        else:
+            raise LookupError(f"{self.path.name} does not export forge_launch (or forge_launch_ws)")
+        self.needs_workspace = with_ws is not None
+        self._fn = with_ws if with_ws is not None else plain
+        self._sizer = sizer
 
-    def bind(self, inputs: list, outputs: list, scalars: list[Scalar], stream: int | None):
-        """A no-argument callable that launches on fixed buffers (descriptors built once)."""
+    @staticmethod
+    def _arrays(inputs: list, outputs: list, scalars: list[Scalar]):
         ins = (ForgeTensor * max(len(inputs), 1))(*[describe(t) for t in inputs])
         outs = (ForgeTensor * max(len(outputs), 1))(*[describe(t) for t in outputs])
         scs = (ForgeScalar * max(len(scalars), 1))(*[s.to_c() for s in scalars])
+        return ins, outs, scs
+
+    def workspace_bytes(self, inputs: list, outputs: list, scalars: list[Scalar]) -> int:
+        """Bytes of scratch the candidate asks for (0 when it needs none).
+
+        Raises ValueError when the candidate refuses the arguments (negative) or asks for more
+        than MAX_WORKSPACE_BYTES.
+        """
+        if not self.needs_workspace:
+            return 0
+        ins, outs, scs = self._arrays(inputs, outputs, scalars)
+        n = int(self._sizer(ins, len(inputs), outs, len(outputs), scs, len(scalars)))
+        if n < 0:
+            raise ValueError(f"forge_workspace_bytes returned {n}: the candidate cannot serve these arguments")
+        if n > MAX_WORKSPACE_BYTES:
+            raise ValueError(f"forge_workspace_bytes asks for {n} bytes, over the {MAX_WORKSPACE_BYTES} allowed")
+        return n
+
+    def bind(self, inputs: list, outputs: list, scalars: list[Scalar], stream: int | None, workspace=None):
+        """A no-argument callable that launches on fixed buffers (descriptors built once).
+
+        ``workspace`` is a tensor of at least ``workspace_bytes()`` bytes, required when the
+        candidate needs one.
+        """
+        ins, outs, scs = self._arrays(inputs, outputs, scalars)
         n_in, n_out, n_sc = len(inputs), len(outputs), len(scalars)
         fn = self._fn
-        keep = (ins, outs, scs)
+        keep = (ins, outs, scs, workspace)
+        if self.needs_workspace:
+            if workspace is None:
+                raise ValueError("this candidate needs a workspace (forge_launch_ws) and none was given")
+            ws_ptr, ws_bytes = workspace.data_ptr(), workspace.numel() * workspace.element_size()
+
+            def call_ws() -> int:
+                _ = keep
+                return fn(ins, n_in, outs, n_out, scs, n_sc, ws_ptr, ws_bytes, stream)
+
+            return call_ws
 
         def call() -> int:
             _ = keep

@@ -5,6 +5,8 @@ fresh random sets drawn from varied distributions):
 
 * outputs are allocated here and pre-filled with poison before every call; an element the
   candidate does not write is caught (two different poisons in two runs);
+* a candidate's scratch workspace (forge_launch_ws) is allocated here and re-poisoned before every
+  call, checked or timed, so nothing can be carried in it from one call to the next;
 * inputs are bit-identical after the call; no output overlaps an input;
 * the reference ran on clones and its outputs live in their own buffers, kept alive;
 * outputs match within the dtype's tolerance, NaN/Inf exactly where the reference has them;
@@ -63,6 +65,19 @@ def _poison(t, which: int) -> None:
     else:
         info = torch.iinfo(t.dtype)
         t.fill_(max(min(POISON_INT[which], info.max), info.min))
+
+
+WORKSPACE_POISON = (0xFF, 0x7F)  # bytes: NaN / a huge finite float, -1 / a huge integer
+WORKSPACE_ALIGN = 256
+
+
+def _alloc_workspace(nbytes: int, device: str):
+    """A uint8 tensor of nbytes (at least 1) starting on a WORKSPACE_ALIGN-byte boundary."""
+    import torch
+
+    raw = torch.empty(max(nbytes, 1) + WORKSPACE_ALIGN, dtype=torch.uint8, device=device)
+    off = (-raw.data_ptr()) % WORKSPACE_ALIGN
+    return raw[off: off + max(nbytes, 1)]
 
 
 def _alloc_outputs(card: Card, device: str) -> list:
@@ -147,6 +162,7 @@ class Evaluation:
         self.scalars = card_scalars(card.program)
         self.seed = options.get("seed") or random.SystemRandom().randrange(1, 2**31)
         self.stream_handle = None
+        self.calls = 0
         if device == "cuda":
             import torch
 
@@ -172,8 +188,22 @@ class Evaluation:
         return [o.clone() for o in outs]
 
     # ---- one checked call ---------------------------------------------------------------------
+    def workspace(self, ins: list, outs: list):
+        """The scratch buffer the candidate asks for, or None when it uses plain forge_launch."""
+        if not self.lib.needs_workspace:
+            return None
+        try:
+            n = self.lib.workspace_bytes(ins, outs, self.scalars)
+        except ValueError as exc:
+            raise CandidateFailure("workspace", str(exc)) from None
+        return _alloc_workspace(n, self.device)
+
     def call(self, ins: list, outs: list) -> None:
-        fn = self.lib.bind(ins, outs, self.scalars, self.stream_handle)
+        ws = self.workspace(ins, outs)
+        fn = self.lib.bind(ins, outs, self.scalars, self.stream_handle, ws)
+        if ws is not None:
+            self.calls += 1
+            ws.fill_(WORKSPACE_POISON[self.calls % 2])
         rc = fn()
         _sync(self.device)
         if rc != 0:
@@ -287,7 +317,8 @@ class Evaluation:
         rot = sets[: max(1, min(3, len(sets)))]
         tin = [_clone_layout(t) for t in rot[0][1]]  # the card's strides, exactly
         outs = _alloc_outputs(self.card, self.device)
-        cand = self.lib.bind(tin, outs, self.scalars, self.stream_handle)
+        ws = self.workspace(tin, outs)
+        cand = self.lib.bind(tin, outs, self.scalars, self.stream_handle, ws)
 
         def candidate():
             rc = cand()
@@ -318,6 +349,8 @@ class Evaluation:
                 span(dst).copy_(span(src))
             for o in outs:
                 _poison(o, i % 2)
+            if ws is not None:
+                ws.fill_(WORKSPACE_POISON[i % 2])
             _sync(self.device)
 
         def after(name: str, i: int) -> None:

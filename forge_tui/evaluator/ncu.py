@@ -126,7 +126,7 @@ def _drive(request_path: str) -> int:
     from ..inputs import random_inputs, sample_inputs
     from ..tensorstore import TensorStore
     from .abi import Library, card_scalars
-    from .checks import _alloc_outputs
+    from .checks import _alloc_outputs, _alloc_workspace
 
     req = json.loads(Path(request_path).read_text())
     card = Card.model_validate(req["card"])
@@ -136,7 +136,10 @@ def _drive(request_path: str) -> int:
     except FileNotFoundError:
         ins = random_inputs(card, "cuda", seed=1)
     outs = _alloc_outputs(card, "cuda")
-    call = Library(req["library"]).bind(ins, outs, card_scalars(card.program), torch.cuda.current_stream().cuda_stream)
+    lib = Library(req["library"])
+    scalars = card_scalars(card.program)
+    ws = _alloc_workspace(lib.workspace_bytes(ins, outs, scalars), "cuda") if lib.needs_workspace else None
+    call = lib.bind(ins, outs, scalars, torch.cuda.current_stream().cuda_stream, ws)
     call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(NVTX_RANGE)

@@ -119,7 +119,7 @@ def check_source(source: str, backend: str, *, allow_libraries: bool = False) ->
     kernels: dict[str, int] = {}
     launched: set[str] = set()
     launch_apis = 0
-    has_entry = False
+    entries: set[str] = set()
 
     def add(rule, sev, msg, node=None):
         findings.append(Finding(rule, sev, msg, node.start_point[0] + 1 if node is not None else None))
@@ -142,8 +142,8 @@ def check_source(source: str, backend: str, *, allow_libraries: bool = False) ->
             if any(c.type == "__global__" for c in n.children):
                 if name:
                     kernels[name] = n.start_point[0] + 1
-            if name == "forge_launch":
-                has_entry = True
+            if name in ("forge_launch", "forge_launch_ws", "forge_workspace_bytes"):
+                entries.add(name)
         elif t == "call_expression":
             fn = n.child_by_field_name("function")
             name = _text(src, fn) if fn is not None else ""
@@ -215,7 +215,13 @@ def check_source(source: str, backend: str, *, allow_libraries: bool = False) ->
     if re.search(r"/proc/self", clean):
         findings.append(Finding("no-io", "error", "reads /proc/self: candidates may not inspect the process"))
 
-    if not has_entry:
+    if "forge_launch" in entries and "forge_launch_ws" in entries:
+        findings.append(Finding("entry", "error", "both forge_launch and forge_launch_ws are defined: define "
+                                "exactly one (see forge_kernel.h)"))
+    elif "forge_launch_ws" in entries and "forge_workspace_bytes" not in entries:
+        findings.append(Finding("entry", "error", "forge_launch_ws is defined without forge_workspace_bytes "
+                                "(see forge_kernel.h)"))
+    elif not entries & {"forge_launch", "forge_launch_ws"}:
         findings.append(Finding("entry", "error", "forge_launch is not defined (see forge_kernel.h)"))
     if backend == "cuda":
         if not kernels:
