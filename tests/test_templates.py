@@ -143,6 +143,59 @@ def _retyped(card: Card, dtype: str, out_dtype: str | None = None) -> Card:
     return Card.model_validate(data)
 
 
+def _reshaped(card: Card, shape: list[int]) -> Card:
+    """A softmax card, or a group_norm card with 32 groups, at another (anchor-sized) shape."""
+    data = json.loads(card.model_dump_json())
+    stride = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        stride[d] = stride[d + 1] * shape[d + 1]
+    data["inputs"][0].update(shape=list(shape), stride=stride)
+    data["outputs"][0].update(shape=list(shape), stride=stride)
+    nodes = data["program"]["nodes"]
+    for node in nodes:
+        for meta in node.get("out") or []:
+            if meta and len(meta[0]) == len(shape):
+                meta[0] = list(shape)
+    if nodes[0]["op"] == "aten.native_group_norm.default":
+        args = nodes[0]["args"]
+        g = args[6] = 32
+        args[3], args[4], args[5] = shape[0], shape[1], shape[2] * shape[3]
+        for k in (1, 2):
+            data["outputs"][k].update(shape=[shape[0], g], stride=[g, 1])
+        for k in (1, 2):
+            data["inputs"][k].update(shape=[shape[1]], stride=[1])
+        nodes[0]["out"] = [[list(shape), nodes[0]["out"][0][1]], [[shape[0], g], nodes[0]["out"][1][1]],
+                           [[shape[0], g], nodes[0]["out"][2][1]]]
+    return Card.model_validate(data)
+
+
+def test_anchor_shapes_choose_the_modes_they_need(matched):
+    """Long rows: a cluster of blocks holds a row (one pass); a handful of long rows: split with a
+    workspace; groups: the split group_norm with a workspace."""
+    sm = next(c for c, f, m in matched["softmax"] if not m.info["log"])
+    vocab = _retyped(_reshaped(sm, [512, 262144]), "bfloat16")
+    fam, m = match(vocab)
+    p = fam.initial(m, "cuda")
+    assert p["mode"] == "cluster" and p["cl"] * p["tpr"] * 32 >= 262144, p
+    src = fam.render(m, p, "cuda")
+    assert "__cluster_dims__" in src and "forge_launch_ws" not in src
+    fam, m = match(_reshaped(sm, [4, 262144]))
+    p = fam.initial(m, "cuda")
+    assert p["mode"] == "split" and 4 * p["segs"] >= 264, p
+    src = fam.render(m, p, "cuda")
+    assert "forge_launch_ws" in src and "forge_workspace_bytes" in src
+    gn_card = matched["group_norm"][0][0]
+    fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))  # a group of 1 MB fits a cluster's registers
+    assert m.info["group_len"] == 16 * 128 * 128
+    p = fam.initial(m, "cuda")
+    assert p["mode"] == "cluster" and fam.passes(m, p) == 1
+    fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups do not
+    p = fam.initial(m, "cuda")
+    assert p["mode"] == "split" and fam.passes(m, p) == 2
+    src = fam.render(m, p, "cuda")
+    assert "forge_launch_ws" in src and "cudaMalloc" not in src
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     from forge_tui.evaluator.build import Builder
@@ -161,8 +214,18 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
             for q in variants:
                 key = (m.family, dtype, q.get("mode"), describe(m.family, q))
                 sources.setdefault(key, f2.render(m, q, "cuda"))
+    # anchor-sized shapes whose modes a small card never reaches
+    sm = next(c for c, f, m in matched["softmax"] if not m.info["log"])
+    gn_card = matched["group_norm"][0][0]
+    for c in (_retyped(_reshaped(sm, [512, 262144]), "bfloat16"), _reshaped(sm, [4, 262144]),
+              _reshaped(gn_card, [2, 512, 128, 128]), _retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16")):
+        f2, m = match(c)
+        p0 = f2.initial(m, "cuda")
+        for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
+            sources.setdefault((m.family, "anchor-" + str(c.inputs[0].shape), q.get("mode"),
+                                describe(m.family, q)), f2.render(m, q, "cuda"))
     assert {k[0] for k in sources} >= FAMILIES
-    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split"}
+    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster"}
     results = Builder("cuda", tmp_path, arch="sm_90").build_many(list(sources.values()))
     failed = [(k, r.reason) for k, r in zip(sources, results) if not r.ok]
     assert not failed, failed

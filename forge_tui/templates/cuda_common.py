@@ -64,17 +64,4 @@ __device__ __forceinline__ float row_reduce(float v, float* scratch) {
 }
 
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
-
-/* Scratch for one call, stream-ordered. The device's default pool would hand its memory back to
-   the system at every synchronisation (release threshold 0), making each call pay a real
-   allocation; keep it pooled. Nothing is kept between calls but the pool's free memory. */
-static inline cudaError_t forge_scratch(void** p, size_t bytes, cudaStream_t s) {
-    int dev = 0;
-    cudaMemPool_t pool;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
-        uint64_t keep = UINT64_MAX;
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    }
-    return cudaMallocAsync(p, bytes, s);
-}
 '''

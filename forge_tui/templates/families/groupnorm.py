@@ -1,9 +1,13 @@
 """group_norm (NCHW, affine) and batch_norm in inference.
 
-group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUDA: split into
-CHUNK-element pieces; kernel 1 computes each piece's count/mean/M2 (Welford, merged with Chan's
-formula), kernel 2 merges a group's pieces and writes mean and rstd, kernel 3 normalises with the
-per-channel affine. Two passes over the input (the second often from L2) and one write.
+group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUDA modes:
+  split    the group cut into CHUNK-element pieces; kernel 1 writes each piece's count/mean/M2
+           into the caller's workspace; kernel 2 merges its group's pieces (Chan's formula) and
+           normalises one piece of one channel plane with the per-channel affine. Two reads of the
+           input and one write; with ORDER=reverse kernel 2 starts where kernel 1 ended, in L2.
+  cluster  one pass: a thread-block cluster of CL blocks (sm_90) holds a group in registers; the
+           sum, then the sum of squared deviations (exact two-pass variance), meet in distributed
+           shared memory; each block writes its part. For groups that fit the cluster's registers.
 
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """
@@ -49,13 +53,18 @@ class GroupNorm:
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 2, 4]}
-        return {"chunk": [2048, 4096, 8192, 16384, 32768, 65536], "threads": [128, 256, 512, 1024],
-                "vec": self._vecs(m)}
+        return {"mode": ["split", "cluster"], "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
+                "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
+                "cl": [2, 4, 8]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
             return True
-        return p["vec"] in self._vecs(m) and p["chunk"] % (p["threads"] * p["vec"]) == 0
+        if p["vec"] not in self._vecs(m):
+            return False
+        if p.get("mode") == "cluster":
+            return _cluster_ok(m.info["group_len"], p["cl"], p["threads"], p["vec"])
+        return p["chunk"] % (p["threads"] * p["vec"]) == 0
 
     def initial(self, m: Match, backend: str) -> dict:
         if backend == "cpu":
@@ -65,10 +74,26 @@ class GroupNorm:
         chunk = 16384
         while chunk > 2048 and total // chunk < 4 * 132:
             chunk //= 2
-        return {"chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec}
+        base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
+                "cl": 8}
+        groups = m.info["n"] * m.info["g"]
+        for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
+            if groups * cl >= 132 and _cluster_ok(m.info["group_len"], cl, threads, vec):
+                return {**base, "mode": "cluster", "cl": cl, "threads": threads}
+        return base
+
+    def relevant(self, p: dict) -> dict:
+        """The parameters that change the kernel (chunk and order only split, cl only cluster)."""
+        q = dict(p)
+        if q.get("mode") == "cluster":
+            q.pop("chunk", None)
+            q.pop("order", None)
+        elif "mode" in q:
+            q.pop("cl", None)
+        return q
 
     def passes(self, m: Match, p: dict) -> int:
-        return 2
+        return 1 if p.get("mode") == "cluster" else 2
 
     def render(self, m: Match, p: dict, backend: str) -> str:
         return header(self.name, p, 2) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
@@ -114,43 +139,87 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 
     def _cuda(self, m: Match, p: dict) -> str:
         i, ct = m.info, CTYPE
-        chunk, threads, vec = p["chunk"], p["threads"], p["vec"]
+        threads, vec = p["threads"], p["vec"]
         glen = i["group_len"]
-        pieces = -(-glen // chunk)
         ng = i["n"] * i["g"]
         total = ng * glen
+        cpg = i["c"] // i["g"]
         wp = f"(const TW*)in[{i['w']}].data" if i["w"] is not None else "(const TW*)nullptr"
         bp = f"(const TB*)in[{i['b']}].data" if i["b"] is not None else "(const TB*)nullptr"
-        unroll = 4
-        apply_y = -(-i["hw"] // (threads * vec * unroll))
-        planes = i["n"] * i["c"]
-        return CUDA_COMMON + KERNELS + f'''
-typedef {ct[i["tin"]]} TX; typedef {ct[i["tw"]]} TW; typedef {ct[i["tb"]]} TB; typedef {ct[i["tout"]]} TO; typedef {ct[i["tstat"]]} TS;
-static const int64_t NG = {ng}, GLEN = {glen}, TOTAL = {total};
+        types = (f'typedef {ct[i["tin"]]} TX; typedef {ct[i["tw"]]} TW; typedef {ct[i["tb"]]} TB; '
+                 f'typedef {ct[i["tout"]]} TO; typedef {ct[i["tstat"]]} TS;')
+        check = (f'    if (forge_numel(&in[{i["x"]}]) != TOTAL || !forge_is_contiguous(&out[0])) return 2;\n'
+                 f'    cudaStream_t s = (cudaStream_t)stream;\n'
+                 f'    const TX* x = (const TX*)in[{i["x"]}].data;\n'
+                 f'    TO* y = (TO*)out[0].data;\n'
+                 f'    TS* mean_out = (TS*)out[1].data;\n'
+                 f'    TS* rstd_out = (TS*)out[2].data;\n'
+                 f'    const bool aligned = forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO));\n')
+        if p.get("mode") == "cluster":
+            cl = p["cl"]
+            seg = glen // cl
+            nv, nv1 = -(-seg // (threads * vec)), -(-seg // threads)
+            args = f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}"
+            return CUDA_COMMON + KERNELS + f"""
+{types}
+static const int64_t TOTAL = {total};
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[{i["x"]}]) != TOTAL || !forge_is_contiguous(&out[0])) return 2;
-    cudaStream_t s = (cudaStream_t)stream;
-    const TX* x = (const TX*)in[{i["x"]}].data;
-    TO* y = (TO*)out[0].data;
-    float* ws = nullptr;  /* per piece: count, mean, M2; per group: mean, rstd */
-    if (forge_scratch((void**)&ws, sizeof(float) * (NG * {pieces} * 3 + NG * 2), s) != cudaSuccess) return 3;
-    float* stats = ws + NG * {pieces} * 3;
-    const bool aligned = forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO));
-    if (aligned) gn_partial<TX, {threads}, {vec}><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
-    else gn_partial<TX, {threads}, 1><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
-    gn_finalize<TS><<<(unsigned)((NG + 127) / 128), 128, 0, s>>>(ws, stats, (TS*)out[1].data, (TS*)out[2].data, NG, {pieces}, (float){i["eps"]!r});
-    const dim3 grid2({planes}, {apply_y});
-    if (aligned) gn_apply<TX, TW, TB, TO, {threads}, {vec}, {unroll}><<<grid2, {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, {i["hw"]}, {i["c"]}, {i["c"] // i["g"]});
-    else gn_apply<TX, TW, TB, TO, {threads}, 1, {unroll}><<<dim3({planes}, {-(-i["hw"] // (threads * unroll))}), {threads}, 0, s>>>(x, {wp}, {bp}, y, stats, {i["hw"]}, {i["c"]}, {i["c"] // i["g"]});
-    cudaFreeAsync(ws, s);
+{check}    if (aligned) gn_cluster<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, {nv}><<<{ng * cl}, {threads}, 0, s>>>({args});
+    else gn_cluster<TX, TW, TB, TO, TS, {cl}, {threads}, 1, {nv1}><<<{ng * cl}, {threads}, 0, s>>>({args});
     return (int)cudaGetLastError();
 }}
-'''
+"""
+        chunk = p["chunk"]
+        pieces = -(-glen // chunk)
+        unroll = 4
+        per_plane = -(-i["hw"] // (threads * vec * unroll))
+        per_plane1 = -(-i["hw"] // (threads * unroll))
+        planes = i["n"] * i["c"]
+        rev = "true" if p.get("order", "reverse") == "reverse" else "false"
+        apply_args = f"x, {wp}, {bp}, y, ws, mean_out, rstd_out, {pieces}, {i['hw']}, {i['c']}, {cpg}, (float){i['eps']!r}"
+        return CUDA_COMMON + KERNELS + f"""
+{types}
+static const int64_t NG = {ng}, GLEN = {glen}, TOTAL = {total};
+static const int64_t WS_BYTES = (int64_t)sizeof(float) * NG * {pieces} * 3;  /* per piece: count, mean, M2 */
+
+FORGE_EXPORT int64_t forge_workspace_bytes(const forge_tensor* in, int32_t n_in, const forge_tensor* out,
+                                           int32_t n_out, const forge_scalar* sc, int32_t n_sc) {{
+    return WS_BYTES;
+}}
+
+FORGE_EXPORT int forge_launch_ws(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                                 const forge_scalar* sc, int32_t n_sc, void* workspace, int64_t ws_bytes,
+                                 void* stream) {{
+{check}    if (ws_bytes < WS_BYTES) return 4;
+    float* ws = (float*)workspace;
+    if (aligned) {{
+        gn_partial<TX, {threads}, {vec}><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
+        gn_apply<TX, TW, TB, TO, TS, {threads}, {vec}, {unroll}, {rev}><<<{planes * per_plane}, {threads}, 0, s>>>({apply_args}, {per_plane});
+    }} else {{
+        gn_partial<TX, {threads}, 1><<<NG * {pieces}, {threads}, 0, s>>>(x, ws, GLEN, {chunk}, {pieces});
+        gn_apply<TX, TW, TB, TO, TS, {threads}, 1, {unroll}, {rev}><<<{planes * per_plane1}, {threads}, 0, s>>>({apply_args}, {per_plane1});
+    }}
+    return (int)cudaGetLastError();
+}}
+"""
 
 
-KERNELS = r'''
+def _cluster_ok(n: int, cl: int, threads: int, vec: int) -> bool:
+    """n elements split evenly over cl blocks, each part in the block's registers (at most 64
+    floats a thread, 32 at 1024 threads so the launch bound's 64 registers do not spill)."""
+    if n % (cl * vec):
+        return False
+    seg = n // cl
+    if seg < threads * vec:
+        return False
+    return -(-seg // (threads * vec)) * vec <= min(64, 32768 // threads)
+
+
+KERNELS = r"""
+#include <cooperative_groups.h>
+
 /* Chan's parallel merge of (count, mean, M2). */
 __device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float n2, float mean2, float m22) {
     if (n2 == 0.f) return;
@@ -159,6 +228,13 @@ __device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, 
     mean += d * (n2 / nn);
     m2 += m22 + d * d * (n * n2 / nn);
     n = nn;
+}
+
+__device__ __forceinline__ void welford_warp(float& n, float& mean, float& m2) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        welford_merge(n, mean, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, mean, o),
+                      __shfl_xor_sync(0xffffffffu, m2, o));
 }
 
 /* Pass 1: per piece (count, mean, M2). Each thread sums (v - pivot) and its square (pivot: the
@@ -172,6 +248,7 @@ __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, 
     const TX* a = x + g * glen;
     const float pivot = to_f(a[0]);
     float s1 = 0.f, s2 = 0.f, cnt = 0.f;
+#pragma unroll 4
     for (int64_t k = start + threadIdx.x * VEC; k < end; k += THREADS * VEC) {
         float v[VEC];
         load_vec<TX, VEC>(a + k, v);
@@ -180,10 +257,7 @@ __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, 
         cnt += (float)VEC;
     }
     float n = cnt, mean = cnt > 0.f ? pivot + s1 / cnt : 0.f, m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        welford_merge(n, mean, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, mean, o),
-                      __shfl_xor_sync(0xffffffffu, m2, o));
+    welford_warp(n, mean, m2);
     __shared__ float sn[32], smean[32], sm2[32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) { sn[w] = n; smean[w] = mean; sm2[w] = m2; }
@@ -192,45 +266,47 @@ __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, 
         n = lane < THREADS / 32 ? sn[lane] : 0.f;
         mean = lane < THREADS / 32 ? smean[lane] : 0.f;
         m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            welford_merge(n, mean, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, mean, o),
-                          __shfl_xor_sync(0xffffffffu, m2, o));
+        welford_warp(n, mean, m2);
         if (lane == 0) { ws[blockIdx.x * 3] = n; ws[blockIdx.x * 3 + 1] = mean; ws[blockIdx.x * 3 + 2] = m2; }
     }
 }
 
-template <typename TS>
-__global__ void gn_finalize(const float* __restrict__ ws, float* __restrict__ stats, TS* __restrict__ mean_out,
-                            TS* __restrict__ rstd_out, int64_t ng, int pieces, float eps) {
-    const int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (g >= ng) return;
-    float n = 0.f, mean = 0.f, m2 = 0.f;
-    for (int p = 0; p < pieces; ++p) {
-        const float* q = ws + (g * pieces + p) * 3;
-        welford_merge(n, mean, m2, q[0], q[1], q[2]);
-    }
-    const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
-    stats[g * 2] = mean;
-    stats[g * 2 + 1] = rstd;
-    mean_out[g] = from_f<TS>(mean);
-    rstd_out[g] = from_f<TS>(rstd);
-}
-
-/* Pass 2: grid.x = one (n, c) plane (its scale and shift computed once), grid.y = pieces of it. */
-template <typename TX, typename TW, typename TB, typename TO, int THREADS, int VEC, int UNROLL>
+/* Pass 2: block b = one piece of one (n, c) plane; warp 0 merges the group's pieces from the
+   workspace, the block normalises with the channel's scale and shift. REVERSE walks the blocks
+   backwards so the first reads are the ones pass 1 made last (still in L2). */
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int THREADS, int VEC, int UNROLL, bool REVERSE>
 __global__ void __launch_bounds__(THREADS) gn_apply(const TX* __restrict__ x, const TW* __restrict__ w,
                                                     const TB* __restrict__ b, TO* __restrict__ y,
-                                                    const float* __restrict__ stats, int hw, int channels, int cpg) {
-    const int64_t plane = blockIdx.x;
+                                                    const float* __restrict__ ws, TS* __restrict__ mean_out,
+                                                    TS* __restrict__ rstd_out, int pieces, int hw, int channels,
+                                                    int cpg, float eps, int per_plane) {
+    const int64_t blk = REVERSE ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int64_t plane = blk / per_plane;
+    const int part = (int)(blk % per_plane);
     const int c = (int)(plane % channels);
     const int64_t g = (plane / channels) * (channels / cpg) + c / cpg;
-    const float mean = stats[g * 2], rstd = stats[g * 2 + 1];
+    __shared__ float stat[2];
+    if (threadIdx.x < 32) {
+        float n = 0.f, mean = 0.f, m2 = 0.f;
+        for (int k = threadIdx.x; k < pieces; k += 32) {
+            const float* q = ws + (g * pieces + k) * 3;
+            welford_merge(n, mean, m2, q[0], q[1], q[2]);
+        }
+        welford_warp(n, mean, m2);
+        if (threadIdx.x == 0) {
+            const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+            stat[0] = mean;
+            stat[1] = rstd;
+            if (part == 0 && c % cpg == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
+        }
+    }
+    __syncthreads();
+    const float mean = stat[0], rstd = stat[1];
     const float scale = rstd * (w ? to_f(w[c]) : 1.f);
     const float shift = (b ? to_f(b[c]) : 0.f) - mean * scale;
     const TX* a = x + plane * hw;
     TO* o = y + plane * hw;
-    const int base = blockIdx.y * THREADS * VEC * UNROLL;
+    const int base = part * THREADS * VEC * UNROLL;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int k = base + (u * THREADS + threadIdx.x) * VEC;
@@ -243,7 +319,74 @@ __global__ void __launch_bounds__(THREADS) gn_apply(const TX* __restrict__ x, co
         }
     }
 }
-'''
+
+/* One pass: a cluster of CL blocks per group (g = n * G + group), each holding glen/CL elements
+   in registers. Mean from the cluster's sum, then the variance from the sum of squared deviations. */
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC, int NV>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS)
+gn_cluster(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
+           TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int glen, int hw, int groups, int cpg, float eps) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float scratch[THREADS / 32];
+    __shared__ float part[2];
+    const int rank = (int)cluster.block_rank();
+    const int64_t g = blockIdx.x / CL;
+    const int seg = glen / CL;
+    const int64_t off = g * (int64_t)glen + (int64_t)rank * seg;
+    const int t = threadIdx.x;
+    float v[NV][VEC];
+    float s1 = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * THREADS + t) * VEC;
+        if (c < seg) {
+            load_vec<TX, VEC>(x + off + c, v[k]);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s1 += v[k][j];
+        }
+    }
+    s1 = row_reduce<THREADS, false>(s1, scratch);
+    if (t == 0) part[0] = s1;
+    cluster.sync();
+    s1 = 0.f;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) s1 += *cluster.map_shared_rank(&part[0], r);
+    const float mean = s1 / (float)glen;
+    float s2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * THREADS + t) * VEC;
+        if (c < seg) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) { const float d = v[k][j] - mean; s2 = fmaf(d, d, s2); }
+        }
+    }
+    s2 = row_reduce<THREADS, false>(s2, scratch);
+    if (t == 0) part[1] = s2;
+    cluster.sync();
+    s2 = 0.f;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) s2 += *cluster.map_shared_rank(&part[1], r);
+    cluster.sync();  /* no block leaves while another may still read its shared memory */
+    const float rstd = rsqrtf(s2 / (float)glen + eps);
+    if (rank == 0 && t == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
+    const int ch0 = (int)(g % groups) * cpg;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * THREADS + t) * VEC;
+        if (c < seg) {
+            const int ch = ch0 + (rank * seg + c) / hw;  /* VEC divides hw: a vector is in one channel */
+            const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+            const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+            float o[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) o[j] = v[k][j] * scale + shift;
+            store_vec<TO, VEC>(y + off + c, o);
+        }
+    }
+}
+"""
 
 
 class BatchNorm:

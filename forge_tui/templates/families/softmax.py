@@ -6,9 +6,14 @@ CUDA modes:
          16-byte accesses); the row is read once and written once.
   online two passes over global memory in one block per row (running max and sum, then write):
          for rows too long for registers.
-  split  rows cut into SEGS segments on separate blocks (partial max/sum, then a merge and the
-         write): for a handful of long rows (decode shapes), where one block per row would leave
-         most of the GPU idle. Two passes; the second read usually hits L2.
+  split  rows cut into SEGS segments on separate blocks (partial max/sum into the caller's
+         workspace, then a merge and the write): for a handful of long rows (decode shapes), where
+         one block per row would leave most of the GPU idle. Two passes; with ORDER=reverse the
+         write kernel walks the blocks backwards, so its first reads are the ones the statistics
+         kernel made last, still in L2.
+  cluster one pass for rows too long for one block's registers: a thread-block cluster of CL
+         blocks (sm_90) holds a row in registers, the blocks exchange their partial max and sum
+         through distributed shared memory, and each writes its part. The row is read once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,18 @@ from ..cuda_common import COMMON as CUDA_COMMON
 
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
 SMS = 132  # H200 multiprocessors; only used to choose a first configuration
+
+
+def _cluster_ok(cols: int, cl: int, tpr: int, vec: int) -> bool:
+    """A row split evenly over cl blocks, each part held in tpr threads' registers (at most 64
+    floats a thread, 32 at 1024 threads so the launch bound's 64 registers do not spill)."""
+    if cols % (cl * vec):
+        return False
+    seg = cols // cl
+    if seg < tpr * vec:
+        return False
+    per_thread = -(-seg // (tpr * vec)) * vec
+    return per_thread <= min(64, 32768 // tpr)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -70,11 +87,12 @@ class Softmax:
         if backend == "cpu":
             return {"chunk": [1, 4, 16, 64]}
         cols = m.info["cols"]
-        modes = ["online", "split"]
+        modes = ["online", "split", "cluster"]
         if cols <= 1024 * 8 * 8:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
-                "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64]}
+                "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
+                "cl": [2, 4, 8]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -89,6 +107,8 @@ class Softmax:
             return nv * p["vec"] <= 64 and p["tpr"] * p["vec"] <= _pow2_ceil(cols) * 2
         if p["mode"] == "split":
             return p["rpb"] == 1 and cols // p["segs"] >= p["tpr"] * p["vec"]
+        if p["mode"] == "cluster":
+            return p["rpb"] == 1 and _cluster_ok(cols, p["cl"], p["tpr"], p["vec"])
         return p["rpb"] == 1
 
     def initial(self, m: Match, backend: str) -> dict:
@@ -104,24 +124,31 @@ class Softmax:
                 tpr //= 2
             rpb = max(1, min(8, 256 // tpr)) if tpr <= 128 else 1
             return {"mode": "regs", "tpr": tpr, "rpb": rpb, "vec": vec, "segs": 8}
+        base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8}
         if rows < 2 * SMS:
-            segs = min(64, _pow2_ceil(max(1, (4 * SMS) // rows)))
-            while segs > 2 and cols // segs < 1024 * vec:
+            segs = min(128, _pow2_ceil(max(1, (4 * SMS) // rows)))
+            while segs > 2 and cols // segs < 256 * vec:
                 segs //= 2
-            return {"mode": "split", "tpr": 1024 if cols // segs >= 1024 * vec else 256, "rpb": 1, "vec": vec,
-                    "segs": segs}
-        return {"mode": "online", "tpr": 1024, "rpb": 1, "vec": vec, "segs": 8}
+            return {**base, "mode": "split", "tpr": 1024 if cols // segs >= 4096 * vec else 256, "segs": segs}
+        for cl, tpr in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
+            if _cluster_ok(cols, cl, tpr, vec):
+                return {**base, "mode": "cluster", "tpr": tpr, "cl": cl}
+        return {**base, "mode": "online", "tpr": 1024}
 
     def passes(self, m: Match, p: dict) -> int:
         return 1 if p.get("mode", "regs") == "regs" and "chunk" not in p else 2
 
     def relevant(self, p: dict) -> dict:
-        """The parameters that change the kernel (segments only split, rows per block only regs)."""
+        """The parameters that change the kernel (segments and order only split, rows per block only
+        regs, cluster size only cluster)."""
         q = dict(p)
         if q.get("mode") != "split":
             q.pop("segs", None)
+            q.pop("order", None)
         if q.get("mode") != "regs":
             q.pop("rpb", None)
+        if q.get("mode") != "cluster":
+            q.pop("cl", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -177,28 +204,49 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             launch = f'''
     if (aligned) softmax_online<TI, TO, {tpr}, {vec}, {log}><<<ROWS, {tpr}, 0, s>>>(x, y, COLS);
     else softmax_online<TI, TO, {tpr}, 1, {log}><<<ROWS, {tpr}, 0, s>>>(x, y, COLS);'''
+        elif mode == "cluster":
+            cl = p["cl"]
+            seg = cols // cl
+            nv = -(-seg // (tpr * vec))
+            nv1 = -(-seg // tpr)
+            launch = f'''
+    if (aligned) softmax_cluster<TI, TO, {cl}, {tpr}, {vec}, {nv}, {log}><<<ROWS * {cl}, {tpr}, 0, s>>>(x, y, COLS);
+    else softmax_cluster<TI, TO, {cl}, {tpr}, 1, {nv1}, {log}><<<ROWS * {cl}, {tpr}, 0, s>>>(x, y, COLS);'''
         else:
             seg_len = -(-cols // segs)
             seg_len = -(-seg_len // vec) * vec
+            rev = "true" if p.get("order", "reverse") == "reverse" else "false"
             launch = f'''
-    float2* ws = nullptr;
-    if (forge_scratch((void**)&ws, sizeof(float2) * ROWS * {segs}, s) != cudaSuccess) return 3;
+    if (ws_bytes < WS_BYTES) return 4;
+    float2* ws = (float2*)workspace;
     if (aligned) {{
         softmax_split_stats<TI, {tpr}, {vec}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
-        softmax_split_write<TI, TO, {tpr}, {vec}, {log}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
+        softmax_split_write<TI, TO, {tpr}, {vec}, {log}, {rev}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
     }} else {{
         softmax_split_stats<TI, {tpr}, 1><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
-        softmax_split_write<TI, TO, {tpr}, 1, {log}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
-    }}
-    cudaFreeAsync(ws, s);'''
+        softmax_split_write<TI, TO, {tpr}, 1, {log}, {rev}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
+    }}'''
+        if mode == "split":
+            entry = f'''static const int64_t WS_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};
+
+FORGE_EXPORT int64_t forge_workspace_bytes(const forge_tensor* in, int32_t n_in, const forge_tensor* out,
+                                           int32_t n_out, const forge_scalar* sc, int32_t n_sc) {{
+    return WS_BYTES;
+}}
+
+FORGE_EXPORT int forge_launch_ws(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                                 const forge_scalar* sc, int32_t n_sc, void* workspace, int64_t ws_bytes,
+                                 void* stream) {{'''
+        else:
+            entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {'''
         return CUDA_COMMON + body + f'''
 typedef {ti} TI;
 typedef {to} TO;
 static const int64_t ROWS = {rows};
 static const int COLS = {cols};
 
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+{entry}
     if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || !forge_is_contiguous(&in[0])
         || !forge_is_contiguous(&out[0])) return 2;
     const TI* x = (const TI*)in[0].data;
@@ -212,6 +260,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 
 
 KERNELS = r'''
+#include <cooperative_groups.h>
 /* One pass: TPR threads own a row, each holding NV vectors of VEC elements in registers. */
 template <typename TI, typename TO, int TPR, int RPB, int VEC, int NV, bool LOG>
 __global__ void __launch_bounds__(TPR * RPB) softmax_regs(const TI* __restrict__ x, TO* __restrict__ y,
@@ -335,6 +384,7 @@ __global__ void __launch_bounds__(THREADS) softmax_split_stats(const TI* __restr
     const TI* xr = x + row * cols;
     const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
     float m = -INFINITY, s = 0.f;
+#pragma unroll 4
     for (int c = c0 + threadIdx.x * VEC; c < c1; c += THREADS * VEC) {
         float v[VEC];
         load_vec<TI, VEC>(xr + c, v);
@@ -344,12 +394,13 @@ __global__ void __launch_bounds__(THREADS) softmax_split_stats(const TI* __restr
     if (threadIdx.x == 0) ws[blockIdx.x] = make_float2(m, s);
 }
 
-template <typename TI, typename TO, int THREADS, int VEC, bool LOG>
+template <typename TI, typename TO, int THREADS, int VEC, bool LOG, bool REVERSE>
 __global__ void __launch_bounds__(THREADS) softmax_split_write(const TI* __restrict__ x, TO* __restrict__ y,
                                                                const float2* __restrict__ ws, int cols, int segs,
                                                                int seg_len) {
-    const int64_t row = blockIdx.x / segs;
-    const int seg = blockIdx.x % segs;
+    const int64_t b = REVERSE ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int64_t row = b / segs;
+    const int seg = (int)(b % segs);
     float m = -INFINITY, s = 0.f;
     for (int k = 0; k < segs; ++k) {
         const float2 p = ws[row * segs + k];
@@ -366,6 +417,69 @@ __global__ void __launch_bounds__(THREADS) softmax_split_write(const TI* __restr
 #pragma unroll
         for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
         store_vec<TO, VEC>(yr + c, o);
+    }
+}
+
+/* One pass over rows too long for one block: a cluster of CL blocks per row, each holding its
+   COLS/CL columns in registers; partial max, then partial sums, meet in distributed shared memory. */
+template <typename TI, typename TO, int CL, int THREADS, int VEC, int NV, bool LOG>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS)
+softmax_cluster(const TI* __restrict__ x, TO* __restrict__ y, int cols) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float scratch[THREADS >= 32 ? THREADS / 32 : 1];
+    __shared__ float part[2];
+    const int rank = (int)cluster.block_rank();
+    const int64_t row = blockIdx.x / CL;
+    const int seg = cols / CL;
+    const TI* xr = x + row * (int64_t)cols + (int64_t)rank * seg;
+    TO* yr = y + row * (int64_t)cols + (int64_t)rank * seg;
+    const int t = threadIdx.x;
+    float v[NV][VEC];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * THREADS + t) * VEC;
+        if (c < seg) {
+            load_vec<TI, VEC>(xr + c, v[k]);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k][j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[k][j] = -INFINITY;
+        }
+    }
+    m = row_reduce<THREADS, true>(m, scratch);
+    if (t == 0) part[0] = m;
+    cluster.sync();
+    m = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) m = fmaxf(m, *cluster.map_shared_rank(&part[0], r));
+    float s = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s += __expf(v[k][j] - m);
+    }
+    s = row_reduce<THREADS, false>(s, scratch);
+    if (t == 0) part[1] = s;
+    cluster.sync();
+    s = 0.f;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) s += *cluster.map_shared_rank(&part[1], r);
+    cluster.sync();  /* no block leaves while another may still read its shared memory */
+    if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
+    const float inv = 1.f / s, ls = logf(s);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int c = (k * THREADS + t) * VEC;
+        if (c < seg) {
+            float o[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[k][j] - m - ls) : __expf(v[k][j] - m) * inv;
+            store_vec<TO, VEC>(yr + c, o);
+        }
     }
 }
 '''
