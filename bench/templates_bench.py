@@ -3,7 +3,10 @@ paper's families and decode-sized shapes, profile a one-op workload, run a templ
 to N evaluations, and report eager, torch.compile and our best, paired speedups with spread, the
 fraction of the roofline floor reached and the evaluations it took.
 
-    python bench/templates_bench.py [--evals 8] [--only NAME ...]
+    python bench/templates_bench.py [--evals 8] [--only NAME ...] [--case-wall S] [--run-timeout S]
+
+Every evaluation is printed as it lands (status, reason, speedups), so a run cut short still shows
+where its time went; --case-wall bounds one case's search, --run-timeout a candidate's phase.
 
 Writes $OUT/templates.json after every case (a run cut short keeps what it finished) and prints a
 table last.
@@ -135,7 +138,25 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--evals", type=int, default=8)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--case-wall", type=float, default=3600.0, help="wall-clock limit of one case's search (s)")
+    ap.add_argument("--run-timeout", type=float, default=120.0, help="evaluator limit per phase (s)")
     args = ap.parse_args()
+    from forge_tui.search.events import EventBus
+
+    t_start = time.time()
+    import faulthandler
+
+    faulthandler.dump_traceback_later(240, repeat=True)  # a stuck run shows where it is stuck
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
+
+    def on_event(ev) -> None:
+        d = ev.data
+        if ev.kind == "node_added" and d.get("parent"):
+            log(f"  {ev.node}: {d.get('status')} x{d.get('speedup') or 0:.2f} eager  {d.get('move', '')}  "
+                f"{(d.get('reason') or '')[:240]}")
+
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="forge-tbench-"))
@@ -144,8 +165,9 @@ def main() -> int:
     cfg_text = "[timing]\nwarmup = 3\nrepeats = 10\n[profile]\nsamples_per_card = 1\nmax_sample_mib = 1200.0\n"
     (tmp / "forge.toml").write_text(cfg_text)
     cfg = parse_config({"timing": {"warmup": 3, "repeats": 10},
-                        "evaluator": {"run_timeout_s": 120.0, "random_sets": 3},
+                        "evaluator": {"run_timeout_s": args.run_timeout, "random_sets": 3},
                         "search": {"max_evals": args.evals, "evals_per_card": args.evals, "parallel": 3,
+                                   "max_wall_s": args.case_wall,
                                    "min_gain": 0.0, "floor_fraction": 0.97}})
     for name, (dtype, body, shapes, target) in CASES.items():
         if args.only and not any(o in name for o in args.only):
@@ -154,6 +176,7 @@ def main() -> int:
         wl = tmp / f"w_{len(report['cases'])}.py"
         wl.write_text(workload_source(dtype, body, shapes))
         case: dict = {"dtype": dtype, "shapes": shapes}
+        log(f"{name}: profiling")
         try:
             ws, res = profile_into_workspace(wl, tmp / f"ws_{len(report['cases'])}", device="cuda",
                                              config_path=tmp / "forge.toml")
@@ -163,9 +186,12 @@ def main() -> int:
                 [c for c in ws.cards() if match(c)[0] is not None]
             card = max(cards, key=lambda c: c.bytes)
             case.update(card=card.id, eager_profile_us=card.time_us, floor_us=card.floor_us)
+            log(f"{name}: searching {card.id} (eager {card.time_us:.1f} µs in the profile, floor {card.floor_us:.1f} µs)")
             pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cuda")
+            bus = EventBus()
+            bus.subscribe(on_event)
             try:
-                summary = Search(ws, cfg, TemplateProposer(), pool, cards=[card.id]).run()
+                summary = Search(ws, cfg, TemplateProposer(), pool, cards=[card.id], bus=bus).run()
             finally:
                 pool.close()
             with ws.git() as repo:
