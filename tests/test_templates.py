@@ -226,6 +226,12 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
                                 describe(m.family, q)), f2.render(m, q, "cuda"))
     assert {k[0] for k in sources} >= FAMILIES
     assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster"}
+    # the static checks the evaluator runs first must pass every variant (a parser blind spot once
+    # rejected every thread-block-cluster kernel as "never launched")
+    from forge_tui.evaluator.static_checks import check_source, errors
+
+    flagged = [(k, [str(f) for f in errors(check_source(src, "cuda"))]) for k, src in sources.items()]
+    assert not [f for f in flagged if f[1]], [f for f in flagged if f[1]][:3]
     results = Builder("cuda", tmp_path, arch="sm_90").build_many(list(sources.values()))
     failed = [(k, r.reason) for k, r in zip(sources, results) if not r.ok]
     assert not failed, failed

@@ -171,13 +171,24 @@ class MaxPool:
                                        "p": pd, "d": dl, "tin": x.dtype, "tout": card.outputs[0].dtype})
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
-        return {"chunk": [1, 4, 16]} if backend == "cpu" else {"threads": [128, 256, 512], "per_thread": [1, 2, 4]}
+        if backend == "cpu":
+            return {"chunk": [1, 4, 16]}
+        return {"threads": [128, 256, 512], "per_thread": [1, 2, 4], "owv": [1, 2, 4]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
-        return True
+        return backend == "cpu" or m.info["ow"] % p.get("owv", 1) == 0
 
     def initial(self, m: Match, backend: str) -> dict:
-        return {"chunk": 4} if backend == "cpu" else {"threads": 256, "per_thread": 1}
+        if backend == "cpu":
+            return {"chunk": 4}
+        return {"threads": 256, "per_thread": 1, "owv": 2 if m.info["ow"] % 2 == 0 else 1}
+
+    def relevant(self, p: dict) -> dict:
+        """per_thread only applies to one output a thread (owv=1)."""
+        q = dict(p)
+        if q.get("owv", 1) > 1:
+            q.pop("per_thread", None)
+        return q
 
     def passes(self, m: Match, p: dict) -> int:
         return 1
@@ -226,14 +237,54 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 '''
         from ..cuda_common import COMMON
 
-        threads, per = p["threads"], p["per_thread"]
+        threads, per, owv = p["threads"], p["per_thread"], p.get("owv", 1)
         total = i["n"] * i["c"] * i["oh"] * i["ow"]
-        blocks = -(-total // (threads * per))
-        return header(self.name, p, 1) + COMMON + f'''
-typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
-{consts}
-static const int64_t TOTAL = {total};
-
+        if owv > 1:
+            blocks = -(-(total // owv) // threads)
+            kernel = f'''
+/* OWV neighbouring outputs of a row per thread: their windows share columns (loaded once), the
+   values leave as one OWV-wide store and the indices as 16-byte stores. */
+__global__ void __launch_bounds__({threads}) maxpool(const TX* __restrict__ x, TO* __restrict__ y, int64_t* __restrict__ idx) {{
+    constexpr int OWV = {owv};
+    const int64_t q = (int64_t)blockIdx.x * {threads} + threadIdx.x;
+    if (q >= TOTAL / OWV) return;
+    const int ow0 = (int)(q % (OW / OWV)) * OWV, oh = (int)((q / (OW / OWV)) % OH);
+    const int64_t nc = q / ((int64_t)(OW / OWV) * OH);
+    const TX* plane = x + nc * H * W;
+    int hs = oh * SH - PH;
+    const int he = min(hs + (KH - 1) * DH + 1, H);
+    while (hs < 0) hs += DH;
+    float best[OWV];
+    int64_t bi[OWV];
+    int wsj[OWV], wej[OWV];
+#pragma unroll
+    for (int j = 0; j < OWV; ++j) {{
+        int w0 = (ow0 + j) * SW - PW;
+        wej[j] = min(w0 + (KW - 1) * DW + 1, W);
+        while (w0 < 0) w0 += DW;
+        wsj[j] = w0;
+        best[j] = -INFINITY;
+        bi[j] = (int64_t)hs * W + w0;
+    }}
+    for (int ih = hs; ih < he; ih += DH) {{
+        const TX* rowp = plane + (int64_t)ih * W;
+#pragma unroll
+        for (int j = 0; j < OWV; ++j)
+            for (int iw = wsj[j]; iw < wej[j]; iw += DW) {{
+                const float v = to_f(rowp[iw]);
+                if (v > best[j] || v != v) {{ best[j] = v; bi[j] = (int64_t)ih * W + iw; }}
+            }}
+    }}
+    const int64_t o = (nc * OH + oh) * OW + ow0;
+    store_vec<TO, OWV>(y + o, best);
+#pragma unroll
+    for (int j = 0; j < OWV; j += 2) *reinterpret_cast<longlong2*>(idx + o + j) = make_longlong2(bi[j], bi[j + 1]);
+}}'''
+            guard = f"    if (!forge_aligned(out[0].data, {owv} * sizeof(TO)) || !forge_aligned(out[1].data, 16)) return 5;\n"
+        else:
+            blocks = -(-total // (threads * per))
+            guard = ""
+            kernel = f'''
 __global__ void __launch_bounds__({threads}) maxpool(const TX* __restrict__ x, TO* __restrict__ y, int64_t* __restrict__ idx) {{
 #pragma unroll
     for (int u = 0; u < {per}; ++u) {{
@@ -244,12 +295,18 @@ __global__ void __launch_bounds__({threads}) maxpool(const TX* __restrict__ x, T
         y[o] = from_f<TO>(best);
         idx[o] = bi;
     }}
-}}
+}}'''
+        return header(self.name, p, 1) + COMMON + f'''
+typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
+{consts}
+static const int64_t TOTAL = {total};
+{kernel}
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {{
     if (forge_numel(&in[0]) != NC * H * W) return 2;
-    maxpool<<<{blocks}, {threads}, 0, (cudaStream_t)stream>>>((const TX*)in[0].data, (TO*)out[0].data, (int64_t*)out[1].data);
+{guard}    maxpool<<<{blocks}, {threads}, 0, (cudaStream_t)stream>>>((const TX*)in[0].data, (TO*)out[0].data, (int64_t*)out[1].data);
     return (int)cudaGetLastError();
 }}
 '''
+

@@ -401,11 +401,25 @@ __global__ void __launch_bounds__(THREADS) softmax_split_write(const TI* __restr
     const int64_t b = REVERSE ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int64_t row = b / segs;
     const int seg = (int)(b % segs);
-    float m = -INFINITY, s = 0.f;
-    for (int k = 0; k < segs; ++k) {
-        const float2 p = ws[row * segs + k];
-        ms_merge(m, s, p.x, p.y);
+    /* warp 0 merges the row's partials, a lane per partial (a serial loop over them would wait on
+       one load at a time), and hands the result to the block */
+    __shared__ float2 merged;
+    if (threadIdx.x < 32) {
+        float m = -INFINITY, s = 0.f;
+        for (int k = threadIdx.x; k < segs; k += 32) {
+            const float2 p = ws[row * segs + k];
+            ms_merge(m, s, p.x, p.y);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            ms_merge(m, s, m2, s2);
+        }
+        if (threadIdx.x == 0) merged = make_float2(m, s);
     }
+    __syncthreads();
+    const float m = merged.x;
+    float s = merged.y;
     if (m == -INFINITY) s = NAN;
     const float inv = 1.f / s, ls = logf(s);
     const TI* xr = x + row * cols;
