@@ -110,6 +110,20 @@ def test_proposer_failures_are_recorded_and_the_search_goes_on(tmp_path):
     ws2 = make_workspace(tmp_path / "ws2", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
     summary2, _ = run_search(ws2, cfg(max_evals=6, proposer_failures=3, parallel=1), CountingProposer(fail_every=1), pool)
     assert summary2.evaluations == 0 and "failed 3 times" in summary2.finished["a"]
+    # the same with several proposals in flight: failing calls keep returning while others are
+    # out, and the card must still stop (it once spun until the wall-time limit)
+    class StaggeredFailure(CountingProposer):
+        calls = 0
+
+        def propose(self, ctx):
+            StaggeredFailure.calls += 1
+            time.sleep(0.02 * (StaggeredFailure.calls % 3))  # the calls never all return together
+            raise RuntimeError("LLM API unreachable")
+
+    ws3 = make_workspace(tmp_path / "ws3", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
+    summary3, _ = run_search(ws3, cfg(max_evals=6, proposer_failures=3, parallel=3, max_wall_s=60.0),
+                             StaggeredFailure(), pool)
+    assert summary3.evaluations == 0 and "failed" in summary3.finished["a"] and summary3.wall_s < 30
     pool.close()
 
 

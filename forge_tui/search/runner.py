@@ -285,7 +285,9 @@ class Search:
             b = pick([x for x in self.budgets.values() if x.card.id not in tried])
             if b is None:
                 return None
-            if b.evals + b.in_flight >= self.scfg.evals_per_card:
+            if b.evals + b.in_flight >= self.scfg.evals_per_card or \
+                    b.failures_in_row >= self.scfg.proposer_failures:
+                # a failing proposer gets no new calls; the card finishes once its last returns
                 tried.add(b.card.id)
                 continue
             node = select(self.trees[b.card.id], self.scfg.c_uct, self.scfg.widen_k, self.scfg.widen_alpha)
