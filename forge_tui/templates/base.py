@@ -63,6 +63,31 @@ def vec_widths(n: int, itemsize: int) -> list[int]:
     return [v for v in (8, 4, 2, 1) if v * itemsize <= 16 and n % v == 0]
 
 
+def cluster_fits(n: int, cl: int, threads: int, vec: int) -> bool:
+    """n elements split evenly over a cluster of cl blocks, each part held in its threads'
+    registers (at most 64 floats a thread, 32 at 1024 threads so the launch bound's 64 registers
+    do not spill)."""
+    if n % (cl * vec):
+        return False
+    seg = n // cl
+    if seg < threads * vec:
+        return False
+    return -(-seg // (threads * vec)) * vec <= min(64, 32768 // threads)
+
+
+def workspace_entry(bytes_expr: str) -> str:
+    """The opening of a candidate that takes scratch memory (forge_kernel.h): the size function
+    returning bytes_expr, then forge_launch_ws up to its opening brace."""
+    return f"""FORGE_EXPORT int64_t forge_workspace_bytes(const forge_tensor* in, int32_t n_in, const forge_tensor* out,
+                                           int32_t n_out, const forge_scalar* sc, int32_t n_sc) {{
+    return {bytes_expr};
+}}
+
+FORGE_EXPORT int forge_launch_ws(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                                 const forge_scalar* sc, int32_t n_sc, void* workspace, int64_t ws_bytes,
+                                 void* stream) {{"""
+
+
 def numel(shape) -> int:
     n = 1
     for s in shape:

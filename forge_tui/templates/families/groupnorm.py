@@ -15,7 +15,8 @@ batch_norm (running statistics, training=False): one pass, per-channel scale and
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, input_index, numel, vec_widths
+from ..base import (CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
+                    vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -63,7 +64,7 @@ class GroupNorm:
         if p["vec"] not in self._vecs(m):
             return False
         if p.get("mode") == "cluster":
-            return _cluster_ok(m.info["group_len"], p["cl"], p["threads"], p["vec"])
+            return cluster_fits(m.info["group_len"], p["cl"], p["threads"], p["vec"])
         return p["chunk"] % (p["threads"] * p["vec"]) == 0
 
     def initial(self, m: Match, backend: str) -> dict:
@@ -78,7 +79,7 @@ class GroupNorm:
                 "cl": 8}
         groups = m.info["n"] * m.info["g"]
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
-            if groups * cl >= 132 and _cluster_ok(m.info["group_len"], cl, threads, vec):
+            if groups * cl >= 132 and cluster_fits(m.info["group_len"], cl, threads, vec):
                 return {**base, "mode": "cluster", "cl": cl, "threads": threads}
         return base
 
@@ -184,14 +185,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 static const int64_t NG = {ng}, GLEN = {glen}, TOTAL = {total};
 static const int64_t WS_BYTES = (int64_t)sizeof(float) * NG * {pieces} * 3;  /* per piece: count, mean, M2 */
 
-FORGE_EXPORT int64_t forge_workspace_bytes(const forge_tensor* in, int32_t n_in, const forge_tensor* out,
-                                           int32_t n_out, const forge_scalar* sc, int32_t n_sc) {{
-    return WS_BYTES;
-}}
-
-FORGE_EXPORT int forge_launch_ws(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                                 const forge_scalar* sc, int32_t n_sc, void* workspace, int64_t ws_bytes,
-                                 void* stream) {{
+{workspace_entry("WS_BYTES")}
 {check}    if (ws_bytes < WS_BYTES) return 4;
     float* ws = (float*)workspace;
     if (aligned) {{
@@ -204,17 +198,6 @@ FORGE_EXPORT int forge_launch_ws(const forge_tensor* in, int32_t n_in, forge_ten
     return (int)cudaGetLastError();
 }}
 """
-
-
-def _cluster_ok(n: int, cl: int, threads: int, vec: int) -> bool:
-    """n elements split evenly over cl blocks, each part in the block's registers (at most 64
-    floats a thread, 32 at 1024 threads so the launch bound's 64 registers do not spill)."""
-    if n % (cl * vec):
-        return False
-    seg = n // cl
-    if seg < threads * vec:
-        return False
-    return -(-seg // (threads * vec)) * vec <= min(64, 32768 // threads)
 
 
 KERNELS = r"""

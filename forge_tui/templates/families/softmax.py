@@ -19,24 +19,12 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, vec_widths, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, vec_widths, workspace_entry
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
 SMS = 132  # H200 multiprocessors; only used to choose a first configuration
-
-
-def _cluster_ok(cols: int, cl: int, tpr: int, vec: int) -> bool:
-    """A row split evenly over cl blocks, each part held in tpr threads' registers (at most 64
-    floats a thread, 32 at 1024 threads so the launch bound's 64 registers do not spill)."""
-    if cols % (cl * vec):
-        return False
-    seg = cols // cl
-    if seg < tpr * vec:
-        return False
-    per_thread = -(-seg // (tpr * vec)) * vec
-    return per_thread <= min(64, 32768 // tpr)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -108,7 +96,7 @@ class Softmax:
         if p["mode"] == "split":
             return p["rpb"] == 1 and cols // p["segs"] >= p["tpr"] * p["vec"]
         if p["mode"] == "cluster":
-            return p["rpb"] == 1 and _cluster_ok(cols, p["cl"], p["tpr"], p["vec"])
+            return p["rpb"] == 1 and cluster_fits(cols, p["cl"], p["tpr"], p["vec"])
         return p["rpb"] == 1
 
     def initial(self, m: Match, backend: str) -> dict:
@@ -226,16 +214,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         softmax_split_write<TI, TO, {tpr}, 1, {log}, {rev}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
     }}'''
         if mode == "split":
-            entry = f'''static const int64_t WS_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};
-
-FORGE_EXPORT int64_t forge_workspace_bytes(const forge_tensor* in, int32_t n_in, const forge_tensor* out,
-                                           int32_t n_out, const forge_scalar* sc, int32_t n_sc) {{
-    return WS_BYTES;
-}}
-
-FORGE_EXPORT int forge_launch_ws(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                                 const forge_scalar* sc, int32_t n_sc, void* workspace, int64_t ws_bytes,
-                                 void* stream) {{'''
+            entry = (f"static const int64_t WS_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};\n\n"
+                     + workspace_entry("WS_BYTES"))
         else:
             entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {'''
