@@ -5,7 +5,7 @@ fraction of the roofline floor reached and the evaluations it took.
 
     python bench/templates_bench.py [--evals 8] [--only NAME ...] [--case-wall S] [--run-timeout S]
 
-Every evaluation is printed as it lands (status, reason, speedups), so a run cut short still shows
+Every evaluation is printed as it lands (status, speedup over eager, move, reason), so a run cut short still shows
 where its time went; --case-wall bounds one case's search, --run-timeout a candidate's phase.
 
 Writes $OUT/templates.json after every case (a run cut short keeps what it finished) and prints a

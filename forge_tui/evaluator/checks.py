@@ -80,6 +80,18 @@ def _alloc_workspace(nbytes: int, device: str):
     return raw[off: off + max(nbytes, 1)]
 
 
+def workspace_for(lib: Library, ins: list, outs: list, scalars: list, device: str):
+    """The scratch buffer a candidate asks for on these arguments, or None when it uses plain
+    forge_launch. A refusal or an oversized request is the candidate's failure."""
+    if not lib.needs_workspace:
+        return None
+    try:
+        n = lib.workspace_bytes(ins, outs, scalars)
+    except ValueError as exc:
+        raise CandidateFailure("workspace", str(exc)) from None
+    return _alloc_workspace(n, device)
+
+
 def _alloc_outputs(card: Card, device: str) -> list:
     import torch
 
@@ -162,7 +174,6 @@ class Evaluation:
         self.scalars = card_scalars(card.program)
         self.seed = options.get("seed") or random.SystemRandom().randrange(1, 2**31)
         self.stream_handle = None
-        self.calls = 0
         if device == "cuda":
             import torch
 
@@ -188,22 +199,12 @@ class Evaluation:
         return [o.clone() for o in outs]
 
     # ---- one checked call ---------------------------------------------------------------------
-    def workspace(self, ins: list, outs: list):
-        """The scratch buffer the candidate asks for, or None when it uses plain forge_launch."""
-        if not self.lib.needs_workspace:
-            return None
-        try:
-            n = self.lib.workspace_bytes(ins, outs, self.scalars)
-        except ValueError as exc:
-            raise CandidateFailure("workspace", str(exc)) from None
-        return _alloc_workspace(n, self.device)
-
-    def call(self, ins: list, outs: list) -> None:
-        ws = self.workspace(ins, outs)
+    def call(self, ins: list, outs: list, poison: int) -> None:
+        """One call on outputs already holding poison ``poison``; its workspace gets the same."""
+        ws = workspace_for(self.lib, ins, outs, self.scalars, self.device)
         fn = self.lib.bind(ins, outs, self.scalars, self.stream_handle, ws)
         if ws is not None:
-            self.calls += 1
-            ws.fill_(WORKSPACE_POISON[self.calls % 2])
+            ws.fill_(WORKSPACE_POISON[poison])
         rc = fn()
         _sync(self.device)
         if rc != 0:
@@ -254,7 +255,7 @@ class Evaluation:
                     raise CandidateFailure("alias", f"{name}: an output overlaps an input")  # evaluator bug guard
         for o in outs:
             _poison(o, 0)
-        self.call(ins, outs)
+        self.call(ins, outs, 0)
         for j, (t, snap) in enumerate(zip(ins, snapshot)):
             if not torch.equal(_bits(t), snap):
                 raise CandidateFailure("mutated_input", f"{name}: input {j} was modified by the candidate")
@@ -262,7 +263,7 @@ class Evaluation:
         first = [o.clone() for o in outs]
         for o in outs:
             _poison(o, 1)
-        self.call(ins, outs)
+        self.call(ins, outs, 1)
         determinism = "bitwise"
         for k, (a, b) in enumerate(zip(outs, first)):
             if torch.equal(_bits(a), _bits(b)):
@@ -317,7 +318,7 @@ class Evaluation:
         rot = sets[: max(1, min(3, len(sets)))]
         tin = [_clone_layout(t) for t in rot[0][1]]  # the card's strides, exactly
         outs = _alloc_outputs(self.card, self.device)
-        ws = self.workspace(tin, outs)
+        ws = workspace_for(self.lib, tin, outs, self.scalars, self.device)
         cand = self.lib.bind(tin, outs, self.scalars, self.stream_handle, ws)
 
         def candidate():

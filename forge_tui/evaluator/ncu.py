@@ -126,7 +126,7 @@ def _drive(request_path: str) -> int:
     from ..inputs import random_inputs, sample_inputs
     from ..tensorstore import TensorStore
     from .abi import Library, card_scalars
-    from .checks import _alloc_outputs, _alloc_workspace
+    from .checks import _alloc_outputs, workspace_for
 
     req = json.loads(Path(request_path).read_text())
     card = Card.model_validate(req["card"])
@@ -138,7 +138,7 @@ def _drive(request_path: str) -> int:
     outs = _alloc_outputs(card, "cuda")
     lib = Library(req["library"])
     scalars = card_scalars(card.program)
-    ws = _alloc_workspace(lib.workspace_bytes(ins, outs, scalars), "cuda") if lib.needs_workspace else None
+    ws = workspace_for(lib, ins, outs, scalars, "cuda")
     call = lib.bind(ins, outs, scalars, torch.cuda.current_stream().cuda_stream, ws)
     call()
     torch.cuda.synchronize()

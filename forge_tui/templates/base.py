@@ -15,6 +15,7 @@ CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "
 CPU_CTYPE = {"float32": "float", "float16": "fhalf", "bfloat16": "fbf16", "float64": "double",
              "int64": "int64_t", "int32": "int32_t", "bool": "bool", "uint8": "uint8_t", "int8": "int8_t"}
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+SMS = 132  # H200 multiprocessors: only used to choose first configurations and grid sizes
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
 
 

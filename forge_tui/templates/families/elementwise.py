@@ -8,7 +8,7 @@ per-row scale); same-shape inputs are read with 16-byte vectors.
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel, vec_widths
+from ..base import SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel, vec_widths
 
 UNARY = {
     "neg": "(-{a})", "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "RSQRT({a})",
@@ -224,8 +224,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         comp = "\n            ".join(i["lines"])
         n = i["n"]
         full = -(-n // (threads * vec))
-        grid = {"full": full, "waves4": min(full, 132 * 4 * (2048 // threads)),
-                "waves1": min(full, 132 * (2048 // threads))}[p["grid"]]
+        grid = {"full": full, "waves4": min(full, SMS * 4 * (2048 // threads)),
+                "waves1": min(full, SMS * (2048 // threads))}[p["grid"]]
         aligned = " && ".join([f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[inp['dtype']]})"
                                for k, inp in enumerate(i["ins"]) if inp["same"]]
                               + [f"forge_aligned(out[0].data, {vec * ITEMSIZE[i['tout']]})"])

@@ -15,7 +15,7 @@ batch_norm (running statistics, training=False): one pass, per-channel scale and
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
                     vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
@@ -73,13 +73,13 @@ class GroupNorm:
         vec = self._vecs(m)[0]
         total = m.info["n"] * m.info["c"] * m.info["hw"]
         chunk = 16384
-        while chunk > 2048 and total // chunk < 4 * 132:
+        while chunk > 2048 and total // chunk < 4 * SMS:
             chunk //= 2
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
                 "cl": 8}
         groups = m.info["n"] * m.info["g"]
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
-            if groups * cl >= 132 and cluster_fits(m.info["group_len"], cl, threads, vec):
+            if groups * cl >= SMS and cluster_fits(m.info["group_len"], cl, threads, vec):
                 return {**base, "mode": "cluster", "cl": cl, "threads": threads}
         return base
 

@@ -19,12 +19,12 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, vec_widths, workspace_entry
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, vec_widths,
+                    workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
-SMS = 132  # H200 multiprocessors; only used to choose a first configuration
 
 
 def _pow2_ceil(n: int) -> int:
