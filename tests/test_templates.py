@@ -194,15 +194,45 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     src = fam.render(m, p, "cuda")
     assert "forge_launch_ws" in src and "forge_workspace_bytes" in src
     gn_card = matched["group_norm"][0][0]
-    fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))  # a group of 1 MB fits a cluster's registers
+    fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))  # 64 groups of 1 MB
     assert m.info["group_len"] == 16 * 128 * 128
     p = fam.initial(m, "cuda")
-    assert p["mode"] == "cluster" and fam.passes(m, p) == 1
-    fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups do not
-    p = fam.initial(m, "cuda")
-    assert p["mode"] == "split" and fam.passes(m, p) == 2
+    assert p["mode"] == "stash" and fam.passes(m, p) == 1, p  # one read from DRAM, a cluster per group
+    modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
+    assert set(modes) >= {"cluster", "split"} and fam.passes(m, modes["cluster"]) == 1  # fits the registers
     src = fam.render(m, p, "cuda")
+    assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
+    fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups
+    p = fam.initial(m, "cuda")
+    assert p["mode"] == "stash" and fam.passes(m, p) == 1
+    modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
+    assert "split" in modes and "cluster" not in modes  # too large for a cluster's registers; split reads twice
+    assert fam.passes(m, modes["split"]) == 2
+    src = fam.render(m, modes["split"], "cuda")
     assert "forge_launch_ws" in src and "cudaMalloc" not in src
+    # a stash block asks for enough shared memory that at most bps blocks share an SM
+    for bps in (1, 2, 4):
+        smem = fam.stash_bytes(bps) + 1024
+        assert bps * smem <= 228 * 1024 < (bps + 1) * smem
+
+
+def test_max_pool_module_card_skips_the_indices(matched):
+    """nn.MaxPool2d returns the values alone: its module card's kernel never computes or writes
+    PyTorch's indices, while the op card (both outputs) writes them."""
+    cards = {c.kind: (c, f, m) for c, f, m in matched["max_pool"]}
+    assert set(cards) == {"op", "module"}
+    op, mod = cards["op"], cards["module"]
+    assert op[2].info["idx"] and not mod[2].info["idx"]
+    assert len(mod[0].outputs) == 1 and mod[0].outputs[0].dtype == "float32"
+    for c, fam, m in (op, mod):
+        p = fam.initial(m, "cuda")
+        assert p["mode"] == "tile", p  # shared-memory tiles with 16-byte loads first
+        for q in [p] + TemplateProposer().neighbours(fam, m, p, "cuda"):
+            src = fam.render(m, q, "cuda")
+            assert ("out[1].data" in src) == m.info["idx"], (c.kind, q)
+            assert ("idx + o" in src) and (("nullptr, (nc" in src or "nullptr, o" in src) != m.info["idx"])
+    # the module card is what the runtime can replace: nn.MaxPool2d's forward, values only
+    assert mod[0].target == "module:MaxPool2d" and mod[0].bytes < op[0].bytes
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -233,8 +263,17 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
         for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
             sources.setdefault((m.family, "anchor-" + str(c.inputs[0].shape), q.get("mode"),
                                 describe(m.family, q)), f2.render(m, q, "cuda"))
+    # nn.MaxPool2d's module card (values only): its own kernels, without the indices
+    pool_mod = next(c for c, f, m in matched["max_pool"] if c.kind == "module")
+    for dtype in ("float32", "float16"):
+        f2, m = match(_retyped(pool_mod, dtype))
+        p0 = f2.initial(m, "cuda")
+        for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
+            sources.setdefault((m.family, "module-" + dtype, q.get("mode"), describe(m.family, q)),
+                               f2.render(m, q, "cuda"))
     assert {k[0] for k in sources} >= FAMILIES
     assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster"}
+    assert {k[2] for k in sources if k[0] == "max_pool"} >= {"thread", "tile"}
     # the static checks the evaluator runs first must pass every variant (a parser blind spot once
     # rejected every thread-block-cluster kernel as "never launched")
     from forge_tui.evaluator.static_checks import check_source, errors

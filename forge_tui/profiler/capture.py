@@ -388,8 +388,8 @@ class Recorder:
     def _close_frame(self, frame: _Frame, output) -> None:
         funcs = [resolve_op(n["op"]) for n in frame.nodes]
         compute = [f for f in funcs if not is_view(f) and op_name(f) not in ALLOCATIONS]
-        if frame.invalid or len(compute) < 2 or (frame.rng and self.opt.skip_rng):
-            return  # single-op modules are already op cards
+        if frame.invalid or not compute or (frame.rng and self.opt.skip_rng):
+            return
         outs = _tensor_leaves(output)
         refs = []
         for t in outs:
@@ -397,6 +397,8 @@ class Recorder:
             if r is None:
                 return
             refs.append(r)
+        if len(compute) < 2 and not _drops_outputs(frame.nodes, refs):
+            return  # a single-op module that returns all its op's outputs is already an op card
         program = {"nodes": frame.nodes, "outputs": refs}
         target = f"module:{type(frame.module).__name__}"
         key = signature_key("module", target, program, frame.specs)
@@ -419,6 +421,20 @@ class Recorder:
                 self._module_samples[frame.pre_key] = self._module_samples.get(frame.pre_key, 0) + 1
             else:
                 bucket.skipped_samples += 1
+
+
+def _drops_outputs(nodes: list, refs: list) -> bool:
+    """The module returns fewer tensors than its ops produced: nn.MaxPool2d returns the values of
+    max_pool2d_with_indices and drops the indices. Its card is the module, whose kernel need not
+    compute or write what nobody reads (the op card still asks for both)."""
+    def compute(n) -> bool:
+        f = resolve_op(n["op"])
+        return not is_view(f) and op_name(f) not in ALLOCATIONS
+
+    produced = {(i, j) for i, n in enumerate(nodes) if compute(n)
+                for j, meta in enumerate(n.get("out") or []) if meta is not None}
+    used = {(r["$node"], r["out"]) for r in refs if "$node" in r}
+    return bool(produced) and used < produced
 
 
 def _out_meta(flat_out) -> list:

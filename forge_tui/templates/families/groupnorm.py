@@ -8,6 +8,10 @@ group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUD
   cluster  one pass: a thread-block cluster of CL blocks (sm_90) holds a group in registers; the
            sum, then the sum of squared deviations (exact two-pass variance), meet in distributed
            shared memory; each block writes its part. For groups that fit the cluster's registers.
+  stash    one read from DRAM: a cluster of CL blocks per group, each block keeping the first part
+           of its segment in shared memory (a buffer that also caps the blocks per SM at BPS, so the
+           groups in flight fit L2) and re-reading the rest from L2 to normalise. Statistics per
+           thread (sums around a pivot), merged with Chan's formula in the block and the cluster.
 
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """
@@ -54,9 +58,9 @@ class GroupNorm:
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 2, 4]}
-        return {"mode": ["split", "cluster"], "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
+        return {"mode": ["stash", "cluster", "split"], "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                 "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8]}
+                "cl": [2, 4, 8], "bps": [1, 2, 4]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -65,6 +69,10 @@ class GroupNorm:
             return False
         if p.get("mode") == "cluster":
             return cluster_fits(m.info["group_len"], p["cl"], p["threads"], p["vec"])
+        if p.get("mode") == "stash":
+            glen = m.info["group_len"]
+            return glen % (p["cl"] * p["vec"]) == 0 and glen // p["cl"] >= p["threads"] * p["vec"] and \
+                p["threads"] * p["bps"] <= 2048
         return p["chunk"] % (p["threads"] * p["vec"]) == 0
 
     def initial(self, m: Match, backend: str) -> dict:
@@ -76,25 +84,39 @@ class GroupNorm:
         while chunk > 2048 and total // chunk < 4 * SMS:
             chunk //= 2
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
-                "cl": 8}
+                "cl": 8, "bps": 2}
         groups = m.info["n"] * m.info["g"]
+        # one read from DRAM with two blocks of 512 threads an SM (64 KB of loads in flight each)
+        stash = {**base, "mode": "stash", "cl": 8, "threads": 512, "bps": 2}
+        if groups * 8 >= SMS and self.valid(m, stash, backend):
+            return stash
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
             if groups * cl >= SMS and cluster_fits(m.info["group_len"], cl, threads, vec):
                 return {**base, "mode": "cluster", "cl": cl, "threads": threads}
         return base
 
     def relevant(self, p: dict) -> dict:
-        """The parameters that change the kernel (chunk and order only split, cl only cluster)."""
+        """The parameters that change the kernel (chunk and order only split, cl the cluster modes,
+        bps only stash)."""
         q = dict(p)
-        if q.get("mode") == "cluster":
+        if q.get("mode") in ("cluster", "stash"):
             q.pop("chunk", None)
             q.pop("order", None)
         elif "mode" in q:
             q.pop("cl", None)
+        if q.get("mode") != "stash":
+            q.pop("bps", None)
         return q
 
     def passes(self, m: Match, p: dict) -> int:
-        return 1 if p.get("mode") == "cluster" else 2
+        """Reads of the input from DRAM (the stash's second read comes from shared memory and L2)."""
+        return 1 if p.get("mode") in ("cluster", "stash") else 2
+
+    @staticmethod
+    def stash_bytes(bps: int) -> int:
+        """Dynamic shared memory a stash block asks for: at most BPS of them fit an SM's 228 KB
+        (1 KB of it reserved per block), BPS + 1 do not."""
+        return (228 // (bps + 1) + 4) * 1024 - 1024
 
     def render(self, m: Match, p: dict, backend: str) -> str:
         return header(self.name, p, 2) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
@@ -169,6 +191,32 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
                               const forge_scalar* sc, int32_t n_sc, void* stream) {{
 {check}    if (aligned) gn_cluster<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, {nv}><<<{ng * cl}, {threads}, 0, s>>>({args});
     else gn_cluster<TX, TW, TB, TO, TS, {cl}, {threads}, 1, {nv1}><<<{ng * cl}, {threads}, 0, s>>>({args});
+    return (int)cudaGetLastError();
+}}
+"""
+        if p.get("mode") == "stash":
+            cl, smem = p["cl"], self.stash_bytes(p["bps"])
+            seg = glen // cl
+            stash = min(seg, smem // ITEMSIZE[i["tin"]]) // vec * vec
+            args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
+                    f"{stash}")
+            k_vec = f"gn_stash<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}>"
+            k_one = f"gn_stash<TX, TW, TB, TO, TS, {cl}, {threads}, 1>"
+            return CUDA_COMMON + KERNELS + STASH_KERNEL + f"""
+{types}
+static const int64_t TOTAL = {total};
+static const int SMEM = {smem};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+{check}    /* more than 48 KB of dynamic shared memory is opt-in, per kernel (set on every call: no state) */
+    if (aligned) {{
+        cudaFuncSetAttribute({k_vec}, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        {k_vec}<<<{ng * cl}, {threads}, SMEM, s>>>({args});
+    }} else {{
+        cudaFuncSetAttribute({k_one}, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        {k_one}<<<{ng * cl}, {threads}, SMEM, s>>>({args});
+    }}
     return (int)cudaGetLastError();
 }}
 """
@@ -368,6 +416,90 @@ gn_cluster(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restr
             store_vec<TO, VEC>(y + off + c, o);
         }
     }
+}
+"""
+
+
+STASH_KERNEL = r"""
+/* One read from DRAM: a cluster of CL blocks per group (g = n * G + group), block `rank` owning
+   the contiguous segment [rank * seg, (rank + 1) * seg) of it. Pass A streams the segment once,
+   keeping its first `stash` elements in shared memory, and sums it around a pivot (the group's
+   first element) per thread; the threads' (count, mean, M2) merge in the block, then across the
+   cluster through distributed shared memory. Pass B normalises: the stashed part from shared
+   memory, the rest re-read (from L2: the dynamic shared memory also caps the blocks per SM, so the
+   groups in flight fit it). */
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS)
+gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
+         TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int glen, int hw, int groups, int cpg, float eps,
+         int stash) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    extern __shared__ __align__(16) unsigned char stash_raw[];
+    TX* keep = reinterpret_cast<TX*>(stash_raw);
+    __shared__ float sn[32], smean[32], sm2[32];
+    __shared__ float part[3];
+    __shared__ float stat[2];
+    const int rank = (int)cluster.block_rank();
+    const int64_t g = blockIdx.x / CL;
+    const int seg = glen / CL;
+    const TX* a = x + g * (int64_t)glen + (int64_t)rank * seg;
+    TO* o = y + g * (int64_t)glen + (int64_t)rank * seg;
+    const int t = threadIdx.x;
+    const float pivot = to_f(x[g * (int64_t)glen]);
+    float s1 = 0.f, s2 = 0.f, cnt = 0.f;
+#pragma unroll 4
+    for (int k = t * VEC; k < seg; k += THREADS * VEC) {
+        const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(a + k);
+        if (k < stash) *reinterpret_cast<Vec<TX, VEC>*>(keep + k) = raw;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) { const float d = to_f(raw.v[j]) - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+        cnt += (float)VEC;
+    }
+    float n = cnt, mean = cnt > 0.f ? pivot + s1 / cnt : 0.f, m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
+    welford_warp(n, mean, m2);
+    const int lane = t & 31, wid = t >> 5;
+    if (lane == 0) { sn[wid] = n; smean[wid] = mean; sm2[wid] = m2; }
+    __syncthreads();
+    if (wid == 0) {
+        n = lane < THREADS / 32 ? sn[lane] : 0.f;
+        mean = lane < THREADS / 32 ? smean[lane] : 0.f;
+        m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
+        welford_warp(n, mean, m2);
+        if (lane == 0) { part[0] = n; part[1] = mean; part[2] = m2; }
+    }
+    cluster.sync();
+    if (wid == 0) {
+        n = mean = m2 = 0.f;
+        if (lane < CL) {
+            const float* q = cluster.map_shared_rank(part, lane);
+            n = q[0]; mean = q[1]; m2 = q[2];
+        }
+        welford_warp(n, mean, m2);
+        if (lane == 0) {
+            const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+            stat[0] = mean;
+            stat[1] = rstd;
+            if (rank == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
+        }
+    }
+    __syncthreads();
+    mean = stat[0];
+    const float rstd = stat[1];
+    const int ch0 = (int)(g % groups) * cpg;
+#pragma unroll 4
+    for (int k = t * VEC; k < seg; k += THREADS * VEC) {
+        const Vec<TX, VEC> raw = k < stash ? *reinterpret_cast<const Vec<TX, VEC>*>(keep + k)
+                                           : *reinterpret_cast<const Vec<TX, VEC>*>(a + k);
+        const int ch = ch0 + (rank * seg + k) / hw;  /* VEC divides hw: a vector is in one channel */
+        const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+        const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+        float v[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]) * scale + shift;
+        store_vec<TO, VEC>(o + k, v);
+    }
+    cluster.sync();  /* no block leaves while another may still read its shared memory */
 }
 """
 

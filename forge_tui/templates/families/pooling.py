@@ -4,7 +4,7 @@ or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, Match, header, input_index, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, SMS, Match, header, input_index, numel
 
 
 class MeanPool:
@@ -146,14 +146,32 @@ __global__ void __launch_bounds__(THREADS) mean_warp(const TX* __restrict__ x, T
 
 
 class MaxPool:
+    """max_pool2d: the op card (values and PyTorch's flat indices, both written) or the module card
+    of an ``nn.MaxPool2d`` that returns the values alone (ResNet's stem), whose kernel skips the
+    indices: for a 3x3/2 pool of fp16 they are 4x the bytes of the values.
+
+    CUDA modes: ``thread`` (each thread reads its windows from global memory) and ``tile`` (a block
+    copies the input rows of ``rows`` output rows into shared memory with 16-byte loads, then
+    computes from there: every input byte is read from DRAM once, in full lines)."""
+
     name = "max_pool"
 
     def match(self, card: Card) -> Match | None:
-        if card.kind != "op" or card.target != "aten.max_pool2d_with_indices.default" or len(card.outputs) != 2:
+        nodes = card.program.get("nodes") or []
+        if len(nodes) != 1 or nodes[0]["op"] != "aten.max_pool2d_with_indices.default":
             return None
-        a = card.program["nodes"][0]["args"]
+        outs = card.program.get("outputs") or []
+        if card.kind == "op" and len(card.outputs) == 2:
+            with_idx = True
+        elif card.kind == "module" and len(card.outputs) == 1 and outs == [{"$node": 0, "out": 0}]:
+            with_idx = False
+        else:
+            return None
+        a = nodes[0]["args"]
         x = card.inputs[input_index(a[0]) or 0]
         if x.dtype not in FLOAT_DTYPES or len(x.shape) != 4 or not x.contiguous or not card.outputs[0].contiguous:
+            return None
+        if with_idx and not card.outputs[1].contiguous:
             return None
 
         def pair(v, default):
@@ -165,29 +183,69 @@ class MaxPool:
         st = pair(a[2] if len(a) > 2 else None, k)
         pd = pair(a[3] if len(a) > 3 else None, [0, 0])
         dl = pair(a[4] if len(a) > 4 else None, [1, 1])
+        if len(a) > 5 and a[5]:
+            return None  # ceil_mode: windows past the edge; not templated
         n, c, h, w = x.shape
         oh, ow = card.outputs[0].shape[2:]
         return Match(self.name, card, {"n": n, "c": c, "h": h, "w": w, "oh": oh, "ow": ow, "k": k, "s": st,
-                                       "p": pd, "d": dl, "tin": x.dtype, "tout": card.outputs[0].dtype})
+                                       "p": pd, "d": dl, "tin": x.dtype, "tout": card.outputs[0].dtype,
+                                       "idx": with_idx})
+
+    # ---- the tile mode's geometry ----------------------------------------------------------------
+    @staticmethod
+    def _in_rows(i: dict, rows: int) -> int:
+        """Input rows the windows of ``rows`` consecutive output rows touch (at most)."""
+        return min(i["h"], (rows - 1) * i["s"][0] + (i["k"][0] - 1) * i["d"][0] + 1)
+
+    def _tile_rows(self, i: dict) -> list[int]:
+        """Output rows per block: powers of two below OH, and OH itself (a whole plane a block),
+        where their input rows fit 48 KB of shared memory."""
+        cand = sorted({r for r in (2, 4, 8, 16, 32) if r < i["oh"]} | {i["oh"]})
+        size = ITEMSIZE[i["tin"]]
+        return [r for r in cand if self._in_rows(i, r) * i["w"] * size <= 48 * 1024]
 
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 4, 16]}
-        return {"threads": [128, 256, 512], "per_thread": [1, 2, 4], "owv": [1, 2, 4]}
+        ax = {"mode": ["thread"], "threads": [128, 256, 512], "per_thread": [1, 2, 4], "owv": [1, 2, 4]}
+        rows = self._tile_rows(m.info)
+        if rows:
+            ax["mode"].append("tile")
+            ax["rows"] = rows
+        return ax
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
-        return backend == "cpu" or m.info["ow"] % p.get("owv", 1) == 0
+        if backend == "cpu":
+            return True
+        i = m.info
+        if i["ow"] % p.get("owv", 1):
+            return False
+        if p.get("mode") == "tile":
+            return p.get("rows") in self._tile_rows(i)
+        return True
 
     def initial(self, m: Match, backend: str) -> dict:
         if backend == "cpu":
             return {"chunk": 4}
-        return {"threads": 256, "per_thread": 1, "owv": 2 if m.info["ow"] % 2 == 0 else 1}
+        i = m.info
+        owv = 2 if i["ow"] % 2 == 0 else 1
+        rows = self._tile_rows(i)
+        if not rows:
+            return {"mode": "thread", "threads": 256, "per_thread": 1, "owv": owv}
+        # a whole plane a block when there are planes enough to fill the GPU a few times over,
+        # else the largest tile that still gives that many blocks
+        planes = i["n"] * i["c"]
+        enough = [r for r in rows if planes * -(-i["oh"] // r) >= 4 * SMS]
+        return {"mode": "tile", "rows": max(enough) if enough else min(rows), "threads": 256, "per_thread": 1,
+                "owv": owv}
 
     def relevant(self, p: dict) -> dict:
-        """per_thread only applies to one output a thread (owv=1)."""
+        """per_thread only applies to the thread mode with one output a thread; rows only to the tile mode."""
         q = dict(p)
-        if q.get("owv", 1) > 1:
+        if q.get("owv", 1) > 1 or q.get("mode") == "tile":
             q.pop("per_thread", None)
+        if q.get("mode") != "tile":
+            q.pop("rows", None)
         return q
 
     def passes(self, m: Match, p: dict) -> int:
@@ -195,26 +253,62 @@ class MaxPool:
 
     def render(self, m: Match, p: dict, backend: str) -> str:
         i = m.info
+        with_idx = i["idx"]
         consts = (f"static const int64_t NC = {i['n'] * i['c']}; static const int H = {i['h']}, W = {i['w']}, "
                   f"OH = {i['oh']}, OW = {i['ow']}, KH = {i['k'][0]}, KW = {i['k'][1]}, SH = {i['s'][0]}, "
                   f"SW = {i['s'][1]}, PH = {i['p'][0]}, PW = {i['p'][1]}, DH = {i['d'][0]}, DW = {i['d'][1]};")
-        window = '''
-        int hs = oh * SH - PH, ws = ow * SW - PW;
-        const int he = min(hs + (KH - 1) * DH + 1, H), we = min(ws + (KW - 1) * DW + 1, W);
-        while (hs < 0) hs += DH;
-        while (ws < 0) ws += DW;
-        float best = -INFINITY;
-        int64_t bi = (int64_t)hs * W + ws;
-        const TX* plane = x + nc * H * W;
-        for (int ih = hs; ih < he; ih += DH)
-            for (int iw = ws; iw < we; iw += DW) {
-                const float v = to_f(plane[ih * W + iw]);
-                if (v > best || v != v) { best = v; bi = (int64_t)ih * W + iw; }
-            }'''
         if backend == "cpu":
-            from ..cpu_common import COMMON
+            return self._render_cpu(i, p, consts)
+        from ..cuda_common import COMMON
 
-            return header(self.name, p, 1) + COMMON + f'''
+        threads, owv = p["threads"], p.get("owv", 1)
+        total = i["n"] * i["c"] * i["oh"] * i["ow"]
+        idx_param = ", int64_t* __restrict__ idx" if with_idx else ""
+        idx_arg = ", (int64_t*)out[1].data" if with_idx else ""
+        guard = ""
+        if owv > 1:
+            guard += f"    if (!forge_aligned(out[0].data, {owv} * sizeof(TO))) return 5;\n"
+            if with_idx:
+                guard += "    if (!forge_aligned(out[1].data, 16)) return 5;\n"
+        if p.get("mode") == "tile":
+            rows = p["rows"]
+            tiles = -(-i["oh"] // rows)
+            blocks = i["n"] * i["c"] * tiles
+            size = ITEMSIZE[i["tin"]]
+            vec = 16 // size if (i["w"] * size) % 16 == 0 else 1
+            if vec > 1:
+                guard += "    if (!forge_aligned(in[0].data, 16)) return 5;\n"
+            kernel = TILE_KERNEL
+            consts += (f"\nconstexpr int ROWS = {rows}, IN_ROWS = {self._in_rows(i, rows)}, VEC = {vec}, "
+                       f"TILES = {tiles};")
+        elif owv > 1:
+            blocks = -(-(total // owv) // threads)
+            kernel = OWV_KERNEL
+        else:
+            per = p["per_thread"]
+            blocks = -(-total // (threads * per))
+            kernel = THREAD_KERNEL
+            consts += f"\nconstexpr int PER = {per};"
+        kernel = kernel.replace("IDX_PARAM", idx_param).replace("IDX,", "idx," if with_idx else "nullptr,")
+        return header(self.name, p, 1) + COMMON + f'''
+typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
+{consts}
+constexpr int THREADS = {threads}, OWV = {owv};
+static const int64_t TOTAL = {total};
+{WINDOWS}{kernel}
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    if (forge_numel(&in[0]) != NC * H * W) return 2;
+{guard}    maxpool<<<{blocks}, {threads}, 0, (cudaStream_t)stream>>>((const TX*)in[0].data, (TO*)out[0].data{idx_arg});
+    return (int)cudaGetLastError();
+}}
+'''
+
+    def _render_cpu(self, i: dict, p: dict, consts: str) -> str:
+        from ..cpu_common import COMMON
+
+        with_idx = i["idx"]
+        return header(self.name, p, 1) + COMMON + f'''
 typedef {CPU_CTYPE[i["tin"]]} TX; typedef {CPU_CTYPE[i["tout"]]} TO;
 {consts}
 using std::min;
@@ -223,90 +317,130 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     if (forge_numel(&in[0]) != NC * H * W) return 2;
     const TX* x = (const TX*)in[0].data;
     TO* y = (TO*)out[0].data;
-    int64_t* idx = (int64_t*)out[1].data;
+    {"int64_t* idx = (int64_t*)out[1].data;" if with_idx else ""}
 #pragma omp parallel for schedule(static, {p["chunk"]}) if(NC * H * W >= PARALLEL_MIN)
     for (int64_t nc = 0; nc < NC; ++nc)
       for (int oh = 0; oh < OH; ++oh)
-        for (int ow = 0; ow < OW; ++ow) {{{window}
+        for (int ow = 0; ow < OW; ++ow) {{
+        int hs = oh * SH - PH, ws = ow * SW - PW;
+        const int he = min(hs + (KH - 1) * DH + 1, H), we = min(ws + (KW - 1) * DW + 1, W);
+        while (hs < 0) hs += DH;
+        while (ws < 0) ws += DW;
+        float best = -INFINITY;
+        int64_t bi = (int64_t)hs * W + ws;
+        const TX* plane = x + nc * H * W;
+        for (int ih = hs; ih < he; ih += DH)
+            for (int iw = ws; iw < we; iw += DW) {{
+                const float v = to_f(plane[ih * W + iw]);
+                if (v > best || v != v) {{ best = v; bi = (int64_t)ih * W + iw; }}
+            }}
         const int64_t o = (nc * OH + oh) * OW + ow;
         y[o] = from_f<TO>(best);
-        idx[o] = bi;
+        {"idx[o] = bi;" if with_idx else "(void)bi;"}
     }}
     return 0;
 }}
 '''
-        from ..cuda_common import COMMON
 
-        threads, per, owv = p["threads"], p["per_thread"], p.get("owv", 1)
-        total = i["n"] * i["c"] * i["oh"] * i["ow"]
-        if owv > 1:
-            blocks = -(-(total // owv) // threads)
-            kernel = f'''
-/* OWV neighbouring outputs of a row per thread: their windows share columns (loaded once), the
-   values leave as one OWV-wide store and the indices as 16-byte stores. */
-__global__ void __launch_bounds__({threads}) maxpool(const TX* __restrict__ x, TO* __restrict__ y, int64_t* __restrict__ idx) {{
-    constexpr int OWV = {owv};
-    const int64_t q = (int64_t)blockIdx.x * {threads} + threadIdx.x;
-    if (q >= TOTAL / OWV) return;
-    const int ow0 = (int)(q % (OW / OWV)) * OWV, oh = (int)((q / (OW / OWV)) % OH);
-    const int64_t nc = q / ((int64_t)(OW / OWV) * OH);
-    const TX* plane = x + nc * H * W;
+
+# The windows of OWV neighbouring outputs of one output row, read from ``plane`` (global memory or a
+# shared-memory tile whose first row is input row ``row0``): they share columns, loaded once each.
+# NaN wins, and ties keep the first index, as PyTorch does.
+WINDOWS = r'''
+__device__ __forceinline__ void windows(const TX* plane, int row0, int oh, int ow0, float (&best)[OWV],
+                                        int64_t (&bi)[OWV]) {
     int hs = oh * SH - PH;
     const int he = min(hs + (KH - 1) * DH + 1, H);
     while (hs < 0) hs += DH;
-    float best[OWV];
-    int64_t bi[OWV];
     int wsj[OWV], wej[OWV];
 #pragma unroll
-    for (int j = 0; j < OWV; ++j) {{
+    for (int j = 0; j < OWV; ++j) {
         int w0 = (ow0 + j) * SW - PW;
         wej[j] = min(w0 + (KW - 1) * DW + 1, W);
         while (w0 < 0) w0 += DW;
         wsj[j] = w0;
         best[j] = -INFINITY;
         bi[j] = (int64_t)hs * W + w0;
-    }}
-    for (int ih = hs; ih < he; ih += DH) {{
-        const TX* rowp = plane + (int64_t)ih * W;
+    }
+    for (int ih = hs; ih < he; ih += DH) {
+        const TX* rowp = plane + (int64_t)(ih - row0) * W;
 #pragma unroll
         for (int j = 0; j < OWV; ++j)
-            for (int iw = wsj[j]; iw < wej[j]; iw += DW) {{
+            for (int iw = wsj[j]; iw < wej[j]; iw += DW) {
                 const float v = to_f(rowp[iw]);
-                if (v > best[j] || v != v) {{ best[j] = v; bi[j] = (int64_t)ih * W + iw; }}
-            }}
-    }}
-    const int64_t o = (nc * OH + oh) * OW + ow0;
-    store_vec<TO, OWV>(y + o, best);
-#pragma unroll
-    for (int j = 0; j < OWV; j += 2) *reinterpret_cast<longlong2*>(idx + o + j) = make_longlong2(bi[j], bi[j + 1]);
-}}'''
-            guard = f"    if (!forge_aligned(out[0].data, {owv} * sizeof(TO)) || !forge_aligned(out[1].data, 16)) return 5;\n"
-        else:
-            blocks = -(-total // (threads * per))
-            guard = ""
-            kernel = f'''
-__global__ void __launch_bounds__({threads}) maxpool(const TX* __restrict__ x, TO* __restrict__ y, int64_t* __restrict__ idx) {{
-#pragma unroll
-    for (int u = 0; u < {per}; ++u) {{
-        const int64_t o = ((int64_t)blockIdx.x * {per} + u) * {threads} + threadIdx.x;
-        if (o >= TOTAL) return;
-        const int ow = (int)(o % OW), oh = (int)((o / OW) % OH);
-        const int64_t nc = o / ((int64_t)OW * OH);{window}
-        y[o] = from_f<TO>(best);
-        idx[o] = bi;
-    }}
-}}'''
-        return header(self.name, p, 1) + COMMON + f'''
-typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
-{consts}
-static const int64_t TOTAL = {total};
-{kernel}
+                if (v > best[j] || v != v) { best[j] = v; bi[j] = (int64_t)ih * W + iw; }
+            }
+    }
+}
 
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[0]) != NC * H * W) return 2;
-{guard}    maxpool<<<{blocks}, {threads}, 0, (cudaStream_t)stream>>>((const TX*)in[0].data, (TO*)out[0].data, (int64_t*)out[1].data);
-    return (int)cudaGetLastError();
-}}
+/* The values leave as one OWV-wide store, the indices as 16-byte stores. */
+__device__ __forceinline__ void store_out(TO* __restrict__ y, int64_t* __restrict__ idx, int64_t o,
+                                          const float (&best)[OWV], const int64_t (&bi)[OWV]) {
+    if constexpr (OWV > 1) store_vec<TO, OWV>(y + o, best);
+    else y[o] = from_f<TO>(best[0]);
+    if (idx == nullptr) return;
+    if constexpr (OWV > 1) {
+#pragma unroll
+        for (int j = 0; j < OWV; j += 2) *reinterpret_cast<longlong2*>(idx + o + j) = make_longlong2(bi[j], bi[j + 1]);
+    } else {
+        idx[o] = bi[0];
+    }
+}
 '''
 
+# A block: ROWS output rows of one plane. Their input rows are one contiguous span of the plane,
+# copied to shared memory with VEC-wide loads; each thread then takes OWV neighbouring outputs.
+TILE_KERNEL = r'''
+__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
+    __shared__ __align__(16) TX tile[IN_ROWS * W];
+    const int64_t nc = blockIdx.x / TILES;
+    const int oh0 = (int)(blockIdx.x % TILES) * ROWS;
+    const int oh1 = min(oh0 + ROWS, OH);
+    const int ih0 = max(oh0 * SH - PH, 0);
+    const int ih1 = min((oh1 - 1) * SH - PH + (KH - 1) * DH + 1, H);
+    const TX* src = x + nc * H * W + (int64_t)ih0 * W;
+    const int n = (ih1 - ih0) * W;
+    for (int k = threadIdx.x * VEC; k < n; k += THREADS * VEC)
+        *reinterpret_cast<Vec<TX, VEC>*>(tile + k) = *reinterpret_cast<const Vec<TX, VEC>*>(src + k);
+    __syncthreads();
+    const int items = (oh1 - oh0) * (OW / OWV);
+    for (int q = threadIdx.x; q < items; q += THREADS) {
+        const int oh = oh0 + q / (OW / OWV), ow0 = (q % (OW / OWV)) * OWV;
+        float best[OWV];
+        int64_t bi[OWV];
+        windows(tile, ih0, oh, ow0, best, bi);
+        store_out(y, IDX, (nc * OH + oh) * OW + ow0, best, bi);
+    }
+}
+'''
+
+# OWV neighbouring outputs of a row per thread, read from global memory.
+OWV_KERNEL = r'''
+__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
+    const int64_t q = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    if (q >= TOTAL / OWV) return;
+    const int ow0 = (int)(q % (OW / OWV)) * OWV, oh = (int)((q / (OW / OWV)) % OH);
+    const int64_t nc = q / ((int64_t)(OW / OWV) * OH);
+    float best[OWV];
+    int64_t bi[OWV];
+    windows(x + nc * H * W, 0, oh, ow0, best, bi);
+    store_out(y, IDX, (nc * OH + oh) * OW + ow0, best, bi);
+}
+'''
+
+# One output a thread, PER outputs a thread THREADS apart.
+THREAD_KERNEL = r'''
+__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int64_t o = ((int64_t)blockIdx.x * PER + u) * THREADS + threadIdx.x;
+        if (o >= TOTAL) return;
+        const int ow = (int)(o % OW), oh = (int)((o / OW) % OH);
+        const int64_t nc = o / ((int64_t)OW * OH);
+        float best[1];
+        int64_t bi[1];
+        windows(x + nc * H * W, 0, oh, ow, best, bi);
+        store_out(y, IDX, o, best, bi);
+    }
+}
+'''

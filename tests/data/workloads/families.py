@@ -36,6 +36,7 @@ class Model(nn.Module):
         self.ln_plain = nn.LayerNorm(256, elementwise_affine=False)
         self.gn = nn.GroupNorm(8, 32)
         self.bn = nn.BatchNorm2d(32)
+        self.pool = nn.MaxPool2d(3, 2, 1)  # returns the values only: a module card without indices
         self.gate = SiluMul()
         self.geglu = GeluMul()
         self.bias = nn.Parameter(torch.randn(256))
@@ -50,6 +51,7 @@ class Model(nn.Module):
             torch.softmax(x, -1), torch.log_softmax(y * 3.0, -1), self.rms(x), self.ln(y), self.ln_plain(x),
             F.gelu(x), F.gelu(y, approximate="tanh"), self.gate(x, y), self.geglu(y, x), x + self.bias,
             self.gn(img), self.bn(img), F.adaptive_avg_pool2d(img, 1), F.max_pool2d(img, 3, 2, 1),
+            self.pool(img * 2.0),
         ]
         return outs
 
