@@ -1,7 +1,8 @@
 """The template proposer on the device machine: for each anchor shape (../shared/anchors.md), the
 paper's families and decode-sized shapes, profile a one-op workload, run a template search of up
 to N evaluations, and report eager, torch.compile and our best, paired speedups with spread, the
-fraction of the roofline floor reached and the evaluations it took.
+fraction of the roofline floor reached, the time of a device copy moving the same bytes (the floor
+a kernel can reach at sizes where launch and ramp-up dominate) and the evaluations it took.
 
     python bench/templates_bench.py [--evals 8] [--only NAME ...] [--case-wall S] [--run-timeout S]
 
@@ -46,6 +47,8 @@ CASES = {
     "adaptive_avgpool_fp16_32x2048x7x7": ("float16", "return F.adaptive_avg_pool2d(x, 1)", [(32, 2048, 7, 7)], "aten.mean"),
     "maxpool_fp16_32x64x112x112": ("float16", "return F.max_pool2d(x, 3, 2, 1)", [(32, 64, 112, 112)],
                                    "aten.max_pool2d_with_indices"),
+    # ResNet-50's stem pool is an nn.MaxPool2d: the module returns the values and drops the indices
+    "maxpool_module_fp16_32x64x112x112": ("float16", "MODULE:MaxPool2d", [(32, 64, 112, 112)], "module:MaxPool2d"),
     "decode_softmax_bf16in_fp32out_4x262144": ("bfloat16", "MODULE:Up", [(4, 262144)], "module:Up"),
     "decode_rms_norm_bf16_4x1536": ("bfloat16", "MODULE:RMSNorm", [(4, 1536)], "module:RMSNorm"),
     "decode_silu_mul_bf16_4x11008": ("bfloat16", "MODULE:SiluMul", [(4, 11008), (4, 11008)], "module:SiluMul"),
@@ -119,10 +122,26 @@ def workload_source(dtype: str, body: str, shapes: list) -> str:
     inner = "None"
     if body.startswith("MODULE:"):
         name = body.split(":", 1)[1]
-        inner = f"{name}({shapes[0][-1]})" if name == "RMSNorm" else f"{name}()"
+        inner = {"RMSNorm": f"RMSNorm({shapes[0][-1]})",
+                 "MaxPool2d": "torch.nn.MaxPool2d(3, 2, 1)"}.get(name, f"{name}()")
         body = "return None"
     channels = shapes[0][1] if len(shapes[0]) == 4 else 1
     return WORKLOAD.format(dtype=dtype, body=body, shapes=shapes, channels=channels, last=shapes[0][-1], inner=inner)
+
+
+def same_size_copy_us(nbytes: int) -> float:
+    """Median time (µs) of a device copy that reads and writes as many bytes as the card moves
+    (nbytes / 2 each way), timed like the candidates (cold L2, launch shield): at small sizes,
+    where launch and ramp-up dominate, this is the floor a kernel can actually reach."""
+    import torch
+
+    from forge_tui.timing import Timer
+
+    n = max(16, nbytes // 2 // 16 * 16)
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    stats, _, _ = Timer("cuda", warmup=3, repeats=30).time({"copy": lambda: dst.copy_(src)})
+    return stats["copy"].median
 
 
 def main() -> int:
@@ -187,7 +206,8 @@ def main() -> int:
             cards = [c for c in ws.cards() if c.target.startswith(target)] or \
                 [c for c in ws.cards() if match(c)[0] is not None]
             card = max(cards, key=lambda c: c.bytes)
-            case.update(card=card.id, eager_profile_us=card.time_us, floor_us=card.floor_us)
+            case.update(card=card.id, eager_profile_us=card.time_us, floor_us=card.floor_us,
+                        copy_us=same_size_copy_us(card.bytes))
             log(f"{name}: searching {card.id} (eager {card.time_us:.1f} µs in the profile, floor {card.floor_us:.1f} µs)")
             pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cuda")
             bus = EventBus()
@@ -231,10 +251,12 @@ def main() -> int:
         b = case.get("best")
         print(f"[{time.strftime('%H:%M:%S')}] {name}: " + (
             f"best {b['speedup_vs_eager']:.2f}x eager, {b['speedup_vs_compile'] or float('nan'):.2f}x compile, "
-            f"{100 * (b['fraction_of_floor'] or 0):.0f}% of floor ({b['move']})" if b else
+            f"{100 * (b['fraction_of_floor'] or 0):.0f}% of floor, {100 * case['copy_us'] / b['time_us']:.0f}% of a "
+            f"same-size copy ({b['move']})" if b else
             f"no passing candidate: {case.get('error') or [r['reason'][:160] for r in case.get('nodes', [])][:2]}"),
             flush=True)
-    print(f"\n{'case':42s} {'eager µs':>9s} {'compile µs':>10s} {'ours µs':>8s} {'vs eager':>9s} {'vs compile':>10s} {'%floor':>7s} {'evals':>5s}")
+    print(f"\n{'case':42s} {'eager µs':>9s} {'compile µs':>10s} {'ours µs':>8s} {'vs eager':>9s} {'vs compile':>10s} "
+          f"{'%floor':>7s} {'copy µs':>8s} {'%copy':>6s} {'evals':>5s}")
     for name, c in report["cases"].items():
         b = c.get("best")
         if not b:
@@ -242,7 +264,8 @@ def main() -> int:
             continue
         print(f"{name:42s} {b['eager_us'] or 0:9.1f} {b['compile_us'] or float('nan'):10.1f} {b['time_us']:8.1f} "
               f"{b['speedup_vs_eager']:8.2f}x {b['speedup_vs_compile'] or float('nan'):9.2f}x "
-              f"{100 * (b['fraction_of_floor'] or 0):6.0f}% {c['evals_to_best']:5d}")
+              f"{100 * (b['fraction_of_floor'] or 0):6.0f}% {c['copy_us']:8.1f} {100 * c['copy_us'] / b['time_us']:5.0f}% "
+              f"{c['evals_to_best']:5d}")
     return 0
 
 

@@ -424,17 +424,32 @@ class Recorder:
 
 
 def _drops_outputs(nodes: list, refs: list) -> bool:
-    """The module returns fewer tensors than its ops produced: nn.MaxPool2d returns the values of
-    max_pool2d_with_indices and drops the indices. Its card is the module, whose kernel need not
-    compute or write what nobody reads (the op card still asks for both)."""
+    """The module returns a part of its op's outputs and drops at least a quarter of the bytes
+    they hold: nn.MaxPool2d returns the values of max_pool2d_with_indices and drops the indices
+    (4x the bytes for fp16). Its card is the module, whose kernel need not compute or write what
+    nobody reads (the op card still asks for both). Small dropped statistics (a norm's saved mean
+    and rstd) make no card of their own."""
+    import torch
+
     def compute(n) -> bool:
         f = resolve_op(n["op"])
         return not is_view(f) and op_name(f) not in ALLOCATIONS
 
-    produced = {(i, j) for i, n in enumerate(nodes) if compute(n)
-                for j, meta in enumerate(n.get("out") or []) if meta is not None}
+    size = {}
+    for i, n in enumerate(nodes):
+        if compute(n):
+            for j, meta in enumerate(n.get("out") or []):
+                if meta is not None:
+                    numel = 1
+                    for d in meta[0]:
+                        numel *= d
+                    dtype = getattr(torch, meta[1], None)
+                    size[(i, j)] = numel * (dtype.itemsize if isinstance(dtype, torch.dtype) else 4)
     used = {(r["$node"], r["out"]) for r in refs if "$node" in r}
-    return bool(produced) and used < produced
+    if not size or not used < set(size):
+        return False
+    dropped = sum(b for k, b in size.items() if k not in used)
+    return dropped * 4 >= sum(size.values())
 
 
 def _out_meta(flat_out) -> list:

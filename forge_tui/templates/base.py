@@ -76,6 +76,13 @@ def cluster_fits(n: int, cl: int, threads: int, vec: int) -> bool:
     return -(-seg // (threads * vec)) * vec <= min(64, 32768 // threads)
 
 
+def stash_bytes(bps: int) -> int:
+    """Dynamic shared memory a block of a stash mode asks for: the most it can use while at most
+    ``bps`` such blocks fit an SM's 228 KB (1 KB of which is reserved per block) and bps + 1 do not.
+    The request is also how those kernels cap their blocks per SM."""
+    return (228 // (bps + 1) + 4) * 1024 - 1024
+
+
 def workspace_entry(bytes_expr: str) -> str:
     """The opening of a candidate that takes scratch memory (forge_kernel.h): the size function
     returning bytes_expr, then forge_launch_ws up to its opening brace."""

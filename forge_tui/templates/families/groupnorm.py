@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ...cards import Card
 from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
-                    vec_widths, workspace_entry)
+                    stash_bytes, vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -112,11 +112,6 @@ class GroupNorm:
         """Reads of the input from DRAM (the stash's second read comes from shared memory and L2)."""
         return 1 if p.get("mode") in ("cluster", "stash") else 2
 
-    @staticmethod
-    def stash_bytes(bps: int) -> int:
-        """Dynamic shared memory a stash block asks for: at most BPS of them fit an SM's 228 KB
-        (1 KB of it reserved per block), BPS + 1 do not."""
-        return (228 // (bps + 1) + 4) * 1024 - 1024
 
     def render(self, m: Match, p: dict, backend: str) -> str:
         return header(self.name, p, 2) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
@@ -195,7 +190,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 }}
 """
         if p.get("mode") == "stash":
-            cl, smem = p["cl"], self.stash_bytes(p["bps"])
+            cl, smem = p["cl"], stash_bytes(p["bps"])
             seg = glen // cl
             stash = min(seg, smem // ITEMSIZE[i["tin"]]) // vec * vec
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
