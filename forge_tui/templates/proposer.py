@@ -12,7 +12,8 @@ from ..search.proposer import Proposal, ProposalContext
 from .base import describe, parse_header
 from .registry import match
 
-AXIS_ORDER = ("mode", "vec", "tpr", "rpb", "threads", "segs", "chunk", "grid", "unroll", "per_thread")
+AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "threads", "bps", "rows", "cl", "segs", "chunk", "grid", "unroll",
+              "per_thread")
 
 
 class TemplateProposer:

@@ -150,9 +150,12 @@ class MaxPool:
     of an ``nn.MaxPool2d`` that returns the values alone (ResNet's stem), whose kernel skips the
     indices: for a 3x3/2 pool of fp16 they are 4x the bytes of the values.
 
-    CUDA modes: ``thread`` (each thread reads its windows from global memory) and ``tile`` (a block
+    CUDA modes: ``thread`` (each thread reads its windows from global memory), ``tile`` (a block
     copies the input rows of ``rows`` output rows into shared memory with 16-byte loads, then
-    computes from there: every input byte is read from DRAM once, in full lines)."""
+    computes from there) and ``strip`` (3-wide windows at stride 2 with padding 1, ResNet's pool:
+    a thread takes OWV neighbouring outputs, loads the 2*OWV input columns under them in one
+    vector per input row and gets the column to their left from its neighbour lane by a shuffle;
+    no shared memory, no redundant loads)."""
 
     name = "max_pool"
 
@@ -208,6 +211,8 @@ class MaxPool:
         if backend == "cpu":
             return {"chunk": [1, 4, 16]}
         ax = {"mode": ["thread"], "threads": [128, 256, 512], "per_thread": [1, 2, 4], "owv": [1, 2, 4]}
+        if any(self._strip_ok(m.info, v) for v in (2, 4)):
+            ax["mode"].insert(0, "strip")
         rows = self._tile_rows(m.info)
         if rows:
             ax["mode"].append("tile")
@@ -222,14 +227,27 @@ class MaxPool:
             return False
         if p.get("mode") == "tile":
             return p.get("rows") in self._tile_rows(i)
+        if p.get("mode") == "strip":
+            return self._strip_ok(i, p.get("owv", 1))
         return True
+
+    @staticmethod
+    def _strip_ok(i: dict, owv: int) -> bool:
+        """The strip mode's columns: 3 wide, stride 2, padding 1, no dilation, OW = W / 2, and rows
+        that split into whole 2*OWV-element vectors of at most 32 bytes."""
+        return (owv in (2, 4) and i["k"][1] == 3 and i["s"][1] == 2 and i["p"][1] == 1 and i["d"][1] == 1
+                and i["w"] == 2 * i["ow"] and i["w"] % (2 * owv) == 0 and 2 * owv * ITEMSIZE[i["tin"]] <= 32)
 
     def initial(self, m: Match, backend: str) -> dict:
         if backend == "cpu":
             return {"chunk": 4}
         i = m.info
-        owv = 2 if i["ow"] % 2 == 0 else 1
+        # 16-byte loads: 4 outputs a thread for 2-byte types, 2 for fp32
+        owv = 4 if ITEMSIZE[i["tin"]] == 2 else 2
         rows = self._tile_rows(i)
+        if self._strip_ok(i, owv):
+            return {"mode": "strip", "threads": 256, "per_thread": 1, "owv": owv, **({"rows": rows[-1]} if rows else {})}
+        owv = 2 if i["ow"] % 2 == 0 else 1
         if not rows:
             return {"mode": "thread", "threads": 256, "per_thread": 1, "owv": owv}
         # a whole plane a block when there are planes enough to fill the GPU a few times over,
@@ -242,7 +260,7 @@ class MaxPool:
     def relevant(self, p: dict) -> dict:
         """per_thread only applies to the thread mode with one output a thread; rows only to the tile mode."""
         q = dict(p)
-        if q.get("owv", 1) > 1 or q.get("mode") == "tile":
+        if q.get("owv", 1) > 1 or q.get("mode") in ("tile", "strip"):
             q.pop("per_thread", None)
         if q.get("mode") != "tile":
             q.pop("rows", None)
@@ -281,6 +299,10 @@ class MaxPool:
             kernel = TILE_KERNEL
             consts += (f"\nconstexpr int ROWS = {rows}, IN_ROWS = {self._in_rows(i, rows)}, VEC = {vec}, "
                        f"TILES = {tiles};")
+        elif p.get("mode") == "strip":
+            blocks = -(-(total // owv) // threads)
+            kernel = STRIP_KERNEL
+            guard += f"    if (!forge_aligned(in[0].data, {2 * owv} * sizeof(TX))) return 5;\n"
         elif owv > 1:
             blocks = -(-(total // owv) // threads)
             kernel = OWV_KERNEL
@@ -411,6 +433,61 @@ __global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO*
         windows(tile, ih0, oh, ow0, best, bi);
         store_out(y, IDX, (nc * OH + oh) * OW + ow0, best, bi);
     }
+}
+'''
+
+# 3-wide windows, stride 2, padding 1 along the rows (any window down the columns). A thread: OWV
+# outputs of one row, whose windows span input columns c0 - 1 .. c0 + 2*OWV - 1 (c0 = 2*OWV*k): one
+# vector load of c0 .. c0 + 2*OWV - 1 per input row, and column c0 - 1 is the last element of the
+# vector of the lane to the left (same row: k is the fastest index), or a load for lane 0. Every lane
+# runs the KH rows (a row outside the input reads as -inf) so the shuffles see the whole warp.
+# Padding is -inf under the strict comparison, so it never wins, as in PyTorch.
+STRIP_KERNEL = r'''
+__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
+    constexpr int NV = 2 * OWV;
+    const int64_t q0 = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    const bool live = q0 < TOTAL / OWV;
+    const int64_t q = live ? q0 : 0;
+    const int k = (int)(q % (OW / OWV)), oh = (int)((q / (OW / OWV)) % OH);
+    const int64_t nc = q / ((int64_t)(OW / OWV) * OH);
+    const int c0 = k * NV;
+    const int lane = threadIdx.x & 31;
+    const TX* plane = x + nc * H * W;
+    int hs = oh * SH - PH;
+    while (hs < 0) hs += DH;
+    float best[OWV];
+    int64_t bi[OWV];
+#pragma unroll
+    for (int j = 0; j < OWV; ++j) {
+        best[j] = -INFINITY;
+        bi[j] = (int64_t)hs * W + (j == 0 && k == 0 ? 0 : c0 + 2 * j - 1);
+    }
+#pragma unroll
+    for (int r = 0; r < KH; ++r) {
+        const int ih = oh * SH - PH + r * DH;
+        const bool ok = live && ih >= 0 && ih < H;
+        float v[NV];
+        if (ok) {
+            const Vec<TX, NV> a = *reinterpret_cast<const Vec<TX, NV>*>(plane + (int64_t)ih * W + c0);
+#pragma unroll
+            for (int e = 0; e < NV; ++e) v[e] = to_f(a.v[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < NV; ++e) v[e] = -INFINITY;
+        }
+        float left = __shfl_up_sync(0xffffffffu, v[NV - 1], 1);
+        if (lane == 0 || k == 0) left = (ok && k > 0) ? to_f(plane[(int64_t)ih * W + c0 - 1]) : -INFINITY;
+        const int64_t rowi = (int64_t)ih * W + c0;
+#pragma unroll
+        for (int j = 0; j < OWV; ++j) {
+            const float a0 = j == 0 ? left : v[2 * j - 1], a1 = v[2 * j], a2 = v[2 * j + 1];
+            if (a0 > best[j] || a0 != a0) { best[j] = a0; bi[j] = rowi + 2 * j - 1; }
+            if (a1 > best[j] || a1 != a1) { best[j] = a1; bi[j] = rowi + 2 * j; }
+            if (a2 > best[j] || a2 != a2) { best[j] = a2; bi[j] = rowi + 2 * j + 1; }
+        }
+    }
+    if (!live) return;
+    store_out(y, IDX, (nc * OH + oh) * OW + (int64_t)k * OWV, best, bi);
 }
 '''
 
