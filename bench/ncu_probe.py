@@ -1,0 +1,130 @@
+"""Nsight Compute on chosen template configurations of a few bench cases, next to a probe kernel
+that only moves the card's bytes (reads every byte of its largest input, writes every byte of its
+first output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
+on this GPU with ncu's cold caches.
+
+    python bench/ncu_probe.py [--only NAME ...]
+
+Prints a table (duration, DRAM bytes and throughput, occupancy, registers, shared memory, spills)
+and writes $OUT/ncu_probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# case (templates_bench.CASES) -> parameter overrides on the family's first configuration
+PROBES = {
+    "group_norm_fp32_2x512x128x128": [{}, {"threads": 1024}, {"threads": 1024, "bps": 1},
+                                      {"mode": "cluster", "threads": 1024}, {"mode": "split", "threads": 512}],
+    "group_norm_bf16_1x512x256x256": [{}, {"threads": 1024}, {"mode": "split", "threads": 512}],
+    "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
+    "softmax_bf16in_fp32out_512x262144": [{}, {"mode": "stash", "tpr": 512, "vec": 8}],
+}
+
+PROBE_SOURCE = r'''
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "forge_kernel.h"
+/* Moves the card's bytes and nothing else: thread i reads 16-byte word i of the input (if any)
+   and writes word i of the output (if any). A read with no write to go to is kept alive by a
+   store under a condition random data never meets. */
+__global__ void probe(const uint4* __restrict__ a, uint4* __restrict__ b) {
+    const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (i < NA) v = a[i];
+    if (i < NB) b[i] = v;
+    else if (v.x == 0x7f3a91c5u && v.y == 0x0badf00du) b[0] = v;
+}
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {
+    const int64_t n = NA > NB ? NA : NB;
+    probe<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const uint4*)in[IN].data, (uint4*)out[0].data);
+    return (int)cudaGetLastError();
+}
+'''
+
+
+def probe_source(card) -> str:
+    """The byte-moving probe for this card: its largest input in, its first output out."""
+    sizes = [s.numel * {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}.get(s.dtype, 4) for s in card.inputs]
+    k = max(range(len(sizes)), key=lambda j: sizes[j])
+    out = card.outputs[0]
+    nb = out.numel * {"float32": 4, "float16": 2, "bfloat16": 2}.get(out.dtype, 4) // 16
+    na = sizes[k] // 16
+    head = f"#define NA {na}LL\n#define NB {nb}LL\n#define IN {k}\n"
+    return head + PROBE_SOURCE
+
+
+def main() -> int:
+    import torch
+
+    import templates_bench as tb
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import ncu
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.profiler.run import profile_into_workspace
+    from forge_tui.templates.base import describe
+    from forge_tui.templates.registry import match
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    out = Path(os.environ.get("OUT") or ROOT / "bench-out")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="forge-ncu-probe-"))
+    (tmp / "forge.toml").write_text("[timing]\nwarmup = 1\nrepeats = 2\n[profile]\nsamples_per_card = 1\n"
+                                    "max_sample_mib = 1200.0\n")
+    parse_config({})
+    builder = Builder("cuda", tmp / "build", arch="sm_90")
+    report = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "command": "python bench/ncu_probe.py " + " ".join(sys.argv[1:]), "rows": []}
+    names = [n for o in args.only for n in PROBES if o in n] if args.only else list(PROBES)
+    for ci, name in enumerate(dict.fromkeys(names)):
+        dtype, body, shapes, target = tb.CASES[name]
+        wl = tmp / f"w_{ci}.py"
+        wl.write_text(tb.workload_source(dtype, body, shapes))
+        ws, _ = profile_into_workspace(wl, tmp / f"ws_{ci}", device="cuda", config_path=tmp / "forge.toml")
+        card = max([c for c in ws.cards() if c.target.startswith(target)], key=lambda c: c.bytes)
+        fam, m = match(card)
+        p0 = fam.initial(m, "cuda")
+        sources = [("probe: move the bytes", probe_source(card))]
+        for over in PROBES[name]:
+            p = {**p0, **over}
+            if not fam.valid(m, p, "cuda"):
+                print(f"{name}: skip invalid {p}", flush=True)
+                continue
+            sources.append((describe(m.family, getattr(fam, "relevant", lambda q: q)(p)), fam.render(m, p, "cuda")))
+        for label, src in sources:
+            b = builder.build(src)
+            if not b.ok:
+                print(f"{name}: {label}: build failed {b.reason[:400]}", flush=True)
+                continue
+            r = ncu.profile(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s=240)
+            r.pop("raw_csv", None)
+            row = {"case": name, "config": label, "floor_us": card.floor_us, **r}
+            report["rows"].append(row)
+            if r.get("available"):
+                print(f"{name:36s} {label[:58]:58s} {r['duration_us']:8.1f} µs  DRAM {r['dram_bytes'] / 1e6:7.1f} MB "
+                      f"{r.get('achieved_bandwidth_Bps', 0) / 1e12:5.2f} TB/s ({r.get('dram_throughput_pct') or 0:4.0f}%)  "
+                      f"occ {r.get('achieved_occupancy_pct') or 0:4.0f}%  regs {r.get('registers_per_thread') or 0:4.0f}  "
+                      f"smem {r.get('shared_bytes_per_block') or 0:7.0f}  local {r.get('local_memory_bytes') or 0:.0f}  "
+                      f"kernels {len(r.get('kernels', []))}", flush=True)
+            else:
+                print(f"{name}: {label}: {r.get('reason')}", flush=True)
+            (out / "ncu_probe.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
