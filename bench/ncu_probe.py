@@ -3,7 +3,7 @@ that only moves the card's bytes (reads every byte of its largest input, writes 
 first output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
 on this GPU with ncu's cold caches.
 
-    python bench/ncu_probe.py [--only NAME ...]
+    python bench/ncu_probe.py [--only NAME ...] [--configs 0,1] [--no-probe]
 
 Prints a table (duration, DRAM bytes and throughput, occupancy, registers, shared memory, spills)
 and writes $OUT/ncu_probe.json.
@@ -25,11 +25,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # case (templates_bench.CASES) -> parameter overrides on the family's first configuration
 PROBES = {
-    "group_norm_fp32_2x512x128x128": [{}, {"threads": 1024}, {"threads": 1024, "bps": 1},
+    "group_norm_fp32_2x512x128x128": [{}, {"ahead": 32}, {"threads": 256}, {"mode": "stash", "threads": 1024},
                                       {"mode": "cluster", "threads": 1024}, {"mode": "split", "threads": 512}],
-    "group_norm_bf16_1x512x256x256": [{}, {"threads": 1024}, {"mode": "split", "threads": 512}],
+    "group_norm_bf16_1x512x256x256": [{}, {"ahead": 16}, {"mode": "stash", "threads": 1024},
+                                      {"mode": "split", "threads": 512}],
     "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
-    "softmax_bf16in_fp32out_512x262144": [{}, {"mode": "stash", "tpr": 512, "vec": 8}],
+    "softmax_bf16in_fp32out_512x262144": [{}, {"ahead": 32}, {"mode": "online", "tpr": 1024},
+                                          {"mode": "stash", "tpr": 512, "vec": 8}],
 }
 
 PROBE_SOURCE = r'''
@@ -79,7 +81,10 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--configs", help="comma-separated indices into each case's configurations (default: all)")
+    ap.add_argument("--no-probe", action="store_true", help="skip the byte-moving probe kernel")
     args = ap.parse_args()
+    pick = [int(v) for v in args.configs.split(",")] if args.configs else None
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="forge-ncu-probe-"))
@@ -98,8 +103,10 @@ def main() -> int:
         card = max([c for c in ws.cards() if c.target.startswith(target)], key=lambda c: c.bytes)
         fam, m = match(card)
         p0 = fam.initial(m, "cuda")
-        sources = [("probe: move the bytes", probe_source(card))]
-        for over in PROBES[name]:
+        sources = [] if args.no_probe else [("probe: move the bytes", probe_source(card))]
+        for k, over in enumerate(PROBES[name]):
+            if pick is not None and k not in pick:
+                continue
             p = {**p0, **over}
             if not fam.valid(m, p, "cuda"):
                 print(f"{name}: skip invalid {p}", flush=True)

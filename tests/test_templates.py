@@ -176,9 +176,14 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     vocab = _retyped(_reshaped(sm, [512, 262144]), "bfloat16", "float32")  # F.softmax(x, -1, dtype=float32)
     fam, m = match(vocab)
     p = fam.initial(m, "cuda")
-    # two passes from DRAM measured fastest on the H200; 16-byte stores of the fp32 output
-    assert p["mode"] == "online" and p["vec"] == 4 and fam.passes(m, p) == 2, p
-    stash = next(q for q in TemplateProposer().neighbours(fam, m, p, "cuda") if q["mode"] == "stash")
+    # one DRAM read with reads and writes overlapping (work items in order, the write of a row 16
+    # rows after its statistics: 24 MB); 16-byte stores of the fp32 output
+    assert p["mode"] == "stream" and p["vec"] == 4 and p["ahead"] == 16 and fam.passes(m, p) == 1, p
+    src = fam.render(m, p, "cuda")
+    assert "forge_launch_ws" in src and "cudaMemsetAsync" in src and "softmax_stream<" in src
+    moves = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
+    assert fam.passes(m, moves["online"]) == 2  # two passes from DRAM, the fastest before the stream mode
+    stash = moves["stash"]
     assert fam.passes(m, stash) == 1  # one DRAM read, the segments stashed in shared memory
     src = fam.render(m, stash, "cuda")
     assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
@@ -202,14 +207,18 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))  # 64 groups of 1 MB
     assert m.info["group_len"] == 16 * 128 * 128
     p = fam.initial(m, "cuda")
-    assert p["mode"] == "stash" and fam.passes(m, p) == 1, p  # one read from DRAM, a cluster per group
-    modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
-    assert set(modes) >= {"cluster", "split"} and fam.passes(m, modes["cluster"]) == 1  # fits the registers
+    # one read from DRAM, reads and writes overlapping: work items in order, normalisation AHEAD
+    # groups after the statistics (16 MB of 1 MB groups)
+    assert p["mode"] == "stream" and fam.passes(m, p) == 1 and p["ahead"] == 16, p
     src = fam.render(m, p, "cuda")
+    assert "forge_launch_ws" in src and "cudaMemsetAsync" in src and "atomicAdd(ticket" in src
+    modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
+    assert set(modes) >= {"cluster", "split", "stash"} and fam.passes(m, modes["cluster"]) == 1  # fits registers
+    src = fam.render(m, modes["stash"], "cuda")
     assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
     fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups
     p = fam.initial(m, "cuda")
-    assert p["mode"] == "stash" and fam.passes(m, p) == 1
+    assert p["mode"] == "stream" and fam.passes(m, p) == 1 and p["ahead"] == 8, p
     modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
     assert "split" in modes and "cluster" not in modes  # too large for a cluster's registers; split reads twice
     assert fam.passes(m, modes["split"]) == 2
@@ -277,8 +286,8 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
             sources.setdefault((m.family, "module-" + dtype, q.get("mode"), describe(m.family, q)),
                                f2.render(m, q, "cuda"))
     assert {k[0] for k in sources} >= FAMILIES
-    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster", "stash"}
-    assert {k[2] for k in sources if k[0] == "group_norm"} >= {"split", "cluster", "stash"}
+    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster", "stash", "stream"}
+    assert {k[2] for k in sources if k[0] == "group_norm"} >= {"split", "cluster", "stash", "stream"}
     assert {k[2] for k in sources if k[0] == "max_pool"} >= {"thread", "tile", "strip"}
     # the static checks the evaluator runs first must pass every variant (a parser blind spot once
     # rejected every thread-block-cluster kernel as "never launched")

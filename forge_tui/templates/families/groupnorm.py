@@ -12,6 +12,12 @@ group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUD
            of its segment in shared memory (a buffer that also caps the blocks per SM at BPS, so the
            groups in flight fit L2) and re-reading the rest from L2 to normalise. Statistics per
            thread (sums around a pivot), merged with Chan's formula in the block and the cluster.
+  stream   one launch, no cluster: blocks take work items in order from a ticket counter; the items
+           are the statistics of piece p of group g and, AHEAD groups later in the order, the
+           normalisation of that piece, which waits (spinning on the group's count of finished
+           pieces) for the group's statistics. Reads of new groups and writes of finished ones
+           overlap all the time; the second read of a piece comes AHEAD groups after the first,
+           from L2 when AHEAD groups fit it.
 
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """
@@ -58,9 +64,9 @@ class GroupNorm:
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 2, 4]}
-        return {"mode": ["stash", "cluster", "split"], "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
+        return {"mode": ["stream", "stash", "cluster", "split"], "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                 "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8], "bps": [1, 2, 4]}
+                "cl": [2, 4, 8], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -73,6 +79,9 @@ class GroupNorm:
             glen = m.info["group_len"]
             return glen % (p["cl"] * p["vec"]) == 0 and glen // p["cl"] >= p["threads"] * p["vec"] and \
                 p["threads"] * p["bps"] <= 2048
+        if p.get("mode") == "stream":
+            return (p["chunk"] % (p["threads"] * p["vec"]) == 0 and m.info["group_len"] % p["chunk"] == 0
+                    and p["ahead"] <= m.info["n"] * m.info["g"])
         return p["chunk"] % (p["threads"] * p["vec"]) == 0
 
     def initial(self, m: Match, backend: str) -> dict:
@@ -83,11 +92,18 @@ class GroupNorm:
         chunk = 16384
         while chunk > 2048 and total // chunk < 4 * SMS:
             chunk //= 2
+        ng = m.info["n"] * m.info["g"]
+        gbytes = m.info["group_len"] * ITEMSIZE[m.info["tin"]]
+        ahead = min([a for a in (2, 4, 8, 16, 32) if a <= ng] or [2], key=lambda a: abs(a * gbytes - (16 << 20)))
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
-                "cl": 8, "bps": 2}
+                "cl": 8, "bps": 2, "ahead": ahead}
         groups = m.info["n"] * m.info["g"]
-        # one read from DRAM with two blocks of 512 threads an SM (64 KB of loads in flight each)
-        stash = {**base, "mode": "stash", "cl": 8, "threads": 512, "bps": 2}
+        # one read from DRAM, reads and writes overlapping in one launch (ncu on the H200: the stash
+        # and cluster modes read once but their blocks load together and store together, 2.3 TB/s)
+        stream = {**base, "mode": "stream", "threads": 512}
+        if self.valid(m, stream, backend):
+            return stream
+        stash = {**base, "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}
         if groups * 8 >= SMS and self.valid(m, stash, backend):
             return stash
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
@@ -106,11 +122,15 @@ class GroupNorm:
             q.pop("cl", None)
         if q.get("mode") != "stash":
             q.pop("bps", None)
+        if q.get("mode") != "stream":
+            q.pop("ahead", None)
+        if q.get("mode") == "stream":
+            q.pop("order", None)
         return q
 
     def passes(self, m: Match, p: dict) -> int:
         """Reads of the input from DRAM (the stash's second read comes from shared memory and L2)."""
-        return 1 if p.get("mode") in ("cluster", "stash") else 2
+        return 1 if p.get("mode") in ("cluster", "stash", "stream") else 2
 
 
     def render(self, m: Match, p: dict, backend: str) -> str:
@@ -212,6 +232,35 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         cudaFuncSetAttribute({k_one}, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         {k_one}<<<{ng * cl}, {threads}, SMEM, s>>>({args});
     }}
+    return (int)cudaGetLastError();
+}}
+"""
+        if p.get("mode") == "stream":
+            chunk, ahead = p["chunk"], p["ahead"]
+            pieces = glen // chunk
+            # 1024 threads an SM: loads enough in flight, and few items in flight, so that AHEAD groups
+            # cover them and the normalising reads come while the pieces are still in L2
+            per_sm = max(1, 1024 // threads)
+            args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, part, done, ticket, {glen}, {i['hw']}, {i['g']}, {cpg}, "
+                    f"(float){i['eps']!r}")
+            return CUDA_COMMON + KERNELS + STREAM_KERNEL + f"""
+{types}
+static const int64_t NG = {ng}, TOTAL = {total};
+static const int PIECES = {pieces}, CHUNK = {chunk}, AHEAD = {ahead};
+/* per piece: count, mean, M2; then a finished-pieces count per group and the ticket counter */
+static const int64_t PART_BYTES = (int64_t)sizeof(float) * NG * PIECES * 3;
+static const int64_t WS_BYTES = PART_BYTES + (int64_t)sizeof(unsigned) * (NG + 1);
+
+{workspace_entry("WS_BYTES")}
+{check}    if (ws_bytes < WS_BYTES) return 4;
+    float* part = (float*)workspace;
+    unsigned* done = (unsigned*)((char*)workspace + PART_BYTES);
+    unsigned* ticket = done + NG;
+    /* the counters start at zero on every call (the workspace holds garbage) */
+    cudaMemsetAsync(done, 0, sizeof(unsigned) * (NG + 1), s);
+    const unsigned items = (unsigned)((NG + AHEAD) * PIECES * 2);
+    if (aligned) gn_stream<TX, TW, TB, TO, TS, {threads}, {vec}, PIECES, CHUNK, AHEAD><<<{SMS * per_sm}, {threads}, 0, s>>>({args}, (int)NG, items);
+    else gn_stream<TX, TW, TB, TO, TS, {threads}, 1, PIECES, CHUNK, AHEAD><<<{SMS * per_sm}, {threads}, 0, s>>>({args}, (int)NG, items);
     return (int)cudaGetLastError();
 }}
 """
@@ -495,6 +544,102 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
         store_vec<TO, VEC>(o + k, v);
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
+}
+"""
+
+
+STREAM_KERNEL = r"""
+/* Work item t (taken in order from *ticket): round r = t / (2 * PIECES) holds, interleaved, the
+   statistics of the pieces of group r and the normalisation of the pieces of group r - AHEAD.
+   A statistics item never waits; a normalisation item waits for its group's PIECES statistics
+   items, all ticketed earlier by running blocks: no deadlock whatever the residency. */
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int THREADS, int VEC, int PIECES, int CHUNK,
+          int AHEAD>
+__global__ void __launch_bounds__(THREADS)
+gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
+          TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float* __restrict__ part, unsigned* done,
+          unsigned* ticket, int glen, int hw, int groups, int cpg, float eps, int ng, unsigned items) {
+    __shared__ unsigned s_item;
+    __shared__ float sn[32], smean[32], sm2[32];
+    __shared__ float stat[2];
+    const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
+    for (;;) {
+        if (t == 0) s_item = atomicAdd(ticket, 1u);
+        __syncthreads();
+        const unsigned item = s_item;
+        __syncthreads();  /* everyone has read s_item before thread 0 takes the next one */
+        if (item >= items) return;
+        const int round = (int)(item / (2 * PIECES));
+        const int piece = (int)((item % (2 * PIECES)) / 2);
+        const bool stats = (item & 1u) == 0u;
+        const int g = stats ? round : round - AHEAD;
+        if (g < 0 || g >= ng) continue;
+        const TX* a = x + (int64_t)g * glen + (int64_t)piece * CHUNK;
+        if (stats) {
+            const float pivot = to_f(x[(int64_t)g * glen]);
+            float s1 = 0.f, s2 = 0.f;
+#pragma unroll 4
+            for (int k = t * VEC; k < CHUNK; k += THREADS * VEC) {
+                float v[VEC];
+                load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+            }
+            const float cnt = (float)(CHUNK / (THREADS * VEC) * VEC);
+            float n = cnt, mean = pivot + s1 / cnt, m2 = fmaxf(s2 - s1 * s1 / cnt, 0.f);
+            welford_warp(n, mean, m2);
+            if (lane == 0) { sn[wid] = n; smean[wid] = mean; sm2[wid] = m2; }
+            __syncthreads();
+            if (wid == 0) {
+                n = lane < THREADS / 32 ? sn[lane] : 0.f;
+                mean = lane < THREADS / 32 ? smean[lane] : 0.f;
+                m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
+                welford_warp(n, mean, m2);
+                if (lane == 0) {
+                    float* q = part + ((int64_t)g * PIECES + piece) * 3;
+                    q[0] = n; q[1] = mean; q[2] = m2;
+                    __threadfence();
+                    atomicAdd(done + g, 1u);
+                }
+            }
+            __syncthreads();
+        } else {
+            if (t == 0) {
+                while (atomicAdd(done + g, 0u) < (unsigned)PIECES) __nanosleep(64);
+                __threadfence();
+            }
+            __syncthreads();
+            if (wid == 0) {
+                float n = 0.f, mean = 0.f, m2 = 0.f;
+                for (int k = lane; k < PIECES; k += 32) {
+                    const float* q = part + ((int64_t)g * PIECES + k) * 3;
+                    welford_merge(n, mean, m2, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
+                }
+                welford_warp(n, mean, m2);
+                if (lane == 0) {
+                    const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+                    stat[0] = mean;
+                    stat[1] = rstd;
+                    if (piece == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
+                }
+            }
+            __syncthreads();
+            const float mean = stat[0], rstd = stat[1];
+            const int ch0 = (g % groups) * cpg;
+            TO* o = y + (int64_t)g * glen + (int64_t)piece * CHUNK;
+#pragma unroll 4
+            for (int k = t * VEC; k < CHUNK; k += THREADS * VEC) {
+                const int ch = ch0 + (piece * CHUNK + k) / hw;  /* VEC divides hw: a vector is in one channel */
+                const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+                const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+                float v[VEC];
+                load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
+                store_vec<TO, VEC>(o + k, v);
+            }
+        }
+    }
 }
 """
 

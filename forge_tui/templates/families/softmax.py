@@ -19,6 +19,10 @@ CUDA modes:
          the running max and sum; the partials meet in distributed shared memory and the write
          pass reads the stash (and re-reads any rest, from L2). The shared-memory request caps the
          blocks per SM at BPS, so the rows in flight fit on chip.
+  stream one launch for many long rows: blocks take work items in order from a ticket counter; the
+         items are the (max, sum) of piece p of row r and, AHEAD rows later in the order, the write
+         of that piece, which waits for its row's statistics. New rows are read while finished ones
+         are written, and the second read of a piece comes from L2 when AHEAD rows fit it.
 """
 
 from __future__ import annotations
@@ -80,12 +84,12 @@ class Softmax:
         if backend == "cpu":
             return {"chunk": [1, 4, 16, 64]}
         cols = m.info["cols"]
-        modes = ["stash", "online", "split", "cluster"]
+        modes = ["stream", "stash", "online", "split", "cluster"]
         if cols <= 1024 * 8 * 8:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8], "bps": [1, 2, 4]}
+                "cl": [2, 4, 8], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -102,6 +106,9 @@ class Softmax:
             return p["rpb"] == 1 and cols // p["segs"] >= p["tpr"] * p["vec"]
         if p["mode"] == "cluster":
             return p["rpb"] == 1 and cluster_fits(cols, p["cl"], p["tpr"], p["vec"])
+        if p["mode"] == "stream":
+            return (p["rpb"] == 1 and cols % p["segs"] == 0 and (cols // p["segs"]) % (p["tpr"] * p["vec"]) == 0
+                    and p["ahead"] <= m.info["rows"])
         if p["mode"] == "stash":
             return (p["rpb"] == 1 and cols % (p["cl"] * p["vec"]) == 0 and cols // p["cl"] >= p["tpr"] * p["vec"]
                     and p["tpr"] * p["bps"] <= 2048)
@@ -112,7 +119,10 @@ class Softmax:
             return {"chunk": 4}
         rows, cols = m.info["rows"], m.info["cols"]
         vec = self._vecs(m)[0]
-        base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2}  # every axis has a value
+        row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
+        ahead = min([a for a in (4, 8, 16, 32) if a <= rows] or [4], key=lambda a: abs(a * row_bytes - (24 << 20)))
+        base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
+                "ahead": ahead}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -132,18 +142,27 @@ class Softmax:
         # side (bf16 in, fp32 out: 4 elements, 8-byte loads and 16-byte stores)
         wide = max(ITEMSIZE[m.info["tin"]], ITEMSIZE[m.info["tout"]])
         vec = next((v for v in self._vecs(m) if v * wide <= 16), vec)
+        # one DRAM read with reads and writes overlapping (ncu: online moves 1048 MB at 3.66 TB/s
+        # where the bytes alone are 778 MB); pieces of 32 KB of input
+        segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
+        stream = {**base, "mode": "stream", "tpr": 512, "vec": vec, "segs": segs}
+        if self.valid(m, stream, backend):
+            return stream
         return {**base, "mode": "online", "tpr": 1024, "vec": vec}
 
     def passes(self, m: Match, p: dict) -> int:
-        return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash") and "chunk" not in p else 2
+        return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash", "stream") and "chunk" not in p else 2
 
     def relevant(self, p: dict) -> dict:
         """The parameters that change the kernel (segments and order only split, rows per block only
         regs, cluster size only cluster)."""
         q = dict(p)
-        if q.get("mode") != "split":
+        if q.get("mode") not in ("split", "stream"):
             q.pop("segs", None)
+        if q.get("mode") != "split":
             q.pop("order", None)
+        if q.get("mode") != "stream":
+            q.pop("ahead", None)
         if q.get("mode") != "regs":
             q.pop("rpb", None)
         if q.get("mode") not in ("cluster", "stash"):
@@ -213,6 +232,20 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             launch = f'''
     if (aligned) softmax_cluster<TI, TO, {cl}, {tpr}, {vec}, {nv}, {log}><<<ROWS * {cl}, {tpr}, 0, s>>>(x, y, COLS);
     else softmax_cluster<TI, TO, {cl}, {tpr}, 1, {nv1}, {log}><<<ROWS * {cl}, {tpr}, 0, s>>>(x, y, COLS);'''
+        elif mode == "stream":
+            ahead = p["ahead"]
+            piece = cols // segs
+            per_sm = max(1, 1024 // tpr)
+            launch = f'''
+    if (ws_bytes < WS_BYTES) return 4;
+    float2* part = (float2*)workspace;
+    unsigned* done = (unsigned*)((char*)workspace + PART_BYTES);
+    unsigned* ticket = done + ROWS;
+    /* the counters start at zero on every call (the workspace holds garbage) */
+    cudaMemsetAsync(done, 0, sizeof(unsigned) * (ROWS + 1), s);
+    const unsigned items = (unsigned)((ROWS + {ahead}) * {segs} * 2);
+    if (aligned) softmax_stream<TI, TO, {tpr}, {vec}, {segs}, {piece}, {ahead}, {log}><<<{SMS * per_sm}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);
+    else softmax_stream<TI, TO, {tpr}, 1, {segs}, {piece}, {ahead}, {log}><<<{SMS * per_sm}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);'''
         elif mode == "stash":
             cl, smem = p["cl"], stash_bytes(p["bps"])
             stash = min(cols // cl, smem // ITEMSIZE[m.info["tin"]]) // vec * vec
@@ -243,6 +276,10 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     }}'''
         if mode == "split":
             entry = (f"static const int64_t WS_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};\n\n"
+                     + workspace_entry("WS_BYTES"))
+        elif mode == "stream":  # per piece (max, sum); a finished-pieces count per row; the ticket
+            entry = (f"static const int64_t PART_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};\n"
+                     f"static const int64_t WS_BYTES = PART_BYTES + (int64_t)sizeof(unsigned) * ({rows} + 1);\n\n"
                      + workspace_entry("WS_BYTES"))
         else:
             entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
@@ -568,5 +605,80 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
         store_vec<TO, VEC>(yr + c, o);
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
+}
+
+/* Work item t (taken in order from *ticket): round r = t / (2 * SEGS) holds, interleaved, the
+   (max, sum) of the pieces of row r and the write of the pieces of row r - AHEAD. A statistics
+   item never waits; a write item waits for its row's SEGS statistics items, all ticketed earlier
+   by running blocks: no deadlock whatever the residency. */
+template <typename TI, typename TO, int THREADS, int VEC, int SEGS, int PIECE, int AHEAD, bool LOG>
+__global__ void __launch_bounds__(THREADS)
+softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict__ part, unsigned* done,
+               unsigned* ticket, int rows, unsigned items) {
+    __shared__ unsigned s_item;
+    __shared__ float2 merged;
+    const int t = threadIdx.x;
+    for (;;) {
+        if (t == 0) s_item = atomicAdd(ticket, 1u);
+        __syncthreads();
+        const unsigned item = s_item;
+        __syncthreads();  /* everyone has read s_item before thread 0 takes the next one */
+        if (item >= items) return;
+        const int round = (int)(item / (2 * SEGS));
+        const int piece = (int)((item % (2 * SEGS)) / 2);
+        const bool stats = (item & 1u) == 0u;
+        const int row = stats ? round : round - AHEAD;
+        if (row < 0 || row >= rows) continue;
+        const TI* xr = x + (int64_t)row * (SEGS * PIECE) + (int64_t)piece * PIECE;
+        if (stats) {
+            float m = -INFINITY, s = 0.f;
+#pragma unroll 4
+            for (int c = t * VEC; c < PIECE; c += THREADS * VEC) {
+                float v[VEC];
+                load_vec<TI, VEC>(xr + c, v);
+                ms_add<VEC>(m, s, v);
+            }
+            block_ms<THREADS>(m, s);
+            if (t == 0) {
+                part[(int64_t)row * SEGS + piece] = make_float2(m, s);
+                __threadfence();
+                atomicAdd(done + row, 1u);
+            }
+            __syncthreads();
+        } else {
+            if (t == 0) {
+                while (atomicAdd(done + row, 0u) < (unsigned)SEGS) __nanosleep(64);
+                __threadfence();
+            }
+            __syncthreads();
+            if (t < 32) {
+                float m = -INFINITY, s = 0.f;
+                for (int k = t; k < SEGS; k += 32) {
+                    const float2 q = __ldcg(part + (int64_t)row * SEGS + k);
+                    ms_merge(m, s, q.x, q.y);
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+                    ms_merge(m, s, m2, s2);
+                }
+                if (t == 0) merged = make_float2(m, s);
+            }
+            __syncthreads();
+            const float m = merged.x;
+            float s = merged.y;
+            if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
+            const float inv = 1.f / s, ls = logf(s);
+            TO* yr = y + (int64_t)row * (SEGS * PIECE) + (int64_t)piece * PIECE;
+#pragma unroll 4
+            for (int c = t * VEC; c < PIECE; c += THREADS * VEC) {
+                float v[VEC], o[VEC];
+                load_vec<TI, VEC>(xr + c, v);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
+                store_vec<TO, VEC>(yr + c, o);
+            }
+        }
+    }
 }
 '''
