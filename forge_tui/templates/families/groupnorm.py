@@ -98,13 +98,14 @@ class GroupNorm:
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
                 "cl": 8, "bps": 2, "ahead": ahead}
         groups = m.info["n"] * m.info["g"]
-        # one read from DRAM, reads and writes overlapping in one launch (ncu on the H200: the stash
-        # and cluster modes read once but their blocks load together and store together, 2.3 TB/s)
-        stream = {**base, "mode": "stream", "threads": 512}
-        if self.valid(m, stream, backend):
-            return stream
+        # Measured on the H200 (docs/benchmarks.md, run D): where a block's shared-memory stash holds
+        # at least half of its eighth of a group (fp32, 1 MB groups), the stash mode is fastest (one
+        # DRAM read; ncu 47.9 µs at 1024 threads vs 55.6 split, 56.2 cluster, 52.8 stream); with 2 MB
+        # bf16 groups most of a segment is re-read from L2 and split is as fast (14.7-14.9x eager vs
+        # 14.1-14.7x); the stream mode (52.8 and 69.4 µs) stays a move.
         stash = {**base, "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}
-        if groups * 8 >= SMS and self.valid(m, stash, backend):
+        seg_bytes = m.info["group_len"] // 8 * ITEMSIZE[m.info["tin"]]
+        if groups * 8 >= SMS and 2 * stash_bytes(2) >= seg_bytes and self.valid(m, stash, backend):
             return stash
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
             if groups * cl >= SMS and cluster_fits(m.info["group_len"], cl, threads, vec):
@@ -559,21 +560,25 @@ __global__ void __launch_bounds__(THREADS)
 gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
           TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float* __restrict__ part, unsigned* done,
           unsigned* ticket, int glen, int hw, int groups, int cpg, float eps, int ng, unsigned items) {
-    __shared__ unsigned s_item;
+    __shared__ unsigned s_item[2];
     __shared__ float sn[32], smean[32], sm2[32];
     __shared__ float stat[2];
     const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
-    for (;;) {
-        if (t == 0) s_item = atomicAdd(ticket, 1u);
-        __syncthreads();
-        const unsigned item = s_item;
-        __syncthreads();  /* everyone has read s_item before thread 0 takes the next one */
+    /* the next item's ticket is taken while this one runs (its atomic's latency off the path) */
+    if (t == 0) s_item[0] = atomicAdd(ticket, 1u);
+    __syncthreads();
+    for (int cur = 0;; cur ^= 1) {
+        const unsigned item = s_item[cur];
+        if (t == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
         if (item >= items) return;
         const int round = (int)(item / (2 * PIECES));
         const int piece = (int)((item % (2 * PIECES)) / 2);
         const bool stats = (item & 1u) == 0u;
         const int g = stats ? round : round - AHEAD;
-        if (g < 0 || g >= ng) continue;
+        if (g < 0 || g >= ng) {
+            __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
+            continue;
+        }
         const TX* a = x + (int64_t)g * glen + (int64_t)piece * CHUNK;
         if (stats) {
             const float pivot = to_f(x[(int64_t)g * glen]);

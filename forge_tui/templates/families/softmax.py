@@ -137,18 +137,15 @@ class Softmax:
                 segs //= 2
             return {**base, "mode": "split", "tpr": 1024 if cols // segs >= 4096 * vec else 256, "segs": segs}
         # Many long rows: two passes from DRAM in a block per row measured fastest on the H200
-        # (512x262144 bf16->fp32: 3.12x eager; one pass in a cluster, 2.74-2.85x; one DRAM read with
-        # the segments stashed in shared memory, 2.19-2.47x), with accesses of 16 bytes on the wider
-        # side (bf16 in, fp32 out: 4 elements, 8-byte loads and 16-byte stores)
+        # (512x262144 bf16->fp32: 3.08-3.2x eager; one pass in a cluster, 2.74-2.86x; one DRAM read
+        # with the segments stashed in shared memory, 2.19-2.52x), with accesses of 16 bytes on the
+        # wider side (bf16 in, fp32 out: 4 elements, 8-byte loads and 16-byte stores)
         wide = max(ITEMSIZE[m.info["tin"]], ITEMSIZE[m.info["tout"]])
         vec = next((v for v in self._vecs(m) if v * wide <= 16), vec)
-        # one DRAM read with reads and writes overlapping (ncu: online moves 1048 MB at 3.66 TB/s
-        # where the bytes alone are 778 MB); pieces of 32 KB of input
+        # (the stream mode, one DRAM read with reads and writes overlapping, measured 1.69x eager:
+        # its blocks wait on small work items; it stays a move, with pieces of 32 KB of input)
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
-        stream = {**base, "mode": "stream", "tpr": 512, "vec": vec, "segs": segs}
-        if self.valid(m, stream, backend):
-            return stream
-        return {**base, "mode": "online", "tpr": 1024, "vec": vec}
+        return {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
 
     def passes(self, m: Match, p: dict) -> int:
         return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash", "stream") and "chunk" not in p else 2
@@ -615,20 +612,24 @@ template <typename TI, typename TO, int THREADS, int VEC, int SEGS, int PIECE, i
 __global__ void __launch_bounds__(THREADS)
 softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict__ part, unsigned* done,
                unsigned* ticket, int rows, unsigned items) {
-    __shared__ unsigned s_item;
+    __shared__ unsigned s_item[2];
     __shared__ float2 merged;
     const int t = threadIdx.x;
-    for (;;) {
-        if (t == 0) s_item = atomicAdd(ticket, 1u);
-        __syncthreads();
-        const unsigned item = s_item;
-        __syncthreads();  /* everyone has read s_item before thread 0 takes the next one */
+    /* the next item's ticket is taken while this one runs (its atomic's latency off the path) */
+    if (t == 0) s_item[0] = atomicAdd(ticket, 1u);
+    __syncthreads();
+    for (int cur = 0;; cur ^= 1) {
+        const unsigned item = s_item[cur];
+        if (t == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
         if (item >= items) return;
         const int round = (int)(item / (2 * SEGS));
         const int piece = (int)((item % (2 * SEGS)) / 2);
         const bool stats = (item & 1u) == 0u;
         const int row = stats ? round : round - AHEAD;
-        if (row < 0 || row >= rows) continue;
+        if (row < 0 || row >= rows) {
+            __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
+            continue;
+        }
         const TI* xr = x + (int64_t)row * (SEGS * PIECE) + (int64_t)piece * PIECE;
         if (stats) {
             float m = -INFINITY, s = 0.f;
