@@ -64,4 +64,35 @@ __device__ __forceinline__ float row_reduce(float v, float* scratch) {
 }
 
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
+
+/* Ordered work items for one-launch, two-phase kernels (the stream modes). Item t, taken in order
+   from a ticket counter, is in round r = t / (2 * PIECES): even items are the statistics of piece
+   (t % (2 * PIECES)) / 2 of unit r, odd ones the second phase of that piece of unit r - AHEAD,
+   which waits until its unit's PIECES statistics items are counted. Those were all ticketed
+   earlier by running blocks, so the lowest unfinished item can always finish: no deadlock,
+   whatever the residency. A block takes its next ticket while the current item runs. */
+struct WorkItem { int unit, piece; bool stats; };
+
+template <int PIECES, int AHEAD>
+__device__ __forceinline__ WorkItem decode_item(unsigned item) {
+    const int round = (int)(item / (2 * PIECES));
+    WorkItem w;
+    w.piece = (int)((item % (2 * PIECES)) / 2);
+    w.stats = (item & 1u) == 0u;
+    w.unit = w.stats ? round : round - AHEAD;
+    return w;
+}
+
+/* Thread 0 only: publish this block's writes, then count one finished piece of the unit. */
+__device__ __forceinline__ void count_piece(unsigned* done) {
+    __threadfence();
+    atomicAdd(done, 1u);
+}
+
+/* Thread 0 only: wait until n pieces of the unit are counted; their writes are then visible
+   (read them with __ldcg, past L1). */
+__device__ __forceinline__ void wait_pieces(unsigned* done, unsigned n) {
+    while (atomicAdd(done, 0u) < n) __nanosleep(64);
+    __threadfence();
+}
 '''

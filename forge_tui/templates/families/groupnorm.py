@@ -313,6 +313,40 @@ __device__ __forceinline__ void welford_warp(float& n, float& mean, float& m2) {
                       __shfl_xor_sync(0xffffffffu, m2, o));
 }
 
+/* A block's (count, mean, M2) from each thread's sums of (v - pivot) and their squares over cnt
+   values (the pivot, a value of the group, keeps the sums from cancelling), merged with Chan's
+   formula: the result is in every lane of warp 0. Every thread of the block must call it; it
+   ends with warp 0 reading shared memory, so a second call needs a barrier before it. */
+template <int THREADS>
+__device__ __forceinline__ void block_welford(float cnt, float pivot, float s1, float s2, float& n, float& mean,
+                                              float& m2) {
+    __shared__ float sn[32], smean[32], sm2[32];
+    n = cnt;
+    mean = cnt > 0.f ? pivot + s1 / cnt : 0.f;
+    m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
+    welford_warp(n, mean, m2);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) { sn[w] = n; smean[w] = mean; sm2[w] = m2; }
+    __syncthreads();
+    if (w == 0) {
+        n = lane < THREADS / 32 ? sn[lane] : 0.f;
+        mean = lane < THREADS / 32 ? smean[lane] : 0.f;
+        m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
+        welford_warp(n, mean, m2);
+    }
+}
+
+/* Lane 0 of the warp holding a group's merged statistics: mean and rstd to the block (stat) and,
+   where this block is the one to, to the outputs. */
+template <typename TS>
+__device__ __forceinline__ void publish_stats(float n, float mean, float m2, float eps, float* stat, bool write,
+                                              TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int64_t g) {
+    const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+    stat[0] = mean;
+    stat[1] = rstd;
+    if (write) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
+}
+
 /* Pass 1: per piece (count, mean, M2). Each thread sums (v - pivot) and its square (pivot: the
    group's first element, so the sums do not cancel), then threads merge with Chan's formula. */
 template <typename TX, int THREADS, int VEC>
@@ -332,19 +366,9 @@ __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, 
         for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
         cnt += (float)VEC;
     }
-    float n = cnt, mean = cnt > 0.f ? pivot + s1 / cnt : 0.f, m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
-    welford_warp(n, mean, m2);
-    __shared__ float sn[32], smean[32], sm2[32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (lane == 0) { sn[w] = n; smean[w] = mean; sm2[w] = m2; }
-    __syncthreads();
-    if (w == 0) {
-        n = lane < THREADS / 32 ? sn[lane] : 0.f;
-        mean = lane < THREADS / 32 ? smean[lane] : 0.f;
-        m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
-        welford_warp(n, mean, m2);
-        if (lane == 0) { ws[blockIdx.x * 3] = n; ws[blockIdx.x * 3 + 1] = mean; ws[blockIdx.x * 3 + 2] = m2; }
-    }
+    float n, mean, m2;
+    block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);
+    if (threadIdx.x == 0) { ws[blockIdx.x * 3] = n; ws[blockIdx.x * 3 + 1] = mean; ws[blockIdx.x * 3 + 2] = m2; }
 }
 
 /* Pass 2: block b = one piece of one (n, c) plane; warp 0 merges the group's pieces from the
@@ -482,7 +506,6 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
     cg::cluster_group cluster = cg::this_cluster();
     extern __shared__ __align__(16) unsigned char stash_raw[];
     TX* keep = reinterpret_cast<TX*>(stash_raw);
-    __shared__ float sn[32], smean[32], sm2[32];
     __shared__ float part[3];
     __shared__ float stat[2];
     const int rank = (int)cluster.block_rank();
@@ -501,18 +524,10 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
         for (int j = 0; j < VEC; ++j) { const float d = to_f(raw.v[j]) - pivot; s1 += d; s2 = fmaf(d, d, s2); }
         cnt += (float)VEC;
     }
-    float n = cnt, mean = cnt > 0.f ? pivot + s1 / cnt : 0.f, m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
-    welford_warp(n, mean, m2);
+    float n, mean, m2;
+    block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);
     const int lane = t & 31, wid = t >> 5;
-    if (lane == 0) { sn[wid] = n; smean[wid] = mean; sm2[wid] = m2; }
-    __syncthreads();
-    if (wid == 0) {
-        n = lane < THREADS / 32 ? sn[lane] : 0.f;
-        mean = lane < THREADS / 32 ? smean[lane] : 0.f;
-        m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
-        welford_warp(n, mean, m2);
-        if (lane == 0) { part[0] = n; part[1] = mean; part[2] = m2; }
-    }
+    if (t == 0) { part[0] = n; part[1] = mean; part[2] = m2; }
     cluster.sync();
     if (wid == 0) {
         n = mean = m2 = 0.f;
@@ -521,12 +536,7 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
             n = q[0]; mean = q[1]; m2 = q[2];
         }
         welford_warp(n, mean, m2);
-        if (lane == 0) {
-            const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
-            stat[0] = mean;
-            stat[1] = rstd;
-            if (rank == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
-        }
+        if (lane == 0) publish_stats(n, mean, m2, eps, stat, rank == 0, mean_out, rstd_out, g);
     }
     __syncthreads();
     mean = stat[0];
@@ -550,10 +560,8 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
 
 
 STREAM_KERNEL = r"""
-/* Work item t (taken in order from *ticket): round r = t / (2 * PIECES) holds, interleaved, the
-   statistics of the pieces of group r and the normalisation of the pieces of group r - AHEAD.
-   A statistics item never waits; a normalisation item waits for its group's PIECES statistics
-   items, all ticketed earlier by running blocks: no deadlock whatever the residency. */
+/* Ordered work items (decode_item in the common code): units are groups, the second phase
+   normalises a piece AHEAD units after its statistics. */
 template <typename TX, typename TW, typename TB, typename TO, typename TS, int THREADS, int VEC, int PIECES, int CHUNK,
           int AHEAD>
 __global__ void __launch_bounds__(THREADS)
@@ -561,7 +569,6 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
           TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float* __restrict__ part, unsigned* done,
           unsigned* ticket, int glen, int hw, int groups, int cpg, float eps, int ng, unsigned items) {
     __shared__ unsigned s_item[2];
-    __shared__ float sn[32], smean[32], sm2[32];
     __shared__ float stat[2];
     const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
     /* the next item's ticket is taken while this one runs (its atomic's latency off the path) */
@@ -571,10 +578,9 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
         const unsigned item = s_item[cur];
         if (t == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
         if (item >= items) return;
-        const int round = (int)(item / (2 * PIECES));
-        const int piece = (int)((item % (2 * PIECES)) / 2);
-        const bool stats = (item & 1u) == 0u;
-        const int g = stats ? round : round - AHEAD;
+        const WorkItem wi = decode_item<PIECES, AHEAD>(item);
+        const int g = wi.unit, piece = wi.piece;
+        const bool stats = wi.stats;
         if (g < 0 || g >= ng) {
             __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
             continue;
@@ -590,29 +596,16 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
             }
-            const float cnt = (float)(CHUNK / (THREADS * VEC) * VEC);
-            float n = cnt, mean = pivot + s1 / cnt, m2 = fmaxf(s2 - s1 * s1 / cnt, 0.f);
-            welford_warp(n, mean, m2);
-            if (lane == 0) { sn[wid] = n; smean[wid] = mean; sm2[wid] = m2; }
-            __syncthreads();
-            if (wid == 0) {
-                n = lane < THREADS / 32 ? sn[lane] : 0.f;
-                mean = lane < THREADS / 32 ? smean[lane] : 0.f;
-                m2 = lane < THREADS / 32 ? sm2[lane] : 0.f;
-                welford_warp(n, mean, m2);
-                if (lane == 0) {
-                    float* q = part + ((int64_t)g * PIECES + piece) * 3;
-                    q[0] = n; q[1] = mean; q[2] = m2;
-                    __threadfence();
-                    atomicAdd(done + g, 1u);
-                }
+            float n, mean, m2;
+            block_welford<THREADS>((float)(CHUNK / (THREADS * VEC) * VEC), pivot, s1, s2, n, mean, m2);
+            if (t == 0) {
+                float* q = part + ((int64_t)g * PIECES + piece) * 3;
+                q[0] = n; q[1] = mean; q[2] = m2;
+                count_piece(done + g);
             }
             __syncthreads();
         } else {
-            if (t == 0) {
-                while (atomicAdd(done + g, 0u) < (unsigned)PIECES) __nanosleep(64);
-                __threadfence();
-            }
+            if (t == 0) wait_pieces(done + g, PIECES);
             __syncthreads();
             if (wid == 0) {
                 float n = 0.f, mean = 0.f, m2 = 0.f;
@@ -621,12 +614,7 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
                     welford_merge(n, mean, m2, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
                 }
                 welford_warp(n, mean, m2);
-                if (lane == 0) {
-                    const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
-                    stat[0] = mean;
-                    stat[1] = rstd;
-                    if (piece == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
-                }
+                if (lane == 0) publish_stats(n, mean, m2, eps, stat, piece == 0, mean_out, rstd_out, g);
             }
             __syncthreads();
             const float mean = stat[0], rstd = stat[1];

@@ -604,10 +604,8 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
     cluster.sync();  /* no block leaves while another may still read its shared memory */
 }
 
-/* Work item t (taken in order from *ticket): round r = t / (2 * SEGS) holds, interleaved, the
-   (max, sum) of the pieces of row r and the write of the pieces of row r - AHEAD. A statistics
-   item never waits; a write item waits for its row's SEGS statistics items, all ticketed earlier
-   by running blocks: no deadlock whatever the residency. */
+/* Ordered work items (decode_item in the common code): units are rows, the second phase writes
+   a piece AHEAD rows after its statistics. */
 template <typename TI, typename TO, int THREADS, int VEC, int SEGS, int PIECE, int AHEAD, bool LOG>
 __global__ void __launch_bounds__(THREADS)
 softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict__ part, unsigned* done,
@@ -622,10 +620,9 @@ softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict_
         const unsigned item = s_item[cur];
         if (t == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
         if (item >= items) return;
-        const int round = (int)(item / (2 * SEGS));
-        const int piece = (int)((item % (2 * SEGS)) / 2);
-        const bool stats = (item & 1u) == 0u;
-        const int row = stats ? round : round - AHEAD;
+        const WorkItem wi = decode_item<SEGS, AHEAD>(item);
+        const int row = wi.unit, piece = wi.piece;
+        const bool stats = wi.stats;
         if (row < 0 || row >= rows) {
             __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
             continue;
@@ -642,15 +639,11 @@ softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict_
             block_ms<THREADS>(m, s);
             if (t == 0) {
                 part[(int64_t)row * SEGS + piece] = make_float2(m, s);
-                __threadfence();
-                atomicAdd(done + row, 1u);
+                count_piece(done + row);
             }
             __syncthreads();
         } else {
-            if (t == 0) {
-                while (atomicAdd(done + row, 0u) < (unsigned)SEGS) __nanosleep(64);
-                __threadfence();
-            }
+            if (t == 0) wait_pieces(done + row, SEGS);
             __syncthreads();
             if (t < 32) {
                 float m = -INFINITY, s = 0.f;
