@@ -151,8 +151,9 @@ class Softmax:
         return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash", "stream") and "chunk" not in p else 2
 
     def relevant(self, p: dict) -> dict:
-        """The parameters that change the kernel (segments and order only split, rows per block only
-        regs, cluster size only cluster)."""
+        """The parameters that change the kernel (segments only split and stream, order only split,
+        ahead only stream, rows per block only regs, cluster size only cluster and stash, blocks per
+        SM only stash)."""
         q = dict(p)
         if q.get("mode") not in ("split", "stream"):
             q.pop("segs", None)
