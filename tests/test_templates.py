@@ -181,6 +181,7 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     moves = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
     stream = moves["stream"]  # one DRAM read, reads and writes overlapping: work items in order, the
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16  # write of a row 16 rows (24 MB) later
+    assert stream["tpr"] == 512 and moves["stash"]["tpr"] == 512
     src = fam.render(m, stream, "cuda")
     assert "forge_launch_ws" in src and "cudaMemsetAsync" in src and "softmax_stream<" in src
     stash = moves["stash"]
@@ -215,6 +216,8 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert set(modes) >= {"cluster", "split", "stream"} and fam.passes(m, modes["cluster"]) == 1  # fits registers
     stream = modes["stream"]  # work items in order, normalisation AHEAD groups (16 MB) after the statistics
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16
+    # a mode move takes that mode's measured thread count (the stash's 1024 make the stream spill)
+    assert stream["threads"] == 512 and modes["split"]["threads"] == 512
     src = fam.render(m, stream, "cuda")
     assert "forge_launch_ws" in src and "cudaMemsetAsync" in src and "atomicAdd(ticket" in src
     fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups
@@ -222,6 +225,7 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert p["mode"] == "split" and fam.passes(m, p) == 2, p  # a stash would hold under a third of a segment
     modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
     assert modes["stream"]["ahead"] == 8 and fam.passes(m, modes["stash"]) == 1
+    assert modes["stash"]["threads"] == 1024 and modes["stream"]["threads"] == 512
     assert "cluster" not in modes  # too large for a cluster's registers
     src = fam.render(m, p, "cuda")
     assert "forge_launch_ws" in src and "cudaMalloc" not in src

@@ -58,6 +58,11 @@ class TemplateProposer:
                 steps = [v for v in values if v != params[axis]]
             for v in steps:
                 q = dict(params, **{axis: v})
+                if axis == "mode" and hasattr(fam, "mode_settings"):
+                    # a mode change takes the settings measured best for that mode (a thread count
+                    # right for one mode can spill or starve another)
+                    tuned = dict(q, **fam.mode_settings(m, v, backend))
+                    q = tuned if fam.valid(m, tuned, backend) else q
                 if fam.valid(m, q, backend):
                     out.append(q)
                 elif axis == "mode":  # a new mode may need other settings: the nearest valid ones

@@ -147,6 +147,14 @@ class Softmax:
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
         return {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
 
+    def mode_settings(self, m: Match, mode: str, backend: str) -> dict:
+        """Threads a row for a move into a long-row mode: what the H200 measured best (run D: online
+        at 1024, the cluster modes and stream at 512)."""
+        if backend == "cpu":
+            return {}
+        return {"online": {"tpr": 1024}, "stash": {"tpr": 512, "cl": 8, "bps": 2}, "stream": {"tpr": 512},
+                "cluster": {"tpr": 512, "cl": 8}}.get(mode, {})
+
     def passes(self, m: Match, p: dict) -> int:
         return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash", "stream") and "chunk" not in p else 2
 
