@@ -83,6 +83,28 @@ def stash_bytes(bps: int) -> int:
     return (228 // (bps + 1) + 4) * 1024 - 1024
 
 
+def stream_ahead(units: int, unit_bytes: int, choices: tuple[int, ...], target_bytes: int) -> int:
+    """How many units (groups, rows) a stream mode's second phase trails its statistics by: the
+    choice whose bytes come closest to ``target_bytes`` (what L2 should still hold), at most
+    ``units``."""
+    return min([a for a in choices if a <= units] or [choices[0]], key=lambda a: abs(a * unit_bytes - target_bytes))
+
+
+def stream_ws_bytes(part_bytes: str, units: str) -> str:
+    """A stream mode's workspace size: its partial statistics, then a finished-pieces count per
+    unit and the ticket counter."""
+    return (f"static const int64_t PART_BYTES = {part_bytes};\n"
+            f"static const int64_t WS_BYTES = PART_BYTES + (int64_t)sizeof(unsigned) * ({units} + 1);\n")
+
+
+def stream_counters(units: str) -> str:
+    """In a stream mode's entry point: the counters after the partials, zeroed on the stream."""
+    return (f"    unsigned* done = (unsigned*)((char*)workspace + PART_BYTES);\n"
+            f"    unsigned* ticket = done + {units};\n"
+            f"    /* the counters start at zero on every call (the workspace holds garbage) */\n"
+            f"    cudaMemsetAsync(done, 0, sizeof(unsigned) * ({units} + 1), s);\n")
+
+
 def workspace_entry(bytes_expr: str) -> str:
     """The opening of a candidate that takes scratch memory (forge_kernel.h): the size function
     returning bytes_expr, then forge_launch_ws up to its opening brace."""

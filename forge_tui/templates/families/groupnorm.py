@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from ...cards import Card
 from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
-                    stash_bytes, vec_widths, workspace_entry)
+                    stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
+                    workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -94,7 +95,7 @@ class GroupNorm:
             chunk //= 2
         ng = m.info["n"] * m.info["g"]
         gbytes = m.info["group_len"] * ITEMSIZE[m.info["tin"]]
-        ahead = min([a for a in (2, 4, 8, 16, 32) if a <= ng] or [2], key=lambda a: abs(a * gbytes - (16 << 20)))
+        ahead = stream_ahead(ng, gbytes, (2, 4, 8, 16, 32), 16 << 20)
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
                 "cl": 8, "bps": 2, "ahead": ahead}
         groups = m.info["n"] * m.info["g"]
@@ -258,17 +259,11 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 static const int64_t NG = {ng}, TOTAL = {total};
 static const int PIECES = {pieces}, CHUNK = {chunk}, AHEAD = {ahead};
 /* per piece: count, mean, M2; then a finished-pieces count per group and the ticket counter */
-static const int64_t PART_BYTES = (int64_t)sizeof(float) * NG * PIECES * 3;
-static const int64_t WS_BYTES = PART_BYTES + (int64_t)sizeof(unsigned) * (NG + 1);
-
+{stream_ws_bytes("(int64_t)sizeof(float) * NG * PIECES * 3", "NG")}
 {workspace_entry("WS_BYTES")}
 {check}    if (ws_bytes < WS_BYTES) return 4;
     float* part = (float*)workspace;
-    unsigned* done = (unsigned*)((char*)workspace + PART_BYTES);
-    unsigned* ticket = done + NG;
-    /* the counters start at zero on every call (the workspace holds garbage) */
-    cudaMemsetAsync(done, 0, sizeof(unsigned) * (NG + 1), s);
-    const unsigned items = (unsigned)((NG + AHEAD) * PIECES * 2);
+{stream_counters("NG")}    const unsigned items = (unsigned)((NG + AHEAD) * PIECES * 2);
     if (aligned) gn_stream<TX, TW, TB, TO, TS, {threads}, {vec}, PIECES, CHUNK, AHEAD><<<{SMS * per_sm}, {threads}, 0, s>>>({args}, (int)NG, items);
     else gn_stream<TX, TW, TB, TO, TS, {threads}, 1, PIECES, CHUNK, AHEAD><<<{SMS * per_sm}, {threads}, 0, s>>>({args}, (int)NG, items);
     return (int)cudaGetLastError();

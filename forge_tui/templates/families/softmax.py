@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ...cards import Card
 from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, stash_bytes,
-                    vec_widths, workspace_entry)
+                    stream_ahead, stream_counters, stream_ws_bytes, vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -120,7 +120,7 @@ class Softmax:
         rows, cols = m.info["rows"], m.info["cols"]
         vec = self._vecs(m)[0]
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
-        ahead = min([a for a in (4, 8, 16, 32) if a <= rows] or [4], key=lambda a: abs(a * row_bytes - (24 << 20)))
+        ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
                 "ahead": ahead}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
@@ -245,11 +245,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             launch = f'''
     if (ws_bytes < WS_BYTES) return 4;
     float2* part = (float2*)workspace;
-    unsigned* done = (unsigned*)((char*)workspace + PART_BYTES);
-    unsigned* ticket = done + ROWS;
-    /* the counters start at zero on every call (the workspace holds garbage) */
-    cudaMemsetAsync(done, 0, sizeof(unsigned) * (ROWS + 1), s);
-    const unsigned items = (unsigned)((ROWS + {ahead}) * {segs} * 2);
+{stream_counters("ROWS")}    const unsigned items = (unsigned)((ROWS + {ahead}) * {segs} * 2);
     if (aligned) softmax_stream<TI, TO, {tpr}, {vec}, {segs}, {piece}, {ahead}, {log}><<<{SMS * per_sm}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);
     else softmax_stream<TI, TO, {tpr}, 1, {segs}, {piece}, {ahead}, {log}><<<{SMS * per_sm}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);'''
         elif mode == "stash":
@@ -284,8 +280,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             entry = (f"static const int64_t WS_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};\n\n"
                      + workspace_entry("WS_BYTES"))
         elif mode == "stream":  # per piece (max, sum); a finished-pieces count per row; the ticket
-            entry = (f"static const int64_t PART_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};\n"
-                     f"static const int64_t WS_BYTES = PART_BYTES + (int64_t)sizeof(unsigned) * ({rows} + 1);\n\n"
+            entry = (stream_ws_bytes(f"(int64_t)sizeof(float2) * {rows} * {segs}", str(rows)) + "\n"
                      + workspace_entry("WS_BYTES"))
         else:
             entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
