@@ -65,10 +65,12 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 
 def probe_source(card) -> str:
     """The byte-moving probe for this card: its largest input in, its first output out."""
-    sizes = [s.numel * {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}.get(s.dtype, 4) for s in card.inputs]
+    from forge_tui.templates.base import ITEMSIZE
+
+    sizes = [s.numel * ITEMSIZE.get(s.dtype, 4) for s in card.inputs]
     k = max(range(len(sizes)), key=lambda j: sizes[j])
     out = card.outputs[0]
-    nb = out.numel * {"float32": 4, "float16": 2, "bfloat16": 2}.get(out.dtype, 4) // 16
+    nb = out.numel * ITEMSIZE.get(out.dtype, 4) // 16
     na = sizes[k] // 16
     head = f"#define NA {na}LL\n#define NB {nb}LL\n#define IN {k}\n"
     return head + PROBE_SOURCE

@@ -387,7 +387,7 @@ class Recorder:
 
     def _close_frame(self, frame: _Frame, output) -> None:
         funcs = [resolve_op(n["op"]) for n in frame.nodes]
-        compute = [f for f in funcs if not is_view(f) and op_name(f) not in ALLOCATIONS]
+        compute = [f for f in funcs if _is_compute(f)]
         if frame.invalid or not compute or (frame.rng and self.opt.skip_rng):
             return
         outs = _tensor_leaves(output)
@@ -423,6 +423,11 @@ class Recorder:
                 bucket.skipped_samples += 1
 
 
+def _is_compute(func) -> bool:
+    """An op that computes (not a view, not an allocation)."""
+    return not is_view(func) and op_name(func) not in ALLOCATIONS
+
+
 def _drops_outputs(nodes: list, refs: list) -> bool:
     """The module returns a part of its op's outputs and drops at least a quarter of the bytes
     they hold: nn.MaxPool2d returns the values of max_pool2d_with_indices and drops the indices
@@ -431,13 +436,9 @@ def _drops_outputs(nodes: list, refs: list) -> bool:
     and rstd) make no card of their own."""
     import torch
 
-    def compute(n) -> bool:
-        f = resolve_op(n["op"])
-        return not is_view(f) and op_name(f) not in ALLOCATIONS
-
     size = {}
     for i, n in enumerate(nodes):
-        if compute(n):
+        if _is_compute(resolve_op(n["op"])):
             for j, meta in enumerate(n.get("out") or []):
                 if meta is not None:
                     numel = 1
