@@ -25,19 +25,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # case (templates_bench.CASES) -> parameter overrides on the family's first configuration
 PROBES = {
-    "group_norm_fp32_2x512x128x128": [{}, {"mode": "stash", "threads": 512}, {"mode": "cluster", "threads": 1024},
+    "group_norm_fp32_2x512x128x128": [{}, {"cl": 16, "bps": 2, "threads": 512}, {"cl": 16, "bps": 2},
+                                      {"mode": "stash", "bps": 2}, {"mode": "cluster", "threads": 1024},
                                       {"mode": "split", "threads": 512},
                                       {"mode": "stream", "threads": 512, "ahead": 16},
-                                      {"mode": "stream", "threads": 512, "ahead": 8},
-                                      {"mode": "stream", "threads": 1024, "ahead": 8},
-                                      {"mode": "stream", "threads": 256, "ahead": 8}],
-    "group_norm_bf16_1x512x256x256": [{}, {"mode": "stash", "threads": 1024}, {"mode": "stream", "ahead": 8},
-                                      {"mode": "stream", "ahead": 4}],
+                                      {"mode": "stream", "threads": 512, "ahead": 8}],
+    "group_norm_bf16_1x512x256x256": [{}, {"cl": 16}, {"cl": 16, "bps": 2, "threads": 512},
+                                      {"mode": "split", "threads": 512}, {"mode": "stash", "bps": 2},
+                                      {"mode": "stream", "ahead": 8, "threads": 256}],
     "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
-    "softmax_bf16in_fp32out_512x262144": [{}, {"mode": "stash", "tpr": 512, "vec": 8},
-                                          {"mode": "stream", "tpr": 512, "ahead": 16, "segs": 16},
-                                          {"mode": "stream", "tpr": 512, "ahead": 8, "segs": 4},
-                                          {"mode": "stream", "tpr": 1024, "ahead": 16, "segs": 8}],
+    "softmax_bf16in_fp32out_512x262144": [{}, {"vec": 8}, {"cl": 8, "bps": 2, "tpr": 512}, {"cl": 2},
+                                          {"mode": "online"}, {"mode": "stash", "tpr": 512, "vec": 8, "cl": 8, "bps": 2},
+                                          {"mode": "stream", "tpr": 512, "ahead": 16, "segs": 16}],
 }
 
 PROBE_SOURCE = r'''
@@ -91,6 +90,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--configs", help="comma-separated indices into each case's configurations (default: all)")
     ap.add_argument("--no-probe", action="store_true", help="skip the byte-moving probe kernel")
+    ap.add_argument("--timeout", type=float, default=240.0, help="limit of one ncu run (s)")
     args = ap.parse_args()
     pick = [int(v) for v in args.configs.split(",")] if args.configs else None
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
@@ -125,7 +125,7 @@ def main() -> int:
             if not b.ok:
                 print(f"{name}: {label}: build failed {b.reason[:400]}", flush=True)
                 continue
-            r = ncu.profile(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s=240)
+            r = ncu.profile(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s=args.timeout)
             r.pop("raw_csv", None)
             row = {"case": name, "config": label, "floor_us": card.floor_us, **r}
             report["rows"].append(row)

@@ -63,6 +63,26 @@ __device__ __forceinline__ float row_reduce(float v, float* scratch) {
     return v;
 }
 
+/* Asynchronous copies from global to shared memory (sm_80+), for the ring modes. A thread stages
+   a vector into a slot of its own and only it reads the slot back: after stage_wait() the data is
+   visible to it, with no barrier. Vectors of 4, 8 or 16 bytes go by cp.async, others by a plain
+   copy. The "memory" clobbers keep the compiler from moving shared-memory reads across them. */
+template <typename T, int N>
+__device__ __forceinline__ void stage_vec(T* dst, const T* __restrict__ src) {
+    constexpr int B = (int)sizeof(T) * N;
+    if constexpr (B == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+    } else if constexpr (B == 8 || B == 4) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
+                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(B) : "memory");
+    } else {
+        *reinterpret_cast<Vec<T, N>*>(dst) = *reinterpret_cast<const Vec<T, N>*>(src);
+    }
+}
+__device__ __forceinline__ void stage_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* Ordered work items for one-launch, two-phase kernels (the stream modes). Item t, taken in order
