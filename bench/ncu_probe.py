@@ -75,6 +75,36 @@ def probe_source(card) -> str:
     return head + PROBE_SOURCE
 
 
+DETAIL_SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "WarpStateStats", "SchedulerStats", "Occupancy")
+
+
+def detail(card_json: dict, library: str, store_root: str, timeout_s: float) -> str:
+    """ncu's details page for the candidate's launch (the evaluator's ncu driver), the lines with
+    numbers only: where its warps stall and how its memory traffic flows."""
+    import shutil
+    import subprocess
+
+    from forge_tui.evaluator import ncu
+
+    exe = shutil.which("ncu")
+    if exe is None:
+        return "ncu not on PATH"
+    with tempfile.TemporaryDirectory(prefix="forge-ncu-detail-") as tmp:
+        req = Path(tmp) / "request.json"
+        req.write_text(json.dumps({"card": card_json, "library": library, "store": store_root}))
+        cmd = [exe, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{ncu.NVTX_RANGE}/", "--page", "details"]
+        for sec in DETAIL_SECTIONS:
+            cmd += ["--section", sec]
+        cmd += [sys.executable, "-m", "forge_tui.evaluator.ncu", str(req)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"ncu did not finish within {timeout_s:.0f} s"
+    keep = [ln.rstrip() for ln in proc.stdout.splitlines()
+            if any(ch.isdigit() for ch in ln) and not ln.startswith("==") and "----" not in ln]
+    return "\n".join(keep[:80])
+
+
 def main() -> int:
     import torch
 
@@ -91,6 +121,8 @@ def main() -> int:
     ap.add_argument("--configs", help="comma-separated indices into each case's configurations (default: all)")
     ap.add_argument("--no-probe", action="store_true", help="skip the byte-moving probe kernel")
     ap.add_argument("--timeout", type=float, default=240.0, help="limit of one ncu run (s)")
+    ap.add_argument("--detail", action="store_true",
+                    help="also print ncu's details page (speed of light, memory, warp stall and scheduler sections)")
     args = ap.parse_args()
     pick = [int(v) for v in args.configs.split(",")] if args.configs else None
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
@@ -137,6 +169,10 @@ def main() -> int:
                       f"kernels {len(r.get('kernels', []))}", flush=True)
             else:
                 print(f"{name}: {label}: {r.get('reason')}", flush=True)
+            if args.detail:
+                text = detail(card.model_dump(mode="json"), str(b.library), str(ws.store.root), args.timeout)
+                row["detail"] = text
+                print(text, flush=True)
             (out / "ncu_probe.json").write_text(json.dumps(report, indent=1, default=str))
     return 0
 

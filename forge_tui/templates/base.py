@@ -83,12 +83,16 @@ def stash_bytes(bps: int) -> int:
     return (228 // (bps + 1) + 4) * 1024 - 1024
 
 
-def ring_stash(seg: int, itemsize: int, vec: int, bps: int) -> int:
-    """Elements of a ring mode block's segment kept in shared memory: all of it where it fits the
-    share of an SM's 228 KB that lets ``bps`` blocks reside (1 KB reserved per block, 1 KB kept
-    for the kernel's static shared memory), else as many whole vectors as fit."""
+RING_MAX_CHUNKS = 64  # mbarriers a ring mode block keeps (cuda_common.RING_MAX_CHUNKS)
+
+
+def ring_stash(seg: int, itemsize: int, chunk: int, bps: int) -> int:
+    """Elements of a ring mode block's segment kept in shared memory, in whole chunks of ``chunk``
+    elements (a vector per thread): as many as fit the share of an SM's 228 KB that lets ``bps``
+    blocks reside (1 KB reserved per block, 1 KB kept for the kernel's static shared memory),
+    at most the segment and RING_MAX_CHUNKS chunks."""
     cap = (228 // bps - 2) * 1024 // itemsize
-    return min(seg, cap) // vec * vec
+    return min(seg, cap, RING_MAX_CHUNKS * chunk) // chunk * chunk
 
 
 def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str) -> str:

@@ -88,9 +88,9 @@ class GroupNorm:
             return cluster_fits(m.info["group_len"], p["cl"], p["threads"], p["vec"])
         if p.get("mode") == "ring":
             glen, itemsize = m.info["group_len"], ITEMSIZE[m.info["tin"]]
-            if glen % (p["cl"] * p["vec"]) or p["threads"] * p["bps"] > 2048:
-                return False
-            return ring_stash(glen // p["cl"], itemsize, p["vec"], p["bps"]) >= p["threads"] * p["vec"]
+            if glen % (p["cl"] * p["vec"]) or (glen // p["cl"] * itemsize) % 16 or p["threads"] * p["bps"] > 2048:
+                return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
+            return ring_stash(glen // p["cl"], itemsize, p["threads"] * p["vec"], p["bps"]) > 0
         if p.get("mode") == "stash":
             glen = m.info["group_len"]
             return glen % (p["cl"] * p["vec"]) == 0 and glen // p["cl"] >= p["threads"] * p["vec"] and \
@@ -270,19 +270,19 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 """
         if p.get("mode") == "ring":
             cl = p["cl"]
-            stash = ring_stash(glen // cl, ITEMSIZE[i["tin"]], vec, p["bps"])
+            stash = ring_stash(glen // cl, ITEMSIZE[i["tin"]], threads * vec, p["bps"])
             smem = stash * ITEMSIZE[i["tin"]]
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
                     f"{stash}, (int)NG")
-            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}>"
-            k_one = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, 1>"
+            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, true>"
+            k_one = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, 1, false>"
             return CUDA_COMMON + KERNELS + RING_KERNEL + f"""
 {types}
 static const int64_t NG = {ng}, TOTAL = {total};
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {{
-{check}    if (aligned)
+{check}    if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
 {ring_launch(k_vec, "NG", cl, threads, smem, args)}    else
 {ring_launch(k_one, "NG", cl, threads, smem, args)}    return (int)cudaGetLastError();
 }}
@@ -607,34 +607,46 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
 RING_KERNEL = r"""
 /* One DRAM read, persistent: the cluster of CL blocks numbered cid walks groups g = cid,
    cid + clusters, ... (g = n * G + group); block `rank` owns segment [rank * seg, (rank + 1) * seg)
-   of each and keeps its first `stash` elements in shared memory. Thread t's slots are the elements
-   k = t * VEC + j * THREADS * VEC below `stash`: only t stages them (asynchronous copies) and only t
-   reads them back, so the buffer needs no barrier. As t stores a slot's normalised value it stages
-   the same slot of the cluster's next group, so that group's DRAM reads are in flight while this
-   one is written. Statistics as in the stash mode (sums around a pivot, Chan's merge in the block
-   and across the cluster); the cluster's partials alternate between two buffers by round, so a
-   block can publish round r + 1 while another still reads round r (it cannot be two rounds ahead:
-   the cluster barrier of round r + 1 waits for every block). Elements past the stash are read
-   twice, the second time from L2. */
-template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC>
+   of each and keeps its first `stash` elements in shared memory, in chunks of one vector per
+   thread (thread t's element of chunk c: k = c * THREADS * VEC + t * VEC). BULK: one thread loads
+   each chunk with a bulk copy counted on the chunk's mbarrier, and the statistics of a chunk start
+   as soon as it lands; once the block has normalised and stored its chunks (the stores drain
+   while the loads run), a barrier, then the next group's chunks are requested. Otherwise (inputs
+   not on 16-byte boundaries) each thread stages its own elements with cp.async, as it stores
+   them. Statistics as in the stash mode (sums around a pivot, Chan's merge in the block and
+   across the cluster); the cluster's partials alternate between two buffers by round, so a block
+   can publish round r + 1 while another still reads round r (never r + 2: the cluster barrier of
+   round r + 1 waits for every block). Elements past the stash are read twice, the second time
+   from L2. */
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC, bool BULK>
 __global__ void __launch_bounds__(THREADS)
 gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
         TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int glen, int hw, int groups, int cpg, float eps,
         int stash, int ng) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
+    constexpr int CE = THREADS * VEC;  /* elements a chunk */
     extern __shared__ __align__(16) unsigned char stash_raw[];
     TX* keep = reinterpret_cast<TX*>(stash_raw);
+    __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
     __shared__ float part[2][3];
     __shared__ float stat[2];
     const int rank = (int)cluster.block_rank();
     const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
-    const int seg = glen / CL;
+    const int seg = glen / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
-    if (cid < ng) {
+    if constexpr (BULK) {
+        if (t == 0) {
+            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
+            bar_init_fence();
+            const TX* a = x + (int64_t)cid * glen + seg0;
+            for (int c = 0; c < nc && cid < ng; ++c) bulk_load(keep + c * CE, a + c * CE, CE * sizeof(TX), &bar[c]);
+        }
+        __syncthreads();
+    } else {
         const TX* a = x + (int64_t)cid * glen + seg0;
-        for (int k = t * VEC; k < stash; k += THREADS * VEC) stage_vec<TX, VEC>(keep + k, a + k);
+        for (int k = t * VEC; k < stash && cid < ng; k += CE) stage_vec<TX, VEC>(keep + k, a + k);
         stage_commit();
     }
     int round = 0;
@@ -643,15 +655,15 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
         TO* o = y + (int64_t)g * glen + seg0;
         const float pivot = to_f(x[(int64_t)g * glen]);
         float s1 = 0.f, s2 = 0.f, cnt = 0.f;
-        stage_wait();
-#pragma unroll 4
-        for (int k = t * VEC; k < stash; k += THREADS * VEC) {
-            const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + k);
+        if constexpr (!BULK) stage_wait();
+        for (int c = 0; c < nc; ++c) {
+            if constexpr (BULK) bulk_wait(&bar[c], (unsigned)round);
+            const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + c * CE + t * VEC);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) { const float d = to_f(raw.v[j]) - pivot; s1 += d; s2 = fmaf(d, d, s2); }
             cnt += (float)VEC;
         }
-        for (int k = stash + t * VEC; k < seg; k += THREADS * VEC) {
+        for (int k = stash + t * VEC; k < seg; k += CE) {
             float v[VEC];
             load_vec<TX, VEC>(a + k, v);
 #pragma unroll
@@ -678,7 +690,7 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
         const int next = g + clusters;
         const TX* an = x + (int64_t)next * glen + seg0;  /* dereferenced only when next < ng */
 #pragma unroll 4
-        for (int k = t * VEC; k < stash; k += THREADS * VEC) {
+        for (int k = t * VEC; k < stash; k += CE) {
             const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + k);
             const int ch = ch0 + (rank * seg + k) / hw;  /* VEC divides hw: a vector is in one channel */
             const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
@@ -687,12 +699,20 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
 #pragma unroll
             for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]) * scale + shift;
             store_vec<TO, VEC>(o + k, v);
-            /* the store above consumed the slot's value, so its read is complete before the slot
-               is overwritten */
-            if (next < ng) stage_vec<TX, VEC>(keep + k, an + k);
+            /* the store above consumed the element's value: its read is complete before the
+               element is overwritten */
+            if constexpr (!BULK) { if (next < ng) stage_vec<TX, VEC>(keep + k, an + k); }
         }
-        stage_commit();
-        for (int k = stash + t * VEC; k < seg; k += THREADS * VEC) {
+        if constexpr (BULK) {
+            __syncthreads();  /* every thread has read every chunk */
+            if (t == 0 && next < ng) {
+                proxy_fence();
+                for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, an + c * CE, CE * sizeof(TX), &bar[c]);
+            }
+        } else {
+            stage_commit();
+        }
+        for (int k = stash + t * VEC; k < seg; k += CE) {
             const int ch = ch0 + (rank * seg + k) / hw;
             const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
             const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;

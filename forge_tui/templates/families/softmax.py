@@ -108,9 +108,11 @@ class Softmax:
         if p["mode"] in ("cluster", "stash") and p["cl"] > 8:
             return False  # clusters over 8 blocks (non-portable) only where the launch opts in
         if p["mode"] == "ring":
-            if p["rpb"] != 1 or cols % (p["cl"] * p["vec"]) or p["tpr"] * p["bps"] > 2048:
-                return False
-            return ring_stash(cols // p["cl"], ITEMSIZE[m.info["tin"]], p["vec"], p["bps"]) >= p["tpr"] * p["vec"]
+            itemsize = ITEMSIZE[m.info["tin"]]
+            if p["rpb"] != 1 or cols % (p["cl"] * p["vec"]) or (cols // p["cl"] * itemsize) % 16 \
+                    or p["tpr"] * p["bps"] > 2048:
+                return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
+            return ring_stash(cols // p["cl"], itemsize, p["tpr"] * p["vec"], p["bps"]) > 0
         if p["mode"] == "regs":
             nv = -(-cols // (p["tpr"] * p["vec"]))
             return nv * p["vec"] <= 64 and p["tpr"] * p["vec"] <= _pow2_ceil(cols) * 2
@@ -283,13 +285,13 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     }}'''
         elif mode == "ring":
             cl = p["cl"]
-            stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], vec, p["bps"])
+            stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
             smem = stash * ITEMSIZE[m.info["tin"]]
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}>"
-            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}>"
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, true>"
+            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
             args = f"x, y, COLS, {stash}, (int)ROWS"
             launch = f"""
-    if (aligned)
+    if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
 {ring_launch(k_vec, "ROWS", cl, tpr, smem, args)}    else
 {ring_launch(k_one, "ROWS", cl, tpr, smem, args)}"""
         else:
@@ -640,30 +642,42 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
 
 /* One DRAM read, persistent: the cluster of CL blocks numbered cid walks rows cid, cid + clusters,
    ...; block `rank` owns segment [rank * seg, (rank + 1) * seg) of each and keeps its first
-   `stash` elements in shared memory. Thread t's slots (c = t * VEC + j * THREADS * VEC below
-   `stash`) are staged (asynchronous copies) and read back by t alone, so the buffer needs no
-   barrier; as t writes a slot's value it stages the same slot of the cluster's next row, whose
-   DRAM reads are then in flight while this row is written. The cluster's (max, sum) partials
+   `stash` elements in shared memory, in chunks of one vector per thread (thread t's element of
+   chunk c: c * THREADS * VEC + t * VEC). BULK: one thread loads each chunk with a bulk copy
+   counted on the chunk's mbarrier, and the statistics of a chunk start as soon as it lands; once
+   the block has written its chunks (the stores drain while the loads run), a barrier, then the
+   next row's chunks are requested. Otherwise (inputs not on 16-byte boundaries) each thread
+   stages its own elements with cp.async as it writes them. The cluster's (max, sum) partials
    alternate between two buffers by round (a block can publish round r + 1 while another still
    reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
    are read twice, the second time from L2. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG>
+template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK>
 __global__ void __launch_bounds__(THREADS)
 softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
+    constexpr int CE = THREADS * VEC;  /* elements a chunk */
     extern __shared__ __align__(16) unsigned char stash_raw[];
     TI* keep = reinterpret_cast<TI*>(stash_raw);
+    __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
     __shared__ float2 part[2];
     __shared__ float2 merged;
     const int rank = (int)cluster.block_rank();
     const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
-    const int seg = cols / CL;
+    const int seg = cols / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x;
-    if (cid < rows) {
+    if constexpr (BULK) {
+        if (t == 0) {
+            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
+            bar_init_fence();
+            const TI* a = x + (int64_t)cid * cols + seg0;
+            for (int c = 0; c < nc && cid < rows; ++c) bulk_load(keep + c * CE, a + c * CE, CE * sizeof(TI), &bar[c]);
+        }
+        __syncthreads();
+    } else {
         const TI* a = x + (int64_t)cid * cols + seg0;
-        for (int c = t * VEC; c < stash; c += THREADS * VEC) stage_vec<TI, VEC>(keep + c, a + c);
+        for (int c = t * VEC; c < stash && cid < rows; c += CE) stage_vec<TI, VEC>(keep + c, a + c);
         stage_commit();
     }
     int round = 0;
@@ -671,16 +685,16 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
         const TI* xr = x + (int64_t)row * cols + seg0;
         TO* yr = y + (int64_t)row * cols + seg0;
         float m = -INFINITY, s = 0.f;
-        stage_wait();
-#pragma unroll 4
-        for (int c = t * VEC; c < stash; c += THREADS * VEC) {
-            const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c);
+        if constexpr (!BULK) stage_wait();
+        for (int c = 0; c < nc; ++c) {
+            if constexpr (BULK) bulk_wait(&bar[c], (unsigned)round);
+            const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c * CE + t * VEC);
             float v[VEC];
 #pragma unroll
             for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
             ms_add<VEC>(m, s, v);
         }
-        for (int c = stash + t * VEC; c < seg; c += THREADS * VEC) {
+        for (int c = stash + t * VEC; c < seg; c += CE) {
             float v[VEC];
             load_vec<TI, VEC>(xr + c, v);
             ms_add<VEC>(m, s, v);
@@ -711,7 +725,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
         const int next = row + clusters;
         const TI* xn = x + (int64_t)next * cols + seg0;  /* dereferenced only when next < rows */
 #pragma unroll 4
-        for (int c = t * VEC; c < stash; c += THREADS * VEC) {
+        for (int c = t * VEC; c < stash; c += CE) {
             const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c);
             float o[VEC];
 #pragma unroll
@@ -720,12 +734,20 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
                 o[j] = LOG ? (v - m - ls) : __expf(v - m) * inv;
             }
             store_vec<TO, VEC>(yr + c, o);
-            /* the store above consumed the slot's value, so its read is complete before the slot
-               is overwritten */
-            if (next < rows) stage_vec<TI, VEC>(keep + c, xn + c);
+            /* the store above consumed the element's value: its read is complete before the
+               element is overwritten */
+            if constexpr (!BULK) { if (next < rows) stage_vec<TI, VEC>(keep + c, xn + c); }
         }
-        stage_commit();
-        for (int c = stash + t * VEC; c < seg; c += THREADS * VEC) {
+        if constexpr (BULK) {
+            __syncthreads();  /* every thread has read every chunk */
+            if (t == 0 && next < rows) {
+                proxy_fence();
+                for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, xn + c * CE, CE * sizeof(TI), &bar[c]);
+            }
+        } else {
+            stage_commit();
+        }
+        for (int c = stash + t * VEC; c < seg; c += CE) {
             float v[VEC], o[VEC];
             load_vec<TI, VEC>(xr + c, v);
 #pragma unroll
