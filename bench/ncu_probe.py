@@ -25,18 +25,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # case (templates_bench.CASES) -> parameter overrides on the family's first configuration
 PROBES = {
-    "group_norm_fp32_2x512x128x128": [{}, {"cl": 16, "bps": 2, "threads": 512}, {"cl": 16, "bps": 2},
-                                      {"mode": "stash", "bps": 2}, {"mode": "cluster", "threads": 1024},
+    "group_norm_fp32_2x512x128x128": [{}, {"mode": "stash", "threads": 512}, {"mode": "cluster", "threads": 1024},
                                       {"mode": "split", "threads": 512},
                                       {"mode": "stream", "threads": 512, "ahead": 16},
-                                      {"mode": "stream", "threads": 512, "ahead": 8}],
-    "group_norm_bf16_1x512x256x256": [{}, {"cl": 16}, {"cl": 16, "bps": 2, "threads": 512},
-                                      {"mode": "split", "threads": 512}, {"mode": "stash", "bps": 2},
-                                      {"mode": "stream", "ahead": 8, "threads": 256}],
+                                      {"mode": "stream", "threads": 512, "ahead": 8},
+                                      {"mode": "stream", "threads": 1024, "ahead": 8},
+                                      {"mode": "stream", "threads": 256, "ahead": 8}],
+    "group_norm_bf16_1x512x256x256": [{}, {"mode": "stash", "threads": 1024}, {"mode": "stream", "ahead": 8},
+                                      {"mode": "stream", "ahead": 4}],
     "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
-    "softmax_bf16in_fp32out_512x262144": [{}, {"vec": 8}, {"cl": 8, "bps": 2, "tpr": 512}, {"cl": 2},
-                                          {"mode": "online"}, {"mode": "stash", "tpr": 512, "vec": 8, "cl": 8, "bps": 2},
-                                          {"mode": "stream", "tpr": 512, "ahead": 16, "segs": 16}],
+    "softmax_bf16in_fp32out_512x262144": [{}, {"mode": "stash", "tpr": 512, "vec": 8},
+                                          {"mode": "stream", "tpr": 512, "ahead": 16, "segs": 16},
+                                          {"mode": "stream", "tpr": 512, "ahead": 8, "segs": 4},
+                                          {"mode": "stream", "tpr": 1024, "ahead": 16, "segs": 8}],
 }
 
 PROBE_SOURCE = r'''

@@ -47,6 +47,9 @@ CASES = {
     "adaptive_avgpool_fp16_32x2048x7x7": ("float16", "return F.adaptive_avg_pool2d(x, 1)", [(32, 2048, 7, 7)], "aten.mean"),
     "maxpool_fp16_32x64x112x112": ("float16", "return F.max_pool2d(x, 3, 2, 1)", [(32, 64, 112, 112)],
                                    "aten.max_pool2d_with_indices"),
+    # a 2x2/2 pool (VGG, U-Net): no strip mode, windows from global memory or a shared-memory tile
+    "maxpool2x2_fp16_32x64x112x112": ("float16", "return F.max_pool2d(x, 2, 2)", [(32, 64, 112, 112)],
+                                      "aten.max_pool2d_with_indices"),
     # ResNet-50's stem pool is an nn.MaxPool2d: the module returns the values and drops the indices
     "maxpool_module_fp16_32x64x112x112": ("float16", "MODULE:MaxPool2d", [(32, 64, 112, 112)], "module:MaxPool2d"),
     "decode_softmax_bf16in_fp32out_4x262144": ("bfloat16", "MODULE:Up", [(4, 262144)], "module:Up"),

@@ -63,51 +63,6 @@ __device__ __forceinline__ float row_reduce(float v, float* scratch) {
     return v;
 }
 
-/* Asynchronous copies from global to shared memory (sm_80+), for the ring modes. A thread stages
-   a vector into a slot of its own and only it reads the slot back: after stage_wait() the data is
-   visible to it, with no barrier. Vectors of 4, 8 or 16 bytes go by cp.async, others by a plain
-   copy. The "memory" clobbers keep the compiler from moving shared-memory reads across them. */
-template <typename T, int N>
-__device__ __forceinline__ void stage_vec(T* dst, const T* __restrict__ src) {
-    constexpr int B = (int)sizeof(T) * N;
-    if constexpr (B == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
-                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-    } else if constexpr (B == 8 || B == 4) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
-                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(B) : "memory");
-    } else {
-        *reinterpret_cast<Vec<T, N>*>(dst) = *reinterpret_cast<const Vec<T, N>*>(src);
-    }
-}
-__device__ __forceinline__ void stage_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-/* Bulk asynchronous copies (sm_90, one-dimensional TMA), for the ring modes: one thread moves a
-   whole chunk from global to shared memory and its bytes are counted on an mbarrier (one per
-   chunk, one arrival a phase) that the chunk's readers wait on with the phase's parity. Sizes and
-   addresses are multiples of 16 bytes. Before a chunk that threads have read is refilled, a block
-   barrier and then proxy_fence() (by the issuing thread) order those reads before the copy. */
-#define RING_MAX_CHUNKS 64
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bulk_wait(uint64_t* bar, unsigned parity) {
-    unsigned done = 0;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-    } while (!done);
-}
-
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* Ordered work items for one-launch, two-phase kernels (the stream modes). Item t, taken in order

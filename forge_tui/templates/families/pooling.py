@@ -248,14 +248,17 @@ class MaxPool:
         if self._strip_ok(i, owv):
             return {"mode": "strip", "threads": 256, "per_thread": 1, "owv": owv, **({"rows": rows[-1]} if rows else {})}
         owv = 2 if i["ow"] % 2 == 0 else 1
+        # Windows read from global memory (through L1) first: on the H200 the shared-memory tile
+        # mode measured slower than the thread mode on ResNet's pool (run D1: 1.6-2.1x eager
+        # against 2.40x; its blocks load their rows, then compute, with nothing in flight). The
+        # tile stays a move, with a whole plane a block when there are planes enough to fill the
+        # GPU a few times over, else the largest tile that still gives that many blocks.
+        first = {"mode": "thread", "threads": 256, "per_thread": 1, "owv": owv}
         if not rows:
-            return {"mode": "thread", "threads": 256, "per_thread": 1, "owv": owv}
-        # a whole plane a block when there are planes enough to fill the GPU a few times over,
-        # else the largest tile that still gives that many blocks
+            return first
         planes = i["n"] * i["c"]
         enough = [r for r in rows if planes * -(-i["oh"] // r) >= 4 * SMS]
-        return {"mode": "tile", "rows": max(enough) if enough else min(rows), "threads": 256, "per_thread": 1,
-                "owv": owv}
+        return {**first, "rows": max(enough) if enough else min(rows)}
 
     def relevant(self, p: dict) -> dict:
         """per_thread only applies to the thread mode with one output a thread; rows only to the tile mode."""
