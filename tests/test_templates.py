@@ -13,7 +13,7 @@ from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
 from forge_tui.profiler.run import profile_into_workspace
 from forge_tui.search.proposer import NodeView, ProposalContext
-from forge_tui.templates.base import describe, parse_header, stash_bytes
+from forge_tui.templates.base import describe, parse_header, ring_stash, stash_bytes
 from forge_tui.templates.proposer import TemplateProposer
 from forge_tui.templates.registry import match
 
@@ -176,9 +176,22 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     vocab = _retyped(_reshaped(sm, [512, 262144]), "bfloat16", "float32")  # F.softmax(x, -1, dtype=float32)
     fam, m = match(vocab)
     p = fam.initial(m, "cuda")
-    # two passes from DRAM measured fastest on the H200; 16-byte stores of the fp32 output
-    assert p["mode"] == "online" and p["vec"] == 4 and fam.passes(m, p) == 2, p
+    # one DRAM read, persistent clusters of 4 (a quarter row, 128 KB, in shared memory); 16-byte
+    # stores of the fp32 output
+    assert p["mode"] == "ring" and p["cl"] == 4 and p["vec"] == 4 and fam.passes(m, p) == 1, p
+    src = fam.render(m, p, "cuda")
+    assert "cudaOccupancyMaxActiveClusters" in src and "cudaLaunchKernelEx" in src and "cp.async.bulk" in src
+    assert "softmax_ring<TI, TO, 4, 1024, 4, false, true>" in src and ", 65536, (int)ROWS" in src  # all of it stashed
     moves = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
+    assert moves["online"]["tpr"] == 1024 and fam.passes(m, moves["online"]) == 2  # two passes from DRAM
+    # a cluster of 16 (non-portable) is opted into by the ring launch, refused by the other modes
+    assert fam.valid(m, {**p, "cl": 16, "bps": 2, "tpr": 512}, "cuda")
+    assert "NonPortableClusterSizeAllowed" in fam.render(m, {**p, "cl": 16, "bps": 2, "tpr": 512}, "cuda")
+    assert not fam.valid(m, {**p, "mode": "stash", "cl": 16}, "cuda")
+    # a half row does not fit: the rest of each segment is read twice
+    half = {**p, "cl": 2}
+    assert fam.valid(m, half, "cuda") and f", {ring_stash(131072, 2, 4096, 1)}, (int)ROWS" in fam.render(m, half, "cuda")
+    assert ring_stash(131072, 2, 4096, 1) * 2 == 224 * 1024
     stream = moves["stream"]  # one DRAM read, reads and writes overlapping: work items in order, the
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16  # write of a row 16 rows (24 MB) later
     assert stream["tpr"] == 512 and moves["stash"]["tpr"] == 512
@@ -208,12 +221,15 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))  # 64 groups of 1 MB
     assert m.info["group_len"] == 16 * 128 * 128
     p = fam.initial(m, "cuda")
-    # one read from DRAM: a cluster per group, each block stashing its eighth in shared memory
-    assert p["mode"] == "stash" and p["threads"] == 1024 and fam.passes(m, p) == 1, p
+    # one read from DRAM: persistent clusters of 8, each block keeping its eighth of a group (128 KB)
+    # in shared memory while the next group's loads overlap this one's writes
+    assert p["mode"] == "ring" and p["threads"] == 1024 and p["cl"] == 8 and fam.passes(m, p) == 1, p
     src = fam.render(m, p, "cuda")
-    assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
+    assert "gn_ring<TX, TW, TB, TO, TS, 8, 1024, 4, true>" in src and "131072" in src and "cp.async.bulk" in src
     modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
-    assert set(modes) >= {"cluster", "split", "stream"} and fam.passes(m, modes["cluster"]) == 1  # fits registers
+    assert set(modes) >= {"cluster", "split", "stream", "stash"} and fam.passes(m, modes["cluster"]) == 1
+    src = fam.render(m, modes["stash"], "cuda")
+    assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
     stream = modes["stream"]  # work items in order, normalisation AHEAD groups (16 MB) after the statistics
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16
     # a mode move takes that mode's measured thread count (the stash's 1024 make the stream spill)
@@ -222,12 +238,15 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert "forge_launch_ws" in src and "cudaMemsetAsync" in src and "atomicAdd(ticket" in src
     fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups
     p = fam.initial(m, "cuda")
-    assert p["mode"] == "split" and fam.passes(m, p) == 2, p  # a stash would hold under a third of a segment
+    # an eighth of a group is 256 KB: 224 KB of it (14 chunks of 16 KB) kept in shared memory, the
+    # rest read twice
+    assert p["mode"] == "ring" and fam.passes(m, p) == 1, p
+    assert f"{224 * 1024 // 2}, (int)NG" in fam.render(m, p, "cuda")
     modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
-    assert modes["stream"]["ahead"] == 8 and fam.passes(m, modes["stash"]) == 1
+    assert modes["stream"]["ahead"] == 8 and fam.passes(m, modes["stash"]) == 1 and fam.passes(m, modes["split"]) == 2
     assert modes["stash"]["threads"] == 1024 and modes["stream"]["threads"] == 512
     assert "cluster" not in modes  # too large for a cluster's registers
-    src = fam.render(m, p, "cuda")
+    src = fam.render(m, modes["split"], "cuda")
     assert "forge_launch_ws" in src and "cudaMalloc" not in src
     # a stash block asks for enough shared memory that at most bps blocks share an SM
     for bps in (1, 2, 4):
@@ -305,8 +324,9 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
             sources.setdefault((m.family, "module-" + dtype, q.get("mode"), describe(m.family, q)),
                                f2.render(m, q, "cuda"))
     assert {k[0] for k in sources} >= FAMILIES
-    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster", "stash", "stream"}
-    assert {k[2] for k in sources if k[0] == "group_norm"} >= {"split", "cluster", "stash", "stream"}
+    assert {k[2] for k in sources if k[0] == "softmax"} >= {"regs", "online", "split", "cluster", "stash", "stream",
+                                                            "ring"}
+    assert {k[2] for k in sources if k[0] == "group_norm"} >= {"split", "cluster", "stash", "stream", "ring"}
     assert {k[2] for k in sources if k[0] == "max_pool"} >= {"thread", "tile", "strip"}
     # the static checks the evaluator runs first must pass every variant (a parser blind spot once
     # rejected every thread-block-cluster kernel as "never launched")

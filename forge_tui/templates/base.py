@@ -83,6 +83,51 @@ def stash_bytes(bps: int) -> int:
     return (228 // (bps + 1) + 4) * 1024 - 1024
 
 
+RING_MAX_CHUNKS = 64  # mbarriers a ring mode block keeps (cuda_common.RING_MAX_CHUNKS)
+
+
+def ring_stash(seg: int, itemsize: int, chunk: int, bps: int) -> int:
+    """Elements of a ring mode block's segment kept in shared memory, in whole chunks of ``chunk``
+    elements (a vector per thread): as many as fit the share of an SM's 228 KB that lets ``bps``
+    blocks reside (1 KB reserved per block, 1 KB kept for the kernel's static shared memory),
+    at most the segment and RING_MAX_CHUNKS chunks."""
+    cap = (228 // bps - 2) * 1024 // itemsize
+    return min(seg, cap, RING_MAX_CHUNKS * chunk) // chunk * chunk
+
+
+def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str) -> str:
+    """Host code launching a ring mode kernel on stream ``s``: a persistent grid of as many
+    clusters of ``cl`` blocks as fit the GPU at once (asked of the runtime for this kernel, shared
+    memory and cluster size), at most one per unit. Over 48 KB of dynamic shared memory and
+    clusters over 8 blocks are opt-in, set on every call (no state kept between calls)."""
+    wide = (f"\n        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);"
+            if cl > 8 else "")
+    return f"""    {{
+        cudaFuncSetAttribute({kernel}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});{wide}
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = {cl};
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {{}};
+        cfg.gridDim = dim3({cl});
+        cfg.blockDim = dim3({threads});
+        cfg.dynamicSmemBytes = {smem};
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int fit = 0;
+        cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, {kernel}, &cfg);
+        if (e != cudaSuccess) return (int)e;
+        if (fit < 1) return (int)cudaErrorInvalidConfiguration;
+        const int64_t clusters = (int64_t)fit < (int64_t)({units}) ? (int64_t)fit : (int64_t)({units});
+        cfg.gridDim = dim3((unsigned)(clusters * {cl}));
+        e = cudaLaunchKernelEx(&cfg, {kernel}, {args});
+        if (e != cudaSuccess) return (int)e;
+    }}
+"""
+
+
 def stream_ahead(units: int, unit_bytes: int, choices: tuple[int, ...], target_bytes: int) -> int:
     """How many units (groups, rows) a stream mode's second phase trails its statistics by: the
     choice whose bytes come closest to ``target_bytes`` (what L2 should still hold), at most

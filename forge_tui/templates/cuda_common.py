@@ -27,12 +27,28 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&out)[N
     for (int j = 0; j < N; ++j) out[j] = to_f(a.v[j]);
 }
 
+/* One store instruction of the vector's width: left to itself the compiler sometimes splits a
+   16-byte struct store into four 4-byte stores (seen in the PTX of loops with unrolled
+   remainders), each of which the L2 then merges; on the H200 that made a store phase 2.4x
+   slower. No "memory" clobber: outputs are never read back by the kernel that writes them, and
+   later loads stay free to move ahead of the store. */
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* __restrict__ p, const float (&in)[N]) {
     Vec<T, N> a;
 #pragma unroll
     for (int j = 0; j < N; ++j) a.v[j] = from_f<T>(in[j]);
-    *reinterpret_cast<Vec<T, N>*>(p) = a;
+    constexpr int B = (int)sizeof(Vec<T, N>);
+    if constexpr (B == 16) {
+        uint4 u;
+        memcpy(&u, &a, 16);
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" :: "l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w));
+    } else if constexpr (B == 8) {
+        uint2 u;
+        memcpy(&u, &a, 8);
+        asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(p), "r"(u.x), "r"(u.y));
+    } else {
+        *reinterpret_cast<Vec<T, N>*>(p) = a;
+    }
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -61,6 +77,51 @@ __device__ __forceinline__ float row_reduce(float v, float* scratch) {
         v = MAX ? warp_max(v) : warp_sum(v);
     }
     return v;
+}
+
+/* Asynchronous copies from global to shared memory (sm_80+), for the ring modes. A thread stages
+   a vector into a slot of its own and only it reads the slot back: after stage_wait() the data is
+   visible to it, with no barrier. Vectors of 4, 8 or 16 bytes go by cp.async, others by a plain
+   copy. The "memory" clobbers keep the compiler from moving shared-memory reads across them. */
+template <typename T, int N>
+__device__ __forceinline__ void stage_vec(T* dst, const T* __restrict__ src) {
+    constexpr int B = (int)sizeof(T) * N;
+    if constexpr (B == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+    } else if constexpr (B == 8 || B == 4) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n"
+                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(B) : "memory");
+    } else {
+        *reinterpret_cast<Vec<T, N>*>(dst) = *reinterpret_cast<const Vec<T, N>*>(src);
+    }
+}
+__device__ __forceinline__ void stage_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* Bulk asynchronous copies (sm_90, one-dimensional TMA), for the ring modes: one thread moves a
+   whole chunk from global to shared memory and its bytes are counted on an mbarrier (one per
+   chunk, one arrival a phase) that the chunk's readers wait on with the phase's parity. Sizes and
+   addresses are multiples of 16 bytes. Before a chunk that threads have read is refilled, a block
+   barrier and then proxy_fence() (by the issuing thread) order those reads before the copy. */
+#define RING_MAX_CHUNKS 64
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void bar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void bulk_wait(uint64_t* bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
 }
 
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }

@@ -19,6 +19,13 @@ group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUD
            overlap all the time; the second read of a piece comes AHEAD groups after the first,
            from L2 when AHEAD groups fit it.
 
+  ring     one DRAM read, persistent: a cluster of CL blocks walks groups (cid, cid + clusters, ...),
+           each block keeping its segment of the group in shared memory (the part that fits
+           BPS blocks an SM; any rest is read twice, the second time from L2). Each thread stages its
+           own slots with asynchronous copies and, as it writes a slot's normalised value, stages the
+           same slot of the cluster's next group: DRAM reads of the next group overlap the writes of
+           this one, with no barrier on the buffer.
+
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """
 
@@ -26,8 +33,8 @@ from __future__ import annotations
 
 from ...cards import Card
 from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
-                    stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
-                    workspace_entry)
+                    ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes,
+                    vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -65,17 +72,25 @@ class GroupNorm:
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 2, 4]}
-        return {"mode": ["stream", "stash", "cluster", "split"], "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
+        return {"mode": ["ring", "stream", "stash", "cluster", "split"],
+                "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                 "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
             return True
         if p["vec"] not in self._vecs(m):
             return False
+        if p.get("mode") in ("cluster", "stash") and p["cl"] > 8:
+            return False  # clusters over 8 blocks (non-portable) only where the launch opts in
         if p.get("mode") == "cluster":
             return cluster_fits(m.info["group_len"], p["cl"], p["threads"], p["vec"])
+        if p.get("mode") == "ring":
+            glen, itemsize = m.info["group_len"], ITEMSIZE[m.info["tin"]]
+            if glen % (p["cl"] * p["vec"]) or (glen // p["cl"] * itemsize) % 16 or p["threads"] * p["bps"] > 2048:
+                return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
+            return ring_stash(glen // p["cl"], itemsize, p["threads"] * p["vec"], p["bps"]) > 0
         if p.get("mode") == "stash":
             glen = m.info["group_len"]
             return glen % (p["cl"] * p["vec"]) == 0 and glen // p["cl"] >= p["threads"] * p["vec"] and \
@@ -106,6 +121,12 @@ class GroupNorm:
         # 14.1-14.7x); the stream mode (52.8 and 69.4 µs) stays a move.
         stash = {**base, "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}
         seg_bytes = m.info["group_len"] // 8 * ITEMSIZE[m.info["tin"]]
+        # A persistent cluster per group in flight, the next group's loads overlapping this one's
+        # writes (ring), where an eighth of a group is large enough to keep 1024 threads busy and
+        # the groups fill the GPU at least once
+        ring = {**base, "mode": "ring", "cl": 8, "threads": 1024, "bps": 1}
+        if groups * 8 >= SMS and seg_bytes >= 64 << 10 and self.valid(m, ring, backend):
+            return ring
         if groups * 8 >= SMS and 2 * stash_bytes(2) >= seg_bytes and self.valid(m, stash, backend):
             return stash
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
@@ -119,19 +140,20 @@ class GroupNorm:
         1024, 49.8 at 512; split and cluster as first chosen)."""
         if backend == "cpu":
             return {}
-        return {"stream": {"threads": 512}, "stash": {"threads": 1024, "bps": 2, "cl": 8},
+        return {"ring": {"threads": 1024, "bps": 1, "cl": 8},
+                "stream": {"threads": 512}, "stash": {"threads": 1024, "bps": 2, "cl": 8},
                 "cluster": {"threads": 1024, "cl": 8}, "split": {"threads": 512}}.get(mode, {})
 
     def relevant(self, p: dict) -> dict:
         """The parameters that change the kernel (chunk and order only split, cl the cluster modes,
-        bps only stash)."""
+        bps only stash and ring)."""
         q = dict(p)
-        if q.get("mode") in ("cluster", "stash"):
+        if q.get("mode") in ("cluster", "stash", "ring"):
             q.pop("chunk", None)
             q.pop("order", None)
         elif "mode" in q:
             q.pop("cl", None)
-        if q.get("mode") != "stash":
+        if q.get("mode") not in ("stash", "ring"):
             q.pop("bps", None)
         if q.get("mode") != "stream":
             q.pop("ahead", None)
@@ -141,7 +163,7 @@ class GroupNorm:
 
     def passes(self, m: Match, p: dict) -> int:
         """Reads of the input from DRAM (the stash's second read comes from shared memory and L2)."""
-        return 1 if p.get("mode") in ("cluster", "stash", "stream") else 2
+        return 1 if p.get("mode") in ("cluster", "stash", "stream", "ring") else 2
 
 
     def render(self, m: Match, p: dict, backend: str) -> str:
@@ -244,6 +266,25 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         {k_one}<<<{ng * cl}, {threads}, SMEM, s>>>({args});
     }}
     return (int)cudaGetLastError();
+}}
+"""
+        if p.get("mode") == "ring":
+            cl = p["cl"]
+            stash = ring_stash(glen // cl, ITEMSIZE[i["tin"]], threads * vec, p["bps"])
+            smem = stash * ITEMSIZE[i["tin"]]
+            args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
+                    f"{stash}, (int)NG")
+            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, true>"
+            k_one = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, 1, false>"
+            return CUDA_COMMON + KERNELS + RING_KERNEL + f"""
+{types}
+static const int64_t NG = {ng}, TOTAL = {total};
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+{check}    if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
+{ring_launch(k_vec, "NG", cl, threads, smem, args)}    else
+{ring_launch(k_one, "NG", cl, threads, smem, args)}    return (int)cudaGetLastError();
 }}
 """
         if p.get("mode") == "stream":
@@ -557,6 +598,130 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]) * scale + shift;
         store_vec<TO, VEC>(o + k, v);
+    }
+    cluster.sync();  /* no block leaves while another may still read its shared memory */
+}
+"""
+
+
+RING_KERNEL = r"""
+/* One DRAM read, persistent: the cluster of CL blocks numbered cid walks groups g = cid,
+   cid + clusters, ... (g = n * G + group); block `rank` owns segment [rank * seg, (rank + 1) * seg)
+   of each and keeps its first `stash` elements in shared memory, in chunks of one vector per
+   thread (thread t's element of chunk c: k = c * THREADS * VEC + t * VEC). BULK: one thread loads
+   each chunk with a bulk copy counted on the chunk's mbarrier, and the statistics of a chunk start
+   as soon as it lands; once the block has normalised and stored its chunks (the stores drain
+   while the loads run), a barrier, then the next group's chunks are requested. Otherwise (inputs
+   not on 16-byte boundaries) each thread stages its own elements with cp.async, as it stores
+   them. Statistics as in the stash mode (sums around a pivot, Chan's merge in the block and
+   across the cluster); the cluster's partials alternate between two buffers by round, so a block
+   can publish round r + 1 while another still reads round r (never r + 2: the cluster barrier of
+   round r + 1 waits for every block). Elements past the stash are read twice, the second time
+   from L2. */
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC, bool BULK>
+__global__ void __launch_bounds__(THREADS)
+gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
+        TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int glen, int hw, int groups, int cpg, float eps,
+        int stash, int ng) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    constexpr int CE = THREADS * VEC;  /* elements a chunk */
+    extern __shared__ __align__(16) unsigned char stash_raw[];
+    TX* keep = reinterpret_cast<TX*>(stash_raw);
+    __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
+    __shared__ float part[2][3];
+    __shared__ float stat[2];
+    const int rank = (int)cluster.block_rank();
+    const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
+    const int seg = glen / CL, nc = stash / CE;
+    const int64_t seg0 = (int64_t)rank * seg;
+    const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
+    if constexpr (BULK) {
+        if (t == 0) {
+            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
+            bar_init_fence();
+            const TX* a = x + (int64_t)cid * glen + seg0;
+            for (int c = 0; c < nc && cid < ng; ++c) bulk_load(keep + c * CE, a + c * CE, CE * sizeof(TX), &bar[c]);
+        }
+        __syncthreads();
+    } else {
+        const TX* a = x + (int64_t)cid * glen + seg0;
+        for (int k = t * VEC; k < stash && cid < ng; k += CE) stage_vec<TX, VEC>(keep + k, a + k);
+        stage_commit();
+    }
+    int round = 0;
+    for (int g = cid; g < ng; g += clusters, round ^= 1) {
+        const TX* a = x + (int64_t)g * glen + seg0;
+        TO* o = y + (int64_t)g * glen + seg0;
+        const float pivot = to_f(x[(int64_t)g * glen]);
+        float s1 = 0.f, s2 = 0.f, cnt = 0.f;
+        if constexpr (!BULK) stage_wait();
+        for (int c = 0; c < nc; ++c) {
+            if constexpr (BULK) bulk_wait(&bar[c], (unsigned)round);
+            const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + c * CE + t * VEC);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) { const float d = to_f(raw.v[j]) - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+            cnt += (float)VEC;
+        }
+        for (int k = stash + t * VEC; k < seg; k += CE) {
+            float v[VEC];
+            load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+            cnt += (float)VEC;
+        }
+        float n, mean, m2;
+        block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);
+        if (t == 0) { part[round][0] = n; part[round][1] = mean; part[round][2] = m2; }
+        cluster.sync();
+        if (wid == 0) {
+            n = mean = m2 = 0.f;
+            if (lane < CL) {
+                const float* q = cluster.map_shared_rank(part[round], lane);
+                n = q[0]; mean = q[1]; m2 = q[2];
+            }
+            welford_warp(n, mean, m2);
+            if (lane == 0) publish_stats(n, mean, m2, eps, stat, rank == 0, mean_out, rstd_out, g);
+        }
+        __syncthreads();
+        mean = stat[0];
+        const float rstd = stat[1];
+        const int ch0 = (g % groups) * cpg;
+        const int next = g + clusters;
+        const TX* an = x + (int64_t)next * glen + seg0;  /* dereferenced only when next < ng */
+#pragma unroll 4
+        for (int k = t * VEC; k < stash; k += CE) {
+            const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + k);
+            const int ch = ch0 + (rank * seg + k) / hw;  /* VEC divides hw: a vector is in one channel */
+            const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+            const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+            float v[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]) * scale + shift;
+            store_vec<TO, VEC>(o + k, v);
+            /* the store above consumed the element's value: its read is complete before the
+               element is overwritten */
+            if constexpr (!BULK) { if (next < ng) stage_vec<TX, VEC>(keep + k, an + k); }
+        }
+        if constexpr (BULK) {
+            __syncthreads();  /* every thread has read every chunk */
+            if (t == 0 && next < ng) {
+                proxy_fence();
+                for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, an + c * CE, CE * sizeof(TX), &bar[c]);
+            }
+        } else {
+            stage_commit();
+        }
+        for (int k = stash + t * VEC; k < seg; k += CE) {
+            const int ch = ch0 + (rank * seg + k) / hw;
+            const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+            const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+            float v[VEC];
+            load_vec<TX, VEC>(a + k, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
+            store_vec<TO, VEC>(o + k, v);
+        }
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
 }

@@ -19,6 +19,11 @@ CUDA modes:
          the running max and sum; the partials meet in distributed shared memory and the write
          pass reads the stash (and re-reads any rest, from L2). The shared-memory request caps the
          blocks per SM at BPS, so the rows in flight fit on chip.
+  ring   one DRAM read, persistent, for many long rows: a cluster of CL blocks walks rows (cid,
+         cid + clusters, ...), each block keeping its segment in shared memory (the part that fits BPS
+         blocks an SM; any rest is read twice). Each thread stages its own slots with asynchronous
+         copies and, as it writes a slot's value, stages the same slot of the cluster's next row:
+         DRAM reads of the next row overlap the writes of this one, with no barrier on the buffer.
   stream one launch for many long rows: blocks take work items in order from a ticket counter; the
          items are the (max, sum) of piece p of row r and, AHEAD rows later in the order, the write
          of that piece, which waits for its row's statistics. New rows are read while finished ones
@@ -28,8 +33,9 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, stash_bytes,
-                    stream_ahead, stream_counters, stream_ws_bytes, vec_widths, workspace_entry)
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_launch,
+                    ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
+                    workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 
@@ -84,12 +90,12 @@ class Softmax:
         if backend == "cpu":
             return {"chunk": [1, 4, 16, 64]}
         cols = m.info["cols"]
-        modes = ["stream", "stash", "online", "split", "cluster"]
+        modes = ["ring", "stream", "stash", "online", "split", "cluster"]
         if cols <= 1024 * 8 * 8:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -99,6 +105,14 @@ class Softmax:
             return False
         if p["vec"] not in self._vecs(m):
             return False
+        if p["mode"] in ("cluster", "stash") and p["cl"] > 8:
+            return False  # clusters over 8 blocks (non-portable) only where the launch opts in
+        if p["mode"] == "ring":
+            itemsize = ITEMSIZE[m.info["tin"]]
+            if p["rpb"] != 1 or cols % (p["cl"] * p["vec"]) or (cols // p["cl"] * itemsize) % 16 \
+                    or p["tpr"] * p["bps"] > 2048:
+                return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
+            return ring_stash(cols // p["cl"], itemsize, p["tpr"] * p["vec"], p["bps"]) > 0
         if p["mode"] == "regs":
             nv = -(-cols // (p["tpr"] * p["vec"]))
             return nv * p["vec"] <= 64 and p["tpr"] * p["vec"] <= _pow2_ceil(cols) * 2
@@ -145,7 +159,13 @@ class Softmax:
         # (the stream mode, one DRAM read with reads and writes overlapping, measured 1.69x eager:
         # its blocks wait on small work items; it stays a move, with pieces of 32 KB of input)
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
-        return {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
+        online = {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
+        # one DRAM read, persistent: a cluster of 4 per row in flight, the next row's loads
+        # overlapping this row's writes, where a quarter row fills 1024 threads' slots
+        ring = {**online, "mode": "ring", "cl": 4, "bps": 1}
+        if cols // 4 * ITEMSIZE[m.info["tin"]] >= 64 << 10 and self.valid(m, ring, backend):
+            return ring
+        return online
 
     def mode_settings(self, m: Match, mode: str, backend: str) -> dict:
         """Threads a row for a move into a long-row mode: what the H200 measured best (run D: online
@@ -153,15 +173,16 @@ class Softmax:
         if backend == "cpu":
             return {}
         return {"online": {"tpr": 1024}, "stash": {"tpr": 512, "cl": 8, "bps": 2}, "stream": {"tpr": 512},
+                "ring": {"tpr": 1024, "cl": 4, "bps": 1},
                 "cluster": {"tpr": 512, "cl": 8}}.get(mode, {})
 
     def passes(self, m: Match, p: dict) -> int:
-        return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash", "stream") and "chunk" not in p else 2
+        return 1 if p.get("mode", "regs") in ("regs", "cluster", "stash", "stream", "ring") and "chunk" not in p else 2
 
     def relevant(self, p: dict) -> dict:
         """The parameters that change the kernel (segments only split and stream, order only split,
-        ahead only stream, rows per block only regs, cluster size only cluster and stash, blocks per
-        SM only stash)."""
+        ahead only stream, rows per block only regs, cluster size only the cluster modes, blocks per
+        SM only stash and ring)."""
         q = dict(p)
         if q.get("mode") not in ("split", "stream"):
             q.pop("segs", None)
@@ -171,9 +192,9 @@ class Softmax:
             q.pop("ahead", None)
         if q.get("mode") != "regs":
             q.pop("rpb", None)
-        if q.get("mode") not in ("cluster", "stash"):
+        if q.get("mode") not in ("cluster", "stash", "ring"):
             q.pop("cl", None)
-        if q.get("mode") != "stash":
+        if q.get("mode") not in ("stash", "ring"):
             q.pop("bps", None)
         return q
 
@@ -262,6 +283,17 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         cudaFuncSetAttribute({k_one}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});
         {k_one}<<<ROWS * {cl}, {tpr}, {smem}, s>>>(x, y, COLS, {stash});
     }}'''
+        elif mode == "ring":
+            cl = p["cl"]
+            stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
+            smem = stash * ITEMSIZE[m.info["tin"]]
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, true>"
+            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
+            args = f"x, y, COLS, {stash}, (int)ROWS"
+            launch = f"""
+    if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
+{ring_launch(k_vec, "ROWS", cl, tpr, smem, args)}    else
+{ring_launch(k_one, "ROWS", cl, tpr, smem, args)}"""
         else:
             seg_len = -(-cols // segs)
             seg_len = -(-seg_len // vec) * vec
@@ -604,6 +636,124 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
             o[j] = LOG ? (v - m - ls) : __expf(v - m) * inv;
         }
         store_vec<TO, VEC>(yr + c, o);
+    }
+    cluster.sync();  /* no block leaves while another may still read its shared memory */
+}
+
+/* One DRAM read, persistent: the cluster of CL blocks numbered cid walks rows cid, cid + clusters,
+   ...; block `rank` owns segment [rank * seg, (rank + 1) * seg) of each and keeps its first
+   `stash` elements in shared memory, in chunks of one vector per thread (thread t's element of
+   chunk c: c * THREADS * VEC + t * VEC). BULK: one thread loads each chunk with a bulk copy
+   counted on the chunk's mbarrier, and the statistics of a chunk start as soon as it lands; once
+   the block has written its chunks (the stores drain while the loads run), a barrier, then the
+   next row's chunks are requested. Otherwise (inputs not on 16-byte boundaries) each thread
+   stages its own elements with cp.async as it writes them. The cluster's (max, sum) partials
+   alternate between two buffers by round (a block can publish round r + 1 while another still
+   reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
+   are read twice, the second time from L2. */
+template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK>
+__global__ void __launch_bounds__(THREADS)
+softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    constexpr int CE = THREADS * VEC;  /* elements a chunk */
+    extern __shared__ __align__(16) unsigned char stash_raw[];
+    TI* keep = reinterpret_cast<TI*>(stash_raw);
+    __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
+    __shared__ float2 part[2];
+    __shared__ float2 merged;
+    const int rank = (int)cluster.block_rank();
+    const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
+    const int seg = cols / CL, nc = stash / CE;
+    const int64_t seg0 = (int64_t)rank * seg;
+    const int t = threadIdx.x;
+    if constexpr (BULK) {
+        if (t == 0) {
+            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
+            bar_init_fence();
+            const TI* a = x + (int64_t)cid * cols + seg0;
+            for (int c = 0; c < nc && cid < rows; ++c) bulk_load(keep + c * CE, a + c * CE, CE * sizeof(TI), &bar[c]);
+        }
+        __syncthreads();
+    } else {
+        const TI* a = x + (int64_t)cid * cols + seg0;
+        for (int c = t * VEC; c < stash && cid < rows; c += CE) stage_vec<TI, VEC>(keep + c, a + c);
+        stage_commit();
+    }
+    int round = 0;
+    for (int row = cid; row < rows; row += clusters, round ^= 1) {
+        const TI* xr = x + (int64_t)row * cols + seg0;
+        TO* yr = y + (int64_t)row * cols + seg0;
+        float m = -INFINITY, s = 0.f;
+        if constexpr (!BULK) stage_wait();
+        for (int c = 0; c < nc; ++c) {
+            if constexpr (BULK) bulk_wait(&bar[c], (unsigned)round);
+            const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c * CE + t * VEC);
+            float v[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
+            ms_add<VEC>(m, s, v);
+        }
+        for (int c = stash + t * VEC; c < seg; c += CE) {
+            float v[VEC];
+            load_vec<TI, VEC>(xr + c, v);
+            ms_add<VEC>(m, s, v);
+        }
+        block_ms<THREADS>(m, s);
+        if (t == 0) part[round] = make_float2(m, s);
+        cluster.sync();
+        if (t < 32) {
+            m = -INFINITY;
+            s = 0.f;
+            if (t < CL) {
+                const float2 q = *cluster.map_shared_rank(&part[round], t);
+                m = q.x;
+                s = q.y;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+                ms_merge(m, s, m2, s2);
+            }
+            if (t == 0) merged = make_float2(m, s);
+        }
+        __syncthreads();
+        m = merged.x;
+        s = merged.y;
+        if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
+        const float inv = 1.f / s, ls = logf(s);
+        const int next = row + clusters;
+        const TI* xn = x + (int64_t)next * cols + seg0;  /* dereferenced only when next < rows */
+#pragma unroll 4
+        for (int c = t * VEC; c < stash; c += CE) {
+            const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c);
+            float o[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                const float v = to_f(raw.v[j]);
+                o[j] = LOG ? (v - m - ls) : __expf(v - m) * inv;
+            }
+            store_vec<TO, VEC>(yr + c, o);
+            /* the store above consumed the element's value: its read is complete before the
+               element is overwritten */
+            if constexpr (!BULK) { if (next < rows) stage_vec<TI, VEC>(keep + c, xn + c); }
+        }
+        if constexpr (BULK) {
+            __syncthreads();  /* every thread has read every chunk */
+            if (t == 0 && next < rows) {
+                proxy_fence();
+                for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, xn + c * CE, CE * sizeof(TI), &bar[c]);
+            }
+        } else {
+            stage_commit();
+        }
+        for (int c = stash + t * VEC; c < seg; c += CE) {
+            float v[VEC], o[VEC];
+            load_vec<TI, VEC>(xr + c, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
+            store_vec<TO, VEC>(yr + c, o);
+        }
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
 }

@@ -1,0 +1,20 @@
+"""Write the group_norm template's stash-mode CUDA source (the configuration run D measured best)
+for the fp32 anchor shape (2, 512, 128, 128), 32 groups, to a file, for bench/ring_timeline.cu to
+time next to its own kernels in the same harness:  python bench/render_gn_stash.py /tmp/gn.cu"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from forge_tui.templates.base import Match  # noqa: E402
+from forge_tui.templates.families.groupnorm import GroupNorm  # noqa: E402
+
+info = {"x": 0, "w": 1, "b": 2, "n": 2, "c": 512, "hw": 128 * 128, "g": 32, "eps": 1e-5, "tin": "float32",
+        "tw": "float32", "tb": "float32", "tout": "float32", "tstat": "float32", "group_len": 16 * 128 * 128}
+fam = GroupNorm()
+m = Match("group_norm", None, info)
+p = {**fam.initial(m, "cuda"), "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}
+src = fam.render(m, p, "cuda")
+Path(sys.argv[1]).write_text(src)
+print("rendered", p)
