@@ -161,7 +161,9 @@ class Softmax:
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
         online = {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
         # one DRAM read, persistent: a cluster of 4 per row in flight, the next row's loads
-        # overlapping this row's writes, where a quarter row fills 1024 threads' slots
+        # overlapping this row's writes, where a quarter row fills 1024 threads' slots (run E,
+        # 512x262144 bf16->fp32: 280.7 µs, 3.26x eager, 1.25x torch.compile, against the
+        # two-pass online mode's 293.7 µs, 3.10x, 1.19x)
         ring = {**online, "mode": "ring", "cl": 4, "bps": 1}
         if cols // 4 * ITEMSIZE[m.info["tin"]] >= 64 << 10 and self.valid(m, ring, backend):
             return ring
