@@ -21,10 +21,10 @@ group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUD
 
   ring     one DRAM read, persistent: a cluster of CL blocks walks groups (cid, cid + clusters, ...),
            each block keeping its segment of the group in shared memory (the part that fits
-           BPS blocks an SM; any rest is read twice, the second time from L2). Each thread stages its
-           own slots with asynchronous copies and, as it writes a slot's normalised value, stages the
-           same slot of the cluster's next group: DRAM reads of the next group overlap the writes of
-           this one, with no barrier on the buffer.
+           BPS blocks an SM; any rest is read twice, the second time from L2). The segment arrives in
+           chunks by bulk copies (TMA), one mbarrier a chunk, the statistics of a chunk starting as it
+           lands; once the block has stored a group, the next group's chunks are requested while
+           those stores drain.
 
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """

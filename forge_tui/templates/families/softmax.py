@@ -21,9 +21,9 @@ CUDA modes:
          blocks per SM at BPS, so the rows in flight fit on chip.
   ring   one DRAM read, persistent, for many long rows: a cluster of CL blocks walks rows (cid,
          cid + clusters, ...), each block keeping its segment in shared memory (the part that fits BPS
-         blocks an SM; any rest is read twice). Each thread stages its own slots with asynchronous
-         copies and, as it writes a slot's value, stages the same slot of the cluster's next row:
-         DRAM reads of the next row overlap the writes of this one, with no barrier on the buffer.
+         blocks an SM; any rest is read twice). The segment arrives in chunks by bulk copies (TMA),
+         one mbarrier a chunk, the statistics of a chunk starting as it lands; once the block has
+         written a row, the next row's chunks are requested while those stores drain.
   stream one launch for many long rows: blocks take work items in order from a ticket counter; the
          items are the (max, sum) of piece p of row r and, AHEAD rows later in the order, the write
          of that piece, which waits for its row's statistics. New rows are read while finished ones
