@@ -8,15 +8,24 @@
 //   nvcc -O3 -arch=sm_90 -std=c++17 -I forge_tui/abi -DPRODUCT_STASH='"/tmp/gn.cu"' \
 //        -o /tmp/ring_timeline bench/ring_timeline.cu && /tmp/ring_timeline
 //
-// Shape: group_norm fp32 (2, 512, 128, 128), 32 groups: 64 groups of 1 MB, no affine. Variants:
-//   0 ring, per-thread cp.async of the next group's slot as each slot is stored
-//   1 ring, per-thread cp.async of the next group issued after all stores of this one
-//   2 ring, one thread's bulk copies (TMA) after a block barrier
+// Shape: group_norm fp32 (2, 512, 128, 128), 32 groups: 64 groups of 1 MB, no affine. Times are
+// medians of 20 runs, a 256 MB write before each (then, a second time, with a 300 us GPU spin
+// between that write and the timed launch, as forge's timer does). Rows:
+//   the device copy of the same bytes; the template's own stash through forge_launch (with
+//   -DPRODUCT_STASH); 15 MB stored or loaded by 120 blocks, each at its own base or all stepping
+//   through one window; the stash mode written here, with the compiler's stores and with
+//   one-instruction 16-byte stores; and these persistent ring variants, each with a per-round
+//   timeline (data in, statistics merged, stored; microseconds from the first block's start):
+//   0 per-thread cp.async of the next group's slot as each slot is stored
+//   1 per-thread cp.async of the next group issued after all stores of this one
+//   2 one thread's bulk copies (TMA) after a block barrier
 //   3 persistent, no overlap: plain loads into shared memory at the start of each round
-//   4 the stash mode (non-persistent, a group a cluster, 2 blocks an SM)
-// and a device copy of the same bytes. Times: medians of 20 runs, a 256 MB write between runs.
+//   4 as 0, a cluster's blocks interleaved by 16 KB chunks
+//   0-3 again with one-instruction stores.
+// Found with it (run E, docs/benchmarks.md): nvcc had split the float4 stores into four 4-byte
+// stores, which made every store phase 2.4x slower.
 #ifdef PRODUCT_STASH
-/* the template's own first choice for this card (python bench/render_gn_stash.py FILE), timed in
+/* the template's own stash mode for this card (python bench/render_gn_stash.py FILE), timed in
    this harness next to the kernels below */
 #include PRODUCT_STASH
 #endif
@@ -295,7 +304,7 @@ int main() {
         };
         desc(in[0], x, {2, 512, 128, 128}); desc(in[1], w, {512}); desc(in[2], b, {512});
         desc(out[0], y, {2, 512, 128, 128}); desc(out[1], mo, {2, 32}); desc(out[2], ro, {2, 32});
-        time("the template's first choice (forge_launch)", [&] {
+        time("the template's stash mode (forge_launch)", [&] {
             const int rc = forge_launch(in, 3, out, 3, nullptr, 0, nullptr);
             if (rc) { printf("forge_launch returned %d\n", rc); exit(1); }
         });

@@ -124,6 +124,40 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, unsigned parity) {
     } while (!done);
 }
 
+/* The ring modes' loads into a block's stash: NC chunks of CE = THREADS * VEC elements, thread
+   t's element of chunk c at c * CE + t * VEC. ring_start loads the first unit's chunks (BULK:
+   thread 0 sets up the chunks' mbarriers and issues one bulk copy a chunk; otherwise each thread
+   stages its own elements); ring_refill, once every thread has read every chunk, requests the
+   next unit's (BULK only: without it, threads stage their elements as they use them). Every
+   thread of the block calls both. */
+template <typename T, int VEC, int CE, bool BULK>
+__device__ __forceinline__ void ring_start(T* keep, uint64_t* bar, const T* src, int nc, int stash, bool live) {
+    if constexpr (BULK) {
+        if (threadIdx.x == 0) {
+            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
+            bar_init_fence();
+            for (int c = 0; c < nc && live; ++c) bulk_load(keep + c * CE, src + c * CE, CE * sizeof(T), &bar[c]);
+        }
+        __syncthreads();
+    } else {
+        for (int k = threadIdx.x * VEC; k < stash && live; k += CE) stage_vec<T, VEC>(keep + k, src + k);
+        stage_commit();
+    }
+}
+
+template <typename T, int CE, bool BULK>
+__device__ __forceinline__ void ring_refill(T* keep, uint64_t* bar, const T* src, int nc, bool live) {
+    if constexpr (BULK) {
+        __syncthreads();  /* every thread has read every chunk */
+        if (threadIdx.x == 0 && live) {
+            proxy_fence();
+            for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, src + c * CE, CE * sizeof(T), &bar[c]);
+        }
+    } else {
+        stage_commit();
+    }
+}
+
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* Ordered work items for one-launch, two-phase kernels (the stream modes). Item t, taken in order

@@ -634,19 +634,7 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
     const int seg = glen / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
-    if constexpr (BULK) {
-        if (t == 0) {
-            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
-            bar_init_fence();
-            const TX* a = x + (int64_t)cid * glen + seg0;
-            for (int c = 0; c < nc && cid < ng; ++c) bulk_load(keep + c * CE, a + c * CE, CE * sizeof(TX), &bar[c]);
-        }
-        __syncthreads();
-    } else {
-        const TX* a = x + (int64_t)cid * glen + seg0;
-        for (int k = t * VEC; k < stash && cid < ng; k += CE) stage_vec<TX, VEC>(keep + k, a + k);
-        stage_commit();
-    }
+    ring_start<TX, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * glen + seg0, nc, stash, cid < ng);
     int round = 0;
     for (int g = cid; g < ng; g += clusters, round ^= 1) {
         const TX* a = x + (int64_t)g * glen + seg0;
@@ -701,15 +689,7 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
                element is overwritten */
             if constexpr (!BULK) { if (next < ng) stage_vec<TX, VEC>(keep + k, an + k); }
         }
-        if constexpr (BULK) {
-            __syncthreads();  /* every thread has read every chunk */
-            if (t == 0 && next < ng) {
-                proxy_fence();
-                for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, an + c * CE, CE * sizeof(TX), &bar[c]);
-            }
-        } else {
-            stage_commit();
-        }
+        ring_refill<TX, CE, BULK>(keep, bar, an, nc, next < ng);
         for (int k = stash + t * VEC; k < seg; k += CE) {
             const int ch = ch0 + (rank * seg + k) / hw;
             const float scale = rstd * (w ? to_f(w[ch]) : 1.f);

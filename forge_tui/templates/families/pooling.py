@@ -250,7 +250,8 @@ class MaxPool:
         owv = 2 if i["ow"] % 2 == 0 else 1
         # Windows read from global memory (through L1) first: on the H200 the shared-memory tile
         # mode measured slower than the thread mode on ResNet's pool (run D1: 1.6-2.1x eager
-        # against 2.40x; its blocks load their rows, then compute, with nothing in flight). The
+        # against 2.40x; its blocks load their rows, then compute, with nothing in flight) and on
+        # a 2x2/2 pool (run E4: 1.54-1.90x against 2.07-2.25x). The
         # tile stays a move, with a whole plane a block when there are planes enough to fill the
         # GPU a few times over, else the largest tile that still gives that many blocks.
         first = {"mode": "thread", "threads": 256, "per_thread": 1, "owv": owv}

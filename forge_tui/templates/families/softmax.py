@@ -669,19 +669,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
     const int seg = cols / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x;
-    if constexpr (BULK) {
-        if (t == 0) {
-            for (int c = 0; c < nc; ++c) bar_init(&bar[c]);
-            bar_init_fence();
-            const TI* a = x + (int64_t)cid * cols + seg0;
-            for (int c = 0; c < nc && cid < rows; ++c) bulk_load(keep + c * CE, a + c * CE, CE * sizeof(TI), &bar[c]);
-        }
-        __syncthreads();
-    } else {
-        const TI* a = x + (int64_t)cid * cols + seg0;
-        for (int c = t * VEC; c < stash && cid < rows; c += CE) stage_vec<TI, VEC>(keep + c, a + c);
-        stage_commit();
-    }
+    ring_start<TI, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * cols + seg0, nc, stash, cid < rows);
     int round = 0;
     for (int row = cid; row < rows; row += clusters, round ^= 1) {
         const TI* xr = x + (int64_t)row * cols + seg0;
@@ -740,15 +728,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
                element is overwritten */
             if constexpr (!BULK) { if (next < rows) stage_vec<TI, VEC>(keep + c, xn + c); }
         }
-        if constexpr (BULK) {
-            __syncthreads();  /* every thread has read every chunk */
-            if (t == 0 && next < rows) {
-                proxy_fence();
-                for (int c = 0; c < nc; ++c) bulk_load(keep + c * CE, xn + c * CE, CE * sizeof(TI), &bar[c]);
-            }
-        } else {
-            stage_commit();
-        }
+        ring_refill<TI, CE, BULK>(keep, bar, xn, nc, next < rows);
         for (int c = stash + t * VEC; c < seg; c += CE) {
             float v[VEC], o[VEC];
             load_vec<TI, VEC>(xr + c, v);
