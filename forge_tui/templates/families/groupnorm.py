@@ -390,6 +390,34 @@ __device__ __forceinline__ void publish_stats(float n, float mean, float m2, flo
     if (write) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
 }
 
+/* Normalise VEC values of channel ch (x * scale + shift with the channel's affine) and store them. */
+template <typename TW, typename TB, typename TO, int VEC>
+__device__ __forceinline__ void gn_write(TO* __restrict__ o, float (&v)[VEC], int ch, float mean, float rstd,
+                                         const TW* __restrict__ w, const TB* __restrict__ b) {
+    const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
+    const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
+    store_vec<TO, VEC>(o, v);
+}
+
+/* Warp 0 of a cluster-mode block, after the cluster barrier: merge the CL blocks' partial (count,
+   mean, M2), each in its block's `part`, and publish mean and rstd (to the block's stat and,
+   from rank 0, the outputs). */
+template <int CL, typename TS>
+__device__ __forceinline__ void cluster_publish(cooperative_groups::cluster_group& cluster, float* part, float eps,
+                                                float* stat, bool write, TS* __restrict__ mean_out,
+                                                TS* __restrict__ rstd_out, int64_t g) {
+    const int lane = threadIdx.x & 31;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
+    if (lane < CL) {
+        const float* q = cluster.map_shared_rank(part, lane);
+        n = q[0]; mean = q[1]; m2 = q[2];
+    }
+    welford_warp(n, mean, m2);
+    if (lane == 0) publish_stats(n, mean, m2, eps, stat, write, mean_out, rstd_out, g);
+}
+
 /* Pass 1: per piece (count, mean, M2). Each thread sums (v - pivot) and its square (pivot: the
    group's first element, so the sums do not cancel), then threads merge with Chan's formula. */
 template <typename TX, int THREADS, int VEC>
@@ -519,13 +547,8 @@ gn_cluster(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restr
     for (int k = 0; k < NV; ++k) {
         const int c = (k * THREADS + t) * VEC;
         if (c < seg) {
-            const int ch = ch0 + (rank * seg + c) / hw;  /* VEC divides hw: a vector is in one channel */
-            const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
-            const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
-            float o[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o[j] = v[k][j] * scale + shift;
-            store_vec<TO, VEC>(y + off + c, o);
+            /* VEC divides hw: a vector is in one channel */
+            gn_write<TW, TB, TO, VEC>(y + off + c, v[k], ch0 + (rank * seg + c) / hw, mean, rstd, w, b);
         }
     }
 }
@@ -569,18 +592,10 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
     }
     float n, mean, m2;
     block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);
-    const int lane = t & 31, wid = t >> 5;
+    const int wid = t >> 5;
     if (t == 0) { part[0] = n; part[1] = mean; part[2] = m2; }
     cluster.sync();
-    if (wid == 0) {
-        n = mean = m2 = 0.f;
-        if (lane < CL) {
-            const float* q = cluster.map_shared_rank(part, lane);
-            n = q[0]; mean = q[1]; m2 = q[2];
-        }
-        welford_warp(n, mean, m2);
-        if (lane == 0) publish_stats(n, mean, m2, eps, stat, rank == 0, mean_out, rstd_out, g);
-    }
+    if (wid == 0) cluster_publish<CL>(cluster, part, eps, stat, rank == 0, mean_out, rstd_out, g);
     __syncthreads();
     mean = stat[0];
     const float rstd = stat[1];
@@ -589,13 +604,11 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
     for (int k = t * VEC; k < seg; k += THREADS * VEC) {
         const Vec<TX, VEC> raw = k < stash ? *reinterpret_cast<const Vec<TX, VEC>*>(keep + k)
                                            : *reinterpret_cast<const Vec<TX, VEC>*>(a + k);
-        const int ch = ch0 + (rank * seg + k) / hw;  /* VEC divides hw: a vector is in one channel */
-        const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
-        const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
         float v[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]) * scale + shift;
-        store_vec<TO, VEC>(o + k, v);
+        for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
+        /* VEC divides hw: a vector is in one channel */
+        gn_write<TW, TB, TO, VEC>(o + k, v, ch0 + (rank * seg + k) / hw, mean, rstd, w, b);
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
 }
@@ -633,7 +646,7 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
     const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
     const int seg = glen / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
-    const int t = threadIdx.x, lane = t & 31, wid = t >> 5;
+    const int t = threadIdx.x, wid = t >> 5;
     ring_start<TX, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * glen + seg0, nc, stash, cid < ng);
     int round = 0;
     for (int g = cid; g < ng; g += clusters, round ^= 1) {
@@ -660,15 +673,7 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
         block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);
         if (t == 0) { part[round][0] = n; part[round][1] = mean; part[round][2] = m2; }
         cluster.sync();
-        if (wid == 0) {
-            n = mean = m2 = 0.f;
-            if (lane < CL) {
-                const float* q = cluster.map_shared_rank(part[round], lane);
-                n = q[0]; mean = q[1]; m2 = q[2];
-            }
-            welford_warp(n, mean, m2);
-            if (lane == 0) publish_stats(n, mean, m2, eps, stat, rank == 0, mean_out, rstd_out, g);
-        }
+        if (wid == 0) cluster_publish<CL>(cluster, part[round], eps, stat, rank == 0, mean_out, rstd_out, g);
         __syncthreads();
         mean = stat[0];
         const float rstd = stat[1];
@@ -678,27 +683,20 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
 #pragma unroll 4
         for (int k = t * VEC; k < stash; k += CE) {
             const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + k);
-            const int ch = ch0 + (rank * seg + k) / hw;  /* VEC divides hw: a vector is in one channel */
-            const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
-            const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
             float v[VEC];
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]) * scale + shift;
-            store_vec<TO, VEC>(o + k, v);
+            for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
+            /* VEC divides hw: a vector is in one channel */
+            gn_write<TW, TB, TO, VEC>(o + k, v, ch0 + (rank * seg + k) / hw, mean, rstd, w, b);
             /* the store above consumed the element's value: its read is complete before the
                element is overwritten */
             if constexpr (!BULK) { if (next < ng) stage_vec<TX, VEC>(keep + k, an + k); }
         }
         ring_refill<TX, CE, BULK>(keep, bar, an, nc, next < ng);
         for (int k = stash + t * VEC; k < seg; k += CE) {
-            const int ch = ch0 + (rank * seg + k) / hw;
-            const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
-            const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
             float v[VEC];
             load_vec<TX, VEC>(a + k, v);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
-            store_vec<TO, VEC>(o + k, v);
+            gn_write<TW, TB, TO, VEC>(o + k, v, ch0 + (rank * seg + k) / hw, mean, rstd, w, b);
         }
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
@@ -769,14 +767,10 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
             TO* o = y + (int64_t)g * glen + (int64_t)piece * CHUNK;
 #pragma unroll 4
             for (int k = t * VEC; k < CHUNK; k += THREADS * VEC) {
-                const int ch = ch0 + (piece * CHUNK + k) / hw;  /* VEC divides hw: a vector is in one channel */
-                const float scale = rstd * (w ? to_f(w[ch]) : 1.f);
-                const float shift = (b ? to_f(b[ch]) : 0.f) - mean * scale;
                 float v[VEC];
                 load_vec<TX, VEC>(a + k, v);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) v[j] = v[j] * scale + shift;
-                store_vec<TO, VEC>(o + k, v);
+                /* VEC divides hw: a vector is in one channel */
+                gn_write<TW, TB, TO, VEC>(o + k, v, ch0 + (piece * CHUNK + k) / hw, mean, rstd, w, b);
             }
         }
     }
