@@ -1,6 +1,6 @@
 """The template proposer on the cpu backend, on this machine: fused families against eager.
 
-    python bench/templates_cpu_bench.py [--evals 4]
+    python bench/templates_cpu_bench.py [--evals 4] [--only NAME ...]
 
 Same procedure as bench/templates_bench.py (profile a one-op workload, template search, best
 paired speedup), on the CPU. Writes bench-out/templates_cpu.json (or $OUT); prints a table.
@@ -43,6 +43,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--evals", type=int, default=4)
+    ap.add_argument("--only", nargs="*", help="run the cases whose names contain one of these")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)
@@ -54,6 +55,8 @@ def main() -> int:
     report = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
               "command": "python bench/templates_cpu_bench.py " + " ".join(sys.argv[1:]), "cases": {}}
     for k, (name, (dtype, body, shapes, target)) in enumerate(CASES.items()):
+        if args.only and not any(o in name for o in args.only):
+            continue
         wl = tmp / f"w{k}.py"
         wl.write_text(workload_source(dtype, body, shapes))
         ws, _ = profile_into_workspace(wl, tmp / f"ws{k}", device="cpu", config_path=tmp / "forge.toml")

@@ -63,6 +63,41 @@ def test_every_family_passes_the_evaluator_on_cpu(ws, matched):
     assert sum(passed.values()) >= 14
 
 
+def test_cpu_softmax_matches_eager_on_special_values(tmp_path):
+    """The cpu softmax's vectorised exp: rows with a NaN, a +inf, all -inf, some -inf, a 200-wide
+    range and a constant come out as eager's, NaN and -inf exactly where eager has them."""
+    import torch
+
+    from forge_tui.evaluator.abi import Library
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.templates.base import Match
+    from forge_tui.templates.families.softmax import Softmax
+
+    rows, cols = 6, 4096
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) * 30
+    x[0, 5] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, 7] = float("inf")
+    x[3, ::3] = float("-inf")
+    x[4] = torch.linspace(-200, 0, cols)
+    x[5] = 1.0
+    builder = Builder("cpu", tmp_path)
+    for tin, tout, log, tol in (("float32", "float32", False, 1e-6), ("bfloat16", "float32", True, 1e-6),
+                                ("bfloat16", "bfloat16", False, 4e-3)):
+        m = Match("softmax", None, {"rows": rows, "cols": cols, "tin": tin, "tout": tout, "log": log})
+        built = builder.build(Softmax().render(m, {"chunk": 1}, "cpu"))
+        assert built.ok, built.reason
+        xi = x.to(getattr(torch, tin))
+        y = torch.full((rows, cols), 7.0, dtype=getattr(torch, tout))
+        Library(str(built.library)).bind([xi], [y], [], None)()
+        ref = (torch.log_softmax if log else torch.softmax)(xi.float(), -1).to(getattr(torch, tout)).float()
+        y = y.float()
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+        fin = torch.isfinite(ref)
+        assert fin[4].all() and fin[5].all() and not fin[0].any() and not fin[1].any()
+        assert torch.allclose(y[fin], ref[fin], rtol=tol, atol=1e-7), (tin, tout, log)
+
+
 def test_unsupported_cards_are_reported_not_faked(tmp_path):
     card = Card(id="mm", kind="op", target="aten.mm.default", label="", inputs=[], outputs=[],
                 program={"nodes": [{"op": "aten.mm.default", "args": [{"$in": 0}, {"$in": 1}]}], "outputs": []})
