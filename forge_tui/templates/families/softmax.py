@@ -345,11 +345,10 @@ static const int COLS = {cols};
 
 
 CPU_EXP = r'''
-/* e^x for x <= 0, without branches so that the compiler vectorises it (with the cpu builder's
-   -fno-trapping-math): Cody-Waite reduction
-   to r in [-ln2/2, ln2/2] and Cephes' single-precision polynomial (within 2 ulp), scaled by 2^n
-   through the exponent bits. 0 below -87.3 (where e^x leaves the normal floats; -inf included),
-   NaN stays NaN. */
+/* e^x for x <= 0, without branches so that the compiler vectorises it (given the cpu builder's
+   -fno-trapping-math): Cody-Waite reduction to r in [-ln2/2, ln2/2], Cephes' single-precision
+   polynomial (within 2 ulp), scaled by 2^n through the exponent bits. 0 below -87.3 (where e^x
+   leaves the normal floats; -inf included); NaN stays NaN. */
 static inline float exp_le0(float x) {
     const bool live = x >= -87.3f;
     const float xs = live ? x : -87.3f;
