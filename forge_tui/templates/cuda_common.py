@@ -178,6 +178,21 @@ __device__ __forceinline__ WorkItem decode_item(unsigned item) {
     return w;
 }
 
+/* A stream-mode block's next work item: the ticket taken last time is in s_item[cur], and thread 0
+   takes the following one into s_item[cur ^ 1] while this item runs (the atomic's latency off the
+   path). False once the items are used up; wi.unit is -1 for an item outside [0, units), for which
+   the block only meets at a barrier (so the next ticket is visible to all) and goes on. */
+template <int PIECES, int AHEAD>
+__device__ __forceinline__ bool take_item(unsigned* s_item, int cur, unsigned* ticket, unsigned items, int units,
+                                          WorkItem& wi) {
+    const unsigned item = s_item[cur];
+    if (threadIdx.x == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
+    if (item >= items) return false;
+    wi = decode_item<PIECES, AHEAD>(item);
+    if (wi.unit < 0 || wi.unit >= units) wi.unit = -1;
+    return true;
+}
+
 /* Thread 0 only: publish this block's writes, then count one finished piece of the unit. */
 __device__ __forceinline__ void count_piece(unsigned* done) {
     __threadfence();

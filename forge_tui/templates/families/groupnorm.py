@@ -720,13 +720,11 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
     if (t == 0) s_item[0] = atomicAdd(ticket, 1u);
     __syncthreads();
     for (int cur = 0;; cur ^= 1) {
-        const unsigned item = s_item[cur];
-        if (t == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
-        if (item >= items) return;
-        const WorkItem wi = decode_item<PIECES, AHEAD>(item);
+        WorkItem wi;
+        if (!take_item<PIECES, AHEAD>(s_item, cur, ticket, items, ng, wi)) return;
         const int g = wi.unit, piece = wi.piece;
         const bool stats = wi.stats;
-        if (g < 0 || g >= ng) {
+        if (g < 0) {
             __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
             continue;
         }

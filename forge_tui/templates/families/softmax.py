@@ -785,13 +785,11 @@ softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict_
     if (t == 0) s_item[0] = atomicAdd(ticket, 1u);
     __syncthreads();
     for (int cur = 0;; cur ^= 1) {
-        const unsigned item = s_item[cur];
-        if (t == 0) s_item[cur ^ 1] = atomicAdd(ticket, 1u);
-        if (item >= items) return;
-        const WorkItem wi = decode_item<SEGS, AHEAD>(item);
+        WorkItem wi;
+        if (!take_item<SEGS, AHEAD>(s_item, cur, ticket, items, rows, wi)) return;
         const int row = wi.unit, piece = wi.piece;
         const bool stats = wi.stats;
-        if (row < 0 || row >= rows) {
+        if (row < 0) {
             __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
             continue;
         }
