@@ -382,6 +382,15 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
         for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
             sources.setdefault((m.family, "anchor-" + str(c.inputs[0].shape), q.get("mode"),
                                 describe(m.family, q)), f2.render(m, q, "cuda"))
+    # ResNet's global average pool at its anchor shape (7x7 rows: the tile modes apply)
+    avg = json.loads(matched["avg_pool"][0][0].model_dump_json())
+    avg["inputs"][0].update(shape=[32, 2048, 7, 7], stride=[2048 * 49, 49, 7, 1])
+    avg["outputs"][0].update(shape=[32, 2048, 1, 1], stride=[2048, 1, 1, 1])
+    avg["program"]["nodes"][0]["out"][0][0] = [32, 2048, 1, 1]
+    f2, m = match(_retyped(Card.model_validate(avg), "float16"))
+    p0 = f2.initial(m, "cuda")
+    for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
+        sources.setdefault((m.family, "anchor-7x7", q.get("mode"), describe(m.family, q)), f2.render(m, q, "cuda"))
     # nn.MaxPool2d's module card (values only): its own kernels, without the indices
     pool_mod = next(c for c, f, m in matched["max_pool"] if c.kind == "module")
     for dtype in ("float32", "float16"):
@@ -395,6 +404,7 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
                                                             "ring"}
     assert {k[2] for k in sources if k[0] == "group_norm"} >= {"split", "cluster", "stash", "stream", "ring"}
     assert {k[2] for k in sources if k[0] == "max_pool"} >= {"thread", "tile", "strip"}
+    assert {k[2] for k in sources if k[0] == "avg_pool"} >= {"tile", "vtile", "warp"}
     # the static checks the evaluator runs first must pass every variant (a parser blind spot once
     # rejected every thread-block-cluster kernel as "never launched")
     from forge_tui.evaluator.static_checks import check_source, errors

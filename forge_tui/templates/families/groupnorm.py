@@ -75,7 +75,7 @@ class GroupNorm:
         return {"mode": ["ring", "stream", "stash", "cluster", "split"],
                 "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                 "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -112,7 +112,7 @@ class GroupNorm:
         gbytes = m.info["group_len"] * ITEMSIZE[m.info["tin"]]
         ahead = stream_ahead(ng, gbytes, (2, 4, 8, 16, 32), 16 << 20)
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
-                "cl": 8, "bps": 2, "ahead": ahead}
+                "cl": 8, "bps": 2, "ahead": ahead, "load": "bulk"}
         groups = m.info["n"] * m.info["g"]
         # Measured on the H200 (docs/benchmarks.md, run D): where a block's shared-memory stash holds
         # at least half of its eighth of a group (fp32, 1 MB groups), the stash mode is fastest (one
@@ -153,6 +153,8 @@ class GroupNorm:
             q.pop("cl", None)
         if q.get("mode") not in ("stash", "ring"):
             q.pop("bps", None)
+        if q.get("mode") != "ring":
+            q.pop("load", None)
         if q.get("mode") != "stream":
             q.pop("ahead", None)
         if q.get("mode") == "stream":
@@ -272,7 +274,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             smem = stash * ITEMSIZE[i["tin"]]
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
                     f"{stash}, (int)NG")
-            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, true>"
+            bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
+            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, {bulk}>"
             k_one = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, 1, false>"
             return CUDA_COMMON + KERNELS + RING_KERNEL + f"""
 {types}

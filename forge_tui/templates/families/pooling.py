@@ -44,13 +44,16 @@ class MeanPool:
     def axes(self, m: Match, backend: str) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [16, 64, 256]}
-        return {"mode": ["tile", "warp"], "threads": [64, 128, 256, 512]}
+        return {"mode": ["tile", "vtile", "warp"], "threads": [64, 128, 256, 512]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
             return True
         if p["mode"] == "tile":
             return m.info["cols"] * p["threads"] * 4 <= 48 * 1024
+        if p["mode"] == "vtile":
+            span = m.info["cols"] * p["threads"] * ITEMSIZE[m.info["tin"]]
+            return span % 16 == 0 and span <= 48 * 1024
         return True
 
     def initial(self, m: Match, backend: str) -> dict:
@@ -91,6 +94,10 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         if p["mode"] == "tile":
             blocks = -(-i["rows"] // threads)
             launch = f"mean_tile<TX, TO, {threads}, {i['cols']}><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS, COLS);"
+        elif p["mode"] == "vtile":
+            blocks = -(-i["rows"] // threads)
+            launch = (f"if (forge_aligned(x, 16)) mean_vtile<TX, TO, {threads}, {i['cols']}, true><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS);\n"
+                      f"    else mean_vtile<TX, TO, {threads}, {i['cols']}, false><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS);")
         else:
             rpb = threads // 32
             blocks = -(-i["rows"] // rpb)
@@ -127,6 +134,45 @@ __global__ void __launch_bounds__(THREADS) mean_tile(const TX* __restrict__ x, T
         float s = 0.f;
         for (int c = 0; c < cols; ++c) s += tile[threadIdx.x * cols + c];
         y[r0 + threadIdx.x] = from_f<TO>(s / (float)cols);
+    }
+}
+
+/* As mean_tile, with the block's span (THREADS * COLS elements, a multiple of 16 bytes, from a
+   16-byte aligned input) loaded in 16-byte vectors, every load of a thread issued before the first
+   is stored: at a few MB the time is the latency of the loads, so all of them are in flight at
+   once. The tile keeps the input type. A last block with fewer rows, or an input off 16-byte
+   boundaries (VECLOAD false), loads element by element. */
+template <typename TX, typename TO, int THREADS, int COLS, bool VECLOAD>
+__global__ void __launch_bounds__(THREADS) mean_vtile(const TX* __restrict__ x, TO* __restrict__ y, int64_t rows) {
+    constexpr int SPAN = THREADS * COLS;
+    constexpr int NV = (int)(SPAN * sizeof(TX) / 16);
+    constexpr int LOADS = (NV + THREADS - 1) / THREADS;
+    __shared__ __align__(16) TX tile[SPAN];
+    const int64_t r0 = (int64_t)blockIdx.x * THREADS;
+    const int nrows = (int)min((int64_t)THREADS, rows - r0);
+    const TX* base = x + r0 * COLS;
+    if (VECLOAD && nrows == THREADS) {
+        const uint4* src = reinterpret_cast<const uint4*>(base);
+        uint4 v[LOADS];
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) {
+            const int i = (int)threadIdx.x + k * THREADS;
+            if (i < NV) v[k] = __ldg(src + i);
+        }
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) {
+            const int i = (int)threadIdx.x + k * THREADS;
+            if (i < NV) reinterpret_cast<uint4*>(tile)[i] = v[k];
+        }
+    } else {
+        for (int k = threadIdx.x; k < nrows * COLS; k += THREADS) tile[k] = base[k];
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nrows) {
+        float s = 0.f;
+#pragma unroll 7
+        for (int c = 0; c < COLS; ++c) s += to_f(tile[threadIdx.x * COLS + c]);
+        y[r0 + threadIdx.x] = from_f<TO>(s / (float)COLS);
     }
 }
 

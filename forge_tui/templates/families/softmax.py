@@ -95,7 +95,7 @@ class Softmax:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -136,7 +136,7 @@ class Softmax:
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
         ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
-                "ahead": ahead}  # every axis has a value
+                "ahead": ahead, "load": "bulk"}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -198,6 +198,8 @@ class Softmax:
             q.pop("cl", None)
         if q.get("mode") not in ("stash", "ring"):
             q.pop("bps", None)
+        if q.get("mode") != "ring":
+            q.pop("load", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -295,7 +297,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             cl = p["cl"]
             stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
             smem = stash * ITEMSIZE[m.info["tin"]]
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, true>"
+            bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
             k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
             args = f"x, y, COLS, {stash}, (int)ROWS"
             launch = f"""
