@@ -33,43 +33,32 @@ sys.path.insert(0, str(ROOT / "bench"))
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
         {}, {"mode": "online"},
-        {"mode": "ring", "cl": 4, "bps": 1, "tpr": 1024, "load": "thread"},
-        {"mode": "ring", "cl": 4, "bps": 1, "tpr": 512},
-        {"mode": "ring", "cl": 8, "bps": 1, "tpr": 1024},
-        {"mode": "ring", "cl": 8, "bps": 2, "tpr": 1024},
-        {"mode": "ring", "cl": 8, "bps": 2, "tpr": 1024, "load": "thread"},
-        {"mode": "ring", "cl": 8, "bps": 2, "tpr": 512},
-        {"mode": "ring", "cl": 8, "bps": 3, "tpr": 512},
-        {"mode": "ring", "cl": 8, "bps": 3, "tpr": 512, "load": "thread"},
-        {"mode": "ring", "cl": 16, "bps": 2, "tpr": 1024},
-        {"mode": "ring", "cl": 16, "bps": 4, "tpr": 512},
+        *[{"mode": "ring", "cl": cl, "bps": bps, "tpr": tpr}
+          for cl, bps, tpr in ((4, 1, 512), (4, 1, 256), (8, 2, 512), (8, 2, 256), (8, 3, 512), (8, 3, 256),
+                               (8, 4, 256), (16, 4, 256), (16, 4, 512), (16, 3, 512), (16, 2, 512), (16, 2, 256))],
+        {"mode": "ring", "cl": 8, "bps": 2, "tpr": 512, "load": "thread"},
     ],
     "group_norm_fp32_2x512x128x128": [
         {}, {"mode": "stash", "threads": 512},
-        {"mode": "ring", "cl": 8, "bps": 1, "threads": 1024},
-        {"mode": "ring", "cl": 8, "bps": 1, "threads": 1024, "load": "thread"},
-        {"mode": "ring", "cl": 8, "bps": 2, "threads": 1024},
-        {"mode": "ring", "cl": 16, "bps": 1, "threads": 1024},
-        {"mode": "ring", "cl": 16, "bps": 2, "threads": 1024},
-        {"mode": "ring", "cl": 16, "bps": 2, "threads": 1024, "load": "thread"},
-        {"mode": "ring", "cl": 16, "bps": 2, "threads": 512},
-        {"mode": "ring", "cl": 16, "bps": 3, "threads": 512},
-        {"mode": "ring", "cl": 16, "bps": 3, "threads": 512, "load": "thread"},
+        *[{"mode": "ring", "cl": cl, "bps": bps, "threads": t, "load": ld}
+          for cl, bps, t in ((8, 2, 512), (8, 2, 256), (8, 3, 512), (16, 2, 512), (16, 2, 256), (16, 3, 512),
+                             (16, 3, 256), (16, 4, 256), (16, 4, 512))
+          for ld in ("bulk", "thread")],
     ],
     "group_norm_bf16_1x512x256x256": [
-        {}, {"mode": "ring", "cl": 8, "bps": 1, "threads": 1024},
-        {"mode": "ring", "cl": 16, "bps": 1, "threads": 1024},
-        {"mode": "ring", "cl": 16, "bps": 1, "threads": 1024, "load": "thread"},
-        {"mode": "ring", "cl": 16, "bps": 2, "threads": 1024},
-        {"mode": "ring", "cl": 16, "bps": 2, "threads": 512},
+        {},
+        *[{"mode": "ring", "cl": cl, "bps": bps, "threads": t, "load": ld}
+          for cl, bps, t in ((8, 1, 512), (16, 1, 512), (16, 2, 512), (16, 2, 256), (16, 3, 256), (16, 3, 512))
+          for ld in ("bulk", "thread")],
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
-        {}, {"mode": "tile", "threads": 64}, {"mode": "tile", "threads": 256}, {"mode": "warp", "threads": 256},
+        {}, {"mode": "tile", "threads": 64}, {"mode": "warp", "threads": 256},
         {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 128}, {"mode": "vtile", "threads": 256},
-        {"mode": "vtile", "threads": 512},
     ],
-    "maxpool_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
-    "maxpool_module_fp16_32x64x112x112": [{}],
+    "maxpool_fp16_32x64x112x112": [{}, {"mode": "strip", "owv": 2}, {"mode": "strip", "threads": 128},
+                                   {"mode": "strip", "threads": 512}, {"mode": "strip", "per_thread": 2}],
+    "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "strip", "owv": 2}, {"mode": "strip", "threads": 128},
+                                          {"mode": "strip", "per_thread": 2}],
 }
 
 
