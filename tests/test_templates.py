@@ -211,12 +211,13 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     vocab = _retyped(_reshaped(sm, [512, 262144]), "bfloat16", "float32")  # F.softmax(x, -1, dtype=float32)
     fam, m = match(vocab)
     p = fam.initial(m, "cuda")
-    # one DRAM read, persistent clusters of 4 (a quarter row, 128 KB, in shared memory); 16-byte
-    # stores of the fp32 output
-    assert p["mode"] == "ring" and p["cl"] == 4 and p["vec"] == 4 and fam.passes(m, p) == 1, p
+    # one DRAM read, persistent clusters of 8 (an eighth of a row, 64 KB, in shared memory) at two
+    # blocks an SM; 16-byte stores of the fp32 output
+    assert p["mode"] == "ring" and p["cl"] == 8 and p["bps"] == 2 and p["vec"] == 4 and fam.passes(m, p) == 1, p
     src = fam.render(m, p, "cuda")
     assert "cudaOccupancyMaxActiveClusters" in src and "cudaLaunchKernelEx" in src and "cp.async.bulk" in src
-    assert "softmax_ring<TI, TO, 4, 1024, 4, false, true>" in src and ", 65536, (int)ROWS" in src  # all of it stashed
+    assert "softmax_ring<TI, TO, 8, 512, 4, false, true>" in src and ", 32768, (int)ROWS" in src  # all of it stashed
+    assert "softmax_ring<TI, TO, 8, 512, 4, false, false>" in fam.render(m, {**p, "load": "thread"}, "cuda")
     moves = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
     assert moves["online"]["tpr"] == 1024 and fam.passes(m, moves["online"]) == 2  # two passes from DRAM
     # a cluster of 16 (non-portable) is opted into by the ring launch, refused by the other modes
@@ -225,8 +226,8 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert not fam.valid(m, {**p, "mode": "stash", "cl": 16}, "cuda")
     # a half row does not fit: the rest of each segment is read twice
     half = {**p, "cl": 2}
-    assert fam.valid(m, half, "cuda") and f", {ring_stash(131072, 2, 4096, 1)}, (int)ROWS" in fam.render(m, half, "cuda")
-    assert ring_stash(131072, 2, 4096, 1) * 2 == 224 * 1024
+    assert fam.valid(m, half, "cuda") and f", {ring_stash(131072, 2, 2048, 2)}, (int)ROWS" in fam.render(m, half, "cuda")
+    assert ring_stash(131072, 2, 2048, 2) * 2 == 112 * 1024
     stream = moves["stream"]  # one DRAM read, reads and writes overlapping: work items in order, the
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16  # write of a row 16 rows (24 MB) later
     assert stream["tpr"] == 512 and moves["stash"]["tpr"] == 512
@@ -256,19 +257,21 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))  # 64 groups of 1 MB
     assert m.info["group_len"] == 16 * 128 * 128
     p = fam.initial(m, "cuda")
-    # one read from DRAM: a cluster per group, each block stashing its eighth in shared memory
-    assert p["mode"] == "stash" and p["threads"] == 1024 and fam.passes(m, p) == 1, p
+    # one read from DRAM, persistent: clusters of 16 walking the groups at three blocks an SM, each
+    # block's sixteenth (64 KB) staged by its threads as they write the previous group
+    assert p["mode"] == "ring" and (p["cl"], p["threads"], p["bps"], p["load"]) == (16, 512, 3, "thread"), p
+    assert fam.passes(m, p) == 1
     src = fam.render(m, p, "cuda")
-    assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
+    assert "gn_ring<TX, TW, TB, TO, TS, 16, 512, 4, false>" in src and ", 16384, (int)NG" in src
+    assert "cudaOccupancyMaxActiveClusters" in src and "NonPortableClusterSizeAllowed" in src
+    assert "cp.async.bulk" in fam.render(m, {**p, "load": "bulk"}, "cuda")
     modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
-    assert set(modes) >= {"cluster", "split", "stream", "ring"} and fam.passes(m, modes["cluster"]) == 1
-    # the persistent ring: clusters of 8 walking the groups, each block's eighth (128 KB) loaded by
-    # bulk copies while the previous group's stores drain
-    ring = modes["ring"]
-    assert ring["threads"] == 1024 and ring["cl"] == 8 and ring["bps"] == 1 and fam.passes(m, ring) == 1
-    src = fam.render(m, ring, "cuda")
-    assert "gn_ring<TX, TW, TB, TO, TS, 8, 1024, 4, true>" in src and "131072" in src and "cp.async.bulk" in src
-    assert "cudaOccupancyMaxActiveClusters" in src
+    assert set(modes) >= {"cluster", "split", "stream", "stash"} and fam.passes(m, modes["cluster"]) == 1
+    # the stash: a cluster per group, each block stashing its eighth in shared memory
+    stash = modes["stash"]
+    assert stash["threads"] == 1024 and stash["cl"] == 8 and fam.passes(m, stash) == 1
+    src = fam.render(m, stash, "cuda")
+    assert "__cluster_dims__" in src and "cudaFuncAttributeMaxDynamicSharedMemorySize" in src
     stream = modes["stream"]  # work items in order, normalisation AHEAD groups (16 MB) after the statistics
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16
     # a mode move takes that mode's measured thread count (the stash's 1024 make the stream spill)
@@ -277,12 +280,12 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert "forge_launch_ws" in src and "cudaMemsetAsync" in src and "atomicAdd(ticket" in src
     fam, m = match(_retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"))  # 2 MB groups
     p = fam.initial(m, "cuda")
-    assert p["mode"] == "split" and fam.passes(m, p) == 2, p  # a stash would hold under a third of a segment
-    modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
-    assert modes["stream"]["ahead"] == 8 and fam.passes(m, modes["stash"]) == 1
-    # a ring block's eighth of a group is 256 KB: 224 KB of it (14 chunks of 16 KB) in shared
+    # a ring block's sixteenth of a group is 128 KB: at two blocks an SM 112 KB of it in shared
     # memory, the rest read twice
-    assert fam.passes(m, modes["ring"]) == 1 and f"{224 * 1024 // 2}, (int)NG" in fam.render(m, modes["ring"], "cuda")
+    assert p["mode"] == "ring" and p["bps"] == 2 and fam.passes(m, p) == 1, p
+    assert f", {112 * 1024 // 2}, (int)NG" in fam.render(m, p, "cuda")
+    modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
+    assert modes["stream"]["ahead"] == 8 and fam.passes(m, modes["stash"]) == 1 and fam.passes(m, modes["split"]) == 2
     assert modes["stash"]["threads"] == 1024 and modes["stream"]["threads"] == 512
     assert "cluster" not in modes  # too large for a cluster's registers
     src = fam.render(m, modes["split"], "cuda")

@@ -91,8 +91,12 @@ def ring_stash(seg: int, itemsize: int, chunk: int, bps: int) -> int:
     elements (a vector per thread): as many as fit the share of an SM's 228 KB that lets ``bps``
     blocks reside (1 KB reserved per block, 1 KB kept for the kernel's static shared memory),
     at most the segment and RING_MAX_CHUNKS chunks."""
-    cap = (228 // bps - 2) * 1024 // itemsize
-    return min(seg, cap, RING_MAX_CHUNKS * chunk) // chunk * chunk
+    return min(seg, ring_cap(itemsize, bps), RING_MAX_CHUNKS * chunk) // chunk * chunk
+
+
+def ring_cap(itemsize: int, bps: int) -> int:
+    """Elements a ring mode block can keep in shared memory with ``bps`` blocks an SM."""
+    return (228 // bps - 2) * 1024 // itemsize
 
 
 def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str) -> str:

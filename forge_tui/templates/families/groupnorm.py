@@ -21,10 +21,11 @@ group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUD
 
   ring     one DRAM read, persistent: a cluster of CL blocks walks groups (cid, cid + clusters, ...),
            each block keeping its segment of the group in shared memory (the part that fits
-           BPS blocks an SM; any rest is read twice, the second time from L2). The segment arrives in
-           chunks by bulk copies (TMA), one mbarrier a chunk, the statistics of a chunk starting as it
-           lands; once the block has stored a group, the next group's chunks are requested while
-           those stores drain.
+           BPS blocks an SM; any rest is read twice, the second time from L2). LOAD=bulk: the segment
+           arrives in chunks by bulk copies (TMA), one mbarrier a chunk, the statistics of a chunk
+           starting as it lands; once the block has stored a group, the next group's chunks are
+           requested while those stores drain. LOAD=thread: each thread stages its own elements of
+           the next group (cp.async) as soon as it has written them for this one.
 
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from ...cards import Card
 from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
-                    ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes,
+                    ring_cap, ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes,
                     vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
@@ -121,10 +122,13 @@ class GroupNorm:
         # 14.1-14.7x); the stream mode (52.8 and 69.4 µs) stays a move.
         stash = {**base, "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}
         seg_bytes = m.info["group_len"] // 8 * ITEMSIZE[m.info["tin"]]
-        # The persistent ring (run E, whole-vector stores) measured 66.9 µs against the stash's
-        # 50.3 on fp32 and 14.55x eager against split's 15.12x on bf16: a move, not a first choice.
-        # Its 15 clusters of 8 (what fits the H200 at one block an SM) take 64 groups in 5 rounds,
-        # the last with 4 groups.
+        # The persistent ring, clusters of 16 at 512 threads with per-thread loads (run F sweep):
+        # 45.6-47.5 µs on fp32 (2,512,128,128) against the stash's 49.7-52.5; 55.8 on bf16
+        # (1,512,256,256) against split's 62.6-65.4. Groups of at least 512 KB (a sixteenth of at
+        # least 32 KB), enough of them for every SM.
+        ring = {**base, **self._ring(m)}
+        if gbytes >= 512 << 10 and groups * 16 >= SMS and self.valid(m, ring, backend):
+            return ring
         if groups * 8 >= SMS and 2 * stash_bytes(2) >= seg_bytes and self.valid(m, stash, backend):
             return stash
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
@@ -132,14 +136,23 @@ class GroupNorm:
                 return {**base, "mode": "cluster", "cl": cl, "threads": threads}
         return base
 
+    def _ring(self, m: Match) -> dict:
+        """The ring's measured best (run F): clusters of 16 at 512 threads, each thread staging its
+        own elements (cp.async) as it writes them; three blocks an SM where a sixteenth of a group
+        fits a block's share of shared memory at three, else two."""
+        seg, itemsize = m.info["group_len"] // 16, ITEMSIZE[m.info["tin"]]
+        bps = 3 if ring_cap(itemsize, 3) >= seg else 2
+        return {"mode": "ring", "cl": 16, "threads": 512, "bps": bps, "load": "thread"}
+
     def mode_settings(self, m: Match, mode: str, backend: str) -> dict:
         """Threads a block for a move into ``mode``: what ncu measured best on the H200 (run D:
         stream 52.8 µs at 512 threads, 65.3 at 1024 where it spills, 73.8 at 256; stash 47.9 at
         1024, 49.8 at 512; split and cluster as first chosen)."""
         if backend == "cpu":
             return {}
-        return {"ring": {"threads": 1024, "bps": 1, "cl": 8},
-                "stream": {"threads": 512}, "stash": {"threads": 1024, "bps": 2, "cl": 8},
+        if mode == "ring":
+            return {k: v for k, v in self._ring(m).items() if k != "mode"}
+        return {"stream": {"threads": 512}, "stash": {"threads": 1024, "bps": 2, "cl": 8},
                 "cluster": {"threads": 1024, "cl": 8}, "split": {"threads": 512}}.get(mode, {})
 
     def relevant(self, p: dict) -> dict:

@@ -21,9 +21,11 @@ CUDA modes:
          blocks per SM at BPS, so the rows in flight fit on chip.
   ring   one DRAM read, persistent, for many long rows: a cluster of CL blocks walks rows (cid,
          cid + clusters, ...), each block keeping its segment in shared memory (the part that fits BPS
-         blocks an SM; any rest is read twice). The segment arrives in chunks by bulk copies (TMA),
-         one mbarrier a chunk, the statistics of a chunk starting as it lands; once the block has
-         written a row, the next row's chunks are requested while those stores drain.
+         blocks an SM; any rest is read twice). LOAD=bulk: the segment arrives in chunks by bulk
+         copies (TMA), one mbarrier a chunk, the statistics of a chunk starting as it lands; once the
+         block has written a row, the next row's chunks are requested while those stores drain.
+         LOAD=thread: each thread stages its own elements of the next row (cp.async) as soon as it
+         has written them for this one.
   stream one launch for many long rows: blocks take work items in order from a ticket counter; the
          items are the (max, sum) of piece p of row r and, AHEAD rows later in the order, the write
          of that piece, which waits for its row's statistics. New rows are read while finished ones
@@ -33,7 +35,7 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_launch,
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_cap, ring_launch,
                     ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
                     workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
@@ -160,22 +162,29 @@ class Softmax:
         # its blocks wait on small work items; it stays a move, with pieces of 32 KB of input)
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
         online = {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
-        # one DRAM read, persistent: a cluster of 4 per row in flight, the next row's loads
-        # overlapping this row's writes, where a quarter row fills 1024 threads' slots (run E,
-        # 512x262144 bf16->fp32: 280.7 µs, 3.26x eager, 1.25x torch.compile, against the
-        # two-pass online mode's 293.7 µs, 3.10x, 1.19x)
-        ring = {**online, "mode": "ring", "cl": 4, "bps": 1}
-        if cols // 4 * ITEMSIZE[m.info["tin"]] >= 64 << 10 and self.valid(m, ring, backend):
+        # one DRAM read, persistent: clusters walking the rows, the next row's loads overlapping
+        # this row's writes (run F sweep, 512x262144 bf16->fp32: clusters of 8 at 2 blocks an SM and
+        # 512 threads, 249.6 µs, against 282.3 for clusters of 4 at one block an SM and 1024 threads,
+        # run E's first choice, and the two-pass online mode's 295.8)
+        ring = {**online, **self._ring(m)}
+        if cols * ITEMSIZE[m.info["tin"]] >= 256 << 10 and self.valid(m, ring, backend):
             return ring
         return online
 
+    def _ring(self, m: Match) -> dict:
+        """The ring's measured best (run F): 512 threads, two blocks an SM, clusters of 8, or of 16
+        where an eighth of a row does not fit a block's share of shared memory at two blocks an SM."""
+        cl = 8 if ring_cap(ITEMSIZE[m.info["tin"]], 2) >= m.info["cols"] // 8 else 16
+        return {"mode": "ring", "cl": cl, "bps": 2, "tpr": 512, "load": "bulk"}
+
     def mode_settings(self, m: Match, mode: str, backend: str) -> dict:
         """Threads a row for a move into a long-row mode: what the H200 measured best (run D: online
-        at 1024, the cluster modes and stream at 512)."""
+        at 1024, the cluster modes and stream at 512; run F: the ring as in _ring)."""
         if backend == "cpu":
             return {}
+        if mode == "ring":
+            return {k: v for k, v in self._ring(m).items() if k != "mode"}
         return {"online": {"tpr": 1024}, "stash": {"tpr": 512, "cl": 8, "bps": 2}, "stream": {"tpr": 512},
-                "ring": {"tpr": 1024, "cl": 4, "bps": 1},
                 "cluster": {"tpr": 512, "cl": 8}}.get(mode, {})
 
     def passes(self, m: Match, p: dict) -> int:
