@@ -1,8 +1,10 @@
 """Time chosen template configurations of a bench case side by side, without the search: for each
 case, profile its one-op workload (bench/templates_bench.py's CASES), render and build every listed
 configuration (overrides on the family's first choice), check each one's output on one random
-input set against the PyTorch reference, and time them interleaved with eager and a device copy
-of the same bytes (cold L2, launch shield: forge_tui.timing.Timer).
+input set against the PyTorch reference, and time them interleaved with eager, a device copy of
+the same bytes and the byte-moving probe of ncu_probe.py (the card's largest input read and first
+output written, nothing else: its read/write mix), with a cold L2 and the launch shield
+(forge_tui.timing.Timer).
 
     python bench/config_sweep.py [--only NAME ...] [--repeats 20] [--extra 'CASE={"mode": "ring"}' ...]
 
@@ -32,40 +34,30 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"mode": "online"},
-        *[{"mode": "ring", "cl": cl, "bps": bps, "tpr": tpr}
-          for cl, bps, tpr in ((4, 1, 512), (4, 1, 256), (8, 2, 512), (8, 2, 256), (8, 3, 512), (8, 3, 256),
-                               (8, 4, 256), (16, 4, 256), (16, 4, 512), (16, 3, 512), (16, 2, 512), (16, 2, 256))],
-        {"mode": "ring", "cl": 8, "bps": 2, "tpr": 512, "load": "thread"},
+        {}, {"vec": 8}, {"vec": 2}, {"bps": 3}, {"tpr": 256}, {"load": "thread"}, {"mode": "online"},
     ],
     "group_norm_fp32_2x512x128x128": [
-        {}, {"mode": "stash", "threads": 512},
-        *[{"mode": "ring", "cl": cl, "bps": bps, "threads": t, "load": ld}
-          for cl, bps, t in ((8, 2, 512), (8, 2, 256), (8, 3, 512), (16, 2, 512), (16, 2, 256), (16, 3, 512),
-                             (16, 3, 256), (16, 4, 256), (16, 4, 512))
-          for ld in ("bulk", "thread")],
+        {}, {"vec": 2}, {"bps": 2}, {"bps": 2, "vec": 2}, {"bps": 4, "load": "bulk"}, {"load": "bulk"},
+        {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},
     ],
     "group_norm_bf16_1x512x256x256": [
-        {},
-        *[{"mode": "ring", "cl": cl, "bps": bps, "threads": t, "load": ld}
-          for cl, bps, t in ((8, 1, 512), (16, 1, 512), (16, 2, 512), (16, 2, 256), (16, 3, 256), (16, 3, 512))
-          for ld in ("bulk", "thread")],
+        {}, {"vec": 4}, {"bps": 3}, {"load": "bulk"},
+        {"mode": "split", "chunk": 16384, "threads": 256, "order": "reverse"},
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
-        {}, {"mode": "tile", "threads": 64}, {"mode": "warp", "threads": 256},
-        {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 128}, {"mode": "vtile", "threads": 256},
+        {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 128},
+        {"mode": "vtile", "threads": 256},
     ],
-    "maxpool_fp16_32x64x112x112": [{}, {"mode": "strip", "owv": 2}, {"mode": "strip", "threads": 128},
-                                   {"mode": "strip", "threads": 512}, {"mode": "strip", "per_thread": 2}],
-    "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "strip", "owv": 2}, {"mode": "strip", "threads": 128},
-                                          {"mode": "strip", "per_thread": 2}],
+    "maxpool_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
 }
+# every other case of templates_bench.py: its first configuration
 
 
 def main() -> int:
     import torch
 
     import templates_bench as tb
+    from ncu_probe import probe_source
     from forge_tui.compare import compare
     from forge_tui.evaluator.abi import Library, card_scalars
     from forge_tui.evaluator.build import Builder
@@ -83,7 +75,7 @@ def main() -> int:
     ap.add_argument("--extra", nargs="*", default=[],
                     help="CASE_SUBSTRING=JSON: one more configuration (overrides) for the matching cases")
     args = ap.parse_args()
-    sweeps = {k: list(v) for k, v in SWEEPS.items()}
+    sweeps = {k: list(SWEEPS.get(k, [{}])) for k in tb.CASES}
     for item in args.extra:
         key, _, text = item.partition("=")
         for name in tb.CASES:
@@ -120,7 +112,8 @@ def main() -> int:
                 print(f"{name}: skip invalid {label}", flush=True)
                 continue
             configs.append((label + (" (first)" if not over else ""), fam.render(m, p, "cuda")))
-        builds = builder.build_many([src for _, src in configs])
+        builds = builder.build_many([src for _, src in configs] + [probe_source(card)])
+        probe_build = builds.pop()
         ins = random_inputs(card, "cuda", seed=1)
         scalars = card_scalars(card.program)
         eager = bind_program(card.program, ins, "cuda")
@@ -145,29 +138,36 @@ def main() -> int:
                 row["error"] = f"launch returned {rc}" if rc else f"wrong: {bad[0][:200]}"
                 continue
             fns[label] = call
+        if probe_build.ok:  # the card's own bytes moved and nothing else: its read/write mix
+            outs = _alloc_outputs(card, "cuda")
+            fns["probe"] = Library(probe_build.library).bind(ins, outs, scalars, torch.cuda.current_stream().cuda_stream)
         n = max(16, card.bytes // 2 // 16 * 16)
         src = torch.empty(n, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         fns["copy"] = lambda: dst.copy_(src)
         stats, raw, _ = timer.time(fns)
         copy_us = stats["copy"].median
+        probe_us = stats["probe"].median if "probe" in stats else None
         for row in rows:
             if row["config"] in stats:
                 s = stats[row["config"]]
                 sp = paired_ratio(raw["eager"], raw[row["config"]])
                 row.update(us=s.median, q1=s.q1, q3=s.q3, vs_eager=sp.median, vs_eager_q1=sp.q1,
-                           vs_eager_q3=sp.q3, pct_copy=100 * copy_us / s.median)
+                           vs_eager_q3=sp.q3, pct_copy=100 * copy_us / s.median,
+                           pct_probe=100 * probe_us / s.median if probe_us else None)
         case = {"card": card.id, "bytes": card.bytes, "floor_us": card.floor_us, "eager_us": stats["eager"].median,
-                "copy_us": copy_us, "rows": rows, "wall_s": time.time() - t0}
+                "copy_us": copy_us, "probe_us": probe_us, "rows": rows, "wall_s": time.time() - t0}
         report["cases"][name] = case
         (out / "config_sweep.json").write_text(json.dumps(report, indent=1, default=str))
-        print(f"\n{name}: eager {stats['eager'].median:.1f} µs, same-size copy {copy_us:.1f} µs, floor "
-              f"{card.floor_us:.1f} µs ({case['wall_s']:.0f} s)")
-        print(f"  {'configuration':78s} {'µs':>8s} {'[q1, q3]':>16s} {'vs eager':>9s} {'%copy':>6s} {'regs':>5s}")
+        print(f"\n{name}: eager {stats['eager'].median:.1f} µs, same-size copy {copy_us:.1f} µs, probe moving the "
+              f"card's bytes {probe_us or float('nan'):.1f} µs, floor {card.floor_us:.1f} µs ({case['wall_s']:.0f} s)")
+        print(f"  {'configuration':78s} {'µs':>8s} {'[q1, q3]':>16s} {'vs eager':>9s} {'%copy':>6s} {'%probe':>6s} "
+              f"{'regs':>5s}")
         for row in rows:
             if "us" in row:
                 print(f"  {row['config'][:78]:78s} {row['us']:8.1f} [{row['q1']:6.1f}, {row['q3']:6.1f}] "
-                      f"{row['vs_eager']:8.2f}x {row['pct_copy']:5.0f}% {row.get('registers') or 0:5.0f}", flush=True)
+                      f"{row['vs_eager']:8.2f}x {row['pct_copy']:5.0f}% {row['pct_probe'] or 0:5.0f}% "
+                      f"{row.get('registers') or 0:5.0f}", flush=True)
             else:
                 print(f"  {row['config'][:78]:78s} {row['error']}", flush=True)
     return 0

@@ -1,6 +1,6 @@
 """Nsight Compute on chosen template configurations of a few bench cases, next to a probe kernel
-that only moves the card's bytes (reads every byte of its largest input, writes every byte of its
-first output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
+that only moves the card's bytes (reads every byte of its largest input, writes every byte of
+every output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
 on this GPU with ncu's cold caches.
 
     python bench/ncu_probe.py [--only NAME ...] [--configs 0,1] [--no-probe]
@@ -47,32 +47,36 @@ PROBE_SOURCE = r'''
 /* Moves the card's bytes and nothing else: thread i reads 16-byte word i of the input (if any)
    and writes word i of the output (if any). A read with no write to go to is kept alive by a
    store under a condition random data never meets. */
-__global__ void probe(const uint4* __restrict__ a, uint4* __restrict__ b) {
+__global__ void probe(const uint4* __restrict__ a, int64_t na, uint4* __restrict__ b, int64_t nb) {
     const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (i < NA) v = a[i];
-    if (i < NB) b[i] = v;
+    if (i < na) v = a[i];
+    if (i < nb) b[i] = v;
     else if (v.x == 0x7f3a91c5u && v.y == 0x0badf00du) b[0] = v;
 }
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
-    const int64_t n = NA > NB ? NA : NB;
-    probe<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const uint4*)in[IN].data, (uint4*)out[0].data);
+    /* the input is read with the first output's writes; every further output is written alone */
+    for (int k = 0; k < N_OUT; ++k) {
+        const int64_t na = k == 0 ? NA : 0, nb = NB[k], n = na > nb ? na : nb;
+        if (n > 0)
+            probe<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const uint4*)in[IN].data, na,
+                                                                                 (uint4*)out[k].data, nb);
+    }
     return (int)cudaGetLastError();
 }
 '''
 
 
 def probe_source(card) -> str:
-    """The byte-moving probe for this card: its largest input in, its first output out."""
+    """The byte-moving probe for this card: its largest input read, every output written."""
     from forge_tui.templates.base import ITEMSIZE
 
     sizes = [s.numel * ITEMSIZE.get(s.dtype, 4) for s in card.inputs]
     k = max(range(len(sizes)), key=lambda j: sizes[j])
-    out = card.outputs[0]
-    nb = out.numel * ITEMSIZE.get(out.dtype, 4) // 16
-    na = sizes[k] // 16
-    head = f"#define NA {na}LL\n#define NB {nb}LL\n#define IN {k}\n"
+    nb = [o.numel * ITEMSIZE.get(o.dtype, 4) // 16 for o in card.outputs]
+    head = (f"#define NA {sizes[k] // 16}LL\n#define IN {k}\n#define N_OUT {len(nb)}\n"
+            f"static const int64_t NB[] = {{{', '.join(f'{v}LL' for v in nb)}}};\n")
     return head + PROBE_SOURCE
 
 
