@@ -2,7 +2,7 @@
 case, profile its one-op workload (bench/templates_bench.py's CASES), render and build every listed
 configuration (overrides on the family's first choice), check each one's output on one random
 input set against the PyTorch reference, and time them interleaved with eager, a device copy of
-the same bytes and the byte-moving probe of ncu_probe.py (the card's largest input read and first
+the same bytes and the byte-moving probe of ncu_probe.py (every input of the card read and every
 output written, nothing else: its read/write mix), with a cold L2 and the launch shield
 (forge_tui.timing.Timer).
 
@@ -97,7 +97,9 @@ def main() -> int:
         wl = tmp / f"w_{ci}.py"
         wl.write_text(tb.workload_source(dtype, body, shapes))
         ws, _ = profile_into_workspace(wl, tmp / f"ws_{ci}", device="cuda", config_path=tmp / "forge.toml")
-        card = max([c for c in ws.cards() if c.target.startswith(target)], key=lambda c: c.bytes)
+        cards = [c for c in ws.cards() if c.target.startswith(target)] or \
+            [c for c in ws.cards() if match(c)[0] is not None]  # (as templates_bench.py picks the card)
+        card = max(cards, key=lambda c: c.bytes)
         fam, m = match(card)
         p0 = fam.initial(m, "cuda")
         rel = getattr(fam, "relevant", lambda q: q)

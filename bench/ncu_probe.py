@@ -1,6 +1,6 @@
 """Nsight Compute on chosen template configurations of a few bench cases, next to a probe kernel
-that only moves the card's bytes (reads every byte of its largest input, writes every byte of
-every output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
+that only moves the card's bytes (reads every byte of every input, writes every byte of every
+output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
 on this GPU with ncu's cold caches.
 
     python bench/ncu_probe.py [--only NAME ...] [--configs 0,1] [--no-probe]
@@ -46,22 +46,25 @@ PROBE_SOURCE = r'''
 #include "forge_kernel.h"
 /* Moves the card's bytes and nothing else: thread i reads 16-byte word i of the input (if any)
    and writes word i of the output (if any). A read with no write to go to is kept alive by a
-   store under a condition random data never meets. */
-__global__ void probe(const uint4* __restrict__ a, int64_t na, uint4* __restrict__ b, int64_t nb) {
+   store (to `keep`) under a condition random data never meets. */
+__global__ void probe(const uint4* __restrict__ a, int64_t na, uint4* __restrict__ b, int64_t nb, uint4* keep) {
     const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (i < na) v = a[i];
     if (i < nb) b[i] = v;
-    else if (v.x == 0x7f3a91c5u && v.y == 0x0badf00du) b[0] = v;
+    else if (v.x == 0x7f3a91c5u && v.y == 0x0badf00du) keep[0] = v;
 }
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
-    /* the input is read with the first output's writes; every further output is written alone */
-    for (int k = 0; k < N_OUT; ++k) {
-        const int64_t na = k == 0 ? NA : 0, nb = NB[k], n = na > nb ? na : nb;
+    /* input k is read with output k's writes (one launch each); an input or output without a
+       partner is read or written alone */
+    const int pairs = N_IN > N_OUT ? N_IN : N_OUT;
+    for (int k = 0; k < pairs; ++k) {
+        const int64_t na = k < N_IN ? NA[k] : 0, nb = k < N_OUT ? NB[k] : 0, n = na > nb ? na : nb;
         if (n > 0)
-            probe<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const uint4*)in[IN].data, na,
-                                                                                 (uint4*)out[k].data, nb);
+            probe<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
+                k < N_IN ? (const uint4*)in[k].data : nullptr, na, k < N_OUT ? (uint4*)out[k].data : nullptr, nb,
+                (uint4*)out[0].data);
     }
     return (int)cudaGetLastError();
 }
@@ -69,14 +72,17 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 
 
 def probe_source(card) -> str:
-    """The byte-moving probe for this card: its largest input read, every output written."""
+    """The byte-moving probe for this card: every input read, every output written."""
     from forge_tui.templates.base import ITEMSIZE
 
-    sizes = [s.numel * ITEMSIZE.get(s.dtype, 4) for s in card.inputs]
-    k = max(range(len(sizes)), key=lambda j: sizes[j])
+    na = [s.numel * ITEMSIZE.get(s.dtype, 4) // 16 for s in card.inputs]
     nb = [o.numel * ITEMSIZE.get(o.dtype, 4) // 16 for o in card.outputs]
-    head = (f"#define NA {sizes[k] // 16}LL\n#define IN {k}\n#define N_OUT {len(nb)}\n"
-            f"static const int64_t NB[] = {{{', '.join(f'{v}LL' for v in nb)}}};\n")
+
+    def arr(v):
+        return "{" + ", ".join(f"{x}LL" for x in v or [0]) + "}"
+
+    head = (f"#define N_IN {len(na)}\n#define N_OUT {len(nb)}\n"
+            f"static const int64_t NA[] = {arr(na)};\nstatic const int64_t NB[] = {arr(nb)};\n")
     return head + PROBE_SOURCE
 
 

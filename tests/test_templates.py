@@ -392,6 +392,7 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     avg["program"]["nodes"][0]["out"][0][0] = [32, 2048, 1, 1]
     f2, m = match(_retyped(Card.model_validate(avg), "float16"))
     p0 = f2.initial(m, "cuda")
+    assert p0 == {"mode": "vtile", "threads": 128} and "mean_vtile<TX, TO, 128, 49, true>" in f2.render(m, p0, "cuda")
     for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
         sources.setdefault((m.family, "anchor-7x7", q.get("mode"), describe(m.family, q)), f2.render(m, q, "cuda"))
     # nn.MaxPool2d's module card (values only): its own kernels, without the indices

@@ -60,6 +60,11 @@ class MeanPool:
         if backend == "cpu":
             return {"chunk": 64}
         if m.info["cols"] <= 96:
+            # 16-byte loads all in flight at once where the block's span allows them (run F sweeps,
+            # (32,2048,7,7) fp16: 4.1-5.1 µs against the element-wise tile's 6.3-7.2, three runs)
+            vt = {"mode": "vtile", "threads": 128}
+            if self.valid(m, vt, backend):
+                return vt
             return {"mode": "tile", "threads": 128 if m.info["cols"] * 128 * 4 <= 48 * 1024 else 64}
         return {"mode": "warp", "threads": 256}
 
