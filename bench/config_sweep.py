@@ -34,19 +34,20 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"vec": 8}, {"vec": 2}, {"bps": 3}, {"tpr": 256}, {"load": "thread"}, {"mode": "online"},
+        {}, {"fill": "all"}, {"cl": 16, "bps": 4, "tpr": 256}, {"cl": 16, "bps": 4, "tpr": 256, "fill": "all"},
+        {"load": "thread"}, {"mode": "online"},
     ],
     "group_norm_fp32_2x512x128x128": [
-        {}, {"vec": 2}, {"bps": 2}, {"bps": 2, "vec": 2}, {"bps": 4, "load": "bulk"}, {"load": "bulk"},
+        {}, {"fill": "all"}, {"bps": 2}, {"bps": 2, "fill": "all"}, {"bps": 4, "threads": 256},
+        {"bps": 4, "threads": 256, "fill": "all"}, {"load": "bulk"}, {"load": "bulk", "fill": "all"},
         {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},
     ],
     "group_norm_bf16_1x512x256x256": [
-        {}, {"vec": 4}, {"bps": 3}, {"load": "bulk"},
+        {}, {"fill": "all"}, {"bps": 3}, {"bps": 3, "fill": "all"},
         {"mode": "split", "chunk": 16384, "threads": 256, "order": "reverse"},
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
-        {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 128},
-        {"mode": "vtile", "threads": 256},
+        {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 256},
     ],
     "maxpool_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
 }
