@@ -34,22 +34,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"fill": "all"}, {"cl": 16, "bps": 4, "tpr": 256}, {"cl": 16, "bps": 4, "tpr": 256, "fill": "all"},
-        {"load": "thread"}, {"mode": "online"},
+        {}, {"cl": 16, "bps": 4, "tpr": 256}, {"load": "thread"}, {"mode": "online"},
     ],
     "group_norm_fp32_2x512x128x128": [
-        {}, {"fill": "all"}, {"bps": 2}, {"bps": 2, "fill": "all"}, {"bps": 4, "threads": 256},
-        {"bps": 4, "threads": 256, "fill": "all"}, {"load": "bulk"}, {"load": "bulk", "fill": "all"},
-        {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},
+        {}, {"bps": 2}, {"bps": 4, "threads": 256}, {"load": "bulk"}, {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},
     ],
     "group_norm_bf16_1x512x256x256": [
-        {}, {"fill": "all"}, {"bps": 3}, {"bps": 3, "fill": "all"},
-        {"mode": "split", "chunk": 16384, "threads": 256, "order": "reverse"},
+        {}, {"bps": 3}, {"mode": "split", "chunk": 16384, "threads": 256, "order": "reverse"},
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
         {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 256},
     ],
     "maxpool_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
+    "layer_norm_bf16_16384x4096": [{}, {"tpr": 256}, {"tpr": 128, "rpb": 2}],
 }
 # every other case of templates_bench.py: its first configuration
 

@@ -99,18 +99,16 @@ def ring_cap(itemsize: int, bps: int) -> int:
     return (228 // bps - 2) * 1024 // itemsize
 
 
-def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str, even: bool = True) -> str:
-    """Host code launching a ring mode kernel on stream ``s``: a persistent grid of clusters of
-    ``cl`` blocks, at most as many as fit the GPU at once (asked of the runtime for this kernel,
-    shared memory and cluster size) and one per unit. With ``even`` the units are spread evenly
-    over the rounds that many clusters need (64 groups on 21 clusters: 4 rounds of 16, not 3 of 21
-    and a last round of one group, which a single cluster moves at a fraction of the bandwidth).
-    Over 48 KB of dynamic shared memory and clusters over 8 blocks are opt-in, set on every call
-    (no state kept between calls)."""
+def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str) -> str:
+    """Host code launching a ring mode kernel on stream ``s``: a persistent grid of as many
+    clusters of ``cl`` blocks as fit the GPU at once (asked of the runtime for this kernel, shared
+    memory and cluster size), at most one per unit. Over 48 KB of dynamic shared memory and
+    clusters over 8 blocks are opt-in, set on every call (no state kept between calls).
+    (Spreading the units evenly over the rounds instead, 64 groups on 21 clusters as 4 rounds of 16
+    rather than 3 of 21 and one of a single group, measured slower on the H200: group_norm fp32
+    54.4 µs against 45.6, softmax 512x262144 257.9 against 251.9; run F, docs/benchmarks.md.)"""
     wide = (f"\n        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);"
             if cl > 8 else "")
-    even_code = (f"\n        {{ const int64_t rounds = ((int64_t)({units}) + clusters - 1) / clusters;"
-                 f"\n          clusters = ((int64_t)({units}) + rounds - 1) / rounds; }}" if even else "")
     return f"""    {{
         cudaFuncSetAttribute({kernel}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});{wide}
         cudaLaunchAttribute attr[1];
@@ -129,7 +127,7 @@ def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args:
         cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, {kernel}, &cfg);
         if (e != cudaSuccess) return (int)e;
         if (fit < 1) return (int)cudaErrorInvalidConfiguration;
-        int64_t clusters = (int64_t)fit < (int64_t)({units}) ? (int64_t)fit : (int64_t)({units});{even_code}
+        const int64_t clusters = (int64_t)fit < (int64_t)({units}) ? (int64_t)fit : (int64_t)({units});
         cfg.gridDim = dim3((unsigned)(clusters * {cl}));
         e = cudaLaunchKernelEx(&cfg, {kernel}, {args});
         if (e != cudaSuccess) return (int)e;

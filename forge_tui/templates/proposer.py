@@ -12,7 +12,7 @@ from ..search.proposer import Proposal, ProposalContext
 from .base import describe, parse_header
 from .registry import match
 
-AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "threads", "bps", "load", "fill", "rows", "cl", "segs", "chunk", "grid", "unroll",
+AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "grid", "unroll",
               "per_thread")
 
 

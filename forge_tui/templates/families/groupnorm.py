@@ -76,8 +76,7 @@ class GroupNorm:
         return {"mode": ["ring", "stream", "stash", "cluster", "split"],
                 "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                 "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32],
-                "load": ["bulk", "thread"], "fill": ["even", "all"]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -114,7 +113,7 @@ class GroupNorm:
         gbytes = m.info["group_len"] * ITEMSIZE[m.info["tin"]]
         ahead = stream_ahead(ng, gbytes, (2, 4, 8, 16, 32), 16 << 20)
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
-                "cl": 8, "bps": 2, "ahead": ahead, "load": "bulk", "fill": "even"}
+                "cl": 8, "bps": 2, "ahead": ahead, "load": "bulk"}
         groups = m.info["n"] * m.info["g"]
         # Measured on the H200 (docs/benchmarks.md, run D): where a block's shared-memory stash holds
         # at least half of its eighth of a group (fp32, 1 MB groups), the stash mode is fastest (one
@@ -169,7 +168,6 @@ class GroupNorm:
             q.pop("bps", None)
         if q.get("mode") != "ring":
             q.pop("load", None)
-            q.pop("fill", None)
         if q.get("mode") != "stream":
             q.pop("ahead", None)
         if q.get("mode") == "stream":
@@ -299,8 +297,8 @@ static const int64_t NG = {ng}, TOTAL = {total};
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {{
 {check}    if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
-{ring_launch(k_vec, "NG", cl, threads, smem, args, p.get("fill", "even") == "even")}    else
-{ring_launch(k_one, "NG", cl, threads, smem, args, p.get("fill", "even") == "even")}    return (int)cudaGetLastError();
+{ring_launch(k_vec, "NG", cl, threads, smem, args)}    else
+{ring_launch(k_one, "NG", cl, threads, smem, args)}    return (int)cudaGetLastError();
 }}
 """
         if p.get("mode") == "stream":

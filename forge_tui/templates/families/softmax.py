@@ -97,8 +97,7 @@ class Softmax:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32],
-                "load": ["bulk", "thread"], "fill": ["even", "all"]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -139,7 +138,7 @@ class Softmax:
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
         ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
-                "ahead": ahead, "load": "bulk", "fill": "even"}  # every axis has a value
+                "ahead": ahead, "load": "bulk"}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -210,7 +209,6 @@ class Softmax:
             q.pop("bps", None)
         if q.get("mode") != "ring":
             q.pop("load", None)
-            q.pop("fill", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -314,8 +312,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             args = f"x, y, COLS, {stash}, (int)ROWS"
             launch = f"""
     if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
-{ring_launch(k_vec, "ROWS", cl, tpr, smem, args, p.get("fill", "even") == "even")}    else
-{ring_launch(k_one, "ROWS", cl, tpr, smem, args, p.get("fill", "even") == "even")}"""
+{ring_launch(k_vec, "ROWS", cl, tpr, smem, args)}    else
+{ring_launch(k_one, "ROWS", cl, tpr, smem, args)}"""
         else:
             seg_len = -(-cols // segs)
             seg_len = -(-seg_len // vec) * vec
