@@ -38,10 +38,14 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const float (&in)[N
 #pragma unroll
     for (int j = 0; j < N; ++j) a.v[j] = from_f<T>(in[j]);
     constexpr int B = (int)sizeof(Vec<T, N>);
-    if constexpr (B == 16) {
-        uint4 u;
-        memcpy(&u, &a, 16);
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" :: "l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w));
+    if constexpr (B % 16 == 0) {  /* 16 bytes an instruction (32 when a narrow input widens) */
+#pragma unroll
+        for (int k = 0; k < B / 16; ++k) {
+            uint4 u;
+            memcpy(&u, reinterpret_cast<const char*>(&a) + 16 * k, 16);
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                         :: "l"(reinterpret_cast<char*>(p) + 16 * k), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w));
+        }
     } else if constexpr (B == 8) {
         uint2 u;
         memcpy(&u, &a, 8);
