@@ -78,6 +78,9 @@ class Timer:
         self.cold_l2 = cold_l2 and device == "cuda"
         self._flush = None
         self._sleep_cycles = 0
+        self.overhead_iqr_us = 0.0
+        """Inter-quartile range of the empty callable's samples in the last ``time`` call (CUDA): how
+        finely this protocol resolves a time; 0 where no overhead is measured."""
         if self.cold_l2:
             import torch
 
@@ -165,8 +168,10 @@ class Timer:
             after_each=None if after_each is None else (lambda n, i: n != "__empty__" and after_each(n, i)),
             before_each=None if before_each is None else (lambda n, i: n != "__empty__" and before_each(n, i)))
         overhead = 0.0
+        self.overhead_iqr_us = 0.0
         if measure_overhead:
-            overhead = statistics.median(raw.pop("__empty__"))
+            empty = Stats.from_samples(raw.pop("__empty__"))
+            overhead, self.overhead_iqr_us = empty.median, empty.q3 - empty.q1
         if overhead:
             raw = {name: [max(v - overhead, 0.0) for v in s] for name, s in raw.items()}
         stats = {name: Stats.from_samples(s) for name, s in raw.items()}

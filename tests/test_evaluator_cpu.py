@@ -108,6 +108,17 @@ def test_impossible_time_is_flagged_not_rewarded(evaluators, cards):
     assert r["timing"]["impossible"] and "roofline floor" in r["reason"]
 
 
+def test_a_floor_within_the_timers_resolution_is_not_called_impossible():
+    """A decode-sized card's floor (0.06 µs) is far inside the CUDA timer's spread: a correct kernel
+    measuring 0.00 µs after the overhead is subtracted is noise, not a cheat (on the H200 one such
+    silu*mul candidate was rejected); on a card the timer resolves, the rule stands."""
+    from forge_tui.evaluator.checks import impossible_time
+
+    assert not impossible_time(0.0, 0.06, 2.5)
+    assert impossible_time(1.0, 30.0, 2.5) and impossible_time(1.0, 30.0, 0.0)
+    assert not impossible_time(29.0, 30.0, 0.0)  # 97% of the floor: possible
+
+
 def test_degenerate_card_is_flagged(evaluators, cards):
     r = run(evaluators, cards, "degenerate", "softmax_good.cpp")
     assert r["status"] == "passed", r["reason"]
