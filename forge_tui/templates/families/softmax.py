@@ -310,8 +310,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
             smem = stash * ITEMSIZE[m.info["tin"]]
             bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}, {cols}, {stash}>"
-            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false, {cols}, {stash}>"
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
+            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
             args = f"x, y, COLS, {stash}, (int)ROWS"
             launch = f"""
     if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
@@ -699,13 +699,10 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
    stages its own elements with cp.async as it writes them. The cluster's (max, sum) partials
    alternate between two buffers by round (a block can publish round r + 1 while another still
    reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
-   are read twice, the second time from L2. COLS_C and STASH_C, when not 0, fix cols and stash at
-   compile time (the template knows them): the loops over a segment then unroll without
-   remainders. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK, int COLS_C, int STASH_C>
+   are read twice, the second time from L2. */
+template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK>
 __global__ void __launch_bounds__(THREADS)
-softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols_rt, int stash_rt, int rows) {
-    const int cols = COLS_C ? COLS_C : cols_rt, stash = COLS_C ? STASH_C : stash_rt;
+softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     constexpr int CE = THREADS * VEC;  /* elements a chunk */
