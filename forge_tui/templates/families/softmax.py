@@ -21,7 +21,8 @@ CUDA modes:
          blocks per SM at BPS, so the rows in flight fit on chip.
   ring   one DRAM read, persistent, for many long rows: a cluster of CL blocks walks rows (cid,
          cid + clusters, ...), each block keeping its segment in shared memory (the part that fits BPS
-         blocks an SM; any rest is read twice). LOAD=bulk: the segment arrives in chunks by bulk
+         blocks an SM; any rest is read twice; more blocks share an SM where the stash is smaller than
+         that share: clusters of 8 on 512x262144 bf16 run three an SM). LOAD=bulk: the segment arrives in chunks by bulk
          copies (TMA), one mbarrier a chunk, the statistics of a chunk starting as it lands; once the
          block has written a row, the next row's chunks are requested while those stores drain.
          LOAD=thread: each thread stages its own elements of the next row (cp.async) as soon as it
@@ -35,8 +36,8 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_cap, ring_launch,
-                    ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_cap,
+                    ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
                     workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
@@ -158,9 +159,7 @@ class Softmax:
         # Many long rows: two passes from DRAM in a block per row measured fastest on the H200
         # (512x262144 bf16->fp32: 3.08-3.2x eager; one pass in a cluster, 2.74-2.86x; one DRAM read
         # with the segments stashed in shared memory, 2.19-2.52x), with accesses of 16 bytes on the
-        # wider side (bf16 in, fp32 out: 4 elements, 8-byte loads and 16-byte stores)
-        wide = max(ITEMSIZE[m.info["tin"]], ITEMSIZE[m.info["tout"]])
-        vec = next((v for v in self._vecs(m) if v * wide <= 16), vec)
+        # wider side (_vecs: bf16 in, fp32 out: 4 elements, 8-byte loads and 16-byte stores)
         # (the stream mode, one DRAM read with reads and writes overlapping, measured 1.69x eager:
         # its blocks wait on small work items; it stays a move, with pieces of 32 KB of input)
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
