@@ -443,3 +443,29 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     failed = [(k, r.reason) for k, r in zip(build, results) if not r.ok]
     assert not failed, failed
     assert len(sources) >= 40 and len(build) >= 25 and {(k[0], k[2]) for k in build} == {(k[0], k[2]) for k in sources}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_bench_probe_moves_exactly_the_cards_bytes(matched, tmp_path):
+    """The byte-moving probe behind docs/benchmarks.md's "% of the probe" column (bench/ncu_probe.py)
+    reads every input and writes every output of the card, 16 bytes a thread, and builds."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from ncu_probe import probe_source
+
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.templates.base import ITEMSIZE
+
+    sources = []
+    for family, cards in matched.items():
+        card = cards[0][0]
+        src = probe_source(card)
+        na = [int(v) for v in re.findall(r"(\d+)LL", re.search(r"NA\[\] = \{(.*?)\}", src).group(1))]
+        nb = [int(v) for v in re.findall(r"(\d+)LL", re.search(r"NB\[\] = \{(.*?)\}", src).group(1))]
+        assert na == [s.numel * ITEMSIZE[s.dtype] // 16 for s in card.inputs], family
+        assert nb == [o.numel * ITEMSIZE[o.dtype] // 16 for o in card.outputs], family
+        sources.append(src)
+    results = Builder("cuda", tmp_path, arch="sm_90").build_many(sources)
+    assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
