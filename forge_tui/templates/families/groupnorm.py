@@ -355,6 +355,21 @@ static const int64_t WS_BYTES = (int64_t)sizeof(float) * NG * {pieces} * 3;  /* 
 KERNELS = r"""
 #include <cooperative_groups.h>
 
+/* Sums of VEC values' deviations from a pivot (the group's first element): the shifted sums keep
+   the variance exact in fp32 (block_welford turns them into count, mean and M2). */
+template <int VEC>
+__device__ __forceinline__ void pivot_add(const float (&v)[VEC], float pivot, float& s1, float& s2) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void pivot_add(const Vec<T, VEC>& raw, float pivot, float& s1, float& s2) {
+    float v[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
+    pivot_add<VEC>(v, pivot, s1, s2);
+}
+
 /* Chan's parallel merge of (count, mean, M2). */
 __device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float n2, float mean2, float m22) {
     if (n2 == 0.f) return;
@@ -449,8 +464,7 @@ __global__ void __launch_bounds__(THREADS) gn_partial(const TX* __restrict__ x, 
     for (int64_t k = start + threadIdx.x * VEC; k < end; k += THREADS * VEC) {
         float v[VEC];
         load_vec<TX, VEC>(a + k, v);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+        pivot_add<VEC>(v, pivot, s1, s2);
         cnt += (float)VEC;
     }
     float n, mean, m2;
@@ -602,8 +616,7 @@ gn_stash(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restric
     for (int k = t * VEC; k < seg; k += THREADS * VEC) {
         const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(a + k);
         if (k < stash) *reinterpret_cast<Vec<TX, VEC>*>(keep + k) = raw;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) { const float d = to_f(raw.v[j]) - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+        pivot_add(raw, pivot, s1, s2);
         cnt += (float)VEC;
     }
     float n, mean, m2;
@@ -674,15 +687,13 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
         for (int c = 0; c < nc; ++c) {
             if constexpr (BULK) bulk_wait(&bar[c], (unsigned)round);
             const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + c * CE + t * VEC);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) { const float d = to_f(raw.v[j]) - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+            pivot_add(raw, pivot, s1, s2);
             cnt += (float)VEC;
         }
         for (int k = stash + t * VEC; k < seg; k += CE) {
             float v[VEC];
             load_vec<TX, VEC>(a + k, v);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+            pivot_add<VEC>(v, pivot, s1, s2);
             cnt += (float)VEC;
         }
         float n, mean, m2;
@@ -752,8 +763,7 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
             for (int k = t * VEC; k < CHUNK; k += THREADS * VEC) {
                 float v[VEC];
                 load_vec<TX, VEC>(a + k, v);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) { const float d = v[j] - pivot; s1 += d; s2 = fmaf(d, d, s2); }
+                pivot_add<VEC>(v, pivot, s1, s2);
             }
             float n, mean, m2;
             block_welford<THREADS>((float)(CHUNK / (THREADS * VEC) * VEC), pivot, s1, s2, n, mean, m2);
