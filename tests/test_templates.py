@@ -13,7 +13,7 @@ from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
 from forge_tui.profiler.run import profile_into_workspace
 from forge_tui.search.proposer import NodeView, ProposalContext
-from forge_tui.templates.base import describe, parse_header, ring_stash, stash_bytes
+from forge_tui.templates.base import describe, numel, parse_header, ring_stash, stash_bytes
 from forge_tui.templates.proposer import TemplateProposer
 from forge_tui.templates.registry import match
 
@@ -400,7 +400,10 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
             sources.setdefault((m.family, "anchor-" + str(c.inputs[0].shape), q.get("mode"),
                                 describe(m.family, q)), f2.render(m, q, "cuda"))
     # ResNet's global average pool at its anchor shape (7x7 rows: the tile modes apply)
-    avg = json.loads(matched["avg_pool"][0][0].model_dump_json())
+    # (the card pooling the two trailing dims: the workload has others, in no fixed order)
+    avg = json.loads(next(c for c, f, m in matched["avg_pool"]
+                          if len(c.inputs[0].shape) == 4 and m.info["cols"] == numel(c.inputs[0].shape[2:]))
+                     .model_dump_json())
     avg["inputs"][0].update(shape=[32, 2048, 7, 7], stride=[2048 * 49, 49, 7, 1])
     avg["outputs"][0].update(shape=[32, 2048, 1, 1], stride=[2048, 1, 1, 1])
     avg["program"]["nodes"][0]["out"][0][0] = [32, 2048, 1, 1]
