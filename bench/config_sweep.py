@@ -34,13 +34,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"vec": 8}, {"vec": 8, "tpr": 256}, {"vec": 8, "bps": 3}, {"mode": "online"}, {"mode": "online", "vec": 8},
+        {}, {"load": "early"}, {"load": "early", "tpr": 256}, {"load": "early", "tpr": 1024},
+        {"load": "early", "cl": 4, "bps": 1, "tpr": 1024}, {"load": "thread"},
     ],
     "group_norm_fp32_2x512x128x128": [
-        {}, {"bps": 2}, {"bps": 4, "threads": 256}, {"load": "bulk"}, {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},
+        {}, {"load": "early"}, {"load": "bulk"}, {"load": "early", "bps": 2}, {"load": "early", "threads": 1024, "bps": 2},
     ],
     "group_norm_bf16_1x512x256x256": [
-        {}, {"bps": 3}, {"mode": "split", "chunk": 16384, "threads": 256, "order": "reverse"},
+        {}, {"load": "early"}, {"load": "bulk"}, {"load": "early", "threads": 1024},
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
         {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 256},

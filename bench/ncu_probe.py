@@ -31,10 +31,10 @@ PROBES = {
                                       {"mode": "stream", "threads": 512, "ahead": 8},
                                       {"mode": "stream", "threads": 1024, "ahead": 8},
                                       {"mode": "stream", "threads": 256, "ahead": 8}],
-    "group_norm_bf16_1x512x256x256": [{}, {"mode": "stash", "threads": 1024}, {"mode": "stream", "ahead": 8},
+    "group_norm_bf16_1x512x256x256": [{}, {"load": "early"}, {"mode": "stash", "threads": 1024}, {"mode": "stream", "ahead": 8},
                                       {"mode": "stream", "ahead": 4}],
     "maxpool_module_fp16_32x64x112x112": [{}, {"mode": "thread", "owv": 2, "threads": 128}],
-    "softmax_bf16in_fp32out_512x262144": [{}, {"mode": "stash", "tpr": 512, "vec": 8},
+    "softmax_bf16in_fp32out_512x262144": [{}, {"load": "early"}, {"mode": "stash", "tpr": 512, "vec": 8},
                                           {"mode": "stream", "tpr": 512, "ahead": 16, "segs": 16},
                                           {"mode": "stream", "tpr": 512, "ahead": 8, "segs": 4},
                                           {"mode": "stream", "tpr": 1024, "ahead": 16, "segs": 8}],
@@ -103,7 +103,8 @@ def detail(card_json: dict, library: str, store_root: str, timeout_s: float) -> 
     with tempfile.TemporaryDirectory(prefix="forge-ncu-detail-") as tmp:
         req = Path(tmp) / "request.json"
         req.write_text(json.dumps({"card": card_json, "library": library, "store": store_root}))
-        cmd = [exe, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{ncu.NVTX_RANGE}/", "--page", "details"]
+        cmd = [exe, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{ncu.NVTX_RANGE}/", "--page", "details",
+               "--print-details", "all"]  # (all: the sections' tables too, the warp stall reasons among them)
         for sec in DETAIL_SECTIONS:
             cmd += ["--section", sec]
         cmd += [sys.executable, "-m", "forge_tui.evaluator.ncu", str(req)]
@@ -113,7 +114,7 @@ def detail(card_json: dict, library: str, store_root: str, timeout_s: float) -> 
             return f"ncu did not finish within {timeout_s:.0f} s"
     keep = [ln.rstrip() for ln in proc.stdout.splitlines()
             if any(ch.isdigit() for ch in ln) and not ln.startswith("==") and "----" not in ln]
-    return "\n".join(keep[:80])
+    return "\n".join(keep[:160])
 
 
 def main() -> int:
