@@ -34,14 +34,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"load": "early"}, {"load": "early", "tpr": 256}, {"load": "early", "tpr": 1024},
-        {"load": "early", "cl": 4, "bps": 1, "tpr": 1024}, {"load": "thread"},
+        {}, {"skew": 4000}, {"skew": 8000}, {"skew": 12000}, {"skew": 6000, "bps": 3},
     ],
     "group_norm_fp32_2x512x128x128": [
-        {}, {"load": "early"}, {"load": "bulk"}, {"load": "early", "bps": 2}, {"load": "early", "threads": 1024, "bps": 2},
+        {}, {"cl": 8, "bps": 2}, {"cl": 8, "bps": 1}, {"cl": 8, "bps": 2, "threads": 1024}, {"cl": 8, "bps": 2, "load": "bulk"},
     ],
     "group_norm_bf16_1x512x256x256": [
-        {}, {"load": "early"}, {"load": "bulk"}, {"load": "early", "threads": 1024},
+        {}, {"cl": 8, "bps": 1}, {"cl": 8, "bps": 1, "threads": 1024}, {"bps": 3}, {"cl": 8, "bps": 1, "load": "bulk"},
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
         {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 256},

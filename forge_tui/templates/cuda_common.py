@@ -180,6 +180,21 @@ __device__ __forceinline__ void ring_release(T* keep, uint64_t* bar, unsigned* c
     }
 }
 
+/* SKEW (ring modes): a cluster waits `steps` times `ns` nanoseconds before its first unit, so that
+   clusters sharing SMs do not run their statistics (all the SM's warps computing, no memory traffic)
+   at the same moments but under each other's stores. */
+__device__ __forceinline__ void ring_skew(int steps, int ns) {
+    if (threadIdx.x == 0 && steps > 0) {
+        uint64_t t0, now;
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+        do {
+            __nanosleep(256);
+            asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+        } while (now - t0 < (uint64_t)steps * (uint64_t)ns);
+    }
+    __syncthreads();
+}
+
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* Ordered work items for one-launch, two-phase kernels (the stream modes). Item t, taken in order

@@ -103,7 +103,8 @@ class Softmax:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "early", "thread"]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "early", "thread"],
+                "skew": [0, 4000, 8000]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -144,7 +145,7 @@ class Softmax:
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
         ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
-                "ahead": ahead, "load": "bulk"}  # every axis has a value
+                "ahead": ahead, "load": "bulk", "skew": 0}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -213,6 +214,7 @@ class Softmax:
             q.pop("bps", None)
         if q.get("mode") != "ring":
             q.pop("load", None)
+            q.pop("skew", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -311,8 +313,9 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
             smem = stash * ITEMSIZE[m.info["tin"]]
             load = RING_LOADS[p.get("load", "bulk")]
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {load}>"
-            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, 0>"
+            skew = p.get("skew", 0)
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {load}, {skew}>"
+            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, 0, {skew}>"
             args = f"x, y, COLS, {stash}, (int)ROWS"
             launch = f"""
     if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
@@ -702,7 +705,7 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
    alternate between two buffers by round (a block can publish round r + 1 while another still
    reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
    are read twice, the second time from L2. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, int LOAD>
+template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, int LOAD, int SKEW>
 __global__ void __launch_bounds__(THREADS)
 softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
     namespace cg = cooperative_groups;
@@ -721,6 +724,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x;
     if constexpr (LOAD == 2) { for (int c = t; c < RING_MAX_CHUNKS; c += THREADS) used[c] = 0u; }
+    if constexpr (SKEW > 0) ring_skew(cid % 3, SKEW);
     ring_start<TI, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * cols + seg0, nc, stash, cid < rows);
     int round = 0;
     for (int row = cid; row < rows; row += clusters, round ^= 1) {
