@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"skew": 4000}, {"skew": 8000}, {"skew": 12000}, {"skew": 6000, "bps": 3},
+        {}, {"vec": 8}, {"vec": 8, "tpr": 256}, {"vec": 8, "bps": 3}, {"mode": "online"}, {"mode": "online", "vec": 8},
     ],
     "group_norm_fp32_2x512x128x128": [
-        {}, {"cl": 8, "bps": 2}, {"cl": 8, "bps": 1}, {"cl": 8, "bps": 2, "threads": 1024}, {"cl": 8, "bps": 2, "load": "bulk"},
+        {}, {"bps": 2}, {"bps": 4, "threads": 256}, {"load": "bulk"}, {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},
     ],
     "group_norm_bf16_1x512x256x256": [
-        {}, {"cl": 8, "bps": 1}, {"cl": 8, "bps": 1, "threads": 1024}, {"bps": 3}, {"cl": 8, "bps": 1, "load": "bulk"},
+        {}, {"bps": 3}, {"mode": "split", "chunk": 16384, "threads": 256, "order": "reverse"},
     ],
     "adaptive_avgpool_fp16_32x2048x7x7": [
         {}, {"mode": "tile", "threads": 64}, {"mode": "vtile", "threads": 64}, {"mode": "vtile", "threads": 256},

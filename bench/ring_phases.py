@@ -9,8 +9,9 @@ after a 256 MB write that flushes L2:
   write       -> thread 0's stores of the unit issued (the next unit's loads requested after)
   gap         -> the next unit's start
 
-and how far apart the blocks sharing an SM run (do they compute their statistics at the same
-moments, leaving DRAM idle together?).
+how far apart the blocks sharing an SM run (do they compute their statistics at the same moments,
+leaving DRAM idle together?), when the blocks finish (the last round's tail), and a timeline of the
+share of blocks writing.
 
     python bench/ring_phases.py [--only NAME ...] [--extra 'NAME={"skew": 4000}' ...]
 
@@ -69,8 +70,8 @@ SPLICES = {
          "        STAMP((row - cid) / clusters, 1);\n        block_ms<THREADS>(m, s);\n        if (t == 0) part[round]",
          "row"),
         ("        m = merged.x;\n", "        m = merged.x;\n        STAMP((row - cid) / clusters, 2);\n", "row"),
-        ("        if constexpr (LOAD != 2) ring_refill<TI",
-         "        STAMP((row - cid) / clusters, 3);\n        if constexpr (LOAD != 2) ring_refill<TI", "row"),
+        ("        ring_refill<TI, CE, BULK>(keep, bar, xn,",
+         "        STAMP((row - cid) / clusters, 3);\n        ring_refill<TI, CE, BULK>(keep, bar, xn,", "row"),
     ],
     "gn_ring": [
         ("for (int g = cid; g < ng; g += clusters, round ^= 1) {",
@@ -79,8 +80,8 @@ SPLICES = {
          "        STAMP((g - cid) / clusters, 1);\n        block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);\n"
          "        if (t == 0) { part[round]", "g"),
         ("        mean = stat[0];\n", "        mean = stat[0];\n        STAMP((g - cid) / clusters, 2);\n", "g"),
-        ("        if constexpr (LOAD != 2) ring_refill<TX",
-         "        STAMP((g - cid) / clusters, 3);\n        if constexpr (LOAD != 2) ring_refill<TX", "g"),
+        ("        ring_refill<TX, CE, BULK>(keep, bar, an,",
+         "        STAMP((g - cid) / clusters, 3);\n        ring_refill<TX, CE, BULK>(keep, bar, an,", "g"),
     ],
 }
 
@@ -206,13 +207,27 @@ def analyse(data: dict) -> dict:
             by_sm.setdefault(b["sm"], []).append(b["t"][4 + 1])
     apart = [(max(v) - min(v)) / 1e3 for v in by_sm.values() if len(v) > 1]
     per_sm = statistics.median([len(v) for v in by_sm.values()]) if by_sm else 0
+    # the tail: when blocks finish their last unit (µs from the first block's start)
+    ends = sorted((max(v for v in b["t"] if v) - t0) / 1e3 for b in blocks)
+    # a timeline in 30 bins: the share of blocks writing (digit d: d/10 to (d+1)/10 of the blocks)
+    bins = 30
+    line = []
+    for j in range(bins):
+        at = t0 + span * (j + 0.5) / bins
+        writing = 0
+        for b in blocks:
+            t = b["t"]
+            writing += any(t[r * 4 + 2] and t[r * 4 + 3] and t[r * 4 + 2] <= at < t[r * 4 + 3] for r in range(MAXR))
+        line.append(min(9, int(10 * writing / len(blocks))))
     med = {k: statistics.median(v) if v else 0.0 for k, v in phases.items()}
     tot = {k: sum(v) for k, v in phases.items()}
     share = {k: tot[k] / max(1e-9, sum(tot.values())) for k in tot}
     return {"event_us_median": statistics.median(data["event_us"]), "span_us": span / 1e3, "blocks": len(blocks),
             "units_per_block": units / max(1, len(blocks)), "blocks_per_sm": per_sm,
             "phase_median_us": med, "phase_share": share,
-            "same_sm_stats_apart_us": statistics.median(apart) if apart else None}
+            "same_sm_stats_apart_us": statistics.median(apart) if apart else None,
+            "block_end_us": {"first": ends[0], "median": ends[len(ends) // 2], "last": ends[-1]},
+            "writing_timeline": "".join(str(d) for d in line)}
 
 
 def main() -> int:
@@ -252,14 +267,18 @@ def main() -> int:
             if r.returncode:
                 print(f"  {label}: run failed: {r.stdout[-500:]} {r.stderr[-500:]}")
                 continue
-            a = analyse(json.loads(r.stdout))
+            raw = json.loads(r.stdout)
+            a = analyse(raw)
             ph = a["phase_median_us"]
             apart = a["same_sm_stats_apart_us"]
             print(f"  {label[:66]:66s} {a['event_us_median']:9.1f} {a['span_us']:7.1f} {a['blocks']:6d} "
                   f"{a['blocks_per_sm']:4.0f} {a['units_per_block']:5.1f} {ph['load+stats']:10.2f} {ph['merge']:6.2f} "
                   f"{ph['write']:6.2f} {ph['gap']:5.2f}  {apart if apart is not None else float('nan'):13.2f}", flush=True)
-            print("  " + "  ".join(f"{k} {v:.0%}" for k, v in a["phase_share"].items()) + " of the blocks' time")
-            results.append({"case": name, "config": label, **a})
+            print("  " + "  ".join(f"{k} {v:.0%}" for k, v in a["phase_share"].items()) + " of the blocks' time;"
+                  f" blocks end at {a['block_end_us']['first']:.1f} / {a['block_end_us']['median']:.1f} /"
+                  f" {a['block_end_us']['last']:.1f} µs (first / median / last)")
+            print(f"  blocks writing over the span, tenths: {a['writing_timeline']}")
+            results.append({"case": name, "config": label, **a, "raw": raw})
     (out_dir / "ring_phases.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -2,7 +2,6 @@
 backend; moves; CUDA variants built with nvcc (where nvcc is, as on CI)."""
 
 import json
-import re
 import shutil
 import threading
 from pathlib import Path
@@ -217,11 +216,8 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert p["mode"] == "ring" and p["cl"] == 8 and p["bps"] == 2 and p["vec"] == 4 and fam.passes(m, p) == 1, p
     src = fam.render(m, p, "cuda")
     assert "cudaOccupancyMaxActiveClusters" in src and "cudaLaunchKernelEx" in src and "cp.async.bulk" in src
-    assert "softmax_ring<TI, TO, 8, 512, 4, false, 1>" in src and ", 32768, (int)ROWS" in src  # all of it stashed
-    assert "softmax_ring<TI, TO, 8, 512, 4, false, 0>" in fam.render(m, {**p, "load": "thread"}, "cuda")
-    # LOAD=early: each chunk of the next row requested as soon as every warp has written it
-    early = fam.render(m, {**p, "load": "early"}, "cuda")
-    assert "softmax_ring<TI, TO, 8, 512, 4, false, 2>" in early and "ring_release<" in early
+    assert "softmax_ring<TI, TO, 8, 512, 4, false, true>" in src and ", 32768, (int)ROWS" in src  # all of it stashed
+    assert "softmax_ring<TI, TO, 8, 512, 4, false, false>" in fam.render(m, {**p, "load": "thread"}, "cuda")
     moves = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
     assert moves["online"]["tpr"] == 1024 and fam.passes(m, moves["online"]) == 2  # two passes from DRAM
     # a cluster of 16 (non-portable) is opted into by the ring launch, refused by the other modes
@@ -266,10 +262,9 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert p["mode"] == "ring" and (p["cl"], p["threads"], p["bps"], p["load"]) == (16, 512, 3, "thread"), p
     assert fam.passes(m, p) == 1
     src = fam.render(m, p, "cuda")
-    assert "gn_ring<TX, TW, TB, TO, TS, 16, 512, 4, 0>" in src and ", 16384, (int)NG" in src
+    assert "gn_ring<TX, TW, TB, TO, TS, 16, 512, 4, false>" in src and ", 16384, (int)NG" in src
     assert "cudaOccupancyMaxActiveClusters" in src and "NonPortableClusterSizeAllowed" in src
     assert "cp.async.bulk" in fam.render(m, {**p, "load": "bulk"}, "cuda")
-    assert "gn_ring<TX, TW, TB, TO, TS, 16, 512, 4, 2>" in fam.render(m, {**p, "load": "early"}, "cuda")
     modes = {q["mode"]: q for q in TemplateProposer().neighbours(fam, m, p, "cuda")}
     assert set(modes) >= {"cluster", "split", "stream", "stash"} and fam.passes(m, modes["cluster"]) == 1
     # the stash: a cluster per group, each block stashing its eighth in shared memory
@@ -339,6 +334,7 @@ def test_vector_stores_stay_whole(matched, tmp_path):
     stores in the ring and stream kernels (the L2 merging them made a store phase 2.4x slower on
     the H200). Only statistics are stored as scalars: mean and rstd, and in the stream mode a
     piece's count, mean and M2."""
+    import re
     import subprocess
 
     gn_card = matched["group_norm"][0][0]
@@ -369,7 +365,7 @@ def test_vector_stores_stay_whole(matched, tmp_path):
     subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-std=c++17", "-ptx", "-I", str(abi), str(src), "-o",
                     str(tmp_path / "ring8.ptx")], check=True, capture_output=True, timeout=300)
     entries = {e.split("(")[0]: e for e in re.split(r"\.visible \.entry ", (tmp_path / "ring8.ptx").read_text())[1:]}
-    vec8 = [e for name, e in entries.items() if "Li8ELb0ELi1E" in name]  # VEC=8, bulk loads
+    vec8 = [e for name, e in entries.items() if "Li8ELb0ELb1E" in name]  # VEC=8, bulk loads
     assert len(vec8) == 1, list(entries)
     assert len(re.findall(r"st\.global\.v4\.b32", vec8[0])) >= 2 and not re.findall(r"st\.global\.f32\s", vec8[0])
 
@@ -441,9 +437,7 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     # template constants, and building all of them takes CI's 2 cores too long
     build, modes_seen, dtypes_seen = {}, set(), set()
     for k, src in sources.items():
-        load = re.search(r"load=(\w+)", k[3]) if k[2] == "ring" else None  # the ring's loads: three kernels
-        mode_key = (k[0], k[2], k[1].startswith("module"), load and load.group(1))
-        dtype_key = (k[0], k[1])
+        mode_key, dtype_key = (k[0], k[2], k[1].startswith("module")), (k[0], k[1])
         if mode_key not in modes_seen or dtype_key not in dtypes_seen:
             build[k] = src
             modes_seen.add(mode_key)
@@ -458,6 +452,7 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
 def test_bench_probe_moves_exactly_the_cards_bytes(matched, tmp_path):
     """The byte-moving probe behind docs/benchmarks.md's "% of the probe" column (bench/ncu_probe.py)
     reads every input and writes every output of the card, 16 bytes a thread, and builds."""
+    import re
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

@@ -84,9 +84,6 @@ def stash_bytes(bps: int) -> int:
 
 
 RING_MAX_CHUNKS = 64  # mbarriers a ring mode block keeps (cuda_common.RING_MAX_CHUNKS)
-# the ring modes' LOAD template parameter: per-thread cp.async, bulk copies once the block has written
-# a unit, bulk copies chunk by chunk as soon as every warp has written it (cuda_common.ring_release)
-RING_LOADS = {"thread": 0, "bulk": 1, "early": 2}
 
 
 def ring_stash(seg: int, itemsize: int, chunk: int, bps: int) -> int:

@@ -162,39 +162,6 @@ __device__ __forceinline__ void ring_refill(T* keep, uint64_t* bar, const T* src
     }
 }
 
-/* LOAD=early (bulk copies): chunk k of the next unit is requested as soon as every warp of the
-   block has used its elements of chunk k of this one, so the next unit's loads run under this
-   unit's writes rather than after them. The last warp to count itself on the chunk's counter
-   (cnt[k], zeroed before ring_start, WARPS more a unit) issues the copy. Every thread calls it once
-   a chunk, after its last read of the chunk. */
-template <typename T, int CE, int WARPS>
-__device__ __forceinline__ void ring_release(T* keep, uint64_t* bar, unsigned* cnt, const T* src, int k, bool live) {
-    __syncwarp();  /* the warp's reads of chunk k are done */
-    if ((threadIdx.x & 31) == 0) {
-        __threadfence_block();
-        if ((atomicAdd(&cnt[k], 1u) + 1u) % WARPS == 0u && live) {
-            __threadfence_block();
-            proxy_fence();
-            bulk_load(keep + k * CE, src + k * CE, CE * sizeof(T), &bar[k]);
-        }
-    }
-}
-
-/* SKEW (ring modes): a cluster waits `steps` times `ns` nanoseconds before its first unit, so that
-   clusters sharing SMs do not run their statistics (all the SM's warps computing, no memory traffic)
-   at the same moments but under each other's stores. */
-__device__ __forceinline__ void ring_skew(int steps, int ns) {
-    if (threadIdx.x == 0 && steps > 0) {
-        uint64_t t0, now;
-        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
-        do {
-            __nanosleep(256);
-            asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
-        } while (now - t0 < (uint64_t)steps * (uint64_t)ns);
-    }
-    __syncthreads();
-}
-
 static inline bool forge_aligned(const void* p, int bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* Ordered work items for one-launch, two-phase kernels (the stream modes). Item t, taken in order

@@ -24,10 +24,8 @@ group_norm: a group of sample n is a contiguous run of (C/G) x HxW elements. CUD
            BPS blocks an SM; any rest is read twice, the second time from L2). LOAD=bulk: the segment
            arrives in chunks by bulk copies (TMA), one mbarrier a chunk, the statistics of a chunk
            starting as it lands; once the block has stored a group, the next group's chunks are
-           requested while those stores drain. LOAD=early: bulk copies too, but chunk k of the next
-           group is requested as soon as every warp has stored its elements of chunk k of this one.
-           LOAD=thread: each thread stages its own elements of the next group (cp.async) as soon as
-           it has written them for this one.
+           requested while those stores drain. LOAD=thread: each thread stages its own elements of
+           the next group (cp.async) as soon as it has written them for this one.
 
 batch_norm (running statistics, training=False): one pass, per-channel scale and shift.
 """
@@ -35,7 +33,7 @@ batch_norm (running statistics, training=False): one pass, per-channel scale and
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (RING_LOADS, SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
                     ring_cap, ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes,
                     vec_widths, workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
@@ -78,7 +76,7 @@ class GroupNorm:
         return {"mode": ["ring", "stream", "stash", "cluster", "split"],
                 "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                 "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "early", "thread"]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -289,9 +287,9 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             smem = stash * ITEMSIZE[i["tin"]]
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
                     f"{stash}, (int)NG")
-            load = RING_LOADS[p.get("load", "bulk")]
-            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, {load}>"
-            k_one = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, 1, 0>"
+            bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
+            k_vec = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, {vec}, {bulk}>"
+            k_one = f"gn_ring<TX, TW, TB, TO, TS, {cl}, {threads}, 1, false>"
             return CUDA_COMMON + KERNELS + RING_KERNEL + f"""
 {types}
 static const int64_t NG = {ng}, TOTAL = {total};
@@ -653,15 +651,14 @@ RING_KERNEL = r"""
    thread (thread t's element of chunk c: k = c * THREADS * VEC + t * VEC). BULK: one thread loads
    each chunk with a bulk copy counted on the chunk's mbarrier, and the statistics of a chunk start
    as soon as it lands; once the block has normalised and stored its chunks (the stores drain
-   while the loads run), a barrier, then the next group's chunks are requested (LOAD 1), or each
-   chunk as soon as every warp has stored its elements of it (LOAD 2, ring_release). LOAD 0 (also
-   where inputs are not on 16-byte boundaries): each thread stages its own elements with cp.async,
-   as it stores them. Statistics as in the stash mode (sums around a pivot, Chan's merge in the block and
+   while the loads run), a barrier, then the next group's chunks are requested. Otherwise (inputs
+   not on 16-byte boundaries) each thread stages its own elements with cp.async, as it stores
+   them. Statistics as in the stash mode (sums around a pivot, Chan's merge in the block and
    across the cluster); the cluster's partials alternate between two buffers by round, so a block
    can publish round r + 1 while another still reads round r (never r + 2: the cluster barrier of
    round r + 1 waits for every block). Elements past the stash are read twice, the second time
    from L2. */
-template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC, int LOAD>
+template <typename TX, typename TW, typename TB, typename TO, typename TS, int CL, int THREADS, int VEC, bool BULK>
 __global__ void __launch_bounds__(THREADS)
 gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict__ b, TO* __restrict__ y,
         TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int glen, int hw, int groups, int cpg, float eps,
@@ -669,11 +666,9 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     constexpr int CE = THREADS * VEC;  /* elements a chunk */
-    constexpr bool BULK = LOAD != 0;
     extern __shared__ __align__(16) unsigned char stash_raw[];
     TX* keep = reinterpret_cast<TX*>(stash_raw);
     __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
-    __shared__ unsigned used[LOAD == 2 ? RING_MAX_CHUNKS : 1];
     __shared__ float part[2][3];
     __shared__ float stat[2];
     const int rank = (int)cluster.block_rank();
@@ -681,7 +676,6 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
     const int seg = glen / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x, wid = t >> 5;
-    if constexpr (LOAD == 2) { for (int c = t; c < RING_MAX_CHUNKS; c += THREADS) used[c] = 0u; }
     ring_start<TX, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * glen + seg0, nc, stash, cid < ng);
     int round = 0;
     for (int g = cid; g < ng; g += clusters, round ^= 1) {
@@ -714,8 +708,7 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
         const int next = g + clusters;
         const TX* an = x + (int64_t)next * glen + seg0;  /* dereferenced only when next < ng */
 #pragma unroll 4
-        for (int c = 0; c < nc; ++c) {
-            const int k = c * CE + t * VEC;
+        for (int k = t * VEC; k < stash; k += CE) {
             const Vec<TX, VEC> raw = *reinterpret_cast<const Vec<TX, VEC>*>(keep + k);
             float v[VEC];
 #pragma unroll
@@ -725,9 +718,8 @@ gn_ring(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restrict
             /* the store above consumed the element's value: its read is complete before the
                element is overwritten */
             if constexpr (!BULK) { if (next < ng) stage_vec<TX, VEC>(keep + k, an + k); }
-            if constexpr (LOAD == 2) ring_release<TX, CE, THREADS / 32>(keep, bar, used, an, c, next < ng);
         }
-        if constexpr (LOAD != 2) ring_refill<TX, CE, BULK>(keep, bar, an, nc, next < ng);
+        ring_refill<TX, CE, BULK>(keep, bar, an, nc, next < ng);
         for (int k = stash + t * VEC; k < seg; k += CE) {
             float v[VEC];
             load_vec<TX, VEC>(a + k, v);

@@ -25,8 +25,6 @@ CUDA modes:
          that share: clusters of 8 on 512x262144 bf16 run three an SM). LOAD=bulk: the segment arrives in chunks by bulk
          copies (TMA), one mbarrier a chunk, the statistics of a chunk starting as it lands; once the
          block has written a row, the next row's chunks are requested while those stores drain.
-         LOAD=early: bulk copies too, but chunk k of the next row is requested as soon as every warp
-         has written its elements of chunk k of this one, under the rest of this row's writes.
          LOAD=thread: each thread stages its own elements of the next row (cp.async) as soon as it
          has written them for this one.
   stream one launch for many long rows: blocks take work items in order from a ticket counter; the
@@ -38,8 +36,8 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (RING_LOADS, SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel,
-                    ring_cap, ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
+from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_cap,
+                    ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
                     workspace_entry)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
@@ -103,8 +101,7 @@ class Softmax:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "early", "thread"],
-                "skew": [0, 4000, 8000]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -145,7 +142,7 @@ class Softmax:
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
         ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
-                "ahead": ahead, "load": "bulk", "skew": 0}  # every axis has a value
+                "ahead": ahead, "load": "bulk"}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -214,7 +211,6 @@ class Softmax:
             q.pop("bps", None)
         if q.get("mode") != "ring":
             q.pop("load", None)
-            q.pop("skew", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -312,10 +308,9 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             cl = p["cl"]
             stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
             smem = stash * ITEMSIZE[m.info["tin"]]
-            load = RING_LOADS[p.get("load", "bulk")]
-            skew = p.get("skew", 0)
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {load}, {skew}>"
-            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, 0, {skew}>"
+            bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
+            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
             args = f"x, y, COLS, {stash}, (int)ROWS"
             launch = f"""
     if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
@@ -699,23 +694,20 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
    chunk c: c * THREADS * VEC + t * VEC). BULK: one thread loads each chunk with a bulk copy
    counted on the chunk's mbarrier, and the statistics of a chunk start as soon as it lands; once
    the block has written its chunks (the stores drain while the loads run), a barrier, then the
-   next row's chunks are requested (LOAD 1), or each chunk as soon as every warp has written its
-   elements of it (LOAD 2, ring_release). LOAD 0 (also where inputs are not on 16-byte boundaries): each thread
+   next row's chunks are requested. Otherwise (inputs not on 16-byte boundaries) each thread
    stages its own elements with cp.async as it writes them. The cluster's (max, sum) partials
    alternate between two buffers by round (a block can publish round r + 1 while another still
    reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
    are read twice, the second time from L2. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, int LOAD, int SKEW>
+template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK>
 __global__ void __launch_bounds__(THREADS)
 softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     constexpr int CE = THREADS * VEC;  /* elements a chunk */
-    constexpr bool BULK = LOAD != 0;  /* 0: per-thread cp.async, 1: bulk, 2: bulk, refilled early */
     extern __shared__ __align__(16) unsigned char stash_raw[];
     TI* keep = reinterpret_cast<TI*>(stash_raw);
     __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
-    __shared__ unsigned used[LOAD == 2 ? RING_MAX_CHUNKS : 1];
     __shared__ float2 part[2];
     __shared__ float2 merged;
     const int rank = (int)cluster.block_rank();
@@ -723,8 +715,6 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
     const int seg = cols / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x;
-    if constexpr (LOAD == 2) { for (int c = t; c < RING_MAX_CHUNKS; c += THREADS) used[c] = 0u; }
-    if constexpr (SKEW > 0) ring_skew(cid % 3, SKEW);
     ring_start<TI, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * cols + seg0, nc, stash, cid < rows);
     int round = 0;
     for (int row = cid; row < rows; row += clusters, round ^= 1) {
@@ -771,8 +761,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
         const int next = row + clusters;
         const TI* xn = x + (int64_t)next * cols + seg0;  /* dereferenced only when next < rows */
 #pragma unroll 4
-        for (int k = 0; k < nc; ++k) {
-            const int c = k * CE + t * VEC;
+        for (int c = t * VEC; c < stash; c += CE) {
             const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c);
             float o[VEC];
 #pragma unroll
@@ -784,9 +773,8 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
             /* the store above consumed the element's value: its read is complete before the
                element is overwritten */
             if constexpr (!BULK) { if (next < rows) stage_vec<TI, VEC>(keep + c, xn + c); }
-            if constexpr (LOAD == 2) ring_release<TI, CE, THREADS / 32>(keep, bar, used, xn, k, next < rows);
         }
-        if constexpr (LOAD != 2) ring_refill<TI, CE, BULK>(keep, bar, xn, nc, next < rows);
+        ring_refill<TI, CE, BULK>(keep, bar, xn, nc, next < rows);
         for (int c = stash + t * VEC; c < seg; c += CE) {
             float v[VEC], o[VEC];
             load_vec<TI, VEC>(xr + c, v);
