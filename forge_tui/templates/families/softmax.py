@@ -101,8 +101,7 @@ class Softmax:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"],
-                "sched": ["static", "dynamic"]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -143,7 +142,7 @@ class Softmax:
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
         ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
-                "ahead": ahead, "load": "bulk", "sched": "static"}  # every axis has a value
+                "ahead": ahead, "load": "bulk"}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -212,7 +211,6 @@ class Softmax:
             q.pop("bps", None)
         if q.get("mode") != "ring":
             q.pop("load", None)
-            q.pop("sched", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -311,16 +309,10 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
             smem = stash * ITEMSIZE[m.info["tin"]]
             bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
-            dyn = p.get("sched", "static") == "dynamic"
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}, {str(dyn).lower()}>"
-            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false, {str(dyn).lower()}>"
-            args = f"x, y, COLS, {stash}, (int)ROWS, {'ticket' if dyn else 'nullptr'}"
-            counter = """
-    if (ws_bytes < WS_BYTES) return 4;
-    unsigned* ticket = (unsigned*)workspace;
-    cudaMemsetAsync(ticket, 0, sizeof(unsigned), s);  /* the row counter starts at zero on every call */""" \
-                if dyn else ""
-            launch = f"""{counter}
+            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
+            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
+            args = f"x, y, COLS, {stash}, (int)ROWS"
+            launch = f"""
     if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
 {ring_launch(k_vec, "ROWS", cl, tpr, smem, args)}    else
 {ring_launch(k_one, "ROWS", cl, tpr, smem, args)}"""
@@ -344,8 +336,6 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         elif mode == "stream":  # per piece (max, sum); a finished-pieces count per row; the ticket
             entry = (stream_ws_bytes(f"(int64_t)sizeof(float2) * {rows} * {segs}", str(rows)) + "\n"
                      + workspace_entry("WS_BYTES"))
-        elif mode == "ring" and p.get("sched", "static") == "dynamic":  # the ring's row counter
-            entry = "static const int64_t WS_BYTES = (int64_t)sizeof(unsigned);\n\n" + workspace_entry("WS_BYTES")
         else:
             entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {'''
@@ -709,9 +699,9 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
    alternate between two buffers by round (a block can publish round r + 1 while another still
    reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
    are read twice, the second time from L2. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK, bool DYN>
+template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK>
 __global__ void __launch_bounds__(THREADS)
-softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows, unsigned* ticket) {
+softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     constexpr int CE = THREADS * VEC;  /* elements a chunk */
@@ -720,7 +710,6 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
     __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
     __shared__ float2 part[2];
     __shared__ float2 merged;
-    __shared__ int tick[2], s_next;
     const int rank = (int)cluster.block_rank();
     const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
     const int seg = cols / CL, nc = stash / CE;
@@ -728,11 +717,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
     const int t = threadIdx.x;
     ring_start<TI, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * cols + seg0, nc, stash, cid < rows);
     int round = 0;
-    for (int row = cid, next; row < rows; row = next, round ^= 1) {
-        /* DYN: the cluster's next row is taken from a counter by its first block (rows past the
-           first `clusters` in the order clusters ask), so clusters that run faster take more rows
-           and the last rows do not wait on the slowest clusters' turns */
-        if (DYN && rank == 0 && t == 0) tick[round] = clusters + (int)atomicAdd(ticket, 1u);
+    for (int row = cid; row < rows; row += clusters, round ^= 1) {
         const TI* xr = x + (int64_t)row * cols + seg0;
         TO* yr = y + (int64_t)row * cols + seg0;
         float m = -INFINITY, s = 0.f;
@@ -766,17 +751,14 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
                 const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
                 ms_merge(m, s, m2, s2);
             }
-            if (t == 0) {
-                merged = make_float2(m, s);
-                s_next = DYN ? *cluster.map_shared_rank(&tick[round], 0) : row + clusters;
-            }
+            if (t == 0) merged = make_float2(m, s);
         }
         __syncthreads();
         m = merged.x;
         s = merged.y;
-        next = s_next;
         if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
         const float inv = 1.f / s, ls = logf(s);
+        const int next = row + clusters;
         const TI* xn = x + (int64_t)next * cols + seg0;  /* dereferenced only when next < rows */
 #pragma unroll 4
         for (int c = t * VEC; c < stash; c += CE) {
