@@ -63,25 +63,25 @@ CASES = {
 # anchor text in the rendered ring kernel -> the same text with a stamp before (or after) it
 SPLICES = {
     "softmax_ring": [
-        ("for (int row = cid; row < rows; row += clusters, round ^= 1) {",
-         "for (int row = cid; row < rows; row += clusters, round ^= 1) {\n        STAMP((row - cid) / clusters, 0);",
-         "row"),
+        ("    for (int row = cid; row < rows; row += clusters, round ^= 1) {",
+         "    int ph_i = -1;\n    for (int row = cid; row < rows; row += clusters, round ^= 1) {\n        ++ph_i;\n"
+         "        STAMP(ph_i, 0);"),
         ("        block_ms<THREADS>(m, s);\n        if (t == 0) part[round]",
-         "        STAMP((row - cid) / clusters, 1);\n        block_ms<THREADS>(m, s);\n        if (t == 0) part[round]",
-         "row"),
-        ("        m = merged.x;\n", "        m = merged.x;\n        STAMP((row - cid) / clusters, 2);\n", "row"),
+         "        STAMP(ph_i, 1);\n        block_ms<THREADS>(m, s);\n        if (t == 0) part[round]"),
+        ("        m = merged.x;\n", "        m = merged.x;\n        STAMP(ph_i, 2);\n"),
         ("        ring_refill<TI, CE, BULK>(keep, bar, xn,",
-         "        STAMP((row - cid) / clusters, 3);\n        ring_refill<TI, CE, BULK>(keep, bar, xn,", "row"),
+         "        STAMP(ph_i, 3);\n        ring_refill<TI, CE, BULK>(keep, bar, xn,"),
     ],
     "gn_ring": [
-        ("for (int g = cid; g < ng; g += clusters, round ^= 1) {",
-         "for (int g = cid; g < ng; g += clusters, round ^= 1) {\n        STAMP((g - cid) / clusters, 0);", "g"),
+        ("    for (int g = cid; g < ng; g += clusters, round ^= 1) {",
+         "    int ph_i = -1;\n    for (int g = cid; g < ng; g += clusters, round ^= 1) {\n        ++ph_i;\n"
+         "        STAMP(ph_i, 0);"),
         ("        block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);\n        if (t == 0) { part[round]",
-         "        STAMP((g - cid) / clusters, 1);\n        block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);\n"
-         "        if (t == 0) { part[round]", "g"),
-        ("        mean = stat[0];\n", "        mean = stat[0];\n        STAMP((g - cid) / clusters, 2);\n", "g"),
+         "        STAMP(ph_i, 1);\n        block_welford<THREADS>(cnt, pivot, s1, s2, n, mean, m2);\n"
+         "        if (t == 0) { part[round]"),
+        ("        mean = stat[0];\n", "        mean = stat[0];\n        STAMP(ph_i, 2);\n"),
         ("        ring_refill<TX, CE, BULK>(keep, bar, an,",
-         "        STAMP((g - cid) / clusters, 3);\n        ring_refill<TX, CE, BULK>(keep, bar, an,", "g"),
+         "        STAMP(ph_i, 3);\n        ring_refill<TX, CE, BULK>(keep, bar, an,"),
     ],
 }
 
@@ -126,10 +126,15 @@ int main() {
     void* flush; CK(cudaMalloc(&flush, fl));
     cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     std::vector<float> us;
+    void *pt, *pc;
+    CK(cudaGetSymbolAddress(&pt, forge_phase_t)); CK(cudaGetSymbolAddress(&pc, forge_phase_c));
     for (int i = 0; i < 6; ++i) {
+        /* the stamps of this launch only (a block's units can differ from one launch to the next) */
+        CK(cudaMemsetAsync(pt, 0, sizeof(uint64_t) * 1024 * MAXR * 4));
+        CK(cudaMemsetAsync(pc, 0, sizeof(long long) * 1024 * MAXR * 4));
         CK(cudaMemsetAsync(flush, i, fl));
         CK(cudaEventRecord(e0));
-        const int rc = forge_launch(in, %(n_in)d, out, %(n_out)d, nullptr, 0, nullptr);
+        const int rc = %(call)s;
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         if (rc) { printf("forge_launch returned %%d\n", rc); return 1; }
@@ -160,7 +165,7 @@ int main() {
 
 
 def splice(src: str, kernel: str) -> str:
-    for old, new, _ in SPLICES[kernel]:
+    for old, new in SPLICES[kernel]:
         if src.count(old) != 1:
             raise SystemExit(f"ring_phases: anchor not found once in {kernel}: {old[:60]!r} (the template changed)")
         src = src.replace(old, new)
@@ -179,7 +184,13 @@ def harness(src: str, ins, outs) -> str:
             alloc.append(f"    void* {v}; CK(cudaMalloc(&{v}, {n * size}));")
             alloc.append(f"    fill_bytes<<<1024, 256>>>((uint16_t*){v}, {n * size // 2}, {k * 7919 + (side == 'out')}u);")
             alloc.append(f"    desc({side}[{k}], {v}, {code}, {{{', '.join(str(d) for d in shape)}}});")
-    return STAMP_HEAD + src + MAIN % {"n_in": len(ins), "n_out": len(outs), "alloc": "\n".join(alloc)}
+    if "forge_launch_ws" in src:  # scratch memory: as much as the candidate asks for
+        alloc.append(f"    const int64_t ws_bytes = forge_workspace_bytes(in, {len(ins)}, out, {len(outs)}, nullptr, 0);")
+        alloc.append("    void* ws; CK(cudaMalloc(&ws, ws_bytes > 0 ? ws_bytes : 16));")
+        call = f"forge_launch_ws(in, {len(ins)}, out, {len(outs)}, nullptr, 0, ws, ws_bytes, nullptr)"
+    else:
+        call = f"forge_launch(in, {len(ins)}, out, {len(outs)}, nullptr, 0, nullptr)"
+    return STAMP_HEAD + src + MAIN % {"n_in": len(ins), "n_out": len(outs), "alloc": "\n".join(alloc), "call": call}
 
 
 def analyse(data: dict) -> dict:
