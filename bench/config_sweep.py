@@ -34,8 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 # the first configuration itself)
 SWEEPS = {
     "softmax_bf16in_fp32out_512x262144": [
-        {}, {"hold": "regs"}, {"hold": "regs", "cl": 16}, {"hold": "regs", "cl": 16, "tpr": 256},
-        {"hold": "regs", "tpr": 1024}, {"hold": "regs", "cl": 16, "tpr": 1024},
+        {}, {"vec": 8}, {"vec": 8, "tpr": 256}, {"vec": 8, "bps": 3}, {"mode": "online"}, {"mode": "online", "vec": 8},
     ],
     "group_norm_fp32_2x512x128x128": [
         {}, {"bps": 2}, {"bps": 4, "threads": 256}, {"load": "bulk"}, {"mode": "stash", "cl": 8, "threads": 1024, "bps": 2},

@@ -101,8 +101,7 @@ class Softmax:
             modes.insert(0, "regs")
         return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                 "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"],
-                "hold": ["smem", "regs"]}
+                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
 
     def valid(self, m: Match, p: dict, backend: str) -> bool:
         if backend == "cpu":
@@ -119,10 +118,6 @@ class Softmax:
             if p["rpb"] != 1 or cols % (p["cl"] * p["vec"]) or (cols // p["cl"] * itemsize) % 16 \
                     or p["tpr"] * p["bps"] > 2048:
                 return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
-            if p.get("hold", "smem") == "regs":  # whole segments in chunks, at most 128 bytes a thread
-                seg, ce = cols // p["cl"], p["tpr"] * p["vec"]
-                return (seg % ce == 0 and (seg // ce) * p["vec"] * itemsize <= 128 and p["tpr"] >= 256
-                        and p.get("load", "bulk") == "bulk" and seg * itemsize <= 112 << 10)
             return ring_stash(cols // p["cl"], itemsize, p["tpr"] * p["vec"], p["bps"]) > 0
         if p["mode"] == "regs":
             nv = -(-cols // (p["tpr"] * p["vec"]))
@@ -147,7 +142,7 @@ class Softmax:
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
         ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
-                "ahead": ahead, "load": "bulk", "hold": "smem"}  # every axis has a value
+                "ahead": ahead, "load": "bulk"}  # every axis has a value
         if cols <= 1024 * 8 * 8 and rows >= SMS:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
@@ -216,7 +211,6 @@ class Softmax:
             q.pop("bps", None)
         if q.get("mode") != "ring":
             q.pop("load", None)
-            q.pop("hold", None)
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
@@ -318,16 +312,10 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
             k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
             args = f"x, y, COLS, {stash}, (int)ROWS"
-            args_one = args
-            if p.get("hold", "smem") == "regs":  # the segment in registers, shared memory the landing slot
-                nc = cols // cl // (tpr * vec)
-                smem = cols // cl * ITEMSIZE[m.info["tin"]]
-                k_vec = f"softmax_ringr<TI, TO, {cl}, {tpr}, {vec}, {nc}, {log}>"
-                args, args_one = "x, y, COLS, (int)ROWS", f"x, y, COLS, {cols // cl}, (int)ROWS"
             launch = f"""
     if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
 {ring_launch(k_vec, "ROWS", cl, tpr, smem, args)}    else
-{ring_launch(k_one, "ROWS", cl, tpr, smem, args_one)}"""
+{ring_launch(k_one, "ROWS", cl, tpr, smem, args)}"""
         else:
             seg_len = -(-cols // segs)
             seg_len = -(-seg_len // vec) * vec
@@ -796,92 +784,6 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
         }
     }
     cluster.sync();  /* no block leaves while another may still read its shared memory */
-}
-
-/* The ring holding its row in registers (HOLD=regs): block `rank` of cluster cid keeps its segment
-   of the current row in registers (NC chunks of one vector a thread) and its shared memory is only
-   the landing slot of the next row. As soon as a row has moved from the slot into registers (its
-   running max and sum taken on the way), the next row's bulk copies are requested, so they run
-   under the cluster's merge (its barrier waits for the slowest block) and under this row's
-   writes, rather than after them. Two blocks an SM (the registers), one DRAM read. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, int NC, bool LOG>
-__global__ void __launch_bounds__(THREADS, 2)
-softmax_ringr(const TI* __restrict__ x, TO* __restrict__ y, int cols, int rows) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    constexpr int CE = THREADS * VEC, SEG = NC * CE;  /* elements a chunk, a segment */
-    extern __shared__ __align__(16) unsigned char stash_raw[];
-    TI* keep = reinterpret_cast<TI*>(stash_raw);
-    __shared__ __align__(8) uint64_t bar[NC];
-    __shared__ float2 part[2];
-    __shared__ float2 merged;
-    const int rank = (int)cluster.block_rank();
-    const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
-    const int64_t seg0 = (int64_t)rank * SEG;
-    const int t = threadIdx.x;
-    if (t == 0) {
-        for (int c = 0; c < NC; ++c) bar_init(&bar[c]);
-        bar_init_fence();
-        for (int c = 0; c < NC; ++c)
-            bulk_load(keep + c * CE, x + (int64_t)cid * cols + seg0 + c * CE, CE * sizeof(TI), &bar[c]);
-    }
-    __syncthreads();
-    Vec<TI, VEC> hold[NC];
-    int round = 0;
-    for (int row = cid; row < rows; row += clusters, round ^= 1) {
-        float m = -INFINITY, s = 0.f;
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            bulk_wait(&bar[c], (unsigned)round);
-            hold[c] = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c * CE + t * VEC);
-            float v[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v[j] = to_f(hold[c].v[j]);
-            ms_add<VEC>(m, s, v);
-        }
-        const int next = row + clusters;
-        __syncthreads();  /* every thread has moved its elements out of the slot */
-        if (t == 0 && next < rows) {
-            proxy_fence();
-            for (int c = 0; c < NC; ++c)
-                bulk_load(keep + c * CE, x + (int64_t)next * cols + seg0 + c * CE, CE * sizeof(TI), &bar[c]);
-        }
-        block_ms<THREADS>(m, s);
-        if (t == 0) part[round] = make_float2(m, s);
-        cluster.sync();
-        if (t < 32) {
-            m = -INFINITY;
-            s = 0.f;
-            if (t < CL) {
-                const float2 q = *cluster.map_shared_rank(&part[round], t);
-                m = q.x;
-                s = q.y;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-                ms_merge(m, s, m2, s2);
-            }
-            if (t == 0) merged = make_float2(m, s);
-        }
-        __syncthreads();
-        m = merged.x;
-        s = merged.y;
-        if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
-        const float inv = 1.f / s, ls = logf(s);
-        TO* yr = y + (int64_t)row * cols + seg0;
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            float o[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                const float v = to_f(hold[c].v[j]);
-                o[j] = LOG ? (v - m - ls) : __expf(v - m) * inv;
-            }
-            store_vec<TO, VEC>(yr + c * CE + t * VEC, o);
-        }
-    }
-    cluster.sync();  /* no block leaves while another may still read its partials */
 }
 
 /* Ordered work items (decode_item in the common code): units are rows, the second phase writes
