@@ -13,7 +13,7 @@ how far apart the blocks sharing an SM run (do they compute their statistics at 
 leaving DRAM idle together?), when the blocks finish (the last round's tail), and a timeline of the
 share of blocks writing.
 
-    python bench/ring_phases.py [--only NAME ...] [--extra 'NAME={"skew": 4000}' ...]
+    python bench/ring_phases.py [--only NAME ...] [--extra 'NAME={"cl": 16}' ...] [--ablate NAME ... | all]
 
 Prints a table per case and writes $OUT/ring_phases.json. Needs nvcc and a GPU of compute
 capability 9.0.
@@ -83,6 +83,24 @@ SPLICES = {
         ("        ring_refill<TX, CE, BULK>(keep, bar, an,",
          "        STAMP(ph_i, 3);\n        ring_refill<TX, CE, BULK>(keep, bar, an,"),
     ],
+}
+
+# Ablations (--ablate NAME ...): the kernel with one part taken out, for its time alone (the output
+# is wrong; nothing checks it). Each is a list of (text, replacement), every occurrence replaced.
+ABLATIONS = {
+    "softmax_ring": {
+        # the cluster barrier and the exchange: each block normalises by its own partials
+        "no-cluster-merge": [("        cluster.sync();\n        if (t < 32) {", "        __syncthreads();\n        if (t < 32) {"),
+                             ("*cluster.map_shared_rank(&part[round], t)", "part[round]")],
+        # the running max and sum: a max and a sum of the raw values instead (no exp)
+        "no-stats-exp": [("ms_add<VEC>(m, s, v);", "for (int j_ = 0; j_ < VEC; ++j_) { m = fmaxf(m, v[j_]); s += v[j_]; }")],
+        # the exp of the write
+        "no-write-exp": [("__expf(v - m) * inv", "(v - m) * inv")],
+    },
+    "gn_ring": {
+        "no-cluster-merge": [("        cluster.sync();\n        if (wid == 0) cluster_publish", "        __syncthreads();\n"
+                              "        if (wid == 0) cluster_publish")],
+    },
 }
 
 STAMP_HEAD = r"""
@@ -246,6 +264,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--extra", nargs="*", default=[], help='NAME_SUBSTRING=JSON overrides, one more configuration')
     ap.add_argument("--nvcc", default="nvcc")
+    ap.add_argument("--ablate", nargs="*", default=[], help="also run each first choice without these parts "
+                    "(ABLATIONS; the output is then wrong): its time alone")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
     results = []
@@ -258,14 +278,23 @@ def main() -> int:
         print(f"{name}:")
         print(f"  {'configuration':66s} {'event µs':>9s} {'span':>7s} {'blocks':>6s} {'/SM':>4s} {'units':>5s}"
               f" {'load+stats':>10s} {'merge':>6s} {'write':>6s} {'gap':>5s}  {'same-SM apart':>13s}")
-        for over in overs:
+        kernel = "softmax_ring" if fam.name == "softmax" else "gn_ring"
+        runs = [(over, []) for over in overs] + [({}, [a]) for a in args.ablate if a in ABLATIONS[kernel]]
+        if "all" in args.ablate:
+            runs.append(({}, sorted(ABLATIONS[kernel])))
+        for over, cut in runs:
             p = {**p0, **over}
-            label = describe(fam.name, fam.relevant(p))
+            label = describe(fam.name, fam.relevant(p)) + "".join(f" WITHOUT {c}" for c in cut)
             if p.get("mode") != "ring" or not fam.valid(m, p, "cuda"):
                 print(f"  {label}: not a valid ring configuration")
                 continue
-            kernel = "softmax_ring" if fam.name == "softmax" else "gn_ring"
-            src = harness(splice(fam.render(m, p, "cuda"), kernel), ins, outs)
+            src = splice(fam.render(m, p, "cuda"), kernel)
+            for c in cut:
+                for old, new in ABLATIONS[kernel][c]:
+                    if old not in src:
+                        raise SystemExit(f"ring_phases: ablation {c}: {old[:60]!r} not in {kernel} (the template changed)")
+                    src = src.replace(old, new)
+            src = harness(src, ins, outs)
             with tempfile.TemporaryDirectory(prefix="forge-phases-") as tmp:
                 cu, exe = Path(tmp) / "h.cu", Path(tmp) / "h"
                 cu.write_text(src)
