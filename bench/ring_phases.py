@@ -190,6 +190,15 @@ def splice(src: str, kernel: str) -> str:
     return src
 
 
+def ablate(src: str, kernel: str, cut: str) -> str:
+    """The spliced source without the part ``cut`` (ABLATIONS[kernel])."""
+    for old, new in ABLATIONS[kernel][cut]:
+        if old not in src:
+            raise SystemExit(f"ring_phases: ablation {cut}: {old[:60]!r} not in {kernel} (the template changed)")
+        src = src.replace(old, new)
+    return src
+
+
 def harness(src: str, ins, outs) -> str:
     alloc = []
     for side, tensors in (("in", ins), ("out", outs)):
@@ -290,10 +299,7 @@ def main() -> int:
                 continue
             src = splice(fam.render(m, p, "cuda"), kernel)
             for c in cut:
-                for old, new in ABLATIONS[kernel][c]:
-                    if old not in src:
-                        raise SystemExit(f"ring_phases: ablation {c}: {old[:60]!r} not in {kernel} (the template changed)")
-                    src = src.replace(old, new)
+                src = ablate(src, kernel, c)
             src = harness(src, ins, outs)
             with tempfile.TemporaryDirectory(prefix="forge-phases-") as tmp:
                 cu, exe = Path(tmp) / "h.cu", Path(tmp) / "h"

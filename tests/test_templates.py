@@ -472,3 +472,48 @@ def test_bench_probe_moves_exactly_the_cards_bytes(matched, tmp_path):
         sources.append(src)
     results = Builder("cuda", tmp_path, arch="sm_90").build_many(sources)
     assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
+
+
+def test_bench_ring_phases_finds_its_anchors(tmp_path):
+    """bench/ring_phases.py splices clock stamps and its ablations into the rendered ring kernels at
+    anchor texts: every anchor is in each case's first choice (a template change would otherwise
+    surface only on the GPU machine), its analysis reads a timeline, and with nvcc the softmax
+    harness builds."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import ring_phases as rp
+
+    from forge_tui.templates.base import Match
+
+    built = None
+    for name, (fam, info, ins, outs, _) in rp.CASES.items():
+        m = Match(fam.name, None, info)
+        p = fam.initial(m, "cuda")
+        assert p["mode"] == "ring", (name, p)
+        kernel = "softmax_ring" if fam.name == "softmax" else "gn_ring"
+        src = rp.splice(fam.render(m, p, "cuda"), kernel)
+        assert src.count("STAMP(ph_i, ") == 4, name
+        for cut in rp.ABLATIONS[kernel]:
+            assert rp.ablate(src, kernel, cut) != src, (name, cut)
+        built = built or rp.harness(src, ins, outs)
+    # two blocks on one SM, three units each: 1 µs loading, 2 merging, 3 writing, 0.5 to the next
+    khz, blocks = 1_000_000, []
+    for b in range(2):
+        t, c = [0] * (rp.MAXR * 4), [0] * (rp.MAXR * 4)
+        for u in range(3):
+            for k, at in enumerate((0.0, 1.0, 3.0, 6.0)):
+                c[u * 4 + k] = 1 + int((u * 6.5 + at) * 1000)
+                t[u * 4 + k] = 10_000 + int((u * 6.5 + at + b) * 1000)
+        blocks.append({"b": b, "sm": 0, "t": t, "c": c})
+    a = rp.analyse({"event_us": [20.0, 21.0], "clock_khz": khz, "blocks": blocks})
+    assert a["phase_median_us"] == pytest.approx({"load+stats": 1.0, "merge": 2.0, "write": 3.0, "gap": 0.5})
+    assert a["units_per_block"] == 3 and a["blocks_per_sm"] == 2 and a["same_sm_stats_apart_us"] == pytest.approx(1.0)
+    assert a["block_end_us"] == pytest.approx({"first": 19.0, "median": 20.0, "last": 20.0})
+    if shutil.which("nvcc"):
+        (tmp_path / "h.cu").write_text(built)
+        r = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-std=c++17", "-I",
+                            str(Path(__file__).resolve().parent.parent / "forge_tui" / "abi"),
+                            "-o", str(tmp_path / "h"), str(tmp_path / "h.cu")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
