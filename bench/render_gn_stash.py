@@ -7,11 +7,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from forge_tui.templates.base import Match  # noqa: E402
 from forge_tui.templates.families.groupnorm import GroupNorm  # noqa: E402
+from ring_phases import _gn_info  # noqa: E402
 
-info = {"x": 0, "w": 1, "b": 2, "n": 2, "c": 512, "hw": 128 * 128, "g": 32, "eps": 1e-5, "tin": "float32",
-        "tw": "float32", "tb": "float32", "tout": "float32", "tstat": "float32", "group_len": 16 * 128 * 128}
+info = _gn_info(2, 512, 128, 128, 32, "float32")
 fam = GroupNorm()
 m = Match("group_norm", None, info)
 p = {**fam.initial(m, "cuda"), "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}

@@ -38,6 +38,7 @@ from forge_tui.templates.families.groupnorm import GroupNorm  # noqa: E402
 from forge_tui.templates.families.softmax import Softmax  # noqa: E402
 
 MAXR = 16  # units stamped per block
+KERNELS = {"softmax": "softmax_ring", "group_norm": "gn_ring"}  # family -> its ring kernel
 
 
 def _gn_info(n, c, h, w, g, dtype):
@@ -190,6 +191,14 @@ def splice(src: str, kernel: str) -> str:
     return src
 
 
+def build(src: str, exe: Path, nvcc: str = "nvcc") -> subprocess.CompletedProcess:
+    """nvcc the harness source to an executable."""
+    cu = exe.with_suffix(".cu")
+    cu.write_text(src)
+    return subprocess.run([nvcc, "-O3", "-arch=sm_90", "-std=c++17", "-I", str(ROOT / "forge_tui" / "abi"),
+                           "-o", str(exe), str(cu)], capture_output=True, text=True, timeout=300)
+
+
 def ablate(src: str, kernel: str, cut: str) -> str:
     """The spliced source without the part ``cut`` (ABLATIONS[kernel])."""
     for old, new in ABLATIONS[kernel][cut]:
@@ -287,7 +296,7 @@ def main() -> int:
         print(f"{name}:")
         print(f"  {'configuration':66s} {'event µs':>9s} {'span':>7s} {'blocks':>6s} {'/SM':>4s} {'units':>5s}"
               f" {'load+stats':>10s} {'merge':>6s} {'write':>6s} {'gap':>5s}  {'same-SM apart':>13s}")
-        kernel = "softmax_ring" if fam.name == "softmax" else "gn_ring"
+        kernel = KERNELS[fam.name]
         runs = [(over, []) for over in overs] + [({}, [a]) for a in args.ablate if a in ABLATIONS[kernel]]
         if "all" in args.ablate:
             runs.append(({}, sorted(ABLATIONS[kernel])))
@@ -302,10 +311,8 @@ def main() -> int:
                 src = ablate(src, kernel, c)
             src = harness(src, ins, outs)
             with tempfile.TemporaryDirectory(prefix="forge-phases-") as tmp:
-                cu, exe = Path(tmp) / "h.cu", Path(tmp) / "h"
-                cu.write_text(src)
-                b = subprocess.run([args.nvcc, "-O3", "-arch=sm_90", "-std=c++17", "-I", str(ROOT / "forge_tui" / "abi"),
-                                    "-o", str(exe), str(cu)], capture_output=True, text=True, timeout=300)
+                exe = Path(tmp) / "h"
+                b = build(src, exe, args.nvcc)
                 if b.returncode:
                     print(f"  {label}: build failed\n{b.stderr[-2000:]}")
                     continue

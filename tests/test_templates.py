@@ -479,7 +479,6 @@ def test_bench_ring_phases_finds_its_anchors(tmp_path):
     anchor texts: every anchor is in each case's first choice (a template change would otherwise
     surface only on the GPU machine), its analysis reads a timeline, and with nvcc the softmax
     harness builds."""
-    import subprocess
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -492,7 +491,7 @@ def test_bench_ring_phases_finds_its_anchors(tmp_path):
         m = Match(fam.name, None, info)
         p = fam.initial(m, "cuda")
         assert p["mode"] == "ring", (name, p)
-        kernel = "softmax_ring" if fam.name == "softmax" else "gn_ring"
+        kernel = rp.KERNELS[fam.name]
         src = rp.splice(fam.render(m, p, "cuda"), kernel)
         assert src.count("STAMP(ph_i, ") == 4, name
         for cut in rp.ABLATIONS[kernel]:
@@ -512,8 +511,5 @@ def test_bench_ring_phases_finds_its_anchors(tmp_path):
     assert a["units_per_block"] == 3 and a["blocks_per_sm"] == 2 and a["same_sm_stats_apart_us"] == pytest.approx(1.0)
     assert a["block_end_us"] == pytest.approx({"first": 19.0, "median": 20.0, "last": 20.0})
     if shutil.which("nvcc"):
-        (tmp_path / "h.cu").write_text(built)
-        r = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-std=c++17", "-I",
-                            str(Path(__file__).resolve().parent.parent / "forge_tui" / "abi"),
-                            "-o", str(tmp_path / "h"), str(tmp_path / "h.cu")], capture_output=True, text=True, timeout=300)
+        r = rp.build(built, tmp_path / "h")
         assert r.returncode == 0, r.stderr[-2000:]
