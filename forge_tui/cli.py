@@ -174,6 +174,8 @@ def cmd_search(args) -> int:
     bus = EventBus()
     if not args.quiet:
         bus.subscribe(lambda e: e.persistent and print(format_event(e), flush=True))
+    # damaged records: one line each on stderr (quiet or not), and the search goes on without them
+    bus.subscribe(lambda e: e.kind == "store_damaged" and print(format_event(e), file=sys.stderr, flush=True))
     pool = LocalEvalPool(ws.store, ws.cache, cfg, backend=args.backend)
     try:
         summary = Search(ws, cfg, proposer, pool, bus=bus, cards=args.cards).run(resume=args.resume or args.fresh)
@@ -192,18 +194,22 @@ def cmd_replay(args) -> int:
     import json
 
     from .cards import id_matches
-    from .search.replay import format_event, format_trees, load_events
+    from .search.replay import format_event, format_trees, load_replay
     from .workspace import Workspace
 
     ws = Workspace.open(args.workspace)
-    events = load_events(ws)
+    events, damaged = load_replay(ws)
     if args.card:
         events = [e for e in events if e.card is None or id_matches(e.card, args.card)]
+        damaged = [d for d in damaged if d.card is None or id_matches(d.card, args.card)]
+    for d in damaged:  # left out of the replay, each named on stderr; the rest replays as usual
+        print(d.line, file=sys.stderr)
     if args.json:
         print(json.dumps([e.to_json() for e in events], indent=1))
         return 0
     if not events:
-        print(f"no search recorded in {ws.root}")
+        print(f"no search recorded in {ws.root}" if not damaged else
+              f"nothing in {ws.root} can be replayed: every recorded item is damaged")
         return 0
     for e in events:
         print(format_event(e))

@@ -10,10 +10,20 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from .errors import WorkspaceError
+
+
+class RefConflict(WorkspaceError):
+    """A ref write refused: the ref exists (create-only write) or moved since it was read."""
+
+    def __init__(self, message: str, ref: str = "") -> None:
+        super().__init__(message)
+        self.ref = ref
+
 
 AUTHOR_NAME = "forge-tui"
 AUTHOR_EMAIL = "forge-tui@localhost"
@@ -97,8 +107,56 @@ class GitRepo:
         self.git("commit", "-q", "--allow-empty", "-m", format_message(subject, body, trailers))
         return self.head()
 
+    def git_warnings(self, *args: str) -> tuple[str, list[str]]:
+        """Like :meth:`git`, and also what git printed on stderr (e.g. ``ignoring broken ref``)."""
+        import git
+
+        try:
+            _, out, err = self._repo.git.execute(["git", *args], env={**os.environ, **_GIT_ENV},
+                                                 with_extended_output=True)
+        except git.GitCommandError as exc:
+            raise WorkspaceError(f"git {args[0]} failed in {self.root}: {exc.stderr.strip() or exc}") from None
+        return out, [line.strip() for line in err.splitlines() if line.strip()]
+
     def head(self, ref: str = "HEAD") -> str:
         return self.git("rev-parse", ref)
+
+    def read_ref(self, ref: str) -> str | None:
+        """What ``ref`` holds (its loose file, else its ``packed-refs`` line), neither resolved nor
+        checked: works when the object is missing or the file is garbage. ``None`` when there is none."""
+        common = Path(self._repo.common_dir)
+        path = common / ref
+        if path.is_file():
+            return path.read_text(errors="replace").strip()
+        try:
+            packed = (common / "packed-refs").read_text(errors="replace")
+        except OSError:
+            return None
+        for line in packed.splitlines():
+            sha, _, name = line.partition(" ")
+            if name.strip() == ref and not line.startswith(("#", "^")):
+                return sha
+        return None
+
+    def read_object(self, sha: str) -> tuple[str, bytes]:
+        """An object's type and content (loose or packed, through GitPython's persistent ``cat-file``);
+        WorkspaceError when it is missing or corrupt."""
+        try:
+            stream = self._repo.odb.stream(bytes.fromhex(sha))
+            return stream.type.decode(), stream.read()
+        except Exception:  # noqa: BLE001 - ValueError (missing, corrupt, not hex) and friends
+            raise WorkspaceError(f"object {sha[:40]!r} is missing or unreadable") from None
+
+    def delete_ref(self, ref: str) -> None:
+        """Remove a ref; a broken one (its file holds no object id, git refuses it) by removing its file."""
+        try:
+            self.git("update-ref", "--no-deref", "-d", ref)
+        except WorkspaceError:
+            check_ref_name(ref)
+            path = Path(self._repo.common_dir) / ref
+            if not path.is_file():
+                raise
+            path.unlink()
 
     def log(self, ref: str = "main", fmt: str = "%H%x00%B%x00") -> list[tuple[str, str]]:
         out = self.git("log", f"--format={fmt}", ref)
@@ -109,7 +167,8 @@ class GitRepo:
 # ---- plumbing: commits written in-process, no working tree --------------------------------------
 class ObjectWriter:
     """Writes blobs, trees and commits as loose objects (gitdb, in-process, no subprocess) and
-    moves refs through GitPython's lock-file protocol, so recording a search node spawns nothing.
+    writes refs through git's lock-file protocol (compare-and-swap, never a blind overwrite), so
+    recording a search node spawns nothing.
 
     Not thread-safe by design: the search commits from one thread.
     """
@@ -174,11 +233,41 @@ class ObjectWriter:
         entries.append(("40000", sub, folder))
         return self.commit(self.tree(entries), parents, message)
 
-    def set_ref(self, ref: str, sha: str) -> None:
-        """Point ``ref`` at ``sha`` (written to a lock file, then renamed: atomic)."""
-        import git
+    def update_ref(self, ref: str, sha: str, old: str | None) -> None:
+        """Point ``ref`` at ``sha`` only if it now holds ``old`` (``None``: only if it does not exist).
 
-        git.Reference.create(self.repo._repo, ref, sha, force=True, logmsg=None)
+        Git's lock-file protocol, in-process: ``<ref>.lock`` is created exclusively, the ref's value
+        (loose file, else ``packed-refs``) is checked while the lock is held, then the lock file is
+        renamed over the ref (atomic). A ref that exists, or moved since it was read, makes the write
+        fail with :class:`RefConflict` instead of being replaced; nothing is ever overwritten blindly.
+        """
+        from gitdb.util import LockedFD
+
+        check_ref_name(ref)
+        path = Path(self.repo._repo.common_dir) / ref
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RefConflict(f"cannot write {short_ref(ref)}: {exc}", ref) from None
+        lock = LockedFD(str(path))
+        try:
+            out = lock.open(write=True, stream=True)
+        except OSError:
+            raise RefConflict(f"cannot write {short_ref(ref)}: {path}.lock exists (another process is writing it, "
+                              "or one was killed while it did: remove the lock file if none runs)", ref) from None
+        try:
+            current = self.repo.read_ref(ref)
+            if current != old:
+                if old is None:
+                    raise RefConflict(f"refusing to overwrite {short_ref(ref)}: it already exists "
+                                      f"(at {current[:12]})", ref)
+                raise RefConflict(f"refusing to move {short_ref(ref)}: it is at {(current or 'nothing')[:12]}, "
+                                  f"expected {old[:12]} (written by someone else meanwhile?)", ref)
+            out.write(f"{sha}\n".encode())
+            lock.commit()
+        except BaseException:
+            lock.rollback()
+            raise
 
 
 def for_each_ref(repo: GitRepo, prefix: str) -> list[tuple[str, str, str]]:
@@ -196,8 +285,120 @@ def for_each_ref(repo: GitRepo, prefix: str) -> list[tuple[str, str, str]]:
 
 
 def read_blob(repo: GitRepo, commit: str, path: str) -> bytes | None:
+    """A file of a commit; ``None`` when the commit has no such file, WorkspaceError when an object
+    on the way (commit, tree, blob) is missing or unreadable."""
     try:
         obj = repo._repo.commit(commit).tree / path
+        return obj.data_stream.read()
     except KeyError:
         return None
-    return obj.data_stream.read()
+    except Exception as exc:  # noqa: BLE001 - gitdb/GitPython raise ValueError, BadObject, ... for damage
+        raise WorkspaceError(f"cannot read {path} at {commit[:12]}: {type(exc).__name__}: {exc}") from None
+
+
+# ---- damage-tolerant reading --------------------------------------------------------------------
+def short_ref(ref: str) -> str:
+    """``refs/heads/search/a/n1`` -> ``search/a/n1`` (the branch name people see)."""
+    return ref[len("refs/heads/"):] if ref.startswith("refs/heads/") else ref
+
+
+def check_ref_name(ref: str) -> None:
+    """The rules of git-check-ref-format that matter for a file path (no traversal, no lock names)."""
+    parts = ref.split("/")
+    if not ref.startswith("refs/") or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts) or \
+            ".." in ref or "@{" in ref or ref.endswith(".") or any(c in ref for c in " ~^:?*[\\") or \
+            any(ord(c) < 32 or ord(c) == 127 for c in ref):
+        raise WorkspaceError(f"not a valid ref name: {ref!r}")
+
+
+def commit_parts(data: bytes) -> tuple[list[str], str]:
+    """A raw commit object's parents and message."""
+    head, _, message = data.partition(b"\n\n")
+    parents = [line[7:].decode().strip() for line in head.split(b"\n") if line.startswith(b"parent ")]
+    return parents, message.decode("utf-8", "replace")
+
+
+@dataclass
+class RefInfo:
+    """A ref and what it points at; ``error`` says why it cannot be read (then ``message`` is None)."""
+
+    ref: str
+    sha: str
+    kind: str | None = None
+    """The object's type (``commit`` for a sound branch)."""
+    message: str | None = None
+    """The commit's message (commits only)."""
+    error: str | None = None
+
+
+_BROKEN_RE = re.compile(r"ignoring broken ref (\S+)")
+
+
+def list_refs(repo: GitRepo, *patterns: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(refname, value) of refs matching ``patterns`` without reading their objects (works when an
+    object is missing), and the names git ignores as broken (a ref file that holds no object id)."""
+    out, warnings = repo.git_warnings("for-each-ref", "--format=%(refname)%00%(objectname)", *patterns)
+    rows = [tuple(line.split("\x00", 1)) for line in out.splitlines() if "\x00" in line]
+    broken = [m.group(1) for w in warnings if (m := _BROKEN_RE.search(w))]
+    return rows, [r for r in broken if any(_ref_matches(r, p) for p in patterns)]
+
+
+def _ref_matches(ref: str, pattern: str) -> bool:
+    """for-each-ref's pattern rule: fnmatch, or the whole name, or a prefix up to a slash."""
+    from fnmatch import fnmatchcase
+
+    return fnmatchcase(ref, pattern) or ref == pattern or ref.startswith(pattern.rstrip("/") + "/")
+
+
+def scan_refs(repo: GitRepo, prefix: str) -> list[RefInfo]:
+    """Every ref under ``prefix`` with its commit message: one git call while the objects are sound;
+    when one is missing or corrupt (git then fails the whole call), each object is read on its own
+    through GitPython's persistent ``cat-file`` and the bad ones come back with ``error`` set. Refs
+    git ignores as broken come back too, with ``error`` set."""
+    rows: list[RefInfo] = []
+    try:
+        out, warnings = repo.git_warnings(
+            "for-each-ref", "--format=%(refname)%00%(objectname)%00%(objecttype)%00%(contents)%00%00", prefix)
+    except WorkspaceError:
+        pairs, broken = list_refs(repo, prefix)
+        for ref, sha in pairs:
+            try:
+                kind, data = repo.read_object(sha)
+            except WorkspaceError:
+                rows.append(RefInfo(ref, sha, error=f"points at {sha[:12]}, an object that is missing or unreadable"))
+                continue
+            rows.append(RefInfo(ref, sha, kind, commit_parts(data)[1] if kind == "commit" else None))
+    else:
+        broken = [m.group(1) for w in warnings if (m := _BROKEN_RE.search(w))]
+        for chunk in out.split("\x00\x00"):
+            chunk = chunk.lstrip("\n")
+            if not chunk:
+                continue
+            parts = chunk.split("\x00", 3)
+            if len(parts) == 4:
+                rows.append(RefInfo(parts[0], parts[1], parts[2], parts[3] if parts[2] == "commit" else None))
+    for ref in broken:
+        if _ref_matches(ref, prefix):
+            rows.append(RefInfo(ref, repo.read_ref(ref) or "", error="the ref is broken (its file holds no object id)"))
+    return rows
+
+
+def walk_first_parent(repo: GitRepo, tip: str) -> tuple[list[tuple[str, str]], str | None, str | None]:
+    """(commit, message) from ``tip`` down its first parents, newest first, read one object at a time
+    (for a chain ``git log`` cannot walk); then why the walk stopped early and at which object, if it did."""
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    sha: str | None = tip
+    while sha and sha not in seen:
+        seen.add(sha)
+        try:
+            kind, data = repo.read_object(sha)
+        except WorkspaceError:
+            below = f", the parent of {out[-1][0][:12]}," if out else ""
+            return out, f"commit {sha[:12]}{below} is missing or unreadable: the events before it cannot be read", sha
+        if kind != "commit":
+            return out, f"{sha[:12]} is a {kind}, not a commit: the events before it cannot be read", sha
+        parents, message = commit_parts(data)
+        out.append((sha, message))
+        sha = parents[0] if parents else None
+    return out, None, None

@@ -2,6 +2,8 @@
 
 Persistent events are facts recorded in git (``forge replay`` rebuilds them, in the same order);
 transient ones (``node_started``, ``budget_spent``) report progress and are not replayed.
+``store_damaged`` (transient) reports a recorded item the search skipped or read in part; its data
+is a :class:`~forge_tui.search.store.Damage` as JSON (``ref``, ``what``, ``commit``, ``skipped``, ...).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Callable
 
 PERSISTENT = ("search_started", "node_added", "best_improved", "card_finished", "proposer_failed",
               "promotion_requested", "search_stopped")
-TRANSIENT = ("node_started", "budget_spent")
+TRANSIENT = ("node_started", "budget_spent", "store_damaged")
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,19 @@ from __future__ import annotations
 from ..workspace import Workspace
 from .events import Event
 from .history import replay_events
-from .store import SearchStore
+from .store import Damage, SearchStore
 from .tree import ROOT
 
 
-def load_events(ws: Workspace) -> list[Event]:
+def load_replay(ws: Workspace) -> tuple[list[Event], list[Damage]]:
+    """The recorded events, and the damaged items left out of them (each with its branch and what is wrong)."""
     with ws.git() as repo:
-        return replay_events(SearchStore(repo).load())
+        loaded = SearchStore(repo).load()
+    return replay_events(loaded), loaded.damaged
+
+
+def load_events(ws: Workspace) -> list[Event]:
+    return load_replay(ws)[0]
 
 
 def format_event(e: Event) -> str:
@@ -36,6 +42,8 @@ def format_event(e: Event) -> str:
         return f"[{e.seq:5d}] {e.card} proposer failed at {e.node}: {d.get('reason')}"
     if e.kind == "promotion_requested":
         return f"[{e.seq:5d}] {e.card} promotion requested: {e.node}"
+    if e.kind == "store_damaged":
+        return Damage(**d).line
     return f"[{e.seq:5d}] {e.kind} {e.card or ''} {e.node or ''}"
 
 

@@ -5,6 +5,8 @@ Proposals and evaluations run in worker threads (several in flight); every git w
 change to the trees happens on the loop's own thread, so the repository stays consistent. A
 failing proposer (an LLM API error) or a crashing candidate is recorded and the search goes on.
 ``kill -9`` at any moment loses only what was in flight: every finished node is a committed ref.
+Damaged records (see :mod:`.store`) are left out and reported (``store_damaged`` events, ``damaged``);
+new node ids never reuse a branch name, damaged or not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 
 from ..cards import Card, id_matches
 from ..config import ForgeConfig
-from ..errors import ForgeError
+from ..errors import ForgeError, WorkspaceError
+from ..gitrepo import RefConflict, short_ref
 from ..program import program_source
 from ..workspace import Workspace
 from .budget import CardBudget, pick
@@ -24,7 +27,7 @@ from .events import Event, EventBus
 from .history import History
 from .pool import EvalPool
 from .proposer import NodeView, Proposal, ProposalContext, Proposer
-from .store import LogRecord, NodeRecord, SearchStore
+from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import ROOT, CardTree, Node
 from .uct import select
 
@@ -45,6 +48,8 @@ class SearchSummary:
     cost_usd: float
     events: int = 0
     finished: dict[str, str] = field(default_factory=dict)
+    damaged: list[Damage] = field(default_factory=list)
+    """Recorded items the search left out (or read in part), each with its branch and what is wrong."""
 
 
 class Search:
@@ -66,6 +71,11 @@ class Search:
         self.seq = 0
         self.sources: dict[tuple[str, str], str] = {}
         self.results: dict[tuple[str, str], dict | None] = {}
+        self.damaged: list[Damage] = []
+        self._unreadable: set[tuple[str, str]] = set()
+        """Nodes whose files git cannot read: never expanded (no child can be written on them)."""
+        self.taken: dict[str, set[str]] = {}
+        """Per card, node ids a new node must not take (every branch name seen, damaged ones too)."""
         self.evals_total = 0
         self.cost_total = 0.0
         self.git_s = 0.0
@@ -81,6 +91,11 @@ class Search:
 
     def _transient(self, kind: str, card: str | None = None, node: str | None = None, **data) -> None:
         self.bus.publish(Event(kind, self.seq, card, node, data))
+
+    def _damage(self, d: Damage) -> None:
+        """Note a damaged item: kept in ``damaged``, published as a ``store_damaged`` event."""
+        self.damaged.append(d)
+        self.bus.publish(Event("store_damaged", self.seq, d.card, d.node, d.to_json()))
 
     def request_stop(self, reason: str = "stopped by the user") -> None:
         """Thread-safe: the loop stops starting new evaluations and records why."""
@@ -127,10 +142,14 @@ class Search:
 
     def _load(self, resume: bool) -> None:
         loaded = self.store.load()
-        if (loaded.nodes or loaded.log) and not resume:
-            raise ForgeError(f"{self.ws.root} already holds a search ({len(loaded.nodes)} nodes): "
+        if loaded.recorded and not resume:
+            damaged = f", {len(loaded.damaged)} damaged items" if loaded.damaged else ""
+            raise ForgeError(f"{self.ws.root} already holds a search ({len(loaded.nodes)} nodes{damaged}): "
                              "continue it with --resume, or discard it with --fresh")
         self.seq = loaded.max_seq
+        self.taken = {card: set(ids) for card, ids in loaded.taken.items()}
+        for d in loaded.damaged:
+            self._damage(d)
         for card in self._eligible(self.ws.cards()):
             self.cards[card.id] = card
             self.budgets[card.id] = CardBudget(card)
@@ -143,6 +162,11 @@ class Search:
                 self.history.log(rec)
                 if rec.kind == "card_finished" and rec.card in self.budgets:
                     self.budgets[rec.card].finished = rec.data.get("reason", "finished")
+        for cid in list(self.cards):  # a damaged root (or one gone that nodes still name) is never replaced
+            tree = self.trees.get(cid)
+            if (tree is None or tree.root is None) and ROOT in self.taken.get(cid, ()):
+                self.skipped[cid] = f"its root branch {short_ref(node_ref(cid, ROOT))} is damaged or missing"
+                del self.cards[cid], self.budgets[cid]
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -173,23 +197,48 @@ class Search:
         self._commit_node(rec, files, self._main_commit)
 
     # ---- proposals ------------------------------------------------------------------------------
+    def _read(self, card_id: str, node: Node, name: str) -> bytes | None:
+        """A file of a node; None (and a note in ``damaged``) when git cannot read it."""
+        try:
+            return self.store.read(node.commit, name)
+        except WorkspaceError as exc:
+            self._unreadable.add((card_id, node.id))
+            self._damage(Damage(short_ref(node_ref(card_id, node.id)), f"{FOLDER}/{name} cannot be read ({exc}): "
+                                "the node gets no children", node.commit, card_id, node.id, node.seq, skipped=False))
+            return None
+
     def _source(self, card_id: str, node: Node) -> str | None:
         key = (card_id, node.id)
         if key not in self.sources:
             name = "reference.py" if node.id == ROOT else SOURCE_NAME.get(self.backend, "candidate.cu")
-            data = self.store.read(node.commit, name)
+            data = self._read(card_id, node, name)
             if data is None and node.id != ROOT:
-                data = self.store.read(node.commit, SOURCE_NAME["cuda" if self.backend == "cpu" else "cpu"])
-            self.sources[key] = data.decode() if data is not None else None
+                data = self._read(card_id, node, SOURCE_NAME["cuda" if self.backend == "cpu" else "cpu"])
+            self.sources[key] = data.decode(errors="replace") if data is not None else None
         return self.sources[key]
+
+    def _result(self, card_id: str, node: Node) -> dict | None:
+        """A node's evaluator result; a truncated or unparseable ``result.json`` reads as none (noted)."""
+        raw = self._read(card_id, node, "result.json")
+        if not raw:
+            return None
+        try:
+            result = json.loads(raw)
+            if not isinstance(result, dict):
+                raise ValueError(f"a JSON {type(result).__name__}, not an object")
+        except ValueError as exc:
+            self._damage(Damage(short_ref(node_ref(card_id, node.id)),
+                                f"{FOLDER}/result.json is not valid JSON ({exc}): read as no result",
+                                node.commit, card_id, node.id, node.seq, skipped=False))
+            return None
+        return result
 
     def _view(self, card_id: str, node: Node, with_source: bool = False, with_result: bool = False) -> NodeView:
         result = None
         if with_result and node.id != ROOT and node.commit:
             key = (card_id, node.id)
             if key not in self.results:  # read from git once; contexts ask for the same nodes again
-                raw = self.store.read(node.commit, "result.json")
-                self.results[key] = json.loads(raw) if raw else None
+                self.results[key] = self._result(card_id, node)
             result = self.results[key]
         return NodeView(id=node.id, parent=node.parent, status=node.status, speedup=node.speedup, move=node.move,
                         reason=node.reason, source=self._source(card_id, node) if with_source else None,
@@ -236,11 +285,27 @@ class Search:
             result = {"status": "error", "failure": "harness", "reason": f"{type(exc).__name__}: {exc}"}
         return "evaluated", proposal, result
 
+    def _new_id(self, card_id: str) -> str:
+        """The next free ``nNNNN``: not in the tree, not any branch name or id recorded for the card."""
+        tree, taken = self.trees[card_id], self.taken.setdefault(card_id, set())
+        i = len(tree.nodes)
+        while f"n{i:04d}" in tree.nodes or f"n{i:04d}" in taken:
+            i += 1
+        taken.add(f"n{i:04d}")
+        return f"n{i:04d}"
+
     def _record_result(self, card: Card, parent: Node, proposal: Proposal, result: dict) -> None:
-        tree = self.trees[card.id]
-        node_id = f"n{len(tree.nodes):04d}"
-        while node_id in tree.nodes:
-            node_id += "b"
+        for attempt in range(20):
+            try:
+                return self._write_result(card, parent, proposal, result)
+            except RefConflict as exc:  # a name load() could not see (a lock file left by kill -9): take another
+                if attempt == 19:
+                    raise
+                self._damage(Damage(short_ref(exc.ref), f"{exc}; the new node takes the next id", card=card.id,
+                                    skipped=False))
+
+    def _write_result(self, card: Card, parent: Node, proposal: Proposal, result: dict) -> None:
+        node_id = self._new_id(card.id)
         speedup = result.get("speedup_vs_eager") if result.get("status") == "passed" else None
         rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.get("status", "error"), speedup,
                          proposal.move, getattr(self.proposer, "name", "?"), proposal.cost_usd,
@@ -306,7 +371,8 @@ class Search:
             self._load(resume)
             self._log("search_started", resumed=self.seq > 0, cards=sorted(self.cards), backend=self.backend,
                       proposer=getattr(self.proposer, "name", "?"), skipped=self.skipped,
-                      config=self.scfg.model_dump())
+                      config=self.scfg.model_dump(), **({"damaged": [d.line for d in self.damaged[:100]]}
+                                                        if self.damaged else {}))
             for card in self.cards.values():
                 self._ensure_root(card)
             stopped = self._loop(t_start)
@@ -318,7 +384,8 @@ class Search:
                 best[cid] = {"node": n.id, "speedup": n.speedup, "move": n.move}
         return SearchSummary(evaluations=self.evals_total, stopped=stopped, best=best, skipped=dict(self.skipped),
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
-                             finished={c: b.finished for c, b in self.budgets.items() if b.finished})
+                             finished={c: b.finished for c, b in self.budgets.items() if b.finished},
+                             damaged=list(self.damaged))
 
     def _loop(self, t_start: float) -> str:
         in_flight: dict[Future, tuple[Card, Node]] = {}
@@ -334,6 +401,9 @@ class Search:
                         break
                     card, parent = picked
                     ctx = self._context(card, parent)
+                    if (card.id, parent.id) in self._unreadable:
+                        parent.expandable = False  # its files cannot be read: nothing to build a child on
+                        continue
                     tree = self.trees[card.id]
                     parent.pending += 1
                     tree.add_virtual(parent.id, +1)

@@ -107,7 +107,7 @@ class ForgeApp(App):
             cfg, _ = discover_config(self.config_path, ws.root)
             cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update=self.search_settings)})
             with ws.git() as repo:
-                resume = bool(SearchStore(repo).load().nodes)
+                resume = SearchStore(repo).load().recorded  # damaged records too: never start over them
             bus = EventBus()
             bus.subscribe(lambda e: e.persistent and self.call_from_thread(self.status, format_event(e)))
             pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu" if ws.meta.get("device") == "cpu" else None)
