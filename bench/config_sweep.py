@@ -57,7 +57,7 @@ def main() -> int:
     import templates_bench as tb
     from ncu_probe import probe_source
     from forge_tui.compare import compare
-    from forge_tui.evaluator.abi import Library, card_scalars
+    from forge_tui.kernel_abi import Library, card_scalars
     from forge_tui.evaluator.build import Builder
     from forge_tui.evaluator.checks import _alloc_outputs, workspace_for
     from forge_tui.inputs import random_inputs

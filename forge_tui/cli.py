@@ -33,7 +33,8 @@ def cmd_profile(args) -> int:
     ws, result = profile_into_workspace(args.workload, ws_path, device=args.device, dtype=args.dtype,
                                         config_path=args.config, progress=_progress(args.quiet))
     title = f"{ws.meta['workload']['name']} on {result.device_name}: forward {result.forward.median:.1f} µs " \
-            f"(spread {100 * result.forward.spread:.1f}%)"
+            f"(spread {100 * result.forward.spread:.1f}%" + \
+            (", NOT TRUSTWORTHY: the machine was busy)" if result.forward_noisy else ")")
     print(render(result.cards, title=title, limit=args.limit), end="")
     cov = result.coverage
     print(f"{len(result.cards)} cards ({sum(c.kind == 'op' for c in result.cards)} op, "

@@ -30,12 +30,15 @@ class Mismatch:
 
 
 def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: float | None = None,
-            scale=None) -> Mismatch | None:
+            scale=None, nonfinite: str = "exact") -> Mismatch | None:
     """None when ``actual`` matches ``expected``; else what is wrong.
 
     Floats: |a - e| <= atol * s + rtol * |e| elementwise, where s is ``scale`` (the typical size
-    of the reference's values, default 1); non-finite values must match exactly in position and
-    kind. Integers and bools: exact.
+    of the reference's values, default 1). Non-finite values must match exactly in position and
+    kind (``nonfinite="exact"``), or, with ``nonfinite="position"``, be non-finite exactly where
+    the reference is (which of NaN and ±inf an op gives for an infinite input is an accident of
+    its implementation: eager's own gelu(+inf) is inf or NaN depending on the tensor's length).
+    Integers and bools: exact.
     """
     import torch
 
@@ -56,6 +59,14 @@ def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: f
     act = actual.double()
     exp = expected.double()
     fin_e = torch.isfinite(exp)
+    if nonfinite == "position":
+        fin_a = torch.isfinite(act)
+        if not torch.equal(fin_e, fin_a):
+            n = int((fin_e != fin_a).sum())
+            return Mismatch(index, f"non-finite (NaN or inf) where the reference is finite, or finite where it is not "
+                            f"({n} elements)", bad_fraction=n / max(exp.numel(), 1))
+        act = torch.where(fin_e, act, torch.zeros_like(act))
+        exp = torch.where(fin_e, exp, torch.zeros_like(exp))
     nan_e, nan_a = torch.isnan(exp), torch.isnan(act)
     if not torch.equal(nan_e, nan_a):
         n = int((nan_e != nan_a).sum())

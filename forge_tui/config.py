@@ -33,6 +33,20 @@ class TimingConfig(_Section):
     cold_l2: bool = True
     """Flush the L2 cache (CUDA) between timed runs. On the CPU backend this is ignored."""
     flush_mib: int = Field(256, ge=1)
+    threads: int = Field(0, ge=0)
+    """CPU threads for eager PyTorch, torch.compile and a candidate's OpenMP (the cpu backend);
+    0 means every core this process may run on. Stated in every timing result."""
+    max_spread: float = Field(0.15, gt=0)
+    """A comparison is trusted only when each side's inter-quartile range is within this fraction
+    of its median (or within twice the timer's resolution)."""
+    batch_us: float = Field(200.0, gt=0)
+    """Small cards are timed in samples of several calls, each on its own fresh inputs, back to
+    back, so that one sample lasts about this long (at most 64 calls)."""
+    max_slowdown: float = Field(1.5, gt=1)
+    """A comparison is trusted only when the calibration workload runs within this factor of its
+    best time and eager PyTorch within this factor of the card's profiled time."""
+    noisy_retries: int = Field(2, ge=0)
+    """Timing attempts repeated when the machine looks busy, before the result is called noisy."""
 
 
 class ProfileConfig(_Section):
@@ -59,6 +73,11 @@ class EvaluatorConfig(_Section):
     parallel_builds: int = Field(0, ge=0)
     """0 means one per CPU core."""
     profile_with_ncu: bool = False
+    confinement: Literal["required", "off"] = "required"
+    """Candidates run in a process confined by seccomp (and Landlock where the kernel has it);
+    "off" runs them unconfined (only for machines without libseccomp, and only for code you trust)."""
+    landlock: bool = True
+    """Narrow the files a candidate's process can open with Landlock, where the kernel has it."""
 
 
 class SearchConfig(_Section):

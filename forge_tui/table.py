@@ -28,7 +28,7 @@ def rows(cards: list[Card]) -> list[dict]:
 def cells(row: dict) -> list[str]:
     return [
         str(row["#"]), row["card"], row["kind"], row["target"], row["shapes"], row["dtype"], str(row["calls"]),
-        _fmt(row["time_us"], ".1f"), "-" if row["share"] is None else f"{100 * row['share']:.1f}%",
+        _fmt(row["time_us"], ".1f") + ("?" if "noisy_timing" in row["flags"] else ""), "-" if row["share"] is None else f"{100 * row['share']:.1f}%",
         _fmt(row["floor_us"], ".2f"), "-" if row["headroom"] is None else f"{row['headroom']:.1f}x",
     ]
 
@@ -51,4 +51,6 @@ def render(cards: list[Card], title: str = "", width: int = 200, limit: int | No
     text = "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
     if limit is not None and len(cards) > limit:
         text += f"... {len(cards) - limit} more cards\n"
+    if any("noisy_timing" in c.flags for c in shown):
+        text += "? timed while the machine was busy: not trustworthy (profile again on a quiet machine)\n"
     return text

@@ -3,14 +3,13 @@
 One implementation serves the profiler (operator cards) and the evaluator (candidates), so a
 card's measured time and a candidate's are taken the same way and their ratio is meaningful.
 
-CUDA: per run, the L2 is flushed (a write over a buffer larger than the cache), the GPU is given
-a short sleep kernel so that the host can queue the callable's launches before the start event
-fires (host launch overhead, which differs wildly between eager, torch.compile and a bare kernel,
-is not device time), a start event is recorded, the callable runs, the whole device is
-synchronised (work a callable hides on another stream is counted), then the end event is
-recorded. The synchronisation costs a few microseconds; the same protocol timed around an empty
-callable, interleaved with the others, measures that overhead so it can be reported and
-subtracted. CPU: ``perf_counter_ns`` around the call.
+A sample is the host clock from the moment the callable is called to the moment the device is
+idle: on CUDA the L2 is flushed first (a write over a buffer larger than the cache), the device
+is synchronised, the clock starts, the callable runs, the whole device is synchronised again
+(work a callable sends to any stream is counted), and the clock stops. Launch overhead is part
+of the sample, for eager PyTorch and for a candidate alike. The same protocol timed around an
+empty callable, interleaved with the others, measures the fixed cost of the protocol itself
+(the synchronisation), which is reported and subtracted. CPU: the host clock around the call.
 
 Several callables are timed interleaved (run i of each before run i+1 of any), so drift in clocks
 or temperature hits all of them alike and their ratios are paired.
@@ -67,9 +66,6 @@ def paired_ratio(num: list[float], den: list[float]) -> Stats:
 class Timer:
     """Times callables on one device with the protocol above."""
 
-    LAUNCH_SHIELD_S = 300e-6
-    """GPU sleep before each start event: longer than any callable's host-side launch work."""
-
     def __init__(self, device: str, *, warmup: int = 3, repeats: int = 20, cold_l2: bool = True,
                  flush_mib: int = 256) -> None:
         self.device = device
@@ -77,20 +73,13 @@ class Timer:
         self.repeats = repeats
         self.cold_l2 = cold_l2 and device == "cuda"
         self._flush = None
-        self._sleep_cycles = 0
         self.overhead_iqr_us = 0.0
-        """Inter-quartile range of the empty callable's samples in the last ``time`` call (CUDA): how
-        finely this protocol resolves a time; 0 where no overhead is measured."""
+        """Inter-quartile range of the empty callable's samples in the last ``time`` call: how
+        finely this protocol resolves a time."""
         if self.cold_l2:
             import torch
 
             self._flush = torch.empty(flush_mib * (1 << 20) // 4, dtype=torch.float32, device="cuda")
-        if device == "cuda":
-            import torch
-
-            if hasattr(torch.cuda, "_sleep"):
-                khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_980_000
-                self._sleep_cycles = int(khz * 1000 * self.LAUNCH_SHIELD_S)
 
     @classmethod
     def from_config(cls, device: str, cfg) -> "Timer":
@@ -98,24 +87,26 @@ class Timer:
 
     def describe(self) -> dict:
         return {"device": self.device, "warmup": self.warmup, "repeats": self.repeats,
-                "cold_l2": self.cold_l2, "sync": "device-wide before end event" if self.device == "cuda" else "n/a",
-                "launch_shield_us": self.LAUNCH_SHIELD_S * 1e6 if self._sleep_cycles else 0}
+                "cold_l2": self.cold_l2,
+                "clock": "host clock from the call to the device idle" if self.device == "cuda" else "host clock"}
+
+    def prepare(self) -> None:
+        """What precedes the clock's start: the L2 flush and a device-wide synchronisation."""
+        if self.device == "cuda":
+            import torch
+
+            if self._flush is not None:
+                self._flush.zero_()
+            torch.cuda.synchronize()
 
     def _one_cuda(self, fn: Callable[[], object]) -> float:
         import torch
 
-        if self._flush is not None:
-            self._flush.zero_()
-        if self._sleep_cycles:
-            torch.cuda._sleep(self._sleep_cycles)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
+        self.prepare()
+        t0 = time.perf_counter_ns()
         fn()
         torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1000.0
+        return (time.perf_counter_ns() - t0) / 1000.0
 
     @staticmethod
     def _one_cpu(fn: Callable[[], object]) -> float:

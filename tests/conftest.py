@@ -9,6 +9,9 @@ FAST_TOML = """
 [timing]
 warmup = 1
 repeats = 3
+threads = 1
+max_spread = 10.0
+max_slowdown = 100.0
 """
 
 

@@ -68,7 +68,7 @@ def test_cpu_softmax_matches_eager_on_special_values(tmp_path):
     range and a constant come out as eager's, NaN and -inf exactly where eager has them."""
     import torch
 
-    from forge_tui.evaluator.abi import Library
+    from forge_tui.kernel_abi import Library
     from forge_tui.evaluator.build import Builder
     from forge_tui.templates.base import Match
     from forge_tui.templates.families.softmax import Softmax

@@ -6,9 +6,12 @@ Result ``status``:
   passed        correct on every input set and timed (see ``speedup_vs_eager``)
   rejected      a static rule, a correctness check, or an impossible time (``failure``, ``reason``)
   build_failed  the compiler refused it (``build.diagnostics``)
-  crash         it killed the worker (segfault, abort, illegal memory access)
+  noisy         correct on every input set, but the machine was too busy to trust the timing
+                (``timing.noisy_reasons``); no speedup is claimed
+  crash         it killed its own process (segfault, abort, illegal memory access, forbidden call)
   timeout       it stopped making progress (endless loop, hang)
-  error         the harness itself failed (a bug to report, not the candidate's fault)
+  error         the harness itself failed (a bug to report, not the candidate's fault), or the
+                candidate could not be confined on this machine
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from ..cards import Card
 from ..config import ForgeConfig
 from ..tensorstore import TensorStore
+from .accused import runner_executable
 from .build import Builder, BuildResult
 from .static_checks import check_source, errors
 from .worker import WorkerClient
@@ -34,6 +38,9 @@ class EvalOptions:
     sanitize: bool = False
     """Run compute-sanitizer memcheck and initcheck on one call (cuda); errors reject."""
     allow_libraries: bool = False
+    adversarial: bool = True
+    """Check on the adversarial input sets of the card's kind too (overflow, zeros, tiny, offset,
+    NaN and ±inf)."""
     seed: int | None = None
     random_sets: int | None = None
     compile_baseline: str | bool = "auto"
@@ -63,7 +70,10 @@ class Evaluator:
         self.store = store
         self.builder = Builder(self.backend, cache_dir, arch=arch, timeout_s=self.cfg.build_timeout_s,
                                parallel=self.cfg.parallel_builds)
-        limits = {"correctness": self.cfg.run_timeout_s, "timing": self.cfg.run_timeout_s}
+        self._runner: Path | None = None
+        # The judge gives a candidate's call run_timeout_s; the client waits longer, for the judge.
+        limits = {"correctness": self.cfg.run_timeout_s + 30, "timing": self.cfg.run_timeout_s + 30,
+                  "load": self.cfg.run_timeout_s + 60}
         self.worker = WorkerClient(self.device, limits=limits, env=worker_env)
         self._closed = False
 
@@ -81,6 +91,12 @@ class Evaluator:
 
     def build(self, source: str) -> BuildResult:
         return self.builder.build(source)
+
+    def runner(self) -> Path:
+        """The candidate runner executable (built once per machine, cached beside the builds)."""
+        if self._runner is None:
+            self._runner = runner_executable(self.builder.cache_dir.parent)
+        return self._runner
 
     def _can_run(self) -> str | None:
         if self.device == "cuda":
@@ -118,23 +134,24 @@ class Evaluator:
         if cannot:
             result.update(status="error", failure="no_device", reason=cannot)
             return self._finish(result, t0)
+        try:
+            runner = self.runner()
+        except RuntimeError as exc:
+            result.update(status="error", failure="harness", reason=str(exc))
+            return self._finish(result, t0)
         request = {
-            "card": card.model_dump(mode="json"), "library": str(build.library), "store": str(self.store.root),
-            "device": self.device,
+            "card": card.model_dump(mode="json"), "library": str(build.library), "runner": str(runner),
+            "store": str(self.store.root), "device": self.device,
             "options": {"seed": opt.seed, "random_sets": opt.random_sets or self.cfg.random_sets,
                         "timing": opt.timing, "compile_baseline": opt.compile_baseline,
-                        "warmup": self.timing_cfg.warmup, "repeats": self.timing_cfg.repeats,
-                        "cold_l2": self.timing_cfg.cold_l2, "flush_mib": self.timing_cfg.flush_mib},
+                        "adversarial": opt.adversarial,
+                        **self.timing_cfg.model_dump(), "call_timeout_s": self.cfg.run_timeout_s,
+                        "confinement": self.cfg.confinement, "landlock": self.cfg.landlock},
         }
         body = self.worker.run(request)
-        if body.get("status") != "passed":
-            # A rejected candidate may have left something running in the worker (a detached
-            # thread that writes into freed buffers later, a corrupted heap): the next candidate
-            # gets a fresh process.
-            self.worker.stop()
         result.update({k: v for k, v in body.items() if k != "seconds"})
         timing = result.get("timing")
-        if timing:
+        if timing and result["status"] == "passed":
             result["time_us"] = timing["candidate"]["median"]
             result["speedup_vs_eager"] = timing["speedup_vs_eager"]["median"]
             if timing.get("speedup_vs_compile"):

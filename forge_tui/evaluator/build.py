@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .abi import HEADER, HEADER_DIR
+from ..kernel_abi import HEADER, HEADER_DIR
 from .diagnostics import Diagnostic, parse, resources
 
 SUFFIX = {"cuda": ".cu", "cpu": ".cpp"}

@@ -1,7 +1,15 @@
-"""What runs inside the evaluator's worker process: correctness checks and timing of one candidate.
+"""The judge: correctness checks and timing of one candidate, in the evaluator's worker process.
 
-Correctness (all must hold on every input set: the card's captured samples and at least three
-fresh random sets drawn from varied distributions):
+The candidate never runs here. It runs in a runner process of its own (``accused.py``,
+``runner.c``), fresh for every candidate and confined by the kernel, which shares with this
+process only the candidate's inputs, outputs and workspace. Expected outputs, the reference, the
+comparison and the clocks live here, out of its reach; so do the eager and torch.compile
+baselines, timed only while the runner is frozen (SIGSTOP), in a process where no candidate code
+has ever run.
+
+Correctness (all must hold on every input set: the card's captured samples, at least three
+fresh random sets drawn from varied distributions, and the adversarial sets of the card's kind:
+magnitudes near the exponential's overflow, zero rows, tiny values, a large offset, NaN and ±inf):
 
 * outputs are allocated here and pre-filled with poison before every call; an element the
   candidate does not write is caught (two different poisons in two runs);
@@ -14,17 +22,22 @@ fresh random sets drawn from varied distributions):
 * an output that is constant where the reference is not fails; an output that is a copy of an
   input where the reference is not fails; cards on which a constant would pass are flagged.
 
-Timing: candidate, eager reference and (where it compiles) torch.compile of the reference are
-timed interleaved with the shared Timer. Between timed runs the input contents rotate among the
-input sets and the outputs are re-poisoned, and every timed run's outputs are checked, so a
-candidate that caches results or does the work only once is caught. Two timing blocks give the
-measurement noise. A time under the roofline floor is flagged as impossible, unless the floor
-is within the timer's resolution (decode-sized cards).
+Timing: every timed run gets inputs never seen before (fresh random contents written into the
+shared buffers), so no state a candidate keeps between calls (statics, device globals, files)
+can stand in for the work. Per run: fresh inputs; the runner frozen; eager (whose outputs are
+the expected ones), torch.compile and an empty probe timed; the runner thawed; the candidate
+called with poisoned outputs and timed by this process's clock from the request to the reply
+(which comes once the device is idle); the runner frozen again; its outputs checked, and checked
+again later to catch writes that land after the reply. A time under the roofline floor is
+impossible (unless the floor is within the timer's resolution). Before trusting the comparison
+the machine must be quiet (``quiet.py``); a loud measurement is retried, then reported as
+``noisy`` instead of a speedup.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 import traceback
@@ -32,11 +45,13 @@ from typing import Callable
 
 from ..cards import Card
 from ..compare import compare, tolerance
-from ..inputs import random_inputs, sample_inputs
+from ..inputs import DISTRIBUTIONS, adversarial_inputs, fresh_inputs_into, random_inputs, sample_inputs
+from ..kernel_abi import card_scalars
 from ..program import bind_program, compile_source, run_program
+from ..quiet import Calibration, Verdict, profile_reason, spread_reason
 from ..tensorstore import TensorStore, span
 from ..timing import Stats, Timer, paired_ratio
-from .abi import Library, card_scalars
+from .accused import MAX_SETS, Accused, CandidateProcessError
 
 
 class CandidateFailure(Exception):
@@ -52,7 +67,9 @@ class FatalDeviceError(Exception):
     """The device is in an unusable state (sticky CUDA error); the worker must restart."""
 
 
-POISON_FLOAT = (float("nan"), -1.2345e4)
+POISON_FLOAT = (-1.2345e4, float("nan"))
+"""The first call of each set sees a finite sentinel (an element left unwritten is then certain,
+not confused with a NaN the candidate computed), the second NaN."""
 POISON_INT = (-0x5A5A5A5A, 0x2B2B2B2B)
 
 
@@ -69,41 +86,6 @@ def _poison(t, which: int) -> None:
 
 
 WORKSPACE_POISON = (0xFF, 0x7F)  # bytes: NaN / a huge finite float, -1 / a huge integer
-WORKSPACE_ALIGN = 256
-
-
-def _alloc_workspace(nbytes: int, device: str):
-    """A uint8 tensor of nbytes (at least 1) starting on a WORKSPACE_ALIGN-byte boundary."""
-    import torch
-
-    raw = torch.empty(max(nbytes, 1) + WORKSPACE_ALIGN, dtype=torch.uint8, device=device)
-    off = (-raw.data_ptr()) % WORKSPACE_ALIGN
-    return raw[off: off + max(nbytes, 1)]
-
-
-def workspace_for(lib: Library, ins: list, outs: list, scalars: list, device: str):
-    """The scratch buffer a candidate asks for on these arguments, or None when it uses plain
-    forge_launch. A refusal or an oversized request is the candidate's failure."""
-    if not lib.needs_workspace:
-        return None
-    try:
-        n = lib.workspace_bytes(ins, outs, scalars)
-    except ValueError as exc:
-        raise CandidateFailure("workspace", str(exc)) from None
-    return _alloc_workspace(n, device)
-
-
-def _alloc_outputs(card: Card, device: str) -> list:
-    import torch
-
-    outs = []
-    for s in card.outputs:
-        dtype = getattr(torch, s.dtype)
-        try:
-            outs.append(torch.empty_strided(s.shape, s.stride, dtype=dtype, device=device))
-        except RuntimeError:
-            outs.append(torch.empty(s.shape, dtype=dtype, device=device))
-    return outs
 
 
 def _bits(t):
@@ -112,21 +94,6 @@ def _bits(t):
 
     c = t.contiguous().reshape(-1)
     return c.view(torch.uint8) if c.numel() else c
-
-
-def _clone_layout(t):
-    """A copy with exactly t's shape and strides (clone() would compact a non-dense layout)."""
-    flat = span(t).clone()
-    return flat.as_strided(t.shape, t.stride(), 0)
-
-
-def _overlaps(a, b) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a1 = a0 + a.untyped_storage().nbytes()
-    b1 = b0 + b.untyped_storage().nbytes()
-    return a0 < b1 and b0 < a1
 
 
 def _rms(t) -> float:
@@ -158,6 +125,17 @@ def impossible_time(median_us: float, floor_us: float, resolution_us: float) -> 
     return median_us < 0.9 * floor_us and floor_us > resolution_us
 
 
+BUSY_BACKOFF_S = 0.5
+"""Wait before the next look when the calibration says the machine is busy (times the attempt)."""
+
+
+def _ratio(num: list[float], den: list[float], resolution: float) -> dict:
+    """Paired ratios num[i] / den[i]; a time under the timer's resolution counts as the resolution
+    (a candidate faster than the clock can tell gets a bounded speedup, not an infinite one)."""
+    floor = max(resolution, 1e-3)
+    return paired_ratio([max(a, floor) for a in num], [max(b, floor) for b in den]).to_json()
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -169,26 +147,43 @@ def _sync(device: str) -> None:
 
 
 class Evaluation:
-    """One candidate on one card, inside the worker."""
+    """One candidate on one card, judged here, run in its own process."""
 
-    def __init__(self, card: Card, library: Library, store: TensorStore, device: str, options: dict,
-                 phase: Callable[[str], None], compiled_cache: dict) -> None:
+    def __init__(self, card: Card, request: dict, store: TensorStore, device: str,
+                 phase: Callable[[str], None], state: dict) -> None:
         self.card = card
-        self.lib = library
+        self.library = request["library"]
+        self.runner = request["runner"]
         self.store = store
         self.device = device
-        self.opt = options
-        self.phase = phase
-        self.compiled_cache = compiled_cache
-        self.scalars = card_scalars(card.program)
-        self.seed = options.get("seed") or random.SystemRandom().randrange(1, 2**31)
-        self.stream_handle = None
-        if device == "cuda":
-            import torch
+        self.opt = request.get("options", {})
+        self.current_phase = "load"
 
-            # The candidate launches on the stream the evaluator times on; work it sends anywhere
-            # else is still counted (device-wide synchronisation before every end event).
-            self.stream_handle = torch.cuda.current_stream().cuda_stream
+        def _phase(name: str) -> None:
+            self.current_phase = name
+            phase(name)
+
+        self.phase = _phase
+        self.state = state
+        self.scalars = card_scalars(card.program)
+        self.seed = self.opt.get("seed") or random.SystemRandom().randrange(1, 2**31)
+        self.threads = int(self.opt.get("threads") or 0) or len(os.sched_getaffinity(0))
+        self.acc: Accused | None = None
+
+    def calls_per_sample(self) -> int:
+        """How many calls, each on its own fresh inputs, one timed sample holds: enough that a
+        sample of a small card lasts ``batch_us`` (the round trip's jitter is then small beside
+        it), within MAX_SETS and 256 MiB of buffers."""
+        if not self.opt.get("timing", True):
+            return 1
+        target = float(self.opt.get("batch_us", 200.0))
+        est = max(self.card.time_us or target, 0.5)
+        k = max(1, min(MAX_SETS, math.ceil(target / est)))
+        per_set = max(1, sum(s.numel for s in self.card.inputs + self.card.outputs) * 4)
+        return max(1, min(k, (256 << 20) // per_set))
+
+    def runner_pid(self) -> int | None:
+        return self.acc.proc.pid if self.acc is not None and self.acc.proc is not None else None
 
     # ---- input sets ---------------------------------------------------------------------------
     def input_sets(self) -> list[tuple[str, list]]:
@@ -200,6 +195,9 @@ class Evaluation:
                 continue  # the cache was cleared: random sets still run
         for k in range(int(self.opt.get("random_sets", 3))):
             sets.append((f"random-{k}", random_inputs(self.card, self.device, seed=self.seed + k, draw=k)))
+        if self.opt.get("adversarial", True):
+            for name, ins in adversarial_inputs(self.card, self.device, self.seed + 7919):
+                sets.append((f"adversarial-{name}", ins))
         return sets
 
     def reference(self, ins: list) -> list:
@@ -208,24 +206,37 @@ class Evaluation:
         return [o.clone() for o in outs]
 
     # ---- one checked call ---------------------------------------------------------------------
-    def call(self, ins: list, outs: list, poison: int) -> None:
-        """One call on outputs already holding poison ``poison``; its workspace gets the same."""
-        ws = workspace_for(self.lib, ins, outs, self.scalars, self.device)
-        fn = self.lib.bind(ins, outs, self.scalars, self.stream_handle, ws)
-        if ws is not None:
-            ws.fill_(WORKSPACE_POISON[poison])
-        rc = fn()
+    def _sync(self) -> None:
         _sync(self.device)
-        if rc != 0:
-            raise CandidateFailure("returned_error", f"forge_launch returned {rc}")
 
-    def check_outputs(self, where: str, ins: list, outs: list, expected: list) -> None:
+    def _write_inputs(self, ins: list) -> None:
+        for dst, src in zip(self.acc.inputs, ins):
+            span(dst).copy_(span(src))
+
+    def _poison_all(self, which: int) -> None:
+        for o in self.acc.outputs:
+            _poison(o, which)
+        if self.acc.workspace is not None:
+            self.acc.workspace.fill_(WORKSPACE_POISON[which])
+
+    def call(self, poison: int, where: str = "") -> int:
+        """One call on outputs (and workspace) freshly filled with poison ``poison``; the round
+        trip in ns on this process's clock."""
+        self._poison_all(poison)
+        self._sync()
+        rc, ns = self.acc.call()
+        if rc != 0:
+            raise CandidateFailure("returned_error", f"forge_launch returned {rc}" + (f" in {where}" if where else ""))
+        return ns
+
+    def check_outputs(self, where: str, ins: list, outs: list, expected: list, nonfinite: str = "exact",
+                      poison: int | None = None) -> None:
         import torch
 
         for k, (o, e) in enumerate(zip(outs, expected)):
-            mismatch = compare(o, e, k, scale=_rms(e))
+            mismatch = compare(o, e, k, scale=_rms(e), nonfinite=nonfinite)
             if mismatch is not None:
-                unwritten = self._unwritten(o, e)
+                unwritten = self._unwritten(o, e, poison)
                 if unwritten:
                     raise CandidateFailure("unwritten", f"{where}: output {k}: {unwritten} of {o.numel()} elements "
                                            "were never written (still hold the poison the evaluator filled in)")
@@ -238,17 +249,19 @@ class Evaluation:
                     raise CandidateFailure("copy_of_input", f"{where}: output {k} is a copy of input {j}")
 
     @staticmethod
-    def _unwritten(o, e) -> int:
-        """Elements still holding one of the poisons where the reference holds something else."""
+    def _unwritten(o, e, which: int | None = None) -> int:
+        """Elements still holding the poison (``which``, or either) where the reference holds
+        something else."""
         import torch
 
         if o.dtype == torch.bool:
             return 0
-        if o.is_floating_point():
-            hit = (torch.isnan(o) & ~torch.isnan(e)) | ((o == POISON_FLOAT[1]) & (e != POISON_FLOAT[1]))
-        else:
-            hit = torch.zeros_like(o, dtype=torch.bool)
-            for p in POISON_INT:
+        hit = torch.zeros_like(o, dtype=torch.bool)
+        for k in ((0, 1) if which is None else (which,)):
+            p = POISON_FLOAT[k] if o.is_floating_point() else POISON_INT[k]
+            if o.is_floating_point() and math.isnan(p):
+                hit |= torch.isnan(o) & ~torch.isnan(e)
+            else:
                 hit |= (o == p) & (e != p)
         return int(hit.sum())
 
@@ -256,23 +269,22 @@ class Evaluation:
         import torch
 
         expected = self.reference(ins)
-        snapshot = [_bits(t).clone() for t in ins]
-        outs = _alloc_outputs(self.card, self.device)
-        for o in outs:
-            for t in ins:
-                if _overlaps(o, t):
-                    raise CandidateFailure("alias", f"{name}: an output overlaps an input")  # evaluator bug guard
-        for o in outs:
-            _poison(o, 0)
-        self.call(ins, outs, 0)
-        for j, (t, snap) in enumerate(zip(ins, snapshot)):
+        self._write_inputs(ins)
+        snapshot = [_bits(t).clone() for t in self.acc.inputs]
+        self.call(0, name)
+        for j, (t, snap) in enumerate(zip(self.acc.inputs, snapshot)):
             if not torch.equal(_bits(t), snap):
                 raise CandidateFailure("mutated_input", f"{name}: input {j} was modified by the candidate")
-        self.check_outputs(name, ins, outs, expected)
+        outs = self.acc.outputs
+        nonfinite = "position" if name.endswith("-special") else "exact"
+        self.check_outputs(name, self.acc.inputs, outs, expected, nonfinite, poison=0)
         first = [o.clone() for o in outs]
-        for o in outs:
-            _poison(o, 1)
-        self.call(ins, outs, 1)
+        self.call(1, name + " (second run)")
+        unwritten = [self._unwritten(o, e, 1) for o, e in zip(outs, expected)]
+        if any(unwritten):
+            k = next(i for i, n in enumerate(unwritten) if n)
+            raise CandidateFailure("unwritten", f"{name} (second run): output {k}: {unwritten[k]} of {outs[k].numel()} "
+                                   "elements were never written (still hold the poison the evaluator filled in)")
         determinism = "bitwise"
         for k, (a, b) in enumerate(zip(outs, first)):
             if torch.equal(_bits(a), _bits(b)):
@@ -283,10 +295,9 @@ class Evaluation:
                 raise CandidateFailure("nondeterministic", f"{name}: a second run on the same inputs disagrees "
                                        f"with the first ({m})")
             determinism = "within rounding"
-        self.check_outputs(name + " (second run)", ins, outs, expected)
+        self.check_outputs(name + " (second run)", self.acc.inputs, outs, expected, nonfinite, poison=1)
         degenerate = all(self._constant_passes(e) for e in expected)
-        return {"name": name, "ok": True, "determinism": determinism, "degenerate": degenerate,
-                "expected": expected}
+        return {"name": name, "ok": True, "determinism": determinism, "degenerate": degenerate}
 
     @staticmethod
     def _constant_passes(e) -> bool:
@@ -295,125 +306,237 @@ class Evaluation:
         if not e.is_floating_point() or e.numel() <= 1:
             return False
         scale = _rms(e)
-        for value in (0.0, float(torch.nan_to_num(e.double(), nan=0.0).mean())):
+        v = e.double()
+        finite = v[torch.isfinite(v)]
+        for value in (0.0, float(finite.mean()) if finite.numel() else 0.0):
             if compare(torch.full_like(e, value), e, scale=scale) is None:
                 return True
         return False
 
     # ---- timing -------------------------------------------------------------------------------
     def compiled_baseline(self):
-        """torch.compile of the reference, cached per card in this worker; None if it fails."""
+        """torch.compile of the reference, cached per card in this process; None if it fails."""
         mode = self.opt.get("compile_baseline", "auto")
         if mode is False or (mode == "auto" and self.device != "cuda"):
             return None, "not requested on this backend"
+        cache = self.state.setdefault("compiled", {})
         key = self.card.id
-        if key not in self.compiled_cache:
+        if key not in cache:
             import torch
 
             fn = compile_source(self.card.program, len(self.card.inputs))
             try:
                 self.phase("compile-baseline")
-                compiled = torch.compile(fn, dynamic=False)
-                self.compiled_cache[key] = (compiled, None)
+                cache[key] = (torch.compile(fn, dynamic=False), None)
             except Exception as exc:  # noqa: BLE001
-                self.compiled_cache[key] = (None, f"{type(exc).__name__}: {exc}")
-        return self.compiled_cache[key]
+                cache[key] = (None, f"{type(exc).__name__}: {exc}")
+        return cache[key]
 
-    def time(self, sets: list[tuple[str, list, list]], ceil: dict) -> dict:
+    def _timer(self) -> Timer:
+        key = ("timer", self.device, bool(self.opt.get("cold_l2", True)), int(self.opt.get("flush_mib", 256)))
+        if key not in self.state:
+            self.state[key] = Timer(self.device, warmup=0, repeats=1, cold_l2=key[2], flush_mib=key[3])
+        return self.state[key]
+
+    def _calibration(self, timer: Timer) -> Calibration:
+        key = ("calibration", self.device)
+        if key not in self.state:
+            self.state[key] = Calibration(self.device, timer)
+        return self.state[key]
+
+    def _one(self, timer: Timer, fn: Callable[[], object]) -> float:
+        if self.device == "cuda":
+            return timer._one_cuda(fn)
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) / 1000.0
+
+    def time(self, ceil: dict) -> dict:
+        import torch
+
         from ..profiler import roofline
 
-        timer = Timer(self.device, warmup=int(self.opt.get("warmup", 3)), repeats=int(self.opt.get("repeats", 20)),
-                      cold_l2=bool(self.opt.get("cold_l2", True)), flush_mib=int(self.opt.get("flush_mib", 256)))
-        rot = sets[: max(1, min(3, len(sets)))]
-        tin = [_clone_layout(t) for t in rot[0][1]]  # the card's strides, exactly
-        outs = _alloc_outputs(self.card, self.device)
-        ws = workspace_for(self.lib, tin, outs, self.scalars, self.device)
-        cand = self.lib.bind(tin, outs, self.scalars, self.stream_handle, ws)
-
-        def candidate():
-            rc = cand()
-            if rc != 0:
-                raise CandidateFailure("returned_error", f"forge_launch returned {rc} in a timed run")
-        fns = {"candidate": candidate, "eager": bind_program(self.card.program, tin, self.device)}
+        timer = self._timer()
+        cal = self._calibration(timer)
+        warmup, repeats = int(self.opt.get("warmup", 3)), int(self.opt.get("repeats", 20))
+        retries = int(self.opt.get("noisy_retries", 2))
+        max_spread = float(self.opt.get("max_spread", 0.15))
+        max_slowdown = float(self.opt.get("max_slowdown", 1.5))
+        acc = self.acc
+        K = acc.sets
+        eagers = [bind_program(self.card.program, ins, self.device) for ins in acc.batch_inputs]
         compiled, compile_note = self.compiled_baseline()
         if compiled is not None:
             try:
                 self.phase("compile-baseline")
-                compiled(*tin, device=self.device)  # compile now, outside the timed warm-up
-                _sync(self.device)
-                fns["compile"] = lambda: compiled(*tin, device=self.device)
+                acc.freeze()
+                compiled(*acc.inputs, device=self.device)  # compile now, outside the timed warm-up
+                self._sync()
             except FatalDeviceError:
                 raise
             except Exception as exc:  # noqa: BLE001
                 compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                self.compiled_cache[self.card.id] = (None, compile_note)
-        checked = {"runs": 0}
-        current = {"set": 0}
+                self.state["compiled"][self.card.id] = (None, compile_note)
+                compiled = None
+        tiny = torch.zeros(1, device=self.device)
+        ov = Stats.from_samples([x / 1000.0 for x in acc.overhead_ns])
+        runner_overhead, runner_res = ov.median, ov.q3 - ov.q1
+        gen = torch.Generator(self.device).manual_seed(self.seed + 104729)
+        floor = roofline.floor_us(self.card.bytes, self.card.flops, self.card.dtype, ceil)
 
-        def before(name: str, i: int) -> None:
-            if name != "candidate":
-                return
-            k = i % len(rot)
-            current["set"] = k
-            for dst, src in zip(tin, rot[k][1]):
-                span(dst).copy_(span(src))
-            for o in outs:
-                _poison(o, i % 2)
-            if ws is not None:
-                ws.fill_(WORKSPACE_POISON[i % 2])
-            _sync(self.device)
+        def run_eagers(box: list) -> None:
+            box.extend(fn() for fn in eagers)
 
-        def after(name: str, i: int) -> None:
-            if name != "candidate":
-                return
-            _sync(self.device)
-            k = current["set"]
-            self.check_outputs(f"timed run {i} ({rot[k][0]})", tin, outs, rot[k][2])
-            checked["runs"] += 1
+        def run_compiled() -> None:
+            for ins in acc.batch_inputs:
+                compiled(*ins, device=self.device)
 
         self.phase("timing")
-        blocks, resolution = [], 0.0
-        for _ in range(2):
-            stats, raw, overhead = timer.time(fns, before_each=before, after_each=after)
-            blocks.append((stats, raw, overhead))
-            resolution = max(resolution, timer.overhead_iqr_us)
-        raw = {n: blocks[0][1][n] + blocks[1][1][n] for n in fns}
-        stats = {n: Stats.from_samples(v) for n, v in raw.items()}
-        m1, m2 = blocks[0][0]["candidate"].median, blocks[1][0]["candidate"].median
+        attempts = []
+        for attempt in range(1 + retries):
+            self.phase("timing")
+            acc.freeze()
+            cal_before = cal.measure()
+            busy = cal.loaded(cal_before, max_slowdown)
+            if busy and attempt < retries:
+                # no use timing on a busy machine: wait a little and look again
+                attempts.append({"attempt": attempt, "quiet": False, "reasons": [busy], "skipped": True,
+                                 "calibration_us": [cal_before]})
+                time.sleep(BUSY_BACKOFF_S * (attempt + 1))
+                continue
+            raw: dict[str, list[float]] = {"candidate": [], "eager": [], "empty": []}
+            if compiled is not None:
+                raw["compile"] = []
+            checked = 0
+            ran_while_frozen = 0
+            for i in range(-warmup, 2 * repeats):
+                acc.freeze()
+                cpu0 = acc.cpu_ns()
+                for k, ins in enumerate(acc.batch_inputs):
+                    fresh_inputs_into(self.card, ins, gen, (i + warmup + k) % len(DISTRIBUTIONS))
+                box: list = []
+                t_e = self._one(timer, lambda: run_eagers(box))
+                t_c = self._one(timer, run_compiled) if compiled is not None else None
+                t_0 = self._one(timer, lambda: tiny.zero_())
+                expected = [[o.clone() for o in outs] for outs in box]
+                cpu1 = acc.cpu_ns()
+                if cpu0 is not None and cpu1 is not None:
+                    ran_while_frozen += cpu1 - cpu0
+                acc.thaw()
+                for outs in acc.batch_outputs:
+                    for o in outs:
+                        _poison(o, i % 2)
+                if acc.workspace is not None:
+                    acc.workspace.fill_(WORKSPACE_POISON[i % 2])
+                timer.prepare()
+                rc, ns = acc.call(0, K)
+                acc.freeze()
+                landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs]
+                if rc != 0:
+                    raise CandidateFailure("returned_error", f"forge_launch returned {rc} in timed run {i}")
+                for k in range(K):
+                    where = f"timed run {i}" + (f", call {k + 1} of {K}" if K > 1 else "") + " (fresh inputs)"
+                    self.check_outputs(where, acc.batch_inputs[k], acc.batch_outputs[k], expected[k], poison=i % 2)
+                self._sync()
+                for k, outs in enumerate(acc.batch_outputs):
+                    for j, (o, before) in enumerate(zip(outs, landed[k])):
+                        if not torch.equal(_bits(o), before):
+                            raise CandidateFailure("late_writes", f"timed run {i}: output {j} changed after the "
+                                                   "candidate reported it was done (work still running after the "
+                                                   "call returned)")
+                checked += K
+                if i >= 0:
+                    raw["candidate"].append(ns / 1000.0)
+                    raw["eager"].append(t_e)
+                    raw["empty"].append(t_0)
+                    if t_c is not None:
+                        raw["compile"].append(t_c)
+            cal_after = cal.measure()
+            empty = Stats.from_samples(raw.pop("empty"))
+            resolution = max(runner_res, empty.q3 - empty.q1) / K
+            samples = {"candidate": [max(x - runner_overhead, 0.0) / K for x in raw["candidate"]]}
+            for name in raw:
+                if name != "candidate":
+                    samples[name] = [max(x - empty.median, 0.0) / K for x in raw[name]]
+            stats = {n: Stats.from_samples(v) for n, v in samples.items()}
+            verdict = Verdict()
+            verdict.add(cal.loaded(cal_before, max_slowdown))
+            verdict.add(cal.loaded(cal_after, max_slowdown))
+            for name, st in stats.items():
+                verdict.add(spread_reason(name, st, max_spread, resolution))
+            if ran_while_frozen:
+                verdict.add(f"the candidate's process used {ran_while_frozen / 1e6:.3f} ms of CPU while it was "
+                            "frozen for the baselines")
+            verdict.add(profile_reason(stats["eager"].median, self.card.time_us, resolution, 2 * max_slowdown))
+            attempts.append({"attempt": attempt, "quiet": verdict.quiet, "reasons": verdict.reasons,
+                             "calibration_us": [cal_before, cal_after], "candidate_median_us": stats["candidate"].median,
+                             "eager_median_us": stats["eager"].median})
+            if verdict.quiet:
+                break
+        acc.freeze()
+        m1 = Stats.from_samples(samples["candidate"][:repeats]).median
+        m2 = Stats.from_samples(samples["candidate"][repeats:]).median
         noise = abs(m1 - m2) / min(m1, m2) if min(m1, m2) > 0 else 0.0
-        floor = roofline.floor_us(self.card.bytes, self.card.flops, self.card.dtype, ceil)
         cand_med = stats["candidate"].median
-        out = {
+        return {
             "candidate": stats["candidate"].to_json(), "eager": stats["eager"].to_json(),
             "compile": stats["compile"].to_json() if "compile" in stats else None,
             "compile_note": compile_note,
-            "speedup_vs_eager": paired_ratio(raw["eager"], raw["candidate"]).to_json(),
-            "speedup_vs_compile": paired_ratio(raw["compile"], raw["candidate"]).to_json() if "compile" in raw else None,
+            "speedup_vs_eager": _ratio(samples["eager"], samples["candidate"], resolution),
+            "speedup_vs_compile": (_ratio(samples["compile"], samples["candidate"], resolution)
+                                   if "compile" in samples else None),
             "noise": noise, "block_medians_us": [m1, m2],
-            "overhead_us": [b[2] for b in blocks],
+            "overhead_us": {"runner_round_trip": runner_overhead, "judge_sync": empty.median},
             "floor_us": floor, "fraction_of_floor": (floor / cand_med) if cand_med > 0 else math.inf,
             "resolution_us": resolution, "below_resolution": floor <= resolution,
             "impossible": impossible_time(cand_med, floor, resolution),
-            "checked_timed_runs": checked["runs"],
-            "protocol": {**timer.describe(), "blocks": 2, "rotated_input_sets": [s[0] for s in rot],
-                         "outputs_checked_every_timed_run": True},
+            "checked_timed_runs": checked, "calls_per_sample": K,
+            "quiet": verdict.quiet, "noisy_reasons": verdict.reasons, "attempts": attempts,
+            "runner_cpu_while_frozen_ns": ran_while_frozen,
+            "protocol": {**timer.describe(), "warmup": warmup, "repeats": repeats, "blocks": 2,
+                         "calls_per_sample": K, "threads": self.threads, "fresh_inputs_every_run": True,
+                         "outputs_checked_every_timed_run": True,
+                         "baselines": "timed in the judge's process while the candidate's process is stopped",
+                         "candidate": "judge's clock around the request to the runner, which replies once the "
+                                      "device is idle; the runner's empty round trip (measured before the "
+                                      "candidate was loaded) subtracted"},
         }
-        return out
 
     # ---- all ----------------------------------------------------------------------------------
     def run(self, ceil: dict, do_timing: bool = True) -> dict:
-        self.phase("correctness")
-        sets = []
-        results = []
-        for name, ins in self.input_sets():
-            res = self.check_set(name, ins)
-            sets.append((name, ins, res.pop("expected")))
-            results.append(res)
-        correctness = {"sets": results, "seed": self.seed,
-                       "degenerate_card": bool(results) and all(r["degenerate"] for r in results),
-                       "scalars": [[s.name, s.value] for s in self.scalars]}
-        timing = self.time(sets, ceil) if do_timing else None
-        return {"correctness": correctness, "timing": timing}
+        import torch
+
+        if self.device == "cpu":
+            torch.set_num_threads(self.threads)
+        self.phase("load")
+        limit = float(self.opt.get("call_timeout_s", 60.0))
+        self.acc = Accused(self.runner, self.library, self.card.inputs, self.card.outputs, self.scalars,
+                           self.device, threads=self.threads, call_limit_s=limit,
+                           confinement=self.opt.get("confinement", "required"),
+                           landlock=bool(self.opt.get("landlock", True)), sets=self.calls_per_sample())
+        with self.acc:
+            self.acc.measure_overhead(max(11, int(self.opt.get("repeats", 20))))
+            self.acc.load()
+            if self.acc.needs_workspace:
+                self.acc.give_workspace(self.acc.size_workspace())
+            self.phase("correctness")
+            results = []
+            for name, ins in self.input_sets():
+                self.phase("correctness")  # one heartbeat per set: the client's limit is per set
+                results.append(self.check_set(name, ins))
+            correctness = {"sets": results, "seed": self.seed,
+                           "degenerate_card": bool(results) and all(r["degenerate"] for r in results),
+                           "scalars": [[s.name, s.value] for s in self.scalars]}
+            timing = self.time(ceil) if do_timing else None
+            confinement = dict(self.acc.confined)
+        return {"correctness": correctness, "timing": timing, "confinement": confinement,
+                "runner_pid": self.runner_pid()}
+
+
+PROCESS_FAILURES = {"crash": ("crash", "crash"), "device_error": ("crash", "device_error"),
+                    "timeout": ("timeout", "timeout"), "load": ("rejected", "load"),
+                    "workspace": ("rejected", "workspace"), "confinement": ("error", "confinement"),
+                    "harness": ("error", "harness")}
 
 
 def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict) -> dict:
@@ -423,22 +546,19 @@ def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict)
     t0 = time.perf_counter()
     card = Card.model_validate(request["card"])
     device = request["device"]
-    libs = state.setdefault("libs", {})
-    path = request["library"]
-    try:
-        lib = libs.get(path) or Library(path)
-    except (OSError, LookupError) as exc:
-        return {"status": "rejected", "failure": "load", "reason": f"the library could not be loaded: {exc}"}
-    libs[path] = lib
     if "ceilings" not in state:
         state["ceilings"] = roofline.ceilings(device)
-    ev = Evaluation(card, lib, TensorStore(request["store"]), device, request.get("options", {}), phase,
-                    state.setdefault("compiled", {}))
+    ev = Evaluation(card, request, TensorStore(request["store"]), device, phase, state)
     try:
         body = ev.run(state["ceilings"], do_timing=request.get("options", {}).get("timing", True))
     except CandidateFailure as fail:
         return {"status": "rejected", "failure": fail.kind, "reason": str(fail), "detail": fail.detail,
-                "seed": ev.seed, "seconds": time.perf_counter() - t0}
+                "seed": ev.seed, "phase": ev.current_phase, "runner_pid": ev.runner_pid(),
+                "seconds": time.perf_counter() - t0}
+    except CandidateProcessError as exc:
+        status, failure = PROCESS_FAILURES.get(exc.kind, ("error", exc.kind))
+        return {"status": status, "failure": failure, "reason": str(exc), "seed": ev.seed,
+                "phase": ev.current_phase, "runner_pid": ev.runner_pid(), "seconds": time.perf_counter() - t0}
     except FatalDeviceError:
         raise
     except Exception as exc:  # noqa: BLE001 - an exception from the harness itself, reported as such
@@ -452,4 +572,8 @@ def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict)
         reason = (f"measured {timing['candidate']['median']:.2f} µs, under 90% of the roofline floor "
                   f"{timing['floor_us']:.2f} µs: impossible, so the measurement or the candidate is wrong")
         body["failure"] = "impossible_time"
+    elif timing and not timing["quiet"]:
+        status = "noisy"
+        reason = ("correct, but the machine was too busy to trust the timing: "
+                  + "; ".join(timing["noisy_reasons"][:3]))
     return {"status": status, "reason": reason, **body, "seconds": time.perf_counter() - t0}

@@ -125,7 +125,7 @@ def _drive(request_path: str) -> int:
     from ..cards import Card
     from ..inputs import random_inputs, sample_inputs
     from ..tensorstore import TensorStore
-    from .abi import Library, card_scalars
+    from ..kernel_abi import Library, card_scalars
     from .checks import _alloc_outputs, workspace_for
 
     req = json.loads(Path(request_path).read_text())

@@ -1,13 +1,15 @@
-"""The evaluator's worker process, and the client that drives it.
+"""The judge's process (the evaluator's worker), and the client that drives it.
 
-Candidates run in a separate process (``python -m forge_tui.evaluator.worker``): a segfault, an
-abort, an illegal memory access or an endless loop ends that process, never the harness or the
-app. The client turns each into a per-candidate status (``crash`` or ``timeout`` with the reason)
-and starts a fresh worker for the next candidate. Messages travel on a dedicated pipe pair, so a
-candidate that prints cannot corrupt them (its stdout is redirected to the worker's log).
+The worker (``python -m forge_tui.evaluator.worker``) is the judge: it holds the references,
+expected outputs, comparisons and clocks, and never loads candidate code. Each candidate runs in a
+runner process of its own that the judge starts and confines (``accused.py``): a segfault, an
+abort, an illegal memory access or an endless loop ends that runner, and the judge reports it as
+the candidate's ``crash`` or ``timeout``. The judge lives on across candidates (its torch.compile
+baselines stay warm); should the judge itself die or hang, the client reports it and starts a
+fresh one. Messages travel on a dedicated pipe pair.
 
 The worker reports the phase it enters (load, correctness, compile-baseline, timing); the client
-gives each phase its own time limit.
+gives each phase its own time limit, longer than the judge's own limit on a candidate's call.
 """
 
 from __future__ import annotations
@@ -173,8 +175,20 @@ class WorkerClient:
 
 
 # ---- the worker process itself --------------------------------------------------------------------
+def _not_dumpable() -> None:
+    """No process of this user may read this one's memory (/proc/PID/mem, ptrace): the expected
+    outputs live here."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(fd_in: int, fd_out: int, device: str) -> int:
-    os.dup2(2, 1)  # anything a candidate prints goes to the log, never into the message pipe
+    os.dup2(2, 1)  # anything printed goes to the log, never into the message pipe
+    _not_dumpable()
     recv = Connection(fd_in, writable=False)
     send = Connection(fd_out, readable=False)
     import torch  # noqa: F401 - imported once, before the first request

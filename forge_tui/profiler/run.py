@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -13,6 +14,7 @@ from ..config import ForgeConfig
 from ..inputs import random_inputs
 from ..program import bind_program, run_program
 from ..tensorstore import TensorStore, unpack
+from ..quiet import Calibration, spread_reason
 from ..timing import Stats, Timer
 from ..workload import Workload
 from . import roofline
@@ -31,6 +33,8 @@ class ProfileResult:
     timing: dict
     calls_total: int
     warnings: list[str] = field(default_factory=list)
+    forward_noisy: list[str] = field(default_factory=list)
+    """Why the forward's time is not trustworthy (the machine was busy); empty when it is."""
 
     @property
     def coverage(self) -> dict[str, float]:
@@ -43,7 +47,7 @@ class ProfileResult:
             "device": self.device, "device_name": self.device_name, "dtype": self.dtype,
             "forward_us": self.forward.to_json(), "ceilings": self.ceilings, "skipped": self.skipped,
             "timing": self.timing, "cards": len(self.cards), "calls_captured": self.calls_total,
-            "coverage": self.coverage, "warnings": self.warnings,
+            "coverage": self.coverage, "warnings": self.warnings, "forward_noisy": self.forward_noisy,
         }
 
 
@@ -76,12 +80,16 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
                      progress: Callable[[str], None] = lambda msg: None) -> ProfileResult:
     import torch
 
+    threads = cfg.timing.threads or len(os.sched_getaffinity(0))
+    if device == "cpu":
+        torch.set_num_threads(threads)
     progress(f"building {workload.name} on {device}")
     model, inputs = workload.build(device, dtype)
     model.train(cfg.profile.train_mode)
     ceil = roofline.ceilings(device)
     timer = Timer.from_config(device, cfg.timing)
     warnings: list[str] = []
+    quiet = QuietTimer(timer, Calibration(device, timer), cfg.timing)
     with torch.no_grad():
         workload.run(model, inputs)  # warm-up, and the model's own errors surface here
         progress("capturing operator calls")
@@ -89,29 +97,54 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
         for _ in range(cfg.profile.forwards):
             rec.run(functools.partial(workload.run, model, inputs))
         progress("timing the forward")
-        fwd_stats = _time_forward(timer, model, inputs)
+        fwd_stats, noisy = quiet.time("forward", lambda: model(*inputs))
+        if noisy:
+            warnings.append("the forward's time is not trustworthy, the machine was busy: " + "; ".join(noisy)
+                            + " (shares and times below are suspect; profile again on a quiet machine)")
         del model, inputs  # free the activations before the cards are replayed
         buckets = sorted(rec.buckets.values(), key=lambda b: b.first_seen)
         cards: list[Card] = []
         for i, b in enumerate(buckets, 1):
             progress(f"timing card {i}/{len(buckets)}: {b.target}")
-            cards.append(_make_card(b, device, timer, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings))
+            cards.append(_make_card(b, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings))
     cards.sort(key=lambda c: (-(c.share or 0.0), c.id))
     return ProfileResult(
         cards=cards, forward=fwd_stats, device=device, device_name=ceil["device_name"],
         dtype=str(dtype).removeprefix("torch.") if dtype is not None else (
             str(workload.default_dtype).removeprefix("torch.") if workload.default_dtype is not None else None),
-        ceilings=ceil, skipped=dict(rec.skipped), timing=timer.describe(), calls_total=rec.seq,
-        warnings=warnings,
+        ceilings=ceil, skipped=dict(rec.skipped), timing={**timer.describe(), "threads": threads},
+        calls_total=rec.seq,
+        warnings=warnings, forward_noisy=noisy,
     )
 
 
-def _time_forward(timer: Timer, model, inputs) -> Stats:
-    stats, _, _ = timer.time({"forward": lambda: model(*inputs)})
-    return stats["forward"]
+class QuietTimer:
+    """The timer, with the evaluator's quietness checks (``quiet.py``): a measurement taken while
+    the calibration workload ran slow or whose samples spread too far is retried, and reported
+    with its reasons if it stays loud."""
+
+    def __init__(self, timer: Timer, calibration: Calibration, cfg) -> None:
+        self.timer = timer
+        self.cal = calibration
+        self.cfg = cfg
+        self.cal.measure()
+
+    def time(self, name: str, fn: Callable[[], object]) -> tuple[Stats, list[str]]:
+        reasons: list[str] = []
+        for _ in range(1 + self.cfg.noisy_retries):
+            before = self.cal.measure()
+            stats, _, _ = self.timer.time({name: fn})
+            after = self.cal.measure()
+            st = stats[name]
+            reasons = [r for r in (self.cal.loaded(before, self.cfg.max_slowdown),
+                                   self.cal.loaded(after, self.cfg.max_slowdown),
+                                   spread_reason(name, st, self.cfg.max_spread, self.timer.overhead_iqr_us)) if r]
+            if not reasons:
+                break
+        return st, reasons
 
 
-def _make_card(b: Bucket, device: str, timer: Timer, store: TensorStore, ceil: dict, forwards: int,
+def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ceil: dict, forwards: int,
                forward_us: float, warnings: list[str]) -> Card:
     flags = set(b.flags)
     samples: list[Sample] = []
@@ -137,9 +170,12 @@ def _make_card(b: Bucket, device: str, timer: Timer, store: TensorStore, ceil: d
             if bad is not None:
                 flags.add("reference_mismatch")
                 warnings.append(f"{card.id}: the reference does not reproduce the captured output ({bad})")
-        stats, _, _ = timer.time({"ref": bind_program(card.program, ins, device)})
-        card.time_us = stats["ref"].median
-        card.time_spread = stats["ref"].spread
+        stats, noisy = quiet.time(card.op_name, bind_program(card.program, ins, device))
+        card.time_us = stats.median
+        card.time_spread = stats.spread
+        if noisy:
+            flags.add("noisy_timing")
+            warnings.append(f"{card.id}: its time is not trustworthy, the machine was busy: {noisy[0]}")
     except Exception as exc:  # noqa: BLE001 - a card whose replay fails is reported, not fatal
         flags.add("replay_failed")
         warnings.append(f"{card.id}: replaying the reference failed: {type(exc).__name__}: {exc}")

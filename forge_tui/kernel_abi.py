@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HEADER_DIR = Path(__file__).resolve().parent.parent / "abi"
+HEADER_DIR = Path(__file__).resolve().parent / "abi"
 HEADER = HEADER_DIR / "forge_kernel.h"
 MAX_DIMS = 8
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4, "int32": 5,
@@ -57,7 +57,7 @@ class Scalar:
 
 def _arg_names(op_name: str) -> list[str]:
     try:
-        from ..program import resolve_op
+        from .program import resolve_op
 
         return [a.name for a in resolve_op(op_name)._schema.arguments]
     except Exception:  # noqa: BLE001 - names are a courtesy; the values are what matter

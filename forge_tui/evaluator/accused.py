@@ -1,0 +1,528 @@
+"""The judge's side of a candidate's runner process (``runner.c``): one fresh, confined process per
+candidate, sharing only the candidate's inputs, outputs and workspace with the judge.
+
+The judge allocates those buffers (a sealed memfd on the CPU, a CUDA allocation shared by IPC
+handle on the GPU), writes inputs and poison into them, asks the runner to call the candidate,
+and reads the outputs back to judge them itself. It times every call with its own clock, from
+the request to the reply; the runner replies only once the call has returned and, on CUDA, the
+whole context (every stream) is idle. The round trip of an empty request, measured before the
+candidate's library is loaded (while the runner is still clean), is the overhead subtracted
+from every sample.
+
+Between its calls the runner can be frozen (SIGSTOP): the judge times the eager and compiled
+baselines only while no candidate code can run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import mmap
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..kernel_abi import HEADER, HEADER_DIR, ForgeScalar, ForgeTensor, DTYPE_CODES, MAX_DIMS, MAX_WORKSPACE_BYTES
+from ..tensorstore import storage_extent
+from . import confine
+
+RUNNER_SOURCE = Path(__file__).resolve().parent / "runner.c"
+ALIGN = 256
+MAX_SETS = 64
+_BUILD_LOCK = threading.Lock()
+
+
+class CandidateProcessError(Exception):
+    """The candidate's process failed: ``kind`` is crash, timeout, load, confinement or device_error."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def runner_executable(cache_root: Path) -> Path:
+    """The runner, compiled once per source version and cached (a C compiler is required)."""
+    cc = os.environ.get("FORGE_CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    h = hashlib.sha256(RUNNER_SOURCE.read_bytes() + HEADER.read_bytes() + cc.encode()).hexdigest()[:16]
+    folder = Path(cache_root) / "runner" / h
+    exe = folder / "forge-runner"
+    with _BUILD_LOCK:
+        if exe.exists():
+            return exe
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder, prefix="build-"))
+        try:
+            out = tmp / "forge-runner"
+            proc = subprocess.run([cc, "-O2", "-o", str(out), str(RUNNER_SOURCE), f"-I{HEADER_DIR}", "-ldl"],
+                                  capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"building the candidate runner failed: {proc.stderr.strip()[:2000]}")
+            os.replace(out, exe)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return exe
+
+
+_DRIVER = None
+
+
+def _driver():
+    global _DRIVER
+    if _DRIVER is None:
+        _DRIVER = ctypes.CDLL("libcuda.so.1")
+    return _DRIVER
+
+
+def _check(code: int, what: str) -> None:
+    if code != 0:
+        raise CandidateProcessError("harness", f"{what} failed with CUDA driver error {code}")
+
+
+class _DeviceArray:
+    """A raw device allocation offered to torch.as_tensor (CUDA array interface, uint8)."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+@dataclass
+class Slot:
+    offset: int
+    nbytes: int
+    shape: tuple
+    stride: tuple
+    dtype: str
+
+
+def _layout(specs: list, start: int = 0) -> tuple[list[Slot], int]:
+    import torch
+
+    slots, off = [], start
+    for s in specs:
+        item = torch.empty((), dtype=getattr(torch, s.dtype)).element_size()
+        n = storage_extent(s.shape, s.stride) * item
+        slots.append(Slot(off, n, tuple(s.shape), tuple(s.stride), s.dtype))
+        off += -(-max(n, 1) // ALIGN) * ALIGN
+    return slots, off
+
+
+def _descriptor(slot: Slot) -> ForgeTensor:
+    d = ForgeTensor()
+    d.data = slot.offset
+    d.dtype = DTYPE_CODES[slot.dtype]
+    if len(slot.shape) > MAX_DIMS:
+        raise ValueError(f"tensor of rank {len(slot.shape)} exceeds the ABI's {MAX_DIMS} dimensions")
+    d.ndim = len(slot.shape)
+    for k, (n, st) in enumerate(zip(slot.shape, slot.stride)):
+        d.shape[k] = n
+        d.stride[k] = st
+    return d
+
+
+def _signal_name(code: int) -> str:
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"signal {-code}"
+    desc = {signal.SIGSEGV: "segmentation fault", signal.SIGABRT: "abort", signal.SIGBUS: "bus error",
+            signal.SIGFPE: "floating-point exception", signal.SIGILL: "illegal instruction",
+            signal.SIGKILL: "killed", signal.SIGSYS: "forbidden system call"}.get(sig, sig.name)
+    return f"{desc} ({sig.name})"
+
+
+class Accused:
+    """One candidate library in its own runner. Use as a context manager; never reused."""
+
+    def __init__(self, runner: Path, library: str, inputs: list, outputs: list, scalars: list, device: str, *,
+                 threads: int, call_limit_s: float, confinement: str = "required", landlock: bool = True,
+                 sets: int = 1) -> None:
+        self.runner = Path(runner)
+        self.library = str(library)
+        self.device = device
+        self.threads = threads
+        self.call_limit_s = call_limit_s
+        self.confinement = confinement
+        self.landlock = landlock
+        if not 1 <= sets <= MAX_SETS:
+            raise ValueError(f"sets must be between 1 and {MAX_SETS}")
+        self.sets = sets
+        self.in_slots: list[list[Slot]] = []
+        self.out_slots: list[list[Slot]] = []
+        end = 0
+        for _ in range(sets):
+            ins, end = _layout(inputs, end)
+            outs, end = _layout(outputs, end)
+            self.in_slots.append(ins)
+            self.out_slots.append(outs)
+        self.arena_bytes = end
+        self.scalars = scalars
+        self.proc: subprocess.Popen | None = None
+        self.needs_workspace = False
+        self.confined: dict = {}
+        self.overhead_ns: list[int] = []
+        self.inputs: list = []
+        """Set 0's inputs (the correctness checks use this set); ``batch_inputs[k]`` is set k's."""
+        self.outputs: list = []
+        self.batch_inputs: list[list] = []
+        self.batch_outputs: list[list] = []
+        self.workspaces: list = []
+        self.workspace = None
+        self._keep: list = []
+        self._device_allocs: list[int] = []
+        self._fds: list[int] = []
+        self._log = None
+        self._stopped = False
+
+    # ---- buffers ----------------------------------------------------------------------------
+    def _views(self, base) -> None:
+        import torch
+
+        def view(slot: Slot):
+            dt = getattr(torch, slot.dtype)
+            flat = base[slot.offset: slot.offset + slot.nbytes].view(dt)
+            return flat.as_strided(slot.shape, slot.stride, flat.storage_offset())
+
+        self.batch_inputs = [[view(s) for s in slots] for slots in self.in_slots]
+        self.batch_outputs = [[view(s) for s in slots] for slots in self.out_slots]
+        self.inputs, self.outputs = self.batch_inputs[0], self.batch_outputs[0]
+
+    def _cpu_region(self, nbytes: int, seal: bool):
+        fd = os.memfd_create("forge-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self._fds.append(fd)
+        if nbytes:
+            os.ftruncate(fd, nbytes)
+        if seal:
+            # The runner can neither shrink nor grow it: a shrunken arena would fault the judge.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return fd
+
+    def _cpu_map(self, fd: int, nbytes: int):
+        import torch
+
+        mm = mmap.mmap(fd, max(nbytes, 1), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._keep.append(mm)
+        return torch.frombuffer(mm, dtype=torch.uint8)
+
+    def _cuda_region(self, nbytes: int) -> tuple:
+        """A device allocation of its own (cuMemAlloc, not the caching allocator: an IPC handle
+        covers a whole allocation), seen here as a uint8 tensor and by the runner through IPC."""
+        import torch
+
+        cu = _driver()
+        torch.cuda.current_device()  # the primary context is current on this thread
+        ptr = ctypes.c_uint64()
+        size = max(nbytes, 1)
+        _check(cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)), "cuMemAlloc")
+        self._device_allocs.append(ptr.value)
+        handle = (ctypes.c_char * 64)()
+        _check(cu.cuIpcGetMemHandle(handle, ctypes.c_uint64(ptr.value)), "cuIpcGetMemHandle")
+        base = torch.as_tensor(_DeviceArray(ptr.value, size), device="cuda")
+        payload = bytes(handle) + struct.pack("<QQ", 0, nbytes)
+        return base, payload
+
+    # ---- process ----------------------------------------------------------------------------
+    def start(self) -> "Accused":
+        if self.device == "cuda":
+            arena_fd = ws_fd = -1
+        else:
+            arena_fd = self._cpu_region(self.arena_bytes, seal=True)
+            ws_fd = self._cpu_region(0, seal=False)
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        log_fd, log_path = tempfile.mkstemp(prefix="forge-runner-", suffix=".log")
+        self._log = Path(log_path)
+        env = {"OMP_NUM_THREADS": str(self.threads), "PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        for key in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_DEVICE_ORDER"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        fds = (to_r, from_w) + tuple(fd for fd in (arena_fd, ws_fd) if fd >= 0)
+        self.proc = subprocess.Popen(
+            [str(self.runner), str(to_r), str(from_w), self.device, str(arena_fd), str(ws_fd)],
+            pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env,
+            start_new_session=True, close_fds=True)
+        os.close(log_fd)
+        os.close(to_r)
+        os.close(from_w)
+        self._w, self._r = to_w, from_r
+        status, text = self._reply(60.0, "start")
+        if status != 0:
+            raise CandidateProcessError("harness", f"the runner could not start: {text.decode(errors='replace')}")
+        if self.device == "cuda":
+            base, payload = self._cuda_region(self.arena_bytes)
+        else:
+            base, payload = self._cpu_map(arena_fd, self.arena_bytes), struct.pack("<Q", self.arena_bytes)
+        self._views(base)
+        self._request(b"A", payload, "setup")
+        self._request(b"D", self._descriptor_table(), "setup")
+        return self
+
+    def _descriptor_table(self) -> bytes:
+        n_in, n_out = len(self.in_slots[0]), len(self.out_slots[0])
+        parts = [struct.pack("<iiii", self.sets, n_in, n_out, len(self.scalars))]
+        for ins, outs in zip(self.in_slots, self.out_slots):
+            for slot in ins + outs:
+                parts.append(bytes(_descriptor(slot)))
+        for sc in self.scalars:
+            parts.append(bytes(sc.to_c()))
+        return b"".join(parts)
+
+    def measure_overhead(self, n: int) -> list[int]:
+        """Round trips of an empty request (ns), taken while the runner holds no candidate code."""
+        if self.needs_workspace or self.confined:
+            raise RuntimeError("the overhead is measured before the candidate is loaded")
+        self._sync()
+        for _ in range(2):
+            self._request(b"E", b"", "setup")
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            self._request(b"E", b"", "setup")
+            out.append(time.perf_counter_ns() - t0)
+        self.overhead_ns = out
+        return out
+
+    def load(self) -> None:
+        """Confine the runner, then load the library (its constructors run inside the cage)."""
+        if self.confinement == "off":
+            pol = confine.Policy(bpf=b"", landlock=b"", preload=confine.PRELOAD.get(self.device, []),
+                                 description={"seccomp": "off", "landlock": "off"})
+        else:
+            try:
+                pol = confine.policy(self.library, self.device, self.proc.pid, landlock=self.landlock)
+            except confine.ConfinementUnavailable as exc:
+                raise CandidateProcessError("confinement", f"the candidate cannot be confined on this machine: "
+                                            f"{exc}; set [evaluator] confinement = \"off\" to run unconfined") from None
+        status, text = self._exchange(b"L", pol.load_request(self.library), 60.0, "load")
+        msg = text.decode(errors="replace")
+        if status == 2:
+            raise CandidateProcessError("confinement", msg)
+        if status != 0:
+            raise CandidateProcessError("load", msg)
+        kind, _, note = msg.partition(" ")
+        self.needs_workspace = kind == "1"
+        self.confined = {**pol.description, "landlock": note}
+
+    def size_workspace(self) -> int:
+        status, payload = self._exchange(b"S", b"", self.call_limit_s, "workspace")
+        n = struct.unpack("<q", payload[:8])[0]
+        if n < 0:
+            raise CandidateProcessError("workspace", f"forge_workspace_bytes returned {n}: the candidate cannot "
+                                        "serve these arguments")
+        if n > MAX_WORKSPACE_BYTES:
+            raise CandidateProcessError("workspace", f"forge_workspace_bytes asks for {n} bytes, over the "
+                                        f"{MAX_WORKSPACE_BYTES} allowed")
+        return n
+
+    def give_workspace(self, nbytes: int) -> None:
+        """One workspace of ``nbytes`` per input set (a batch's calls each get a poisoned one)."""
+        per = max(nbytes, 1)
+        stride = -(-per // ALIGN) * ALIGN
+        total = stride * self.sets
+        if self.device == "cuda":
+            base, region = self._cuda_region(total)
+        else:
+            fd = self._fds[-1]
+            os.ftruncate(fd, total)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            base, region = self._cpu_map(fd, total), struct.pack("<Q", total)
+        self.workspaces = [base[k * stride: k * stride + per] for k in range(self.sets)]
+        self.workspace = base[:total]
+        self._request(b"W", region + struct.pack("<QQ", nbytes, stride), "workspace")
+
+    def call(self, first: int = 0, count: int = 1) -> tuple[int, int]:
+        """Calls on sets first..first+count-1, back to back: (the first non-zero return code or 0,
+        round-trip ns on the judge's clock, from the request to the reply sent once the device is
+        idle)."""
+        req = struct.pack("<ii", first, count)
+        t0 = time.perf_counter_ns()
+        status, payload = self._exchange(b"C", req, self.call_limit_s * count, "call")
+        dt = time.perf_counter_ns() - t0
+        if status == 4:
+            text = payload.decode(errors="replace").split(" ", 2)
+            raise CandidateProcessError("device_error", f"the candidate left the GPU in an error state: "
+                                        f"{text[-1] if text else 'CUDA error'}")
+        if status != 0:
+            raise CandidateProcessError("harness", payload.decode(errors="replace"))
+        rc = struct.unpack("<i", payload[:4])[0]
+        return rc, dt
+
+    # ---- freezing ---------------------------------------------------------------------------
+    def freeze(self) -> None:
+        """Stop every thread of the runner; returns once the kernel reports it stopped."""
+        if self.proc is None or self._stopped:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            os.waitpid(self.proc.pid, os.WUNTRACED)
+            self._stopped = True
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+    def cpu_ns(self) -> int | None:
+        """CPU time the runner's threads have used so far (ns), or None where the kernel does not
+        say. Used to prove that a frozen runner did not run."""
+        if self.proc is None:
+            return None
+        total = 0
+        try:
+            for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+                with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return total
+
+    def thaw(self) -> None:
+        if self.proc is None or not self._stopped:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self._stopped = False
+
+    # ---- wire -------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _request(self, op: bytes, payload: bytes, phase: str) -> bytes:
+        status, data = self._exchange(op, payload, 60.0, phase)
+        if status != 0:
+            raise CandidateProcessError("harness", f"runner refused {op.decode()}: {data.decode(errors='replace')}")
+        return data
+
+    def _exchange(self, op: bytes, payload: bytes, limit_s: float, phase: str) -> tuple[int, bytes]:
+        try:
+            os.write(self._w, op + struct.pack("<I", len(payload)) + payload)
+        except (BrokenPipeError, OSError):
+            raise self._died(phase) from None
+        return self._reply(limit_s, phase)
+
+    def _read(self, n: int, deadline: float, phase: str) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise CandidateProcessError("timeout", f"the candidate made no progress for {self._limit_of(phase):.0f} s "
+                                            f"({phase}: endless loop or hang); its process was killed")
+            ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
+            if not ready:
+                if self.proc.poll() is not None:
+                    raise self._died(phase)
+                continue
+            try:
+                chunk = os.read(self._r, n - len(buf))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise self._died(phase)
+            buf += chunk
+        return buf
+
+    def _limit_of(self, phase: str) -> float:
+        return self.call_limit_s if phase in ("call", "workspace") else 60.0
+
+    def _reply(self, limit_s: float, phase: str) -> tuple[int, bytes]:
+        deadline = time.monotonic() + limit_s
+        head = self._read(8, deadline, phase)
+        status, n = struct.unpack("<iI", head)
+        return status, (self._read(n, deadline, phase) if n else b"")
+
+    def _died(self, phase: str) -> CandidateProcessError:
+        code = None
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        tail = self.log_tail()
+        self.kill()
+        how = _signal_name(code) if code is not None and code < 0 else f"exit status {code}"
+        last = [ln for ln in tail.splitlines() if ln.strip()][-3:]
+        return CandidateProcessError("crash", f"the candidate crashed its process in phase '{phase}': {how}"
+                                     + (f"; last output: {' | '.join(last)}" if last else ""))
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self._log.read_bytes()[-n:].decode(errors="replace").strip() if self._log else ""
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the runner's whole process group (its session: anything it could have started)."""
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.poll() is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.thaw()
+            try:
+                os.write(self._w, b"Q\0\0\0\0")
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for fd in (getattr(self, "_w", None), getattr(self, "_r", None)):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._w = self._r = None
+        self.inputs, self.outputs, self.workspace, self.workspaces = [], [], None, []
+        for k in self._keep:
+            if isinstance(k, mmap.mmap):
+                try:
+                    k.close()
+                except BufferError:
+                    pass  # a view is still alive somewhere; the mapping goes with it
+        self._keep.clear()
+        if self._device_allocs:
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.synchronize()
+            cu = _driver()
+            for ptr in self._device_allocs:
+                cu.cuMemFree_v2(ctypes.c_uint64(ptr))
+            self._device_allocs.clear()
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+        if self._log is not None:
+            self._log.unlink(missing_ok=True)
+
+    def __enter__(self) -> "Accused":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

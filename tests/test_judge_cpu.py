@@ -1,0 +1,150 @@
+"""The judge apart from the accused (cpu backend, real compiled candidates).
+
+Each candidate here once fooled a harness that loaded candidates into the process holding the
+expected outputs, the comparison and the clocks, or that timed the baselines while candidate code
+could run. Now the candidate runs in a confined process of its own: every attack below must fail
+at the kernel or at the judge, for the reason its test names.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from forge_tui.config import parse_config
+from forge_tui.evaluator import EvalOptions, Evaluator
+from forge_tui.evaluator import confine
+from forge_tui.profiler.run import profile_into_workspace
+
+HERE = Path(__file__).parent
+CPU = HERE / "candidates" / "cpu"
+CFG = parse_config({"timing": {"warmup": 1, "repeats": 3, "max_spread": 10.0, "max_slowdown": 100.0,
+                               "threads": 1},
+                    "evaluator": {"run_timeout_s": 8.0}})
+
+try:
+    confine.seccomp_filter(os.getpid())
+    HAVE_SECCOMP = True
+except confine.ConfinementUnavailable:  # pragma: no cover - every Linux CI machine has libseccomp
+    HAVE_SECCOMP = False
+needs_seccomp = pytest.mark.skipif(not HAVE_SECCOMP, reason="libseccomp is not installed")
+
+
+@pytest.fixture(scope="module")
+def softmax(tmp_path_factory):
+    root = tmp_path_factory.mktemp("judge")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\n")
+    ws, _ = profile_into_workspace("example:kb_softmax", root / "ws", device="cpu", config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == "aten._softmax.default")
+    ev = Evaluator(ws.store, ws.cache, CFG, backend="cpu")
+    yield ev, card
+    ev.close()
+
+
+def evaluate(softmax, filename, **opts):
+    ev, card = softmax
+    opts.setdefault("static_checks", False)  # the runtime defence is what is tested here
+    return ev.evaluate(card, (CPU / filename).read_text(), EvalOptions(**opts))
+
+
+def test_the_interpreter_and_the_comparison_are_not_in_the_candidates_process(softmax):
+    """judge_python.cpp calls PyRun_SimpleString to make the comparison always pass: the runner
+    has no interpreter, so the library does not even load."""
+    r = evaluate(softmax, "judge_python.cpp")
+    assert r["status"] == "rejected" and r["failure"] == "load", r["reason"]
+    assert "PyRun_SimpleString" in r["reason"]
+
+
+@needs_seccomp
+def test_the_judges_memory_is_out_of_reach(softmax):
+    """judge_memory.cpp opens /proc/<judge>/mem to read the expected outputs; it returns 43 when
+    the kernel refuses, which it must (Landlock, a judge that is not dumpable, no capabilities)."""
+    r = evaluate(softmax, "judge_memory.cpp")
+    assert r["status"] == "rejected" and r["failure"] == "returned_error", r["reason"]
+    assert "returned 43" in r["reason"]
+
+
+@needs_seccomp
+@pytest.mark.parametrize("filename, code, what", [
+    ("spawn_busy.cpp", 44, "a new process"),
+    ("signal_judge.cpp", 45, "a signal to the judge"),
+    ("state_file.cpp", 46, "a file written"),
+])
+def test_the_cage_refuses(softmax, filename, code, what):
+    """Each candidate returns its code only when the kernel refused it ``what``."""
+    r = evaluate(softmax, filename)
+    assert r["status"] == "rejected" and f"returned {code}" in r["reason"], (what, r["reason"])
+    assert not os.path.exists("/tmp/forge-candidate-state.bin")
+
+
+def test_state_kept_between_calls_cannot_stand_in_for_the_work(softmax):
+    """state_env.cpp computes once, remembers that in its environment, and returns without work
+    from then on: the next input set (new contents in the same buffers) finds its outputs
+    still poisoned."""
+    r = evaluate(softmax, "state_env.cpp")
+    assert r["status"] == "rejected" and r["failure"] == "unwritten", r["reason"]
+
+
+def test_a_spinning_thread_never_runs_while_the_baselines_are_timed(softmax):
+    """background_spin.cpp leaves a thread spinning to steal the cores eager is timed on; the
+    judge freezes the candidate's process around every baseline run and measures that it used no
+    CPU meanwhile."""
+    r = evaluate(softmax, "background_spin.cpp")
+    assert r["status"] == "passed", r["reason"]
+    assert r["timing"]["runner_cpu_while_frozen_ns"] == 0
+    assert r["timing"]["checked_timed_runs"] > 0
+
+
+@needs_seccomp
+def test_confinement_is_reported_and_can_be_turned_off(softmax, tmp_path):
+    r = evaluate(softmax, "softmax_good.cpp")
+    assert r["status"] == "passed", r["reason"]
+    assert "libseccomp" in r["confinement"]["seccomp"]
+    ev, card = softmax
+    off = parse_config({**CFG.model_dump(), "evaluator": {**CFG.evaluator.model_dump(), "confinement": "off"}})
+    with Evaluator(ev.store, tmp_path, off, backend="cpu") as unconfined:
+        r = unconfined.evaluate(card, (CPU / "softmax_good.cpp").read_text())
+    assert r["status"] == "passed" and r["confinement"]["seccomp"] == "off", r["reason"]
+
+
+@pytest.fixture(scope="module")
+def norms(tmp_path_factory):
+    root = tmp_path_factory.mktemp("norms")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\n")
+    out = {}
+    for name, target in (("rmsnorm", "module:"), ("layernorm", "aten.native_layer_norm")):
+        ws, _ = profile_into_workspace(HERE / "data" / "workloads" / f"{name}.py", root / name, device="cpu",
+                                       config_path=cfg)
+        card = next(c for c in ws.cards() if (c.kind == "module" if target == "module:" else c.target.startswith(target)))
+        out[name] = (Evaluator(ws.store, ws.cache, CFG, backend="cpu"), card)
+    yield out
+    for ev, _ in out.values():
+        ev.close()
+
+
+@pytest.mark.parametrize("which, filename, rejected_by", [
+    ("softmax", "softmax_no_max.cpp", "adversarial-overflow"),     # exp without the max subtraction
+    ("rmsnorm", "rmsnorm_no_eps.cpp", "adversarial-zeros"),        # no epsilon: 0/0 on zero rows
+    ("layernorm", "layernorm_naive_var.cpp", "adversarial-offset"),  # one-pass variance
+])
+def test_approximations_fail_on_the_inputs_that_break_them(softmax, norms, which, filename, rejected_by):
+    """Each candidate is correct on the captured and random sets; the adversarial set of its
+    card's kind rejects it."""
+    ev, card = softmax if which == "softmax" else norms[which]
+    r = ev.evaluate(card, (CPU / filename).read_text(), EvalOptions(static_checks=False))
+    assert r["status"] == "rejected" and r["failure"] in {"mismatch", "unwritten"}, r["reason"]
+    assert r["reason"].startswith(rejected_by), r["reason"]
+    clean = ev.evaluate(card, (CPU / filename).read_text(), EvalOptions(adversarial=False, timing=False))
+    assert clean["status"] == "passed", clean["reason"]  # only the adversarial set catches it
+
+
+@pytest.mark.parametrize("which, filename", [("rmsnorm", "rmsnorm_good.cpp"), ("layernorm", "layernorm_twopass.cpp")])
+def test_honest_norms_pass_every_adversarial_set(norms, which, filename):
+    ev, card = norms[which]
+    r = ev.evaluate(card, (CPU / filename).read_text())
+    assert r["status"] == "passed", r["reason"]
+    assert not r["timing"]["impossible"]  # a card that sits in cache has a cache-speed floor
+    names = [s["name"] for s in r["correctness"]["sets"]]
+    assert {"adversarial-zeros", "adversarial-tiny", "adversarial-offset", "adversarial-special"} <= set(names)
