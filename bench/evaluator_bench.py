@@ -109,6 +109,9 @@ def main() -> int:
         r0 = results["good-0"]
         t = r0["timing"]
         show("good", "status / confinement", f"{r0['status']} / {r0.get('confinement')}")
+        if not t:
+            print(json.dumps({k: v for k, v in r0.items() if k not in ("build",)}, indent=1, default=str)[:6000])
+            return 1
         show("good", "candidate / eager / compile µs",
              f"{t['candidate']['median']:.1f} / {t['eager']['median']:.1f} / "
              f"{t['compile']['median'] if t['compile'] else float('nan'):.1f}")
