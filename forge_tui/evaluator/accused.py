@@ -219,7 +219,14 @@ class Accused:
         import torch
 
         cu = _driver()
-        torch.cuda.current_device()  # the primary context is current on this thread
+        torch.zeros(1, device="cuda")  # torch creates the device's primary context
+        ctx = ctypes.c_void_p()
+        _check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:  # make it current on this thread (the one torch uses)
+            dev = ctypes.c_int()
+            _check(cu.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()), "cuDeviceGet")
+            _check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            _check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         ptr = ctypes.c_uint64()
         size = max(nbytes, 1)
         _check(cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)), "cuMemAlloc")
