@@ -59,7 +59,7 @@ def main() -> int:
     from forge_tui.compare import compare
     from forge_tui.kernel_abi import Library, card_scalars
     from forge_tui.evaluator.build import Builder
-    from forge_tui.evaluator.checks import _alloc_outputs, workspace_for
+    from forge_tui.kernel_abi import alloc_outputs, workspace_for
     from forge_tui.inputs import random_inputs
     from forge_tui.profiler.run import profile_into_workspace
     from forge_tui.program import bind_program
@@ -128,7 +128,7 @@ def main() -> int:
                 continue
             row["registers"] = max([k.get("registers") or 0 for k in (b.resources or {}).values()] or [0])
             lib = Library(b.library)
-            outs = _alloc_outputs(card, "cuda")
+            outs = alloc_outputs(card.outputs, "cuda")
             call = lib.bind(ins, outs, scalars, torch.cuda.current_stream().cuda_stream,
                             workspace_for(lib, ins, outs, scalars, "cuda"))
             rc = call()
@@ -139,7 +139,7 @@ def main() -> int:
                 continue
             fns[label] = call
         if probe_build.ok:  # the card's own bytes moved and nothing else: its read/write mix
-            outs = _alloc_outputs(card, "cuda")
+            outs = alloc_outputs(card.outputs, "cuda")
             fns["probe"] = Library(probe_build.library).bind(ins, outs, scalars, torch.cuda.current_stream().cuda_stream)
         n = max(16, card.bytes // 2 // 16 * 16)
         src = torch.empty(n, dtype=torch.uint8, device="cuda")

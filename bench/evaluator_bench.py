@@ -50,7 +50,8 @@ with Evaluator(ws.store, ws.cache, cfg, backend="cuda") as ev:
     for i in range(4):
         r = ev.evaluate(card, src, EvalOptions(compile_baseline=True))
         out.append({"seconds": r["seconds"], "status": r["status"], "time_us": r.get("time_us"),
-                    "speedup": r.get("speedup_vs_eager")})
+                    "speedup": r.get("speedup_vs_eager"), "reason": r.get("reason", "")[:300],
+                    "eager_us": (r.get("timing") or {}).get("eager", {}).get("median")})
 print("RESULT" + json.dumps(out))
 """
 
@@ -79,10 +80,14 @@ def main() -> int:
     report: dict = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "command": "python bench/evaluator_bench.py" + (" --old DIR" if args.old else "")}
     rows: list[tuple[str, str, str]] = []
+    results: dict = {}
 
     def show(*row: str) -> None:
         rows.append(row)
         print(f"{row[0]:26s} {row[1]:44s} {row[2]}", flush=True)
+        report["rows"] = rows
+        report["results"] = results
+        (out / "evaluator.json").write_text(json.dumps(report, indent=1, default=str))
 
     # 1. build times: distinct sources one by one, then 8 in parallel
     good = (CUDA / "softmax_good.cu").read_text()
@@ -102,7 +107,6 @@ def main() -> int:
                                    config_path=cfg_path)
     card = next(c for c in ws.cards() if c.target == "aten._softmax.default")
     cfg = parse_config({"timing": {"warmup": 3, "repeats": 20}, "evaluator": {"run_timeout_s": 20.0}})
-    results: dict = {}
     with Evaluator(ws.store, ws.cache, cfg, backend="cuda") as ev:
         for i in range(4):
             results[f"good-{i}"] = ev.evaluate(card, good, EvalOptions(compile_baseline=True))
@@ -122,6 +126,7 @@ def main() -> int:
         meds = [results[f"good-{i}"]["timing"]["candidate"]["median"] for i in range(4)]
         show("good", "noise: blocks / four evaluations",
              f"{100 * t['noise']:.2f}% / {100 * (max(meds) - min(meds)) / min(meds):.2f}% ({', '.join(f'{m:.1f}' for m in meds)})")
+        show("good", "calls per sample / checked calls", f"{t['calls_per_sample']} / {t['checked_timed_runs']}")
         show("good", "floor µs / reached / overheads µs",
              f"{t['floor_us']:.1f} / {100 * t['fraction_of_floor']:.0f}% / runner {t['overhead_us']['runner_round_trip']:.1f}, "
              f"judge {t['overhead_us']['judge_sync']:.1f}")
@@ -185,11 +190,12 @@ def main() -> int:
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
         if line:
             old = json.loads(line[6:])
+            report["old"] = old
             report["old_cost_s"] = [o["seconds"] for o in old[1:]]
             old_med = statistics.median(report["old_cost_s"])
-            show("cost", "old evaluator: seconds / candidate µs / speedup",
-                 f"{old_med:.2f} / {old[1]['time_us']:.1f} / {old[1]['speedup']:.3f}; new/old cost "
-                 f"{statistics.median(secs) / old_med:.2f}x")
+            show("cost", "old evaluator: status / seconds / cand µs / eager µs",
+                 f"{old[1]['status']} {old[1]['reason'][:80]} / {old_med:.2f} / {old[1]['time_us']} / "
+                 f"{old[1]['eager_us']}; new/old cost {statistics.median(secs) / old_med:.2f}x")
         else:
             show("cost", "old evaluator", f"failed: {proc.stderr[-300:]}")
     report["results"] = results

@@ -181,3 +181,37 @@ class Library:
             return fn(ins, n_in, outs, n_out, scs, n_sc, stream)
 
         return call
+
+
+WORKSPACE_ALIGN = 256
+
+
+def alloc_workspace(nbytes: int, device: str):
+    """A uint8 tensor of nbytes (at least 1) starting on a WORKSPACE_ALIGN-byte boundary."""
+    import torch
+
+    raw = torch.empty(max(nbytes, 1) + WORKSPACE_ALIGN, dtype=torch.uint8, device=device)
+    off = (-raw.data_ptr()) % WORKSPACE_ALIGN
+    return raw[off: off + max(nbytes, 1)]
+
+
+def workspace_for(lib: Library, ins: list, outs: list, scalars: list[Scalar], device: str):
+    """The scratch buffer a library asks for on these arguments, or None when it uses plain
+    forge_launch. Raises ValueError when it refuses them or asks for too much."""
+    if not lib.needs_workspace:
+        return None
+    return alloc_workspace(lib.workspace_bytes(ins, outs, scalars), device)
+
+
+def alloc_outputs(specs: list, device: str) -> list:
+    """Output tensors with the specs' shapes, dtypes and (where PyTorch can) strides."""
+    import torch
+
+    outs = []
+    for s in specs:
+        dtype = getattr(torch, s.dtype)
+        try:
+            outs.append(torch.empty_strided(s.shape, s.stride, dtype=dtype, device=device))
+        except RuntimeError:
+            outs.append(torch.empty(s.shape, dtype=dtype, device=device))
+    return outs

@@ -145,7 +145,7 @@ class Accused:
 
     def __init__(self, runner: Path, library: str, inputs: list, outputs: list, scalars: list, device: str, *,
                  threads: int, call_limit_s: float, confinement: str = "required", landlock: bool = True,
-                 sets: int = 1) -> None:
+                 sets: int = 1, spin_us: int | None = None) -> None:
         self.runner = Path(runner)
         self.library = str(library)
         self.device = device
@@ -156,6 +156,9 @@ class Accused:
         if not 1 <= sets <= MAX_SETS:
             raise ValueError(f"sets must be between 1 and {MAX_SETS}")
         self.sets = sets
+        # Both sides poll the pipe for a while before sleeping on it (a woken process on a virtual
+        # machine can take 50-100 µs to run); on the cpu backend the cores are the candidate's.
+        self.spin_us = (2000 if device == "cuda" else 0) if spin_us is None else spin_us
         self.in_slots: list[list[Slot]] = []
         self.out_slots: list[list[Slot]] = []
         end = 0
@@ -254,13 +257,15 @@ class Accused:
                 env[key] = os.environ[key]
         fds = (to_r, from_w) + tuple(fd for fd in (arena_fd, ws_fd) if fd >= 0)
         self.proc = subprocess.Popen(
-            [str(self.runner), str(to_r), str(from_w), self.device, str(arena_fd), str(ws_fd)],
+            [str(self.runner), str(to_r), str(from_w), self.device, str(arena_fd), str(ws_fd), str(self.spin_us)],
             pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env,
             start_new_session=True, close_fds=True)
         os.close(log_fd)
         os.close(to_r)
         os.close(from_w)
         self._w, self._r = to_w, from_r
+        if self.spin_us:
+            os.set_blocking(from_r, False)
         status, text = self._reply(60.0, "start")
         if status != 0:
             raise CandidateProcessError("harness", f"the runner could not start: {text.decode(errors='replace')}")
@@ -283,8 +288,11 @@ class Accused:
             parts.append(bytes(sc.to_c()))
         return b"".join(parts)
 
-    def measure_overhead(self, n: int) -> list[int]:
-        """Round trips of an empty request (ns), taken while the runner holds no candidate code."""
+    def measure_overhead(self, n: int, before=None) -> list[int]:
+        """Round trips of an empty request (ns), taken while the runner holds no candidate code.
+        ``before()`` runs ahead of each, as the judge's own work runs ahead of every timed call
+        (on CUDA that makes the device switch from the judge's context to the runner's, as it
+        will for the candidate)."""
         if self.needs_workspace or self.confined:
             raise RuntimeError("the overhead is measured before the candidate is loaded")
         self._sync()
@@ -292,6 +300,8 @@ class Accused:
             self._request(b"E", b"", "setup")
         out = []
         for _ in range(n):
+            if before is not None:
+                before()
             t0 = time.perf_counter_ns()
             self._request(b"E", b"", "setup")
             out.append(time.perf_counter_ns() - t0)
@@ -420,6 +430,19 @@ class Accused:
 
     def _read(self, n: int, deadline: float, phase: str) -> bytes:
         buf = b""
+        if self.spin_us:
+            spin_end = time.perf_counter() + self.spin_us * 1e-6
+            while len(buf) < n and time.perf_counter() < spin_end:
+                try:
+                    chunk = os.read(self._r, n - len(buf))
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise self._died(phase)
+                buf += chunk
+                spin_end = time.perf_counter() + self.spin_us * 1e-6
         while len(buf) < n:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -433,6 +456,8 @@ class Accused:
                 continue
             try:
                 chunk = os.read(self._r, n - len(buf))
+            except BlockingIOError:
+                continue
             except OSError:
                 chunk = b""
             if not chunk:

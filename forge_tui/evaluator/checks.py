@@ -177,10 +177,14 @@ class Evaluation:
         if not self.opt.get("timing", True):
             return 1
         target = float(self.opt.get("batch_us", 200.0))
+        if self.device == "cuda":
+            # a round trip to another process on the GPU costs a context switch too (~100 µs)
+            target = max(target, 2000.0)
         est = max(self.card.time_us or target, 0.5)
         k = max(1, min(MAX_SETS, math.ceil(target / est)))
-        per_set = max(1, sum(s.numel for s in self.card.inputs + self.card.outputs) * 4)
-        return max(1, min(k, (256 << 20) // per_set))
+        per_set = max(1, sum(s.numel for s in self.card.inputs + self.card.outputs) * 8)
+        budget = (4 << 30) if self.device == "cuda" else (256 << 20)
+        return max(1, min(k, budget // per_set))
 
     def runner_pid(self) -> int | None:
         return self.acc.proc.pid if self.acc is not None and self.acc.proc is not None else None
@@ -515,7 +519,8 @@ class Evaluation:
                            confinement=self.opt.get("confinement", "required"),
                            landlock=bool(self.opt.get("landlock", True)), sets=self.calls_per_sample())
         with self.acc:
-            self.acc.measure_overhead(max(11, int(self.opt.get("repeats", 20))))
+            timer = self._timer()
+            self.acc.measure_overhead(max(11, int(self.opt.get("repeats", 20))), before=timer.prepare)
             self.acc.load()
             if self.acc.needs_workspace:
                 self.acc.give_workspace(self.acc.size_workspace())

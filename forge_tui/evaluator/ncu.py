@@ -125,8 +125,7 @@ def _drive(request_path: str) -> int:
     from ..cards import Card
     from ..inputs import random_inputs, sample_inputs
     from ..tensorstore import TensorStore
-    from ..kernel_abi import Library, card_scalars
-    from .checks import _alloc_outputs, workspace_for
+    from ..kernel_abi import Library, alloc_outputs, card_scalars, workspace_for
 
     req = json.loads(Path(request_path).read_text())
     card = Card.model_validate(req["card"])
@@ -135,7 +134,7 @@ def _drive(request_path: str) -> int:
         ins = sample_inputs(card, store, 0, "cuda") if card.samples else random_inputs(card, "cuda", seed=1)
     except FileNotFoundError:
         ins = random_inputs(card, "cuda", seed=1)
-    outs = _alloc_outputs(card, "cuda")
+    outs = alloc_outputs(card.outputs, "cuda")
     lib = Library(req["library"])
     scalars = card_scalars(card.program)
     ws = workspace_for(lib, ins, outs, scalars, "cuda")

@@ -27,6 +27,8 @@
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,14 +122,32 @@ static launch_ws_fn f_launch_ws = NULL;
 static sizer_fn f_sizer = NULL;
 
 /* ---- pipe I/O ----------------------------------------------------------------------------------- */
+static long spin_ns = 0; /* > 0: poll the pipe this long before sleeping on it (a woken process
+                            on a virtual machine can take 50-100 µs to run again) */
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static int read_full(void* buf, size_t n) {
     char* p = (char*)buf;
+    long long start = spin_ns > 0 ? now_ns() : 0;
     while (n) {
         ssize_t r = read(fd_in, p, n);
         if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) {
+            if (now_ns() - start > spin_ns) {
+                struct pollfd pfd = {fd_in, POLLIN, 0};
+                poll(&pfd, 1, -1);
+            }
+            continue;
+        }
         if (r <= 0) return -1;
         p += r;
         n -= (size_t)r;
+        start = spin_ns > 0 ? now_ns() : 0;
     }
     return 0;
 }
@@ -465,12 +485,14 @@ static void empty(void) {
 
 int main(int argc, char** argv) {
     if (argc < 6) {
-        fprintf(stderr, "usage: forge-runner FD_IN FD_OUT cpu|cuda ARENA_FD WORKSPACE_FD\n");
+        fprintf(stderr, "usage: forge-runner FD_IN FD_OUT cpu|cuda ARENA_FD WORKSPACE_FD [SPIN_US]\n");
         return 64;
     }
     fd_in = atoi(argv[1]);
     fd_out = atoi(argv[2]);
     use_cuda = strcmp(argv[3], "cuda") == 0;
+    if (argc > 6) spin_ns = atol(argv[6]) * 1000L;
+    if (spin_ns > 0) fcntl(fd_in, F_SETFL, fcntl(fd_in, F_GETFL) | O_NONBLOCK);
     int arena_fd = atoi(argv[4]);
     int ws_fd = atoi(argv[5]);
     struct rlimit core = {0, 0};
