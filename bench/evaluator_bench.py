@@ -185,8 +185,11 @@ def main() -> int:
     if args.old:
         src_path = tmp / "good.cu"
         src_path.write_text(good)
-        proc = subprocess.run([sys.executable, "-c", OLD_EVAL, str(args.old), str(ws.root), str(src_path)],
-                              capture_output=True, text=True, timeout=900)
+        old_root = args.old.resolve()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(old_root)] + [
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT])}
+        proc = subprocess.run([sys.executable, "-c", OLD_EVAL, str(old_root), str(ws.root), str(src_path)],
+                              capture_output=True, text=True, timeout=900, cwd=old_root, env=env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
         if line:
             old = json.loads(line[6:])

@@ -148,3 +148,19 @@ def test_honest_norms_pass_every_adversarial_set(norms, which, filename):
     assert not r["timing"]["impossible"]  # a card that sits in cache has a cache-speed floor
     names = [s["name"] for s in r["correctness"]["sets"]]
     assert {"adversarial-zeros", "adversarial-tiny", "adversarial-offset", "adversarial-special"} <= set(names)
+
+
+def test_timed_calls_are_checked_too(tmp_path):
+    """garbage_when_timed.cpp is right on every checked set and wrong on 10% of its rows once it
+    is timed; outputs this large are spot-checked in the timed runs (positions drawn after each
+    call), and the spot check finds it."""
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\n")
+    ws, _ = profile_into_workspace(HERE / "data" / "workloads" / "softmax_wide.py", tmp_path / "ws", device="cpu",
+                                   config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == "aten._softmax.default")
+    assert card.outputs[0].numel > 4 * 65536  # large enough for the spot check
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, (CPU / "garbage_when_timed.cpp").read_text(), EvalOptions(static_checks=False))
+    assert r["status"] == "rejected" and r["failure"] == "mismatch", r["reason"]
+    assert r["reason"].startswith("timed run"), r["reason"]

