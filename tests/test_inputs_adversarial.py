@@ -134,7 +134,9 @@ def test_offset_rows_have_a_large_mean_and_unit_spread(sets):
     x = sets["offset"][0]
     mean, std = x.mean(-1), x.std(-1)
     assert bool((mean.abs() > 8).all()) and bool((std > 0.5).all()) and bool((std < 2).all())
-    assert bool((mean > 0).any()) and bool((mean < 0).any())
+    # one sign for the whole tensor: a group or column mean over both signs would cancel, and
+    # eager's own mean would be as uncertain as any kernel's
+    assert bool((mean > 0).all()) or bool((mean < 0).all())
     # a one-pass fp32 variance is far off, a two-pass one is not
     one_pass = (x * x).mean(-1) - mean * mean
     two_pass = ((x - mean[:, None]) ** 2).mean(-1)

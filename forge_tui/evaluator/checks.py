@@ -158,8 +158,14 @@ class Evaluation:
         self.device = device
         self.opt = request.get("options", {})
         self.current_phase = "load"
+        self.phase_seconds: dict[str, float] = {}
+        self._phase_t0 = time.perf_counter()
 
         def _phase(name: str) -> None:
+            now = time.perf_counter()
+            key = self.current_phase
+            self.phase_seconds[key] = self.phase_seconds.get(key, 0.0) + now - self._phase_t0
+            self._phase_t0 = now
             self.current_phase = name
             phase(name)
 
@@ -286,14 +292,12 @@ class Evaluation:
 
         if o.dtype == torch.bool:
             return 0
-        hit = torch.zeros_like(o, dtype=torch.bool)
+        hit = None
         for k in ((0, 1) if which is None else (which,)):
             p = POISON_FLOAT[k] if o.is_floating_point() else POISON_INT[k]
-            if o.is_floating_point() and math.isnan(p):
-                hit |= torch.isnan(o) & ~torch.isnan(e)
-            else:
-                hit |= (o == p) & (e != p)
-        return int(hit.sum())
+            h = (torch.isnan(o) & ~torch.isnan(e)) if o.is_floating_point() and math.isnan(p) else (o == p) & (e != p)
+            hit = h if hit is None else hit | h
+        return int(hit.sum()) if hit is not None else 0
 
     def check_set(self, name: str, ins: list) -> dict:
         import torch
@@ -560,8 +564,9 @@ class Evaluation:
                            "scalars": [[s.name, s.value] for s in self.scalars]}
             timing = self.time(ceil) if do_timing else None
             confinement = dict(self.acc.confined)
+        self.phase("done")
         return {"correctness": correctness, "timing": timing, "confinement": confinement,
-                "runner_pid": self.runner_pid()}
+                "runner_pid": self.runner_pid(), "phase_seconds": self.phase_seconds}
 
 
 PROCESS_FAILURES = {"crash": ("crash", "crash"), "device_error": ("crash", "device_error"),
