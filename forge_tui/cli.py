@@ -99,12 +99,18 @@ def format_result(r: dict) -> str:
                      f"eager {eager['median']:.2f} µs" +
                      (f", torch.compile {t['compile']['median']:.2f} µs" if t.get("compile") else ""))
         sp = t["speedup_vs_eager"]
+        untrusted = "" if t.get("quiet", True) else " (NOT TRUSTED: the machine was busy)"
         lines.append(f"  speedup vs eager {sp['median']:.3f}x [{sp['q1']:.3f}, {sp['q3']:.3f}]" +
                      (f", vs torch.compile {t['speedup_vs_compile']['median']:.3f}x" if t.get("speedup_vs_compile") else
-                      f" (torch.compile: {t.get('compile_note')})"))
+                      f" (torch.compile: {t.get('compile_note')})") + untrusted)
+        for why in t.get("noisy_reasons") or []:
+            lines.append(f"    busy: {why}")
         lines.append(f"  roofline floor {t['floor_us']:.2f} µs ({100 * t['fraction_of_floor']:.0f}% of it reached); "
-                     f"noise between two timing blocks {100 * t['noise']:.1f}%; {t['checked_timed_runs']} timed runs "
-                     "checked")
+                     f"noise between two timing blocks {100 * t['noise']:.1f}%; {t['checked_timed_runs']} timed calls "
+                     f"checked, each on fresh inputs ({t.get('calls_per_sample', 1)} per sample)")
+    conf = r.get("confinement")
+    if conf:
+        lines.append(f"  ran confined: seccomp {conf.get('seccomp', '?').split(':')[0]}, {conf.get('landlock')}")
     p = r.get("profile")
     if p:
         if p.get("available"):

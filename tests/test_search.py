@@ -201,3 +201,21 @@ def test_resume_after_sigkill(tmp_path, fast_config):
     assert all(after[k] == v for k, v in before.items())  # every finished node kept, unchanged
     moves = [e.data["move"] for e in load_events(ws) if e.kind == "node_added" and e.node != "root"]
     assert sorted(moves) == sorted(f"variant {i}" for i in range(8))  # and the search went on to the end
+
+
+def test_a_noisy_result_is_expanded_but_never_best(tmp_path):
+    """A correct candidate timed on a busy machine ("noisy") claims no speedup: the tree may grow
+    from it, it never becomes the card's best, and no best_improved event names it."""
+    a = synthetic_card("a", share=0.5, time_us=100.0, floor_us=10.0)
+    ws = make_workspace(tmp_path / "ws", [a])
+    # the first two proposals come back noisy; the rest pass at 1.1x
+    pool = FakePool(speedup=lambda card, src: 1.1,
+                    status=lambda card, src: "noisy" if src.startswith(("// kernel 1 ", "// kernel 2 ")) else "passed")
+    summary, rec = run_search(ws, cfg(max_evals=6, evals_per_card=6, parallel=1), CountingProposer(), pool)
+    pool.close()
+    added = {e.node: e.data for e in rec.events if e.kind == "node_added"}
+    noisy = {n for n, d in added.items() if d["status"] == "noisy"}
+    assert len(noisy) == 2 and all(added[n]["speedup"] is None for n in noisy)
+    assert any(d.get("parent") in noisy for d in added.values())  # grown from a noisy node
+    bests = [e.node for e in rec.events if e.kind == "best_improved"]
+    assert bests and not set(bests) & noisy and summary.best["a"]["node"] not in noisy

@@ -28,7 +28,7 @@ from .history import History
 from .pool import EvalPool
 from .proposer import NodeView, Proposal, ProposalContext, Proposer
 from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
-from .tree import ROOT, CardTree, Node
+from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
 from .uct import select
 
 SOURCE_NAME = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
@@ -266,7 +266,8 @@ class Search:
             best=self._view(card.id, best, with_source=True) if best is not None and best.id != ROOT else None,
             improvements=[self._view(card.id, n) for n in improvements[-3:]],
             regressions=[self._view(card.id, n) for n in regressions[-3:]],
-            failed_siblings=[self._view(card.id, n, with_source=True, with_result=True) for n in children if not n.ok],
+            failed_siblings=[self._view(card.id, n, with_source=True, with_result=True) for n in children
+                            if n.status not in EXPANDABLE_STATUSES],
             children=[self._view(card.id, n) for n in children],
             reference_source=self._source(card.id, tree.root) or "",
             tree_moves=[n.move for n in nodes],

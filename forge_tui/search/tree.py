@@ -7,11 +7,17 @@ from dataclasses import dataclass, field
 
 ROOT = "root"
 OK_STATUSES = ("passed", "reference")
+EXPANDABLE_STATUSES = OK_STATUSES + ("noisy",)
+"""A noisy node is correct but its speed is unknown (the machine was busy): it can have children,
+it earns the neutral reward of eager speed, and it is never the best."""
+NEUTRAL_REWARD = 0.5
 
 
 def reward(status: str, speedup: float | None, cap: float) -> float:
     """0.5 at the eager speed (the root), 1 at ``cap`` times faster, 0 at ``cap`` times slower;
     0 for a candidate that failed."""
+    if status == "noisy":
+        return NEUTRAL_REWARD
     if status not in OK_STATUSES or not speedup or speedup <= 0:
         return 0.0
     x = math.log(speedup) / math.log(cap)
@@ -65,7 +71,7 @@ class CardTree:
         self.nodes[node.id] = node
         r = reward(node.status, node.speedup, self.cap)
         node.value = r
-        if not node.ok:
+        if node.status not in EXPANDABLE_STATUSES:
             node.expandable = False
             node.dead = True
         if node.parent is not None and node.parent in self.nodes:
