@@ -63,6 +63,11 @@ LOADS = {
 }
 
 
+def evaluate(ev, card, source: str, options=None) -> dict:
+    """The evaluation as the JSON this script writes (EvalResult.to_dict)."""
+    return ev.evaluate(card, source, options).to_dict()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", type=Path, help="a tree with an earlier forge_tui package, timed for comparison")
@@ -109,7 +114,7 @@ def main() -> int:
     cfg = parse_config({"timing": {"warmup": 3, "repeats": 20}, "evaluator": {"run_timeout_s": 20.0}})
     with Evaluator(ws.store, ws.cache, cfg, backend="cuda") as ev:
         for i in range(4):
-            results[f"good-{i}"] = ev.evaluate(card, good, EvalOptions(compile_baseline=True))
+            results[f"good-{i}"] = evaluate(ev, card, good, EvalOptions(compile_baseline=True))
         r0 = results["good-0"]
         t = r0["timing"]
         show("good", "status / confinement", f"{r0['status']} / {r0.get('confinement')}")
@@ -138,8 +143,8 @@ def main() -> int:
 
         for pattern, name in ATTACKS:
             src = (CUDA / name).read_text()
-            static = ev.evaluate(card, src)
-            runtime = ev.evaluate(card, src, EvalOptions(static_checks=False, compile_baseline=False))
+            static = evaluate(ev, card, src)
+            runtime = evaluate(ev, card, src, EvalOptions(static_checks=False, compile_baseline=False))
             results[f"{name}:static"] = static
             results[f"{name}:runtime"] = runtime
             extra = ""
@@ -148,8 +153,8 @@ def main() -> int:
             show(f"{pattern}: {name}", f"static: {static['status']}/{static['failure']}",
                  f"runtime: {runtime['status']}/{runtime['failure']}: {runtime['reason'][:110]}{extra}")
         for name in ["illegal_address.cu", "endless.cu"]:
-            r = ev.evaluate(card, (CUDA / name).read_text(), EvalOptions(compile_baseline=False))
-            after = ev.evaluate(card, good, EvalOptions(compile_baseline=False))
+            r = evaluate(ev, card, (CUDA / name).read_text(), EvalOptions(compile_baseline=False))
+            after = evaluate(ev, card, good, EvalOptions(compile_baseline=False))
             results[name] = r
             results[f"{name}:after"] = after
             show(name, f"{r['status']}: {r['reason'][:60]}", f"next candidate: {after['status']}, same judge")
@@ -160,7 +165,7 @@ def main() -> int:
             procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in cmds]
             try:
                 time.sleep(3)
-                r = ev.evaluate(card, good, EvalOptions(compile_baseline=False))
+                r = evaluate(ev, card, good, EvalOptions(compile_baseline=False))
             finally:
                 for p in procs:
                     p.kill()
@@ -172,7 +177,7 @@ def main() -> int:
             show("load", label, f"{verdict}" + (f" ({'; '.join(r['timing']['noisy_reasons'])[:120]})"
                                                 if r["status"] == "noisy" else ""))
 
-        prof = ev.evaluate(card, good, EvalOptions(profile=True, sanitize=True, compile_baseline=False))
+        prof = evaluate(ev, card, good, EvalOptions(profile=True, sanitize=True, compile_baseline=False))
         results["profiled"] = prof
         p = prof.get("profile") or {}
         show("ncu", "available / duration µs / DRAM %",

@@ -25,13 +25,14 @@ def _progress(quiet: bool):
 
 
 def cmd_profile(args) -> int:
-    from .profiler.run import profile_into_workspace
+    from .session import Session
     from .table import render
     from .workload import resolve_path
 
     ws_path = args.workspace or Path("workspaces") / resolve_path(args.workload).stem
-    ws, result = profile_into_workspace(args.workload, ws_path, device=args.device, dtype=args.dtype,
-                                        config_path=args.config, progress=_progress(args.quiet))
+    session, result = Session.profile(args.workload, ws_path, device=args.device, dtype=args.dtype,
+                                      config=args.config, progress=_progress(args.quiet))
+    ws = session.workspace
     title = f"{ws.meta['workload']['name']} on {result.device_name}: forward {result.forward.median:.1f} µs " \
             f"(spread {100 * result.forward.spread:.1f}%" + \
             (", NOT TRUSTWORTHY: the machine was busy)" if result.forward_noisy else ")")
@@ -76,124 +77,54 @@ def _load_card(spec: str, workspace: Path | None):
     return ws, ws.card(spec)
 
 
-def format_result(r: dict) -> str:
-    """A human summary of an evaluator result."""
-    lines = [f"{r['status'].upper()}: {r['card']} on {r['backend']}" + (f": {r['reason']}" if r["reason"] else "")]
-    for f in (r.get("static") or {}).get("findings", []):
-        lines.append(f"  static {f['severity']}: " + (f"line {f['line']}: " if f.get("line") else "") +
-                     f"{f['message']} [{f['rule']}]")
-    b = r.get("build")
-    if b:
-        lines.append(f"  build: {'ok' if b['ok'] else 'failed'} in {b['seconds']:.2f} s" + (" (cached)" if b["cached"] else ""))
-        for d in b["diagnostics"][:10]:
-            where = d["file"] + (f":{d['line']}" if d["line"] else "")
-            lines.append(f"    {where}: {d['severity']}: {d['message']}")
-    c = r.get("correctness")
-    if c:
-        sets = ", ".join(f"{s['name']} ({s['determinism']}{', degenerate' if s['degenerate'] else ''})" for s in c["sets"])
-        lines.append(f"  correct on: {sets}")
-    t = r.get("timing")
-    if t:
-        cand, eager = t["candidate"], t["eager"]
-        lines.append(f"  time: candidate {cand['median']:.2f} µs (spread {100 * cand['spread']:.1f}%), "
-                     f"eager {eager['median']:.2f} µs" +
-                     (f", torch.compile {t['compile']['median']:.2f} µs" if t.get("compile") else ""))
-        sp = t["speedup_vs_eager"]
-        untrusted = "" if t.get("quiet", True) else " (NOT TRUSTED: the machine was busy)"
-        lines.append(f"  speedup vs eager {sp['median']:.3f}x [{sp['q1']:.3f}, {sp['q3']:.3f}]" +
-                     (f", vs torch.compile {t['speedup_vs_compile']['median']:.3f}x" if t.get("speedup_vs_compile") else
-                      f" (torch.compile: {t.get('compile_note')})") + untrusted)
-        for why in t.get("noisy_reasons") or []:
-            lines.append(f"    busy: {why}")
-        lines.append(f"  roofline floor {t['floor_us']:.2f} µs ({100 * t['fraction_of_floor']:.0f}% of it reached); "
-                     f"noise between two timing blocks {100 * t['noise']:.1f}%; {t['checked_timed_runs']} timed calls "
-                     f"checked, each on fresh inputs ({t.get('calls_per_sample', 1)} per sample)")
-    conf = r.get("confinement")
-    if conf:
-        lines.append(f"  ran confined: seccomp {conf.get('seccomp', '?').split(':')[0]}, {conf.get('landlock')}")
-    p = r.get("profile")
-    if p:
-        if p.get("available"):
-            lines.append(f"  ncu: {p['duration_us']:.2f} µs, DRAM {p['dram_throughput_pct']}%, SM {p['sm_throughput_pct']}%, "
-                         f"occupancy {p['achieved_occupancy_pct']}%, {p['registers_per_thread']} regs/thread")
-        else:
-            lines.append(f"  {p['reason']}")
-    return "\n".join(lines)
-
-
 def cmd_eval(args) -> int:
     import json
 
-    from .config import discover_config
-    from .evaluator import EvalOptions, Evaluator
+    from .evaluator import EvalOptions
+    from .evaluator.report import format_result
+    from .session import Session
 
     src_path = Path(args.source)
     if not src_path.is_file():
         raise ForgeError(f"candidate source not found: {src_path}")
     ws, card = _load_card(args.card, args.workspace)
-    cfg, _ = discover_config(args.config, ws.root)
+    session = Session.open(ws.root, args.config)
     opts = EvalOptions(static_checks=not args.no_static, profile=args.profile, seed=args.seed,
                        allow_libraries=args.allow_libraries)
-    with Evaluator(ws.store, ws.cache, cfg, backend=args.backend) as ev:
+    with session.evaluator(args.backend) as ev:
         result = ev.evaluate(card, src_path.read_text(), opts)
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(result.to_json())
     else:
         print(format_result(result))
-    return 0 if result["status"] == "passed" else 1
-
-
-def make_proposer(spec: str):
-    """'scripted:PLAN.json', 'templates', or 'auto' (the LLM agent when a key is set, else templates)."""
-    from .search.proposer import ScriptedProposer
-    from .templates.proposer import TemplateProposer
-
-    if spec in ("auto", "templates"):
-        return TemplateProposer()
-    if spec.startswith("scripted:"):
-        path = Path(spec.split(":", 1)[1])
-        if not path.is_file():
-            raise ForgeError(f"scripted plan not found: {path}")
-        return ScriptedProposer.from_file(path)
-    raise ForgeError(f"unknown proposer '{spec}' (available: auto, templates, scripted:PLAN.json)")
+    return 0 if result.passed else 1
 
 
 def cmd_search(args) -> int:
-    from .config import discover_config
-    from .search.events import EventBus
-    from .search.pool import LocalEvalPool
-    from .search.replay import format_event
-    from .search.runner import Search
-    from .search.store import SearchStore
-    from .workspace import Workspace
+    from .search.events import EventBus, StoreDamaged
+    from .session import Session
 
-    ws = Workspace.open(args.workspace)
-    cfg, _ = discover_config(args.config, ws.root)
-    overrides = {k: v for k, v in {"max_evals": args.max_evals, "evals_per_card": args.evals_per_card,
-                                   "parallel": args.parallel, "max_wall_s": args.max_wall_s}.items() if v is not None}
-    if overrides:
-        cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update=overrides)})
+    session = Session.open(args.workspace, args.config).with_search_settings(
+        max_evals=args.max_evals, evals_per_card=args.evals_per_card, parallel=args.parallel,
+        max_wall_s=args.max_wall_s)
     if args.fresh:
-        with ws.git() as repo:
-            n = SearchStore(repo).delete_all()
-        print(f"removed {n} search refs", file=sys.stderr)
-    proposer = make_proposer(args.proposer)
+        print(f"removed {session.discard_search()} search refs", file=sys.stderr)
     bus = EventBus()
     if not args.quiet:
-        bus.subscribe(lambda e: e.persistent and print(format_event(e), flush=True))
+        bus.subscribe(lambda e: e.persistent and print(e.line(), flush=True))
     # damaged records: one line each on stderr (quiet or not), and the search goes on without them
-    bus.subscribe(lambda e: e.kind == "store_damaged" and print(format_event(e), file=sys.stderr, flush=True))
-    pool = LocalEvalPool(ws.store, ws.cache, cfg, backend=args.backend)
-    try:
-        summary = Search(ws, cfg, proposer, pool, bus=bus, cards=args.cards).run(resume=args.resume or args.fresh)
-    finally:
-        pool.close()
+    bus.subscribe(lambda e: isinstance(e, StoreDamaged) and print(e.line(), file=sys.stderr, flush=True))
+    with session.search(proposer=args.proposer, backend=args.backend, cards=args.cards, bus=bus) as search:
+        summary = search.run(resume=args.resume or args.fresh)
     for cid, why in summary.skipped.items():
         print(f"skipped {cid}: {why}")
     for cid, b in summary.best.items():
         print(f"best {cid}: {b['node']} {b['speedup']:.3f}x ({b['move']})")
     print(f"stopped: {summary.stopped}; {summary.evaluations} evaluations, {summary.wall_s:.1f} s, "
           f"git {summary.git_s:.2f} s ({100 * summary.git_s / max(summary.wall_s, 1e-9):.1f}%), ${summary.cost_usd:.2f}")
+    if summary.git_failure:
+        print(f"forge: error: {summary.git_failure}", file=sys.stderr)
+        return 1
     return 0
 
 

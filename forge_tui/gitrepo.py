@@ -17,6 +17,26 @@ from typing import Iterator
 from .errors import WorkspaceError
 
 
+def _git_errors() -> tuple[type[BaseException], ...]:
+    """Every error that can come out of git, GitPython or gitdb (and the file system under them)."""
+    import git
+    import gitdb.exc
+
+    return (git.GitError, gitdb.exc.ODBError, ValueError, OSError)
+
+
+@contextmanager
+def git_boundary(action: str) -> Iterator[None]:
+    """Turns any git, gitdb or file-system error raised inside into one WorkspaceError naming
+    ``action``: the one place where git's failures become messages."""
+    try:
+        yield
+    except WorkspaceError:
+        raise
+    except _git_errors() as exc:
+        raise WorkspaceError(f"git failed while {action}: {type(exc).__name__}: {exc}") from exc
+
+
 class RefConflict(WorkspaceError):
     """A ref write refused: the ref exists (create-only write) or moved since it was read."""
 
@@ -185,7 +205,8 @@ class ObjectWriter:
 
         from gitdb import IStream
 
-        return self._odb.store(IStream(kind, len(data), BytesIO(data))).binsha
+        with git_boundary(f"writing a {kind.decode()} object"):
+            return self._odb.store(IStream(kind, len(data), BytesIO(data))).binsha
 
     def blob(self, data: bytes) -> bytes:
         return self._store(b"blob", data)
@@ -200,9 +221,10 @@ class ObjectWriter:
 
     def _read(self, binsha: bytes) -> bytes:
         """An object's content: loose objects directly, packed ones through git."""
-        if self._odb.has_object(binsha):
-            return self._odb.stream(binsha).read()
-        return self.repo._repo.odb.stream(binsha).read()
+        with git_boundary(f"reading object {binsha.hex()[:12]}"):
+            if self._odb.has_object(binsha):
+                return self._odb.stream(binsha).read()
+            return self.repo._repo.odb.stream(binsha).read()
 
     def tree_entries(self, commit_hex: str) -> list[tuple[str, bytes, str]]:
         """Top-level entries of a commit's tree (cached)."""
@@ -263,8 +285,9 @@ class ObjectWriter:
                                       f"(at {current[:12]})", ref)
                 raise RefConflict(f"refusing to move {short_ref(ref)}: it is at {(current or 'nothing')[:12]}, "
                                   f"expected {old[:12]} (written by someone else meanwhile?)", ref)
-            out.write(f"{sha}\n".encode())
-            lock.commit()
+            with git_boundary(f"moving {short_ref(ref)}"):
+                out.write(f"{sha}\n".encode())
+                lock.commit()
         except BaseException:
             lock.rollback()
             raise

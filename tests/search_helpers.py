@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from forge_tui.cards import Card, TensorSpec, save_cards
+from forge_tui.evaluator.result import EvalResult
 from forge_tui.gitrepo import GitRepo
 from forge_tui.search.proposer import Proposal
 from forge_tui.workspace import GITIGNORE, MARKER, Workspace
@@ -58,14 +59,26 @@ class FakePool:
         try:
             time.sleep(random.uniform(*self.delay))
             st = self.status(card, source)
-            return {"status": st, "reason": "" if st == "passed" else "fake failure",
-                    "speedup_vs_eager": self.speedup(card, source) if st == "passed" else None}
+            return EvalResult(status=st, reason="" if st == "passed" else "fake failure", card=card.id,
+                              backend=self.backend,
+                              speedup_vs_eager=self.speedup(card, source) if st == "passed" else None)
         finally:
             with self._lock:
                 self._in_flight -= 1
 
     def submit(self, card, source, options=None) -> Future:
         return self._exec.submit(self._run, card, source)
+
+    def check(self, card, source) -> Future:
+        return self.submit(card, source)
+
+    def profile(self, card, source) -> Future:
+        return self.submit(card, source)
+
+    def build(self, source) -> Future:
+        from forge_tui.evaluator.result import BuildReport
+
+        return self._exec.submit(lambda: BuildReport(ok=True, backend=self.backend, key="fake"))
 
     def close(self):
         self._exec.shutdown(wait=True)

@@ -46,25 +46,26 @@ def run(evaluators, cards, which, filename, **opts):
 
 def test_good_candidate_passes_with_full_report(evaluators, cards):
     r = run(evaluators, cards, "softmax", "softmax_good.cpp")
-    assert r["status"] == "passed", r["reason"]
-    sets = r["correctness"]["sets"]
-    assert [s["name"] for s in sets] == ["captured-0", "random-0", "random-1", "random-2", "adversarial-overflow",
+    assert r.status == "passed", r.reason
+    sets = r.correctness.sets
+    assert [s.name for s in sets] == ["captured-0", "random-0", "random-1", "random-2", "adversarial-overflow",
                                          "adversarial-special"]
-    assert all(s["ok"] and s["determinism"] == "bitwise" for s in sets)
-    t = r["timing"]
-    assert t["candidate"]["n"] == 2 * CFG.timing.repeats and t["eager"]["n"] == 2 * CFG.timing.repeats
+    assert all(s.ok and s.determinism == "bitwise" for s in sets)
+    t = r.timing
+    assert t.candidate.n == 2 * CFG.timing.repeats and t.eager.n == 2 * CFG.timing.repeats
     # a small card: each sample holds several calls, each on fresh inputs, each call checked
-    k = t["calls_per_sample"]
-    assert k > 1 and t["checked_timed_runs"] == k * (2 * CFG.timing.repeats + CFG.timing.warmup)
-    assert t["protocol"]["outputs_checked_every_timed_run"] and t["protocol"]["fresh_inputs_every_run"]
-    assert t["protocol"]["threads"] == 1 and t["quiet"] and t["noisy_reasons"] == []
-    assert t["runner_cpu_while_frozen_ns"] == 0
-    assert r["confinement"]["seccomp"].startswith("libseccomp")
-    assert r["speedup_vs_eager"] == t["speedup_vs_eager"]["median"] > 0
-    assert t["compile"] is None and "not requested" in t["compile_note"]
-    assert r["build"]["ok"] and r["static"]["findings"] == []
-    import json
-    json.dumps(r)  # JSON-serialisable
+    k = t.calls_per_sample
+    assert k > 1 and t.checked_timed_runs == k * (2 * CFG.timing.repeats + CFG.timing.warmup)
+    assert t.protocol["outputs_checked_every_timed_run"] and t.protocol["fresh_inputs_every_run"]
+    assert t.protocol["threads"] == 1 and t.quiet and t.noisy_reasons == []
+    assert t.runner_cpu_while_frozen_ns == 0
+    assert r.confinement["seccomp"].startswith("libseccomp")
+    assert r.speedup_vs_eager == t.speedup_vs_eager.median > 0
+    assert t.compile is None and "not requested" in t.compile_note
+    assert r.build.ok and r.static.findings == []
+    from forge_tui.evaluator.result import EvalResult
+
+    assert EvalResult.from_json(r.to_json()) == r  # an exact JSON round trip
 
 
 @pytest.mark.parametrize("filename, which, expected", [
@@ -82,16 +83,16 @@ def test_good_candidate_passes_with_full_report(evaluators, cards):
 ])
 def test_cheats_fail_at_run_time_even_without_static_checks(evaluators, cards, filename, which, expected):
     r = run(evaluators, cards, which, filename, static_checks=False)
-    assert r["status"] == "rejected", (r["status"], r["reason"])
-    assert r["failure"] in expected, r["reason"]
-    assert r["reason"]
+    assert r.status == "rejected", (r.status, r.reason)
+    assert r.failure in expected, r.reason
+    assert r.reason
 
 
 def test_pointer_cache_is_caught_once_the_contents_change(evaluators, cards):
     """Every input set, and every timed run, goes through the same shared buffers with new contents:
     a result cached by pointer is stale from the second set on."""
     r = run(evaluators, cards, "softmax", "cache_by_pointer.cpp", static_checks=False)
-    assert r["failure"] == "mismatch" and r["reason"].startswith("random-0")
+    assert r.failure == "mismatch" and r.reason.startswith("random-0")
 
 
 @pytest.mark.parametrize("filename, rule", [
@@ -103,18 +104,18 @@ def test_pointer_cache_is_caught_once_the_contents_change(evaluators, cards):
 ])
 def test_static_checks_reject_with_a_readable_reason(evaluators, cards, filename, rule):
     r = run(evaluators, cards, "softmax", filename)
-    assert r["status"] == "rejected" and r["failure"] == "static"
-    assert any(f["rule"] == rule and f["severity"] == "error" for f in r["static"]["findings"])
-    assert r["reason"].startswith("static check: ")
-    assert r["build"] is None  # rejected before spending a compile
+    assert r.status == "rejected" and r.failure == "static"
+    assert any(f.rule == rule and f.severity == "error" for f in r.static.findings)
+    assert r.reason.startswith("static check: ")
+    assert r.build is None  # rejected before spending a compile
 
 
 def test_impossible_time_is_flagged_not_rewarded(evaluators, cards):
     _, card = cards["softmax"]
     fast_floor = card.model_copy(update={"bytes": 10**15})
     r = evaluators["softmax"].evaluate(fast_floor, (CPU / "softmax_good.cpp").read_text())
-    assert r["status"] == "rejected" and r["failure"] == "impossible_time"
-    assert r["timing"]["impossible"] and "roofline floor" in r["reason"]
+    assert r.status == "rejected" and r.failure == "impossible_time"
+    assert r.timing.impossible and "roofline floor" in r.reason
 
 
 def test_a_floor_within_the_timers_resolution_is_not_called_impossible():
@@ -130,10 +131,10 @@ def test_a_floor_within_the_timers_resolution_is_not_called_impossible():
 
 def test_degenerate_card_is_flagged(evaluators, cards):
     r = run(evaluators, cards, "degenerate", "softmax_good.cpp")
-    assert r["status"] == "passed", r["reason"]
-    by_name = {s["name"]: s for s in r["correctness"]["sets"]}
-    assert by_name["captured-0"]["degenerate"] is True   # a constant would pass on the captured input
-    assert by_name["random-0"]["degenerate"] is False    # but not on the random sets
+    assert r.status == "passed", r.reason
+    by_name = {s.name: s for s in r.correctness.sets}
+    assert by_name["captured-0"].degenerate is True   # a constant would pass on the captured input
+    assert by_name["random-0"].degenerate is False    # but not on the random sets
 
 
 @pytest.mark.parametrize("filename, status, words", [
@@ -143,21 +144,21 @@ def test_degenerate_card_is_flagged(evaluators, cards):
 ])
 def test_crashes_and_hangs_are_contained(evaluators, cards, filename, status, words):
     r = run(evaluators, cards, "softmax", filename, static_checks=False)
-    assert r["status"] == status and words in r["reason"]
+    assert r.status == status and words in r.reason
     again = run(evaluators, cards, "softmax", "softmax_good.cpp")  # a fresh worker takes the next one
-    assert again["status"] == "passed", again["reason"]
+    assert again.status == "passed", again.reason
 
 
 def test_error_code_and_build_failure(evaluators, cards):
     r = run(evaluators, cards, "softmax", "returns_error.cpp")
-    assert r["status"] == "rejected" and r["failure"] == "returned_error" and "7" in r["reason"]
+    assert r.status == "rejected" and r.failure == "returned_error" and "7" in r.reason
     src = (CPU / "syntax_error.cpp").read_text()
     r = run(evaluators, cards, "softmax", "syntax_error.cpp")
-    assert r["status"] == "build_failed"
+    assert r.status == "build_failed"
     line = next(i for i, text in enumerate(src.splitlines(), 1) if "undeclared_name" in text)
-    errs = [d for d in r["build"]["diagnostics"] if d["severity"] == "error"]
-    assert errs and errs[0]["line"] == line and "undeclared_name" in errs[0]["message"]
-    assert errs[0]["file"].endswith("candidate.cpp") and r["build"]["log"]
+    errs = [d for d in r.build.diagnostics if d.severity == "error"]
+    assert errs and errs[0].line == line and "undeclared_name" in errs[0].message
+    assert errs[0].file.endswith("candidate.cpp") and r.build.log
 
 
 def test_builds_are_cached_and_parallel(evaluators):
@@ -172,8 +173,8 @@ def test_builds_are_cached_and_parallel(evaluators):
 
 def test_profiler_unavailable_on_cpu(evaluators, cards):
     r = run(evaluators, cards, "softmax", "softmax_good.cpp", profile=True)
-    assert r["status"] == "passed"
-    assert r["profile"]["available"] is False and "profiler unavailable" in r["profile"]["reason"]
+    assert r.status == "passed"
+    assert r.profile.available is False and "profiler unavailable" in r.profile.reason
 
 
 def test_every_candidate_gets_a_fresh_process_that_dies_with_it(evaluators, cards):
@@ -182,34 +183,34 @@ def test_every_candidate_gets_a_fresh_process_that_dies_with_it(evaluators, card
     and the next candidate runs in a process of its own."""
     ev = evaluators["softmax"]
     r = run(evaluators, cards, "softmax", "background_thread.cpp", static_checks=False)
-    assert r["status"] == "rejected" and r["failure"] in {"unwritten", "late_writes"}, r["reason"]
+    assert r.status == "rejected" and r.failure in {"unwritten", "late_writes"}, r.reason
     judge = ev.worker.proc.pid
     with pytest.raises(ProcessLookupError):
-        os.kill(r["runner_pid"], 0)
+        os.kill(r.runner_pid, 0)
     nxt = run(evaluators, cards, "softmax", "softmax_good.cpp")
-    assert nxt["status"] == "passed", nxt["reason"]
-    assert nxt["runner_pid"] != r["runner_pid"] and ev.worker.proc.pid == judge
+    assert nxt.status == "passed", nxt.reason
+    assert nxt.runner_pid != r.runner_pid and ev.worker.proc.pid == judge
 
 
 def test_workspace_candidate_gets_a_fresh_poisoned_workspace_every_call(evaluators, cards):
     # The candidate returns 9 if the marker it leaves in the workspace survived to its next call;
     # it passes only if every checked and timed call saw a re-poisoned workspace.
     r = run(evaluators, cards, "softmax", "softmax_workspace.cpp")
-    assert r["status"] == "passed", r["reason"]
-    assert r["timing"]["checked_timed_runs"] > 0
+    assert r.status == "passed", r.reason
+    assert r.timing.checked_timed_runs > 0
 
 
 def test_workspace_assumed_zero_is_caught(evaluators, cards):
     r = run(evaluators, cards, "softmax", "workspace_uninit.cpp", static_checks=False)
-    assert r["status"] == "rejected" and r["failure"] in {"mismatch", "unwritten"}, r["reason"]
+    assert r.status == "rejected" and r.failure in {"mismatch", "unwritten"}, r.reason
 
 
 def test_workspace_refusal_and_missing_size_function(evaluators, cards):
     r = run(evaluators, cards, "softmax", "workspace_refused.cpp")
-    assert r["status"] == "rejected" and r["failure"] == "workspace"
-    assert "forge_workspace_bytes returned -1" in r["reason"]
+    assert r.status == "rejected" and r.failure == "workspace"
+    assert "forge_workspace_bytes returned -1" in r.reason
     r = run(evaluators, cards, "softmax", "workspace_no_size.cpp")
-    assert r["status"] == "rejected" and r["failure"] == "static"
-    assert "without forge_workspace_bytes" in r["reason"]
+    assert r.status == "rejected" and r.failure == "static"
+    assert "without forge_workspace_bytes" in r.reason
     r = run(evaluators, cards, "softmax", "workspace_no_size.cpp", static_checks=False)
-    assert r["status"] == "rejected" and r["failure"] == "load" and "forge_workspace_bytes" in r["reason"]
+    assert r.status == "rejected" and r.failure == "load" and "forge_workspace_bytes" in r.reason

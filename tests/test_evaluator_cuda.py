@@ -99,7 +99,7 @@ def test_cuda_backend_without_gpu_reports_no_device(tmp_path):
                 program={"nodes": [], "outputs": []})
     with Evaluator(TensorStore(tmp_path / "t"), tmp_path, backend="cuda") as ev:
         r = ev.evaluate(card, (CUDA / "softmax_good.cu").read_text())
-    assert r["status"] == "error" and r["failure"] == "no_device" and r["build"]["ok"]
+    assert r.status == "error" and r.failure == "no_device" and r.build.ok
 
 
 def test_diagnostics_parser_formats():

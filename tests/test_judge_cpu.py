@@ -52,8 +52,8 @@ def test_the_interpreter_and_the_comparison_are_not_in_the_candidates_process(so
     """judge_python.cpp calls PyRun_SimpleString to make the comparison always pass: the runner
     has no interpreter, so the library does not even load."""
     r = evaluate(softmax, "judge_python.cpp")
-    assert r["status"] == "rejected" and r["failure"] == "load", r["reason"]
-    assert "PyRun_SimpleString" in r["reason"]
+    assert r.status == "rejected" and r.failure == "load", r.reason
+    assert "PyRun_SimpleString" in r.reason
 
 
 @needs_seccomp
@@ -61,8 +61,8 @@ def test_the_judges_memory_is_out_of_reach(softmax):
     """judge_memory.cpp opens /proc/<judge>/mem to read the expected outputs; it returns 43 when
     the kernel refuses, which it must (Landlock, a judge that is not dumpable, no capabilities)."""
     r = evaluate(softmax, "judge_memory.cpp")
-    assert r["status"] == "rejected" and r["failure"] == "returned_error", r["reason"]
-    assert "returned 43" in r["reason"]
+    assert r.status == "rejected" and r.failure == "returned_error", r.reason
+    assert "returned 43" in r.reason
 
 
 @needs_seccomp
@@ -74,7 +74,7 @@ def test_the_judges_memory_is_out_of_reach(softmax):
 def test_the_cage_refuses(softmax, filename, code, what):
     """Each candidate returns its code only when the kernel refused it ``what``."""
     r = evaluate(softmax, filename)
-    assert r["status"] == "rejected" and f"returned {code}" in r["reason"], (what, r["reason"])
+    assert r.status == "rejected" and f"returned {code}" in r.reason, (what, r.reason)
     assert not os.path.exists("/tmp/forge-candidate-state.bin")
 
 
@@ -83,7 +83,7 @@ def test_state_kept_between_calls_cannot_stand_in_for_the_work(softmax):
     from then on: the next input set (new contents in the same buffers) finds its outputs
     still poisoned."""
     r = evaluate(softmax, "state_env.cpp")
-    assert r["status"] == "rejected" and r["failure"] == "unwritten", r["reason"]
+    assert r.status == "rejected" and r.failure == "unwritten", r.reason
 
 
 def test_a_spinning_thread_never_runs_while_the_baselines_are_timed(softmax):
@@ -91,21 +91,21 @@ def test_a_spinning_thread_never_runs_while_the_baselines_are_timed(softmax):
     judge freezes the candidate's process around every baseline run and measures that it used no
     CPU meanwhile."""
     r = evaluate(softmax, "background_spin.cpp")
-    assert r["status"] == "passed", r["reason"]
-    assert r["timing"]["runner_cpu_while_frozen_ns"] == 0
-    assert r["timing"]["checked_timed_runs"] > 0
+    assert r.status == "passed", r.reason
+    assert r.timing.runner_cpu_while_frozen_ns == 0
+    assert r.timing.checked_timed_runs > 0
 
 
 @needs_seccomp
 def test_confinement_is_reported_and_can_be_turned_off(softmax, tmp_path):
     r = evaluate(softmax, "softmax_good.cpp")
-    assert r["status"] == "passed", r["reason"]
-    assert "libseccomp" in r["confinement"]["seccomp"]
+    assert r.status == "passed", r.reason
+    assert "libseccomp" in r.confinement["seccomp"]
     ev, card = softmax
     off = parse_config({**CFG.model_dump(), "evaluator": {**CFG.evaluator.model_dump(), "confinement": "off"}})
     with Evaluator(ev.store, tmp_path, off, backend="cpu") as unconfined:
         r = unconfined.evaluate(card, (CPU / "softmax_good.cpp").read_text())
-    assert r["status"] == "passed" and r["confinement"]["seccomp"] == "off", r["reason"]
+    assert r.status == "passed" and r.confinement["seccomp"] == "off", r.reason
 
 
 @pytest.fixture(scope="module")
@@ -134,19 +134,19 @@ def test_approximations_fail_on_the_inputs_that_break_them(softmax, norms, which
     card's kind rejects it."""
     ev, card = softmax if which == "softmax" else norms[which]
     r = ev.evaluate(card, (CPU / filename).read_text(), EvalOptions(static_checks=False))
-    assert r["status"] == "rejected" and r["failure"] in {"mismatch", "unwritten"}, r["reason"]
-    assert r["reason"].startswith(rejected_by), r["reason"]
+    assert r.status == "rejected" and r.failure in {"mismatch", "unwritten"}, r.reason
+    assert r.reason.startswith(rejected_by), r.reason
     clean = ev.evaluate(card, (CPU / filename).read_text(), EvalOptions(adversarial=False, timing=False))
-    assert clean["status"] == "passed", clean["reason"]  # only the adversarial set catches it
+    assert clean.status == "passed", clean.reason  # only the adversarial set catches it
 
 
 @pytest.mark.parametrize("which, filename", [("rmsnorm", "rmsnorm_good.cpp"), ("layernorm", "layernorm_twopass.cpp")])
 def test_honest_norms_pass_every_adversarial_set(norms, which, filename):
     ev, card = norms[which]
     r = ev.evaluate(card, (CPU / filename).read_text())
-    assert r["status"] == "passed", r["reason"]
-    assert not r["timing"]["impossible"]  # a card that sits in cache has a cache-speed floor
-    names = [s["name"] for s in r["correctness"]["sets"]]
+    assert r.status == "passed", r.reason
+    assert not r.timing.impossible  # a card that sits in cache has a cache-speed floor
+    names = [s.name for s in r.correctness.sets]
     assert {"adversarial-zeros", "adversarial-tiny", "adversarial-offset", "adversarial-special"} <= set(names)
 
 
@@ -162,5 +162,5 @@ def test_timed_calls_are_checked_too(tmp_path):
     assert card.outputs[0].numel > 4 * 65536  # large enough for the spot check
     with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
         r = ev.evaluate(card, (CPU / "garbage_when_timed.cpp").read_text(), EvalOptions(static_checks=False))
-    assert r["status"] == "rejected" and r["failure"] == "mismatch", r["reason"]
-    assert r["reason"].startswith("timed run"), r["reason"]
+    assert r.status == "rejected" and r.failure == "mismatch", r.reason
+    assert r.reason.startswith("timed run"), r.reason

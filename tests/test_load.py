@@ -51,17 +51,17 @@ def test_an_honest_speedup_under_load_is_close_to_the_quiet_one_or_noisy(softmax
         with busy(2):
             loaded = ev.evaluate(card, src)
     for r in quiet + [loaded]:
-        assert r["status"] in {"passed", "noisy"}, r["reason"]
-    if loaded["status"] == "noisy":
-        assert loaded["speedup_vs_eager"] is None and loaded["timing"]["noisy_reasons"]
-        assert "busy" in loaded["reason"] or "spread" in loaded["reason"]
+        assert r.status in {"passed", "noisy"}, r.reason
+    if loaded.status == "noisy":
+        assert loaded.speedup_vs_eager is None and loaded.timing.noisy_reasons
+        assert "busy" in loaded.reason or "spread" in loaded.reason
         return
     # trusted under load: it must agree with the quiet measurement (the raw one, should the quiet
     # runs themselves have been disturbed by the other test process)
-    ref = [r["timing"]["speedup_vs_eager"]["median"] for r in quiet]
-    ref = max(ref, key=lambda x: -abs(x - loaded["speedup_vs_eager"]))
-    got = loaded["speedup_vs_eager"]
-    assert abs(got / ref - 1) <= 0.2, (got, ref, loaded["timing"]["attempts"])
+    ref = [r.timing.speedup_vs_eager.median for r in quiet]
+    ref = max(ref, key=lambda x: -abs(x - loaded.speedup_vs_eager))
+    got = loaded.speedup_vs_eager
+    assert abs(got / ref - 1) <= 0.2, (got, ref, loaded.timing.attempts)
 
 
 def test_a_profile_under_load_warns_instead_of_reporting_a_confident_number(tmp_path):

@@ -219,3 +219,29 @@ def test_a_noisy_result_is_expanded_but_never_best(tmp_path):
     assert any(d.get("parent") in noisy for d in added.values())  # grown from a noisy node
     bests = [e.node for e in rec.events if e.kind == "best_improved"]
     assert bests and not set(bests) & noisy and summary.best["a"]["node"] not in noisy
+
+
+def test_a_git_failure_stops_the_search_with_every_finished_node_kept(tmp_path, monkeypatch):
+    """The object store fails (a full disk, say) after a few nodes: the search stops with a clear
+    reason instead of a traceback, and what it recorded before replays."""
+    from gitdb.db import LooseObjectDB
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=5.0)])
+    real = LooseObjectDB.store
+    calls = {"n": 0}
+
+    def store(self, istream):
+        calls["n"] += 1
+        if calls["n"] > 30:
+            raise OSError(28, "No space left on device")
+        return real(self, istream)
+
+    monkeypatch.setattr(LooseObjectDB, "store", store)
+    pool = FakePool()
+    summary, rec = run_search(ws, cfg(max_evals=50, evals_per_card=50, parallel=1), CountingProposer(), pool)
+    pool.close()
+    assert summary.git_failure and "No space left on device" in summary.git_failure
+    assert summary.stopped.startswith("git failed") and 0 < summary.evaluations < 50
+    monkeypatch.setattr(LooseObjectDB, "store", real)
+    kept = [e for e in load_events(ws) if e.kind == "node_added" and e.node != "root"]
+    assert len(kept) == summary.evaluations

@@ -276,7 +276,7 @@ def test_truncated_result_json_reads_as_no_result(tmp_path):
     assert ctx.parent.result is None and ctx.parent.status == "passed" and ctx.parent.source.startswith("// kernel 3")
     [d] = summary.damaged
     assert d.ref == "search/a/n0003" and not d.skipped
-    assert d.what.startswith("candidate/result.json is not valid JSON (") and d.what.endswith("read as no result")
+    assert d.what.startswith("candidate/result.json is not a readable result") and d.what.endswith("read as no result")
     assert [e.data["what"] for e in rec.events if e.kind == "store_damaged"] == [d.what]
 
 
@@ -420,13 +420,12 @@ def test_fresh_discards_a_damaged_search(tmp_path):
 
 # ---- the CLI: forge search --resume ---------------------------------------------------------------
 def test_cli_search_resume_prints_skips_and_goes_on(tmp_path, capsys, monkeypatch):
-    import forge_tui.cli
-    import forge_tui.search.pool
+    from forge_tui.session import ProposerChoice, Session
 
     ws = chain_workspace(tmp_path, evals=3)
     bad = rewrite(ws, "search/a/n0003", replace_line(message(ws, "search/a/n0003"), "Forge-Seq", "3x"))
-    monkeypatch.setattr(forge_tui.search.pool, "LocalEvalPool", lambda *a, **k: FakePool())
-    monkeypatch.setattr(forge_tui.cli, "make_proposer", lambda spec: ChainProposer())
+    monkeypatch.setattr(Session, "pool", lambda self, backend=None: FakePool())
+    monkeypatch.setattr(Session, "proposer", lambda self, spec="auto": ProposerChoice(ChainProposer(), "test"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "forge.toml").write_text("[search]\nmin_gain = 0.0\n")
     capsys.readouterr()

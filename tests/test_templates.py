@@ -57,7 +57,7 @@ def test_every_family_passes_the_evaluator_on_cpu(ws, matched):
             for card, fam, m in cards:
                 params = fam.initial(m, "cpu")
                 r = ev.evaluate(card, fam.render(m, params, "cpu"), EvalOptions(timing=False))
-                assert r["status"] == "passed", (family, card.id, r["reason"], (r.get("build") or {}).get("log", "")[:800])
+                assert r.status == "passed", (family, card.id, r.reason, (r.build.log if r.build else "")[:800])
                 passed[family] = passed.get(family, 0) + 1
     assert set(passed) >= FAMILIES
     assert sum(passed.values()) >= 14
@@ -149,7 +149,7 @@ def test_template_search_on_cpu(ws, matched):
     from forge_tui.search.runner import Search
 
     card, _, _ = matched["rms_norm"][0]
-    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3},
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "max_spread": 10.0, "max_slowdown": 100.0},
                         "search": {"max_evals": 3, "parallel": 2, "min_gain": 0.0}})
     pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu")
     try:

@@ -59,7 +59,7 @@ def main() -> int:
                 continue
             with Evaluator(ws.store, ws.cache, cfg, backend="cuda") as ev:
                 r = ev.evaluate(card, fam.render(m, fam.initial(m, "cuda"), "cuda"),
-                                EvalOptions(compile_baseline=False))
+                                EvalOptions(compile_baseline=False)).to_dict()
             t = r.get("timing") or {}
             row = {"card": card.id, "family": m.family, "status": r["status"], "reason": r["reason"][:200],
                    "sets": [s["name"] for s in (r.get("correctness") or {}).get("sets", [])],

@@ -4,3 +4,4 @@ Every candidate, from the LLM agent or the built-in proposer, goes through ``Eva
 """
 
 from .api import EvalOptions, Evaluator  # noqa: F401
+from .result import EvalResult  # noqa: F401

@@ -1,4 +1,4 @@
-"""The evaluator's one entry point: (card, candidate source, options) -> a JSON-serialisable result.
+"""The evaluator's one entry point: (card, candidate source, options) -> an ``EvalResult``.
 
 The search, the agent's tools, the TUI and ``forge eval`` all call ``Evaluator.evaluate``.
 
@@ -26,6 +26,7 @@ from ..config import ForgeConfig
 from ..tensorstore import TensorStore
 from .accused import runner_executable
 from .build import Builder, BuildResult
+from .result import SCHEMA_VERSION, EvalResult
 from .static_checks import check_source, errors
 from .worker import WorkerClient
 
@@ -109,7 +110,7 @@ class Evaluator:
                 return f"torch is not importable: {exc}"
         return None
 
-    def evaluate(self, card: Card, source: str, options: EvalOptions | None = None) -> dict:
+    def evaluate(self, card: Card, source: str, options: EvalOptions | None = None) -> EvalResult:
         opt = options or EvalOptions()
         t0 = time.perf_counter()
         result: dict = {
@@ -181,6 +182,7 @@ class Evaluator:
                            bandwidth_Bps=ceil["bandwidth_Bps"])
 
     @staticmethod
-    def _finish(result: dict, t0: float) -> dict:
+    def _finish(result: dict, t0: float) -> EvalResult:
         result["seconds"] = time.perf_counter() - t0
-        return result
+        result["schema"] = SCHEMA_VERSION
+        return EvalResult.model_validate(result)

@@ -1,46 +1,194 @@
-"""Plain events the search emits; the TUI and the CLI subscribe. The core imports no Textual.
+"""The events the search emits, typed: one class per kind. The core imports no Textual; the app
+turns each event into a Textual message (``forge_tui/ui``), the CLI prints ``event.line()``.
 
-Persistent events are facts recorded in git (``forge replay`` rebuilds them, in the same order);
-transient ones (``node_started``, ``budget_spent``) report progress and are not replayed.
-``store_damaged`` (transient) reports a recorded item the search skipped or read in part; its data
-is a :class:`~forge_tui.search.store.Damage` as JSON (``ref``, ``what``, ``commit``, ``skipped``, ...).
+Persistent events are facts recorded in git: ``forge replay`` rebuilds exactly the same objects,
+in the same order, from the history (``history.py``). Transient ones (``NodeStarted``,
+``BudgetSpent``, ``StoreDamaged``) report progress and are not replayed.
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
-PERSISTENT = ("search_started", "node_added", "best_improved", "card_finished", "proposer_failed",
-              "promotion_requested", "search_stopped")
-TRANSIENT = ("node_started", "budget_spent", "store_damaged")
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
-@dataclass(frozen=True)
-class Event:
+class SearchEvent(BaseModel):
+    """What every event carries: its kind, the search's sequence number, and the card and node it
+    concerns (None where it concerns the whole search)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    persistent: ClassVar[bool] = True
+
     kind: str
     seq: int
     card: str | None = None
     node: str | None = None
-    data: dict = field(default_factory=dict)
 
     @property
-    def persistent(self) -> bool:
-        return self.kind in PERSISTENT
+    def data(self) -> dict[str, Any]:
+        """The kind's own fields (everything but kind, seq, card and node): what git records."""
+        return self.model_dump(exclude={"kind", "seq", "card", "node"})
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(self.model_dump_json())
+
+    def line(self) -> str:
+        return f"[{self.seq:5d}] {self.kind} {self.card or ''} {self.node or ''}".rstrip()
+
+
+class SearchStarted(SearchEvent):
+    kind: Literal["search_started"] = "search_started"
+    resumed: bool = False
+    cards: list[str] = Field(default_factory=list)
+    backend: str = ""
+    proposer: str = ""
+    skipped: dict[str, str] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    damaged: list[str] = Field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"[{self.seq:5d}] search {'resumed' if self.resumed else 'started'}: {len(self.cards)} cards, "
+                f"proposer {self.proposer}, backend {self.backend}")
+
+
+class NodeAdded(SearchEvent):
+    kind: Literal["node_added"] = "node_added"
+    parent: str | None = None
+    status: str = ""
+    speedup: float | None = None
+    move: str = ""
+    proposer: str = ""
+    reason: str = ""
+    cost_usd: float = 0.0
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def line(self) -> str:
+        head = f"[{self.seq:5d}] {self.card} {self.node}"
+        if self.is_root:
+            return f"{head} root: eager reference (1.000x)"
+        sp = f"{self.speedup:.3f}x" if self.speedup else "-"
+        why = f"  ({self.reason[:100]})" if self.status != "passed" and self.reason else ""
+        return f"{head} <- {self.parent}: {self.status} {sp}  {self.move}{why}"
+
+
+class BestImproved(SearchEvent):
+    kind: Literal["best_improved"] = "best_improved"
+    speedup: float
+    previous: float
+
+    def line(self) -> str:
+        return f"[{self.seq:5d}] {self.card} best improved: {self.node} {self.speedup:.3f}x (was {self.previous:.3f}x)"
+
+
+class CardFinished(SearchEvent):
+    kind: Literal["card_finished"] = "card_finished"
+    reason: str = "finished"
+    evals: int = 0
+    best_speedup: float | None = None
+
+    def line(self) -> str:
+        return f"[{self.seq:5d}] {self.card} finished: {self.reason}"
+
+
+class ProposerFailed(SearchEvent):
+    kind: Literal["proposer_failed"] = "proposer_failed"
+    reason: str = ""
+
+    def line(self) -> str:
+        return f"[{self.seq:5d}] {self.card} proposer failed at {self.node}: {self.reason}"
+
+
+class PromotionRequested(SearchEvent):
+    kind: Literal["promotion_requested"] = "promotion_requested"
+
+    def line(self) -> str:
+        return f"[{self.seq:5d}] {self.card} promotion requested: {self.node}"
+
+
+class SearchStopped(SearchEvent):
+    kind: Literal["search_stopped"] = "search_stopped"
+    reason: str = ""
+    evaluations: int = 0
+    cost_usd: float = 0.0
+
+    def line(self) -> str:
+        return f"[{self.seq:5d}] search stopped: {self.reason} ({self.evaluations} evaluations)"
+
+
+class NodeStarted(SearchEvent):
+    persistent: ClassVar[bool] = False
+    kind: Literal["node_started"] = "node_started"
+    in_flight: int = 0
+
+
+class BudgetSpent(SearchEvent):
+    persistent: ClassVar[bool] = False
+    kind: Literal["budget_spent"] = "budget_spent"
+    evaluations: int = 0
+    max_evals: int = 0
+    cost_usd: float = 0.0
+    wall_s: float = 0.0
+    git_s: float = 0.0
+
+
+class StoreDamaged(SearchEvent):
+    """A recorded item the search skipped (or read in part); see ``store.Damage``."""
+
+    persistent: ClassVar[bool] = False
+    kind: Literal["store_damaged"] = "store_damaged"
+    ref: str
+    what: str
+    commit: str | None = None
+    skipped: bool = True
+    text: str = ""
+
+    def line(self) -> str:
+        return self.text or f"{'skipped' if self.skipped else 'damaged'} {self.ref}: {self.what}"
+
+
+class OtherEvent(SearchEvent):
+    """A log entry of a kind this version does not know (written by a newer one): kept, not lost."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+Event = Annotated[Union[SearchStarted, NodeAdded, BestImproved, CardFinished, ProposerFailed, PromotionRequested,
+                        SearchStopped, NodeStarted, BudgetSpent, StoreDamaged], Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
+KINDS = {cls.model_fields["kind"].default: cls for cls in
+         (SearchStarted, NodeAdded, BestImproved, CardFinished, ProposerFailed, PromotionRequested, SearchStopped,
+          NodeStarted, BudgetSpent, StoreDamaged)}
+PERSISTENT = tuple(k for k, cls in KINDS.items() if cls.persistent)
+TRANSIENT = tuple(k for k, cls in KINDS.items() if not cls.persistent)
+
+
+def make_event(kind: str, seq: int, card: str | None = None, node: str | None = None,
+               data: dict[str, Any] | None = None) -> SearchEvent:
+    """The typed event for a kind and its recorded data; an unknown kind, or data this version
+    cannot read, becomes an ``OtherEvent`` that keeps everything."""
+    body = {"kind": kind, "seq": seq, "card": card, "node": node, **(data or {})}
+    if kind in KINDS:
+        try:
+            return _ADAPTER.validate_python(body)  # type: ignore[no-any-return]
+        except ValidationError:
+            pass
+    return OtherEvent(**body)
 
 
 class EventBus:
     """Synchronous fan-out; subscribers must be quick (the TUI posts a message and returns)."""
 
     def __init__(self) -> None:
-        self._subs: list[Callable[[Event], None]] = []
+        self._subs: list[Callable[[SearchEvent], None]] = []
         self._lock = threading.Lock()
 
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[[SearchEvent], None]) -> Callable[[], None]:
         with self._lock:
             self._subs.append(fn)
 
@@ -51,7 +199,7 @@ class EventBus:
 
         return unsubscribe
 
-    def publish(self, event: Event) -> None:
+    def publish(self, event: SearchEvent) -> None:
         with self._lock:
             subs = list(self._subs)
         for fn in subs:
@@ -62,10 +210,10 @@ class Recorder:
     """A subscriber that keeps every event (tests, the CLI's summary)."""
 
     def __init__(self) -> None:
-        self.events: list[Event] = []
+        self.events: list[SearchEvent] = []
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: SearchEvent) -> None:
         self.events.append(event)
 
-    def persistent(self) -> list[Event]:
+    def persistent(self) -> list[SearchEvent]:
         return [e for e in self.events if e.persistent]

@@ -1,9 +1,11 @@
-"""Where evaluations run: a pool with ``submit(card, source, options) -> Future``.
+"""Where evaluations run: the ``EvalPool`` protocol, and the local pool.
 
-``LocalEvalPool`` builds on the CPU cores (many compiles at once) and runs candidates on one
-worker process per GPU (or one on the CPU backend). The search only sees ``submit`` and
-``close``, so a pool that sends the same calls to a cluster (Ray actors, one per GPU) can
-replace it without touching the search.
+What a proposer or the agent's tools ask of a pool: ``build`` (the compiler's diagnostics, no run),
+``check`` (correctness on every input set, no timing), ``submit`` (the full evaluation) and
+``profile`` (the full evaluation plus Nsight Compute), each a Future. ``LocalEvalPool`` builds on
+the CPU cores (many compiles at once) and runs candidates on one judge process per GPU (or one on
+the CPU backend); a pool that sends the same calls to a cluster (one worker per GPU) can replace it
+without touching the search or the agent.
 """
 
 from __future__ import annotations
@@ -15,15 +17,30 @@ from typing import Protocol
 
 from ..cards import Card
 from ..config import ForgeConfig
-from ..evaluator import EvalOptions, Evaluator
+from ..evaluator import EvalOptions, EvalResult, Evaluator
 from ..evaluator.api import resolve_backend
 from ..evaluator.build import Builder
+from ..evaluator.result import BuildReport
 
 
 class EvalPool(Protocol):
     backend: str
 
-    def submit(self, card: Card, source: str, options: EvalOptions | None = None) -> Future: ...
+    def build(self, source: str) -> "Future[BuildReport]":
+        """Compile only: the library, or the compiler's parsed diagnostics."""
+        ...
+
+    def check(self, card: Card, source: str) -> "Future[EvalResult]":
+        """Correctness on every input set, without timing."""
+        ...
+
+    def submit(self, card: Card, source: str, options: EvalOptions | None = None) -> "Future[EvalResult]":
+        """The full evaluation (options as for ``Evaluator.evaluate``)."""
+        ...
+
+    def profile(self, card: Card, source: str) -> "Future[EvalResult]":
+        """The full evaluation with Nsight Compute's report (or why there is none)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -44,7 +61,7 @@ class LocalEvalPool:
         builds = config.evaluator.parallel_builds or os.cpu_count() or 1
         self._exec = ThreadPoolExecutor(max_workers=n + builds, thread_name_prefix="forge-eval")
 
-    def _run(self, card: Card, source: str, options: EvalOptions | None) -> dict:
+    def _run(self, card: Card, source: str, options: EvalOptions | None) -> EvalResult:
         self.builder.build(source)  # compile while another candidate holds a worker (cached afterwards)
         ev = self._evaluators.get()
         try:
@@ -52,8 +69,17 @@ class LocalEvalPool:
         finally:
             self._evaluators.put(ev)
 
-    def submit(self, card: Card, source: str, options: EvalOptions | None = None) -> Future:
+    def build(self, source: str) -> "Future[BuildReport]":
+        return self._exec.submit(lambda: BuildReport.model_validate(self.builder.build(source).to_json()))
+
+    def check(self, card: Card, source: str) -> "Future[EvalResult]":
+        return self.submit(card, source, EvalOptions(timing=False))
+
+    def submit(self, card: Card, source: str, options: EvalOptions | None = None) -> "Future[EvalResult]":
         return self._exec.submit(self._run, card, source, options)
+
+    def profile(self, card: Card, source: str) -> "Future[EvalResult]":
+        return self.submit(card, source, EvalOptions(profile=True))
 
     def close(self) -> None:
         self._exec.shutdown(wait=True, cancel_futures=True)

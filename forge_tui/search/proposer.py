@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..cards import Card, id_matches
+from ..evaluator.result import EvalResult
 
 
 @dataclass
@@ -26,7 +27,7 @@ class NodeView:
     move: str
     reason: str = ""
     source: str | None = None
-    result: dict | None = None
+    result: EvalResult | None = None
 
 
 @dataclass

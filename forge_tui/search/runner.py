@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from ..cards import Card, id_matches
 from ..config import ForgeConfig
 from ..errors import ForgeError, WorkspaceError
+from ..evaluator.result import EvalResult, load_result
 from ..gitrepo import RefConflict, short_ref
 from ..program import program_source
 from ..workspace import Workspace
 from .budget import CardBudget, pick
-from .events import Event, EventBus
+from .events import BudgetSpent, EventBus, NodeStarted, SearchEvent, StoreDamaged
 from .history import History
 from .pool import EvalPool
 from .proposer import NodeView, Proposal, ProposalContext, Proposer
@@ -50,6 +51,8 @@ class SearchSummary:
     finished: dict[str, str] = field(default_factory=dict)
     damaged: list[Damage] = field(default_factory=list)
     """Recorded items the search left out (or read in part), each with its branch and what is wrong."""
+    git_failure: str | None = None
+    """Why git failed, when it did (the search stopped there, every finished node kept)."""
 
 
 class Search:
@@ -70,7 +73,7 @@ class Search:
         self.history = History()
         self.seq = 0
         self.sources: dict[tuple[str, str], str] = {}
-        self.results: dict[tuple[str, str], dict | None] = {}
+        self.results: dict[tuple[str, str], EvalResult | None] = {}
         self.damaged: list[Damage] = []
         self._unreadable: set[tuple[str, str]] = set()
         """Nodes whose files git cannot read: never expanded (no child can be written on them)."""
@@ -82,20 +85,20 @@ class Search:
         self._repo_cm = None
         self.store: SearchStore | None = None
         self._stop_requested: str | None = None
+        self.git_failure: str | None = None
+        """Why git failed, when it did: the search then stopped, every finished node kept."""
         self._main_commit = ""
 
     # ---- events --------------------------------------------------------------------------------
-    def _publish(self, events: list[Event]) -> None:
+    def _publish(self, events: list[SearchEvent]) -> None:
         for e in events:
             self.bus.publish(e)
 
-    def _transient(self, kind: str, card: str | None = None, node: str | None = None, **data) -> None:
-        self.bus.publish(Event(kind, self.seq, card, node, data))
-
     def _damage(self, d: Damage) -> None:
-        """Note a damaged item: kept in ``damaged``, published as a ``store_damaged`` event."""
+        """Note a damaged item: kept in ``damaged``, published as a ``StoreDamaged`` event."""
         self.damaged.append(d)
-        self.bus.publish(Event("store_damaged", self.seq, d.card, d.node, d.to_json()))
+        self.bus.publish(StoreDamaged(seq=self.seq, card=d.card, node=d.node, ref=d.ref, what=d.what,
+                                      commit=d.commit, skipped=d.skipped, text=d.line))
 
     def request_stop(self, reason: str = "stopped by the user") -> None:
         """Thread-safe: the loop stops starting new evaluations and records why."""
@@ -125,7 +128,7 @@ class Search:
             out = out[: self.scfg.top]
         return out
 
-    def _apply_node(self, rec: NodeRecord) -> list[Event]:
+    def _apply_node(self, rec: NodeRecord) -> list[SearchEvent]:
         tree = self.trees.setdefault(rec.card, CardTree(rec.card, self.scfg.reward_cap))
         tree.add(Node(card=rec.card, id=rec.node, parent=rec.parent, seq=rec.seq, status=rec.status,
                       speedup=rec.speedup, move=rec.move, proposer=rec.proposer, commit=rec.commit,
@@ -217,20 +220,17 @@ class Search:
             self.sources[key] = data.decode(errors="replace") if data is not None else None
         return self.sources[key]
 
-    def _result(self, card_id: str, node: Node) -> dict | None:
-        """A node's evaluator result; a truncated or unparseable ``result.json`` reads as none (noted)."""
+    def _result(self, card_id: str, node: Node) -> EvalResult | None:
+        """A node's evaluator result (any schema version); a truncated or unparseable
+        ``result.json`` reads as none (noted)."""
         raw = self._read(card_id, node, "result.json")
         if not raw:
             return None
-        try:
-            result = json.loads(raw)
-            if not isinstance(result, dict):
-                raise ValueError(f"a JSON {type(result).__name__}, not an object")
-        except ValueError as exc:
+        result = load_result(raw)
+        if result is None:
             self._damage(Damage(short_ref(node_ref(card_id, node.id)),
-                                f"{FOLDER}/result.json is not valid JSON ({exc}): read as no result",
+                                f"{FOLDER}/result.json is not a readable result: read as no result",
                                 node.commit, card_id, node.id, node.seq, skipped=False))
-            return None
         return result
 
     def _view(self, card_id: str, node: Node, with_source: bool = False, with_result: bool = False) -> NodeView:
@@ -283,7 +283,8 @@ class Search:
         try:
             result = self.pool.submit(card, proposal.source).result()
         except Exception as exc:  # noqa: BLE001 - the harness failed; record it against the node
-            result = {"status": "error", "failure": "harness", "reason": f"{type(exc).__name__}: {exc}"}
+            result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
+                                card=card.id, backend=self.backend)
         return "evaluated", proposal, result
 
     def _new_id(self, card_id: str) -> str:
@@ -295,7 +296,7 @@ class Search:
         taken.add(f"n{i:04d}")
         return f"n{i:04d}"
 
-    def _record_result(self, card: Card, parent: Node, proposal: Proposal, result: dict) -> None:
+    def _record_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> None:
         for attempt in range(20):
             try:
                 return self._write_result(card, parent, proposal, result)
@@ -305,14 +306,14 @@ class Search:
                 self._damage(Damage(short_ref(exc.ref), f"{exc}; the new node takes the next id", card=card.id,
                                     skipped=False))
 
-    def _write_result(self, card: Card, parent: Node, proposal: Proposal, result: dict) -> None:
+    def _write_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> None:
         node_id = self._new_id(card.id)
-        speedup = result.get("speedup_vs_eager") if result.get("status") == "passed" else None
-        rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.get("status", "error"), speedup,
+        speedup = result.speedup_vs_eager if result.passed else None
+        rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.status, speedup,
                          proposal.move, getattr(self.proposer, "name", "?"), proposal.cost_usd,
-                         result.get("reason", ""), "")
+                         result.reason, "")
         files = {SOURCE_NAME.get(self.backend, "candidate.cu"): proposal.source.encode(),
-                 "result.json": json.dumps(result, indent=1, default=str).encode(),
+                 "result.json": result.to_json().encode(),
                  "node.json": json.dumps({"card": card.id, "node": node_id, "parent": parent.id, "move": proposal.move,
                                           "proposer": rec.proposer, "meta": proposal.meta,
                                           "cost_usd": proposal.cost_usd}, indent=1, default=str).encode()}
@@ -377,7 +378,12 @@ class Search:
             for card in self.cards.values():
                 self._ensure_root(card)
             stopped = self._loop(t_start)
-            self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
+            try:
+                self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
+            except WorkspaceError as err:
+                if self.git_failure is None:
+                    self.git_failure = str(err)
+                    stopped = f"git failed while recording the stop: {err}"
         best = {}
         for cid, tree in self.trees.items():
             n = tree.best()
@@ -386,7 +392,7 @@ class Search:
         return SearchSummary(evaluations=self.evals_total, stopped=stopped, best=best, skipped=dict(self.skipped),
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
                              finished={c: b.finished for c, b in self.budgets.items() if b.finished},
-                             damaged=list(self.damaged))
+                             damaged=list(self.damaged), git_failure=self.git_failure)
 
     def _loop(self, t_start: float) -> str:
         in_flight: dict[Future, tuple[Card, Node]] = {}
@@ -409,7 +415,8 @@ class Search:
                     parent.pending += 1
                     tree.add_virtual(parent.id, +1)
                     per_card[card.id] = per_card.get(card.id, 0) + 1
-                    self._transient("node_started", card.id, parent.id, in_flight=len(in_flight) + 1)
+                    self.bus.publish(NodeStarted(seq=self.seq, card=card.id, node=parent.id,
+                                                 in_flight=len(in_flight) + 1))
                     in_flight[ex.submit(self._task, card, ctx)] = (card, parent)
                 if not in_flight:
                     stopped = limit or "every card is finished"
@@ -422,17 +429,23 @@ class Search:
                     self.trees[card.id].add_virtual(parent.id, -1)
                     kind, a, b = fut.result()
                     budget = self.budgets[card.id]
-                    if kind == "evaluated":
-                        budget.failures_in_row = 0
-                        self._record_result(card, parent, a, b)
-                    elif kind == "exhausted":
-                        parent.expandable = False
-                    else:
-                        budget.failures_in_row += 1
-                        self._log("proposer_failed", card.id, parent.id, reason=str(a)[:500])
-                    self._transient("budget_spent", evaluations=self.evals_total, max_evals=self.scfg.max_evals,
-                                    cost_usd=self.cost_total, wall_s=time.monotonic() - t_start,
-                                    git_s=self.git_s)
+                    try:
+                        if kind == "evaluated":
+                            budget.failures_in_row = 0
+                            self._record_result(card, parent, a, b)
+                        elif kind == "exhausted":
+                            parent.expandable = False
+                        else:
+                            budget.failures_in_row += 1
+                            self._log("proposer_failed", card.id, parent.id, reason=str(a)[:500])
+                    except WorkspaceError as err:
+                        # git failed (disk full, a damaged object store, permissions): stop with
+                        # every node finished so far kept; the evaluations in flight are lost
+                        self.git_failure = str(err)
+                        self.request_stop(f"git failed, the search stopped: {err}")
+                    self.bus.publish(BudgetSpent(seq=self.seq, evaluations=self.evals_total,
+                                                 max_evals=self.scfg.max_evals, cost_usd=self.cost_total,
+                                                 wall_s=time.monotonic() - t_start, git_s=self.git_s))
                 if limit is not None and not in_flight:
                     stopped = limit
                     break

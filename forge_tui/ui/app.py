@@ -19,6 +19,7 @@ from textual.containers import Vertical
 from textual.widgets import Footer, Header, Log
 
 from ..errors import ForgeError
+from .messages import SearchEventPosted
 from .widgets.card_detail import CardDetail
 from .widgets.op_table import OpTable
 
@@ -92,30 +93,21 @@ class ForgeApp(App):
 
     @work(thread=True, exclusive=True, group="search")
     def search_worker(self) -> None:
-        """A template search on the workspace, resumed if one is recorded; events go to the status pane."""
-        from ..config import discover_config
+        """A search on the workspace (the session's proposer), resumed if one is recorded; every
+        event reaches the app as a Textual message."""
         from ..search.events import EventBus
-        from ..search.pool import LocalEvalPool
-        from ..search.replay import format_event
-        from ..search.runner import Search
-        from ..search.store import SearchStore
-        from ..templates.proposer import TemplateProposer
-        from ..workspace import Workspace
+        from ..session import Session
 
         try:
-            ws = Workspace.open(self.workspace_path)
-            cfg, _ = discover_config(self.config_path, ws.root)
-            cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update=self.search_settings)})
-            with ws.git() as repo:
-                resume = SearchStore(repo).load().recorded  # damaged records too: never start over them
+            session = Session.open(self.workspace_path, self.config_path).with_search_settings(
+                **(self.search_settings or {}))
+            resume = session.has_search()  # damaged records too: never start over them
             bus = EventBus()
-            bus.subscribe(lambda e: e.persistent and self.call_from_thread(self.status, format_event(e)))
-            pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu" if ws.meta.get("device") == "cpu" else None)
-            try:
-                self._search = Search(ws, cfg, TemplateProposer(), pool, bus=bus)
-                summary = self._search.run(resume=resume)
-            finally:
-                pool.close()
+            bus.subscribe(lambda e: self.post_message(SearchEventPosted(e)))
+            with session.search(proposer="auto", backend=session.profiled_backend(), bus=bus) as search:
+                self._search = search
+                self.call_from_thread(self.status, session.notes[-1])
+                summary = search.run(resume=resume)
         except ForgeError as err:
             self.call_from_thread(self.status, f"search: {err}")
             return
@@ -125,6 +117,10 @@ class ForgeApp(App):
         best = ", ".join(f"{c[:24]} {b['speedup']:.2f}x" for c, b in summary.best.items() if b["node"] != "root")
         self.call_from_thread(self.status, f"search stopped: {summary.stopped}; best: {best or 'eager everywhere'}")
 
+    def on_search_event_posted(self, message: "SearchEventPosted") -> None:
+        if message.event.persistent:
+            self.status(message.event.line())
+
     def action_quit(self) -> None:
         if self._search is not None:
             self._search.request_stop("stopped from the app")
@@ -132,14 +128,14 @@ class ForgeApp(App):
 
     @work(thread=True, exclusive=True, group="profile")
     def profile_worker(self) -> None:
-        from ..profiler.run import profile_into_workspace
+        from ..session import Session
 
         def progress(msg: str) -> None:
             self.call_from_thread(self.status, msg)
 
         try:
-            profile_into_workspace(self.workload, self.workspace_path, device=self.device, dtype=self.dtype,
-                                   config_path=self.config_path, progress=progress)
+            Session.profile(self.workload, self.workspace_path, device=self.device, dtype=self.dtype,
+                            config=self.config_path, progress=progress)
         except ForgeError as err:
             self.call_from_thread(self._profile_failed, str(err))
             return

@@ -1,0 +1,150 @@
+"""One composition point for the CLI and the app: a workspace, its configuration, and what works
+on it (the proposer, the evaluation pool, the search), built the same way for both.
+
+    session = Session.open("workspaces/demo")
+    with session.search(proposer="auto", bus=bus) as search:
+        summary = search.run(resume=session.has_search())
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from .config import ForgeConfig, discover_config
+from .errors import ForgeError
+
+if TYPE_CHECKING:
+    from .evaluator import Evaluator
+    from .profiler.run import ProfileResult
+    from .search.events import EventBus
+    from .search.pool import LocalEvalPool
+    from .search.proposer import Proposer
+    from .search.runner import Search
+    from .workspace import Workspace
+
+PROPOSERS = ("auto", "templates", "agent", "scripted:PLAN.json")
+
+
+@dataclass
+class ProposerChoice:
+    """The proposer a session built, and why that one (shown to the user)."""
+
+    proposer: "Proposer"
+    why: str
+
+
+@dataclass
+class Session:
+    workspace: "Workspace"
+    config: ForgeConfig
+    config_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    # ---- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, workspace: Path | str, config: Path | None = None) -> "Session":
+        """An existing workspace, with the configuration found for it (``--config``, ./forge.toml,
+        the workspace's own)."""
+        from .workspace import Workspace
+
+        ws = Workspace.open(Path(workspace))
+        cfg, path = discover_config(config, ws.root)
+        return cls(ws, cfg, path)
+
+    @classmethod
+    def profile(cls, workload: str, workspace: Path | str, *, device: str | None = None, dtype: str | None = None,
+                config: Path | None = None,
+                progress: Callable[[str], None] = lambda msg: None) -> tuple["Session", "ProfileResult"]:
+        """Profile a workload into a new workspace (written only once everything succeeded)."""
+        from .profiler.run import profile_into_workspace
+
+        ws, result = profile_into_workspace(workload, workspace, device=device, dtype=dtype, config_path=config,
+                                            progress=progress)
+        cfg, path = discover_config(config, ws.root)
+        return cls(ws, cfg, path), result
+
+    def with_search_settings(self, **overrides: Any) -> "Session":
+        """The same session with some ``[search]`` settings replaced (command-line flags, the demo)."""
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if not overrides:
+            return self
+        search = self.config.search.model_copy(update=overrides)
+        return Session(self.workspace, self.config.model_copy(update={"search": search}), self.config_path,
+                       list(self.notes))
+
+    # ---- what works on it ----------------------------------------------------------------------
+    def backend(self, override: str | None = None) -> str | None:
+        """The evaluator backend: the override, else the configuration's (auto: cuda where a GPU is)."""
+        return override or None
+
+    def profiled_backend(self) -> str | None:
+        """The backend matching the device the workspace was profiled on (cpu), else None."""
+        return "cpu" if self.workspace.meta.get("device") == "cpu" else None
+
+    def proposer(self, spec: str = "auto") -> ProposerChoice:
+        """``auto``: the LLM agent when a provider is configured and its API key is in the
+        environment, else the built-in templates; ``templates``; ``scripted:PLAN.json``."""
+        from .search.proposer import ScriptedProposer
+        from .templates.proposer import TemplateProposer
+
+        if spec == "templates":
+            return ProposerChoice(TemplateProposer(), "the built-in templates (asked for)")
+        if spec == "auto":
+            why = self._agent_unavailable()
+            return ProposerChoice(TemplateProposer(), f"the built-in templates ({why})")
+        if spec == "agent":
+            raise ForgeError(f"the LLM agent is not available: {self._agent_unavailable()}")
+        if spec.startswith("scripted:"):
+            path = Path(spec.split(":", 1)[1])
+            if not path.is_file():
+                raise ForgeError(f"scripted plan not found: {path}")
+            return ProposerChoice(ScriptedProposer.from_file(path), f"the scripted plan {path}")
+        raise ForgeError(f"unknown proposer '{spec}' (available: {', '.join(PROPOSERS)})")
+
+    @staticmethod
+    def _agent_unavailable() -> str:
+        keys = [k for k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY") if os.environ.get(k)]
+        if not keys:
+            return "no LLM API key in the environment"
+        return "the LLM agent is not built into this version yet"
+
+    def evaluator(self, backend: str | None = None) -> "Evaluator":
+        from .evaluator import Evaluator
+
+        return Evaluator(self.workspace.store, self.workspace.cache, self.config, backend=self.backend(backend))
+
+    def pool(self, backend: str | None = None) -> "LocalEvalPool":
+        from .search.pool import LocalEvalPool
+
+        return LocalEvalPool(self.workspace.store, self.workspace.cache, self.config, backend=self.backend(backend))
+
+    def has_search(self) -> bool:
+        """Anything recorded by an earlier search (damaged records too: never start over them)."""
+        from .search.store import SearchStore
+
+        with self.workspace.git() as repo:
+            return SearchStore(repo).load().recorded
+
+    def discard_search(self) -> int:
+        from .search.store import SearchStore
+
+        with self.workspace.git() as repo:
+            return SearchStore(repo).delete_all()
+
+    @contextmanager
+    def search(self, *, proposer: str = "auto", backend: str | None = None, cards: list[str] | None = None,
+               bus: "EventBus | None" = None) -> Iterator["Search"]:
+        """A search over the workspace's cards with its own evaluation pool, closed on exit."""
+        from .search.runner import Search
+
+        choice = self.proposer(proposer)
+        self.notes.append(f"proposer: {choice.why}")
+        pool = self.pool(backend)
+        try:
+            yield Search(self.workspace, self.config, choice.proposer, pool, bus=bus, cards=cards)
+        finally:
+            pool.close()
