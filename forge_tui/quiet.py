@@ -47,13 +47,13 @@ class Calibration:
     def _key(self) -> str:
         import torch
 
-        from .profiler.roofline import device_key
+        from .roofline import device_key
 
         return f"{device_key(self.device)}|threads{torch.get_num_threads() if self.device == 'cpu' else 0}"
 
     @staticmethod
     def _path():
-        from .profiler.roofline import cache_dir
+        from .roofline import cache_dir
 
         return cache_dir() / "calibration.json"
 

@@ -60,7 +60,7 @@ class Session:
                 config: Path | None = None,
                 progress: Callable[[str], None] = lambda msg: None) -> tuple["Session", "ProfileResult"]:
         """Profile a workload into a new workspace (written only once everything succeeded)."""
-        from .profiler.run import profile_into_workspace
+        from .workspace import profile_into_workspace
 
         ws, result = profile_into_workspace(workload, workspace, device=device, dtype=dtype, config_path=config,
                                             progress=progress)

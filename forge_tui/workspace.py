@@ -23,7 +23,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import __version__
 from .cards import Card, id_matches, load_cards, save_cards
@@ -167,3 +167,36 @@ def commit_profile(target: Path, staging: Path, result, workload, cfg: ForgeConf
         repo.commit_worktree(subject, trailers=trailers)
     shutil.rmtree(staging, ignore_errors=True)
     return ws
+
+
+def profile_into_workspace(workload_spec, workspace_path, *, device: str | None = None, dtype: str | None = None,
+                           config_path=None, progress: Callable[[str], None] = lambda msg: None):
+    """The whole ``forge profile`` job: validate everything first, profile, then write atomically.
+
+    Returns (Workspace, ProfileResult). Raises ForgeError subclasses for bad input, having written
+    nothing.
+    """
+    import shutil
+    from pathlib import Path
+
+    from .config import discover_config
+    from .profiler.run import profile_workload
+    from .tensorstore import TensorStore
+    from .workload import load_workload, parse_dtype, resolve_device
+
+    target = Path(workspace_path)
+    kind = check_target(target)
+    cfg, _ = discover_config(Path(config_path) if config_path else None, target if kind == "ours" else None)
+    torch_dtype = parse_dtype(dtype)
+    dev = resolve_device(device)
+    workload = load_workload(workload_spec)
+    staging = staging_dir(target)
+    try:
+        store = TensorStore(staging / ".forge" / "cache" / "tensors")
+        result = profile_workload(workload, dev, torch_dtype, cfg, store, progress)
+        progress(f"writing workspace {target}")
+        ws = commit_profile(target, staging, result, workload, cfg)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return ws, result

@@ -47,7 +47,7 @@ def fast_cfg():
 @pytest.fixture(scope="session")
 def decoder_workspace(tmp_path_factory):
     """A profiled tiny_decoder workspace shared by read-only tests."""
-    from forge_tui.profiler.run import profile_into_workspace
+    from forge_tui.workspace import profile_into_workspace
 
     root = tmp_path_factory.mktemp("ws")
     cfg = root / "forge.toml"

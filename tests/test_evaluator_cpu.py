@@ -8,7 +8,7 @@ import pytest
 
 from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
-from forge_tui.profiler.run import profile_into_workspace
+from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
 CPU = HERE / "candidates" / "cpu"

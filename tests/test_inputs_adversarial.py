@@ -275,7 +275,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workload_cards(tmp_path_factory):
-    from forge_tui.profiler.run import profile_into_workspace
+    from forge_tui.workspace import profile_into_workspace
 
     root = tmp_path_factory.mktemp("advws")
     cfg = root / "forge.toml"

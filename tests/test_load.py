@@ -13,7 +13,7 @@ import pytest
 
 from forge_tui.config import parse_config
 from forge_tui.evaluator import Evaluator
-from forge_tui.profiler.run import profile_into_workspace
+from forge_tui.workspace import profile_into_workspace
 
 pytestmark = pytest.mark.slow
 CPU_GOOD = "tests/candidates/cpu/softmax_good.cpp"

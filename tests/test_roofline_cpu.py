@@ -1,11 +1,11 @@
 """The CPU roofline floor is cache-aware: a bandwidth curve over buffer sizes, and a card's floor
-uses the fastest level its bytes could sit in (forge_tui/profiler/roofline.py)."""
+uses the fastest level its bytes could sit in (forge_tui/roofline.py)."""
 
 import json
 
 import pytest
 
-from forge_tui.profiler import roofline
+from forge_tui import roofline
 
 KIB, MIB = 1 << 10, 1 << 20
 SYNTHETIC = {

@@ -168,7 +168,7 @@ def test_many_nodes_replay(tmp_path):
 
 # ---- a real process, killed with SIGKILL, then resumed -------------------------------------------
 def test_resume_after_sigkill(tmp_path, fast_config):
-    from forge_tui.profiler.run import profile_into_workspace
+    from forge_tui.workspace import profile_into_workspace
 
     ws, _ = profile_into_workspace("example:kb_softmax", tmp_path / "ws", device="cpu", config_path=fast_config)
     good = (HERE / "candidates" / "cpu" / "softmax_good.cpp").read_text()

@@ -11,7 +11,7 @@ import pytest
 from forge_tui.cards import Card
 from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
-from forge_tui.profiler.run import profile_into_workspace
+from forge_tui.workspace import profile_into_workspace
 from forge_tui.search.proposer import NodeView, ProposalContext
 from forge_tui.templates.base import describe, numel, parse_header, ring_stash, stash_bytes
 from forge_tui.templates.proposer import TemplateProposer

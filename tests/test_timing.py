@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from forge_tui.profiler import roofline
+from forge_tui import roofline
 from forge_tui.timing import Stats, Timer, paired_ratio
 
 

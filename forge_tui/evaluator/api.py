@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import asdict, dataclass
+from typing import Literal
 from pathlib import Path
 
 from ..cards import Card
@@ -26,6 +27,7 @@ from ..config import ForgeConfig
 from ..tensorstore import TensorStore
 from .accused import runner_executable
 from .build import Builder, BuildResult
+from .request import JudgeOptions, JudgeRequest
 from .result import SCHEMA_VERSION, EvalResult
 from .static_checks import check_source, errors
 from .worker import WorkerClient
@@ -44,7 +46,7 @@ class EvalOptions:
     NaN and ±inf)."""
     seed: int | None = None
     random_sets: int | None = None
-    compile_baseline: str | bool = "auto"
+    compile_baseline: bool | Literal["auto"] = "auto"
 
 
 def resolve_backend(name: str) -> str:
@@ -140,16 +142,14 @@ class Evaluator:
         except RuntimeError as exc:
             result.update(status="error", failure="harness", reason=str(exc))
             return self._finish(result, t0)
-        request = {
-            "card": card.model_dump(mode="json"), "library": str(build.library), "runner": str(runner),
-            "store": str(self.store.root), "device": self.device,
-            "options": {"seed": opt.seed, "random_sets": opt.random_sets or self.cfg.random_sets,
-                        "timing": opt.timing, "compile_baseline": opt.compile_baseline,
-                        "adversarial": opt.adversarial,
-                        **self.timing_cfg.model_dump(), "call_timeout_s": self.cfg.run_timeout_s,
-                        "confinement": self.cfg.confinement, "landlock": self.cfg.landlock},
-        }
-        body = self.worker.run(request)
+        request = JudgeRequest(
+            card=card.model_dump(mode="json"), library=str(build.library), runner=str(runner),
+            store=str(self.store.root), device=self.device, timing=self.timing_cfg,
+            options=JudgeOptions(seed=opt.seed, random_sets=opt.random_sets or self.cfg.random_sets,
+                                 timing=opt.timing, compile_baseline=opt.compile_baseline,
+                                 adversarial=opt.adversarial, call_timeout_s=self.cfg.run_timeout_s,
+                                 confinement=self.cfg.confinement, landlock=self.cfg.landlock))
+        body = self.worker.run(request.model_dump(mode="json"))
         result.update({k: v for k, v in body.items() if k != "seconds"})
         timing = result.get("timing")
         if timing and result["status"] == "passed":
@@ -174,7 +174,7 @@ class Evaluator:
 
         if self.device != "cuda":
             return ncu.unavailable("Nsight Compute profiles CUDA kernels; this is the cpu backend")
-        from ..profiler import roofline
+        from .. import roofline
 
         ceil = roofline.ceilings("cuda")
         floor = timing["floor_us"] if timing else None

@@ -52,6 +52,7 @@ from ..quiet import Calibration, Verdict, profile_reason, spread_reason
 from ..tensorstore import TensorStore, span
 from ..timing import Stats, Timer, paired_ratio
 from .accused import MAX_SETS, Accused, CandidateProcessError
+from .request import JudgeRequest
 
 
 class CandidateFailure(Exception):
@@ -149,14 +150,15 @@ def _sync(device: str) -> None:
 class Evaluation:
     """One candidate on one card, judged here, run in its own process."""
 
-    def __init__(self, card: Card, request: dict, store: TensorStore, device: str,
+    def __init__(self, card: Card, request: JudgeRequest, store: TensorStore, device: str,
                  phase: Callable[[str], None], state: dict) -> None:
         self.card = card
-        self.library = request["library"]
-        self.runner = request["runner"]
+        self.library = request.library
+        self.runner = request.runner
         self.store = store
         self.device = device
-        self.opt = request.get("options", {})
+        self.opt = request.options
+        self.tcfg = request.timing
         self.current_phase = "load"
         self.phase_seconds: dict[str, float] = {}
         self._phase_t0 = time.perf_counter()
@@ -172,17 +174,17 @@ class Evaluation:
         self.phase = _phase
         self.state = state
         self.scalars = card_scalars(card.program)
-        self.seed = self.opt.get("seed") or random.SystemRandom().randrange(1, 2**31)
-        self.threads = int(self.opt.get("threads") or 0) or len(os.sched_getaffinity(0))
+        self.seed = self.opt.seed or random.SystemRandom().randrange(1, 2**31)
+        self.threads = self.tcfg.threads or len(os.sched_getaffinity(0))
         self.acc: Accused | None = None
 
     def calls_per_sample(self) -> int:
         """How many calls, each on its own fresh inputs, one timed sample holds: enough that a
         sample of a small card lasts ``batch_us`` (the round trip's jitter is then small beside
         it), within MAX_SETS and 256 MiB of buffers."""
-        if not self.opt.get("timing", True):
+        if not self.opt.timing:
             return 1
-        target = float(self.opt.get("batch_us", 200.0))
+        target = self.tcfg.batch_us
         if self.device == "cuda":
             # a round trip to another process on the GPU costs a context switch too (~100 µs)
             target = max(target, 2000.0)
@@ -203,9 +205,9 @@ class Evaluation:
                 sets.append((f"captured-{i}", sample_inputs(self.card, self.store, i, self.device)))
             except FileNotFoundError:
                 continue  # the cache was cleared: random sets still run
-        for k in range(int(self.opt.get("random_sets", 3))):
+        for k in range(self.opt.random_sets):
             sets.append((f"random-{k}", random_inputs(self.card, self.device, seed=self.seed + k, draw=k)))
-        if self.opt.get("adversarial", True):
+        if self.opt.adversarial:
             for name, ins in adversarial_inputs(self.card, self.device, self.seed + 7919):
                 sets.append((f"adversarial-{name}", ins))
         return sets
@@ -350,7 +352,7 @@ class Evaluation:
     # ---- timing -------------------------------------------------------------------------------
     def compiled_baseline(self):
         """torch.compile of the reference, cached per card in this process; None if it fails."""
-        mode = self.opt.get("compile_baseline", "auto")
+        mode = self.opt.compile_baseline
         if mode is False or (mode == "auto" and self.device != "cuda"):
             return None, "not requested on this backend"
         cache = self.state.setdefault("compiled", {})
@@ -367,7 +369,7 @@ class Evaluation:
         return cache[key]
 
     def _timer(self) -> Timer:
-        key = ("timer", self.device, bool(self.opt.get("cold_l2", True)), int(self.opt.get("flush_mib", 256)))
+        key = ("timer", self.device, self.tcfg.cold_l2, self.tcfg.flush_mib)
         if key not in self.state:
             self.state[key] = Timer(self.device, warmup=0, repeats=1, cold_l2=key[2], flush_mib=key[3])
         return self.state[key]
@@ -388,14 +390,14 @@ class Evaluation:
     def time(self, ceil: dict) -> dict:
         import torch
 
-        from ..profiler import roofline
+        from .. import roofline
 
         timer = self._timer()
         cal = self._calibration(timer)
-        warmup, repeats = int(self.opt.get("warmup", 3)), int(self.opt.get("repeats", 20))
-        retries = int(self.opt.get("noisy_retries", 2))
-        max_spread = float(self.opt.get("max_spread", 0.15))
-        max_slowdown = float(self.opt.get("max_slowdown", 1.5))
+        warmup, repeats = self.tcfg.warmup, self.tcfg.repeats
+        retries = self.tcfg.noisy_retries
+        max_spread = self.tcfg.max_spread
+        max_slowdown = self.tcfg.max_slowdown
         acc = self.acc
         K = acc.sets
         eagers = [bind_program(self.card.program, ins, self.device) for ins in acc.batch_inputs]
@@ -543,14 +545,14 @@ class Evaluation:
         if self.device == "cpu":
             torch.set_num_threads(self.threads)
         self.phase("load")
-        limit = float(self.opt.get("call_timeout_s", 60.0))
+        limit = self.opt.call_timeout_s
         self.acc = Accused(self.runner, self.library, self.card.inputs, self.card.outputs, self.scalars,
                            self.device, threads=self.threads, call_limit_s=limit,
-                           confinement=self.opt.get("confinement", "required"),
-                           landlock=bool(self.opt.get("landlock", True)), sets=self.calls_per_sample())
+                           confinement=self.opt.confinement, landlock=self.opt.landlock,
+                           sets=self.calls_per_sample())
         with self.acc:
             timer = self._timer()
-            self.acc.measure_overhead(max(11, int(self.opt.get("repeats", 20))), before=timer.prepare)
+            self.acc.measure_overhead(max(11, self.tcfg.repeats), before=timer.prepare)
             self.acc.load()
             if self.acc.needs_workspace:
                 self.acc.give_workspace(self.acc.size_workspace())
@@ -577,16 +579,17 @@ PROCESS_FAILURES = {"crash": ("crash", "crash"), "device_error": ("crash", "devi
 
 def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict) -> dict:
     """Entry point used by the worker loop. Returns the correctness/timing part of a result."""
-    from ..profiler import roofline
+    from .. import roofline
 
     t0 = time.perf_counter()
-    card = Card.model_validate(request["card"])
-    device = request["device"]
+    req = JudgeRequest.model_validate({k: v for k, v in request.items() if k != "cmd"})
+    card = Card.model_validate(req.card)
+    device = req.device
     if "ceilings" not in state:
         state["ceilings"] = roofline.ceilings(device)
-    ev = Evaluation(card, request, TensorStore(request["store"]), device, phase, state)
+    ev = Evaluation(card, req, TensorStore(req.store), device, phase, state)
     try:
-        body = ev.run(state["ceilings"], do_timing=request.get("options", {}).get("timing", True))
+        body = ev.run(state["ceilings"], do_timing=req.options.timing)
     except CandidateFailure as fail:
         return {"status": "rejected", "failure": fail.kind, "reason": str(fail), "detail": fail.detail,
                 "seed": ev.seed, "phase": ev.current_phase, "runner_pid": ev.runner_pid(),

@@ -17,7 +17,7 @@ from ..tensorstore import TensorStore, unpack
 from ..quiet import Calibration, spread_reason
 from ..timing import Stats, Timer
 from ..workload import Workload
-from . import roofline
+from .. import roofline
 from .capture import Bucket, CaptureOptions, Recorder
 
 
@@ -185,35 +185,3 @@ def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ce
         card.headroom = card.time_us / card.floor_us if card.floor_us else None
     card.flags = sorted(flags)
     return card
-
-
-def profile_into_workspace(workload_spec, workspace_path, *, device: str | None = None, dtype: str | None = None,
-                           config_path=None, progress: Callable[[str], None] = lambda msg: None):
-    """The whole ``forge profile`` job: validate everything first, profile, then write atomically.
-
-    Returns (Workspace, ProfileResult). Raises ForgeError subclasses for bad input, having written
-    nothing.
-    """
-    import shutil
-    from pathlib import Path
-
-    from ..config import discover_config
-    from ..workload import load_workload, parse_dtype, resolve_device
-    from ..workspace import check_target, commit_profile, staging_dir
-
-    target = Path(workspace_path)
-    kind = check_target(target)
-    cfg, _ = discover_config(Path(config_path) if config_path else None, target if kind == "ours" else None)
-    torch_dtype = parse_dtype(dtype)
-    dev = resolve_device(device)
-    workload = load_workload(workload_spec)
-    staging = staging_dir(target)
-    try:
-        store = TensorStore(staging / ".forge" / "cache" / "tensors")
-        result = profile_workload(workload, dev, torch_dtype, cfg, store, progress)
-        progress(f"writing workspace {target}")
-        ws = commit_profile(target, staging, result, workload, cfg)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return ws, result

@@ -1,0 +1,35 @@
+"""What the client sends the judge for one evaluation: typed, validated on arrival, with the
+defaults written once (in the config models), not again on the judge's side."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..config import TimingConfig
+
+
+class JudgeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int | None = None
+    random_sets: int = 3
+    timing: bool = True
+    compile_baseline: bool | Literal["auto"] = "auto"
+    adversarial: bool = True
+    call_timeout_s: float = 60.0
+    confinement: Literal["required", "off"] = "required"
+    landlock: bool = True
+
+
+class JudgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    card: dict[str, Any]
+    library: str
+    runner: str
+    store: str
+    device: Literal["cpu", "cuda"]
+    options: JudgeOptions = JudgeOptions()
+    timing: TimingConfig = TimingConfig()
