@@ -78,7 +78,6 @@ def _load_card(spec: str, workspace: Path | None):
 
 
 def cmd_eval(args) -> int:
-    import json
 
     from .evaluator import EvalOptions
     from .evaluator.report import format_result

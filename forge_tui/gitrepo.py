@@ -282,7 +282,7 @@ class ObjectWriter:
             if current != old:
                 if old is None:
                     raise RefConflict(f"refusing to overwrite {short_ref(ref)}: it already exists "
-                                      f"(at {current[:12]})", ref)
+                                      f"(at {(current or '')[:12]})", ref)
                 raise RefConflict(f"refusing to move {short_ref(ref)}: it is at {(current or 'nothing')[:12]}, "
                                   f"expected {old[:12]} (written by someone else meanwhile?)", ref)
             with git_boundary(f"moving {short_ref(ref)}"):
@@ -361,7 +361,7 @@ def list_refs(repo: GitRepo, *patterns: str) -> tuple[list[tuple[str, str]], lis
     """(refname, value) of refs matching ``patterns`` without reading their objects (works when an
     object is missing), and the names git ignores as broken (a ref file that holds no object id)."""
     out, warnings = repo.git_warnings("for-each-ref", "--format=%(refname)%00%(objectname)", *patterns)
-    rows = [tuple(line.split("\x00", 1)) for line in out.splitlines() if "\x00" in line]
+    rows = [(a, b) for a, _, b in (line.partition("\x00") for line in out.splitlines() if "\x00" in line)]
     broken = [m.group(1) for w in warnings if (m := _BROKEN_RE.search(w))]
     return rows, [r for r in broken if any(_ref_matches(r, p) for p in patterns)]
 

@@ -65,7 +65,7 @@ def _draw_values(spec: TensorSpec, shape, gen, draw: int, cast: bool = True):
         vals = torch.where(mask, vals * 20, vals)
     if nonneg:
         vals = vals.abs()
-        if lo > 0:
+        if lo is not None and lo > 0:
             vals = vals + 1e-3
     if lo is not None and hi is not None and spec.role in ("param", "const"):
         # Parameters keep the captured scale (e.g. norm weights near 1).

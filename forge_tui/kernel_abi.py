@@ -5,7 +5,12 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+    from .cards import TensorSpec
 
 HEADER_DIR = Path(__file__).resolve().parent / "abi"
 HEADER = HEADER_DIR / "forge_kernel.h"
@@ -24,7 +29,7 @@ class ForgeScalar(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("reserved", ctypes.c_int32), ("i", ctypes.c_int64), ("f", ctypes.c_double)]
 
 
-def describe(t) -> ForgeTensor:
+def describe(t: "torch.Tensor") -> ForgeTensor:
     d = ForgeTensor()
     d.data = t.data_ptr()
     d.dtype = DTYPE_CODES[str(t.dtype).removeprefix("torch.")]
@@ -80,7 +85,7 @@ def _walk(value: Any, name: str, out: list[Scalar]) -> None:
         out.append(Scalar(name, value))
 
 
-def card_scalars(program: dict) -> list[Scalar]:
+def card_scalars(program: dict[str, Any]) -> list[Scalar]:
     """The non-tensor arguments of a card's program, flattened in order, with schema names.
 
     Names read ``<node>.<argument>`` (``0.dim``, ``3.other``) and ``[i]`` for list elements.
@@ -129,17 +134,19 @@ class Library:
         else:
             raise LookupError(f"{self.path.name} does not export forge_launch (or forge_launch_ws)")
         self.needs_workspace = with_ws is not None
-        self._fn = with_ws if with_ws is not None else plain
-        self._sizer = sizer
+        self._fn: Any = with_ws if with_ws is not None else plain
+        self._sizer: Any = sizer
 
     @staticmethod
-    def _arrays(inputs: list, outputs: list, scalars: list[Scalar]):
+    def _arrays(inputs: list["torch.Tensor"], outputs: list["torch.Tensor"],
+                scalars: list[Scalar]) -> tuple[Any, Any, Any]:
         ins = (ForgeTensor * max(len(inputs), 1))(*[describe(t) for t in inputs])
         outs = (ForgeTensor * max(len(outputs), 1))(*[describe(t) for t in outputs])
         scs = (ForgeScalar * max(len(scalars), 1))(*[s.to_c() for s in scalars])
         return ins, outs, scs
 
-    def workspace_bytes(self, inputs: list, outputs: list, scalars: list[Scalar]) -> int:
+    def workspace_bytes(self, inputs: list["torch.Tensor"], outputs: list["torch.Tensor"],
+                        scalars: list[Scalar]) -> int:
         """Bytes of scratch the candidate asks for (0 when it needs none).
 
         Raises ValueError when the candidate refuses the arguments (negative) or asks for more
@@ -148,6 +155,7 @@ class Library:
         if not self.needs_workspace:
             return 0
         ins, outs, scs = self._arrays(inputs, outputs, scalars)
+        assert self._sizer is not None  # exported whenever forge_launch_ws is
         n = int(self._sizer(ins, len(inputs), outs, len(outputs), scs, len(scalars)))
         if n < 0:
             raise ValueError(f"forge_workspace_bytes returned {n}: the candidate cannot serve these arguments")
@@ -155,7 +163,8 @@ class Library:
             raise ValueError(f"forge_workspace_bytes asks for {n} bytes, over the {MAX_WORKSPACE_BYTES} allowed")
         return n
 
-    def bind(self, inputs: list, outputs: list, scalars: list[Scalar], stream: int | None, workspace=None):
+    def bind(self, inputs: list["torch.Tensor"], outputs: list["torch.Tensor"], scalars: list[Scalar],
+             stream: int | None, workspace: "torch.Tensor | None" = None) -> Callable[[], int]:
         """A no-argument callable that launches on fixed buffers (descriptors built once).
 
         ``workspace`` is a tensor of at least ``workspace_bytes()`` bytes, required when the
@@ -172,13 +181,13 @@ class Library:
 
             def call_ws() -> int:
                 _ = keep
-                return fn(ins, n_in, outs, n_out, scs, n_sc, ws_ptr, ws_bytes, stream)
+                return int(fn(ins, n_in, outs, n_out, scs, n_sc, ws_ptr, ws_bytes, stream))
 
             return call_ws
 
         def call() -> int:
             _ = keep
-            return fn(ins, n_in, outs, n_out, scs, n_sc, stream)
+            return int(fn(ins, n_in, outs, n_out, scs, n_sc, stream))
 
         return call
 
@@ -186,7 +195,7 @@ class Library:
 WORKSPACE_ALIGN = 256
 
 
-def alloc_workspace(nbytes: int, device: str):
+def alloc_workspace(nbytes: int, device: str) -> "torch.Tensor":
     """A uint8 tensor of nbytes (at least 1) starting on a WORKSPACE_ALIGN-byte boundary."""
     import torch
 
@@ -195,7 +204,8 @@ def alloc_workspace(nbytes: int, device: str):
     return raw[off: off + max(nbytes, 1)]
 
 
-def workspace_for(lib: Library, ins: list, outs: list, scalars: list[Scalar], device: str):
+def workspace_for(lib: Library, ins: list["torch.Tensor"], outs: list["torch.Tensor"], scalars: list[Scalar],
+                  device: str) -> "torch.Tensor | None":
     """The scratch buffer a library asks for on these arguments, or None when it uses plain
     forge_launch. Raises ValueError when it refuses them or asks for too much."""
     if not lib.needs_workspace:
@@ -203,7 +213,7 @@ def workspace_for(lib: Library, ins: list, outs: list, scalars: list[Scalar], de
     return alloc_workspace(lib.workspace_bytes(ins, outs, scalars), device)
 
 
-def alloc_outputs(specs: list, device: str) -> list:
+def alloc_outputs(specs: list["TensorSpec"], device: str) -> list["torch.Tensor"]:
     """Output tensors with the specs' shapes, dtypes and (where PyTorch can) strides."""
     import torch
 

@@ -21,7 +21,11 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from .timing import Stats, Timer
 
 
 class Calibration:
@@ -29,7 +33,7 @@ class Calibration:
     machine (device, threads) in the cache folder, so that a process started on a busy machine
     still knows what quiet looks like."""
 
-    def __init__(self, device: str, timer) -> None:
+    def __init__(self, device: str, timer: "Timer") -> None:
         import torch
 
         self.device = device
@@ -52,7 +56,7 @@ class Calibration:
         return f"{device_key(self.device)}|threads{torch.get_num_threads() if self.device == 'cpu' else 0}"
 
     @staticmethod
-    def _path():
+    def _path() -> Path:
         from .roofline import cache_dir
 
         return cache_dir() / "calibration.json"
@@ -98,7 +102,7 @@ class Calibration:
                 t0 = time.perf_counter_ns()
                 self._run()
                 samples.append((time.perf_counter_ns() - t0) / 1000.0)
-        med = statistics.median(samples)
+        med = float(statistics.median(samples))
         self.history.append(med)
         if self.best_us is None or med < self.best_us:
             self.best_us = med
@@ -126,7 +130,7 @@ class Verdict:
             self.reasons.append(reason)
 
 
-def spread_reason(name: str, stats, max_spread: float, resolution_us: float) -> str | None:
+def spread_reason(name: str, stats: "Stats", max_spread: float, resolution_us: float) -> str | None:
     """Why ``stats`` (timing.Stats) are too spread to trust, or None."""
     iqr = stats.q3 - stats.q1
     allowed = max(max_spread * stats.median, 2.0 * resolution_us)

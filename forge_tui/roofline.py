@@ -187,11 +187,12 @@ def _peaks(device: str, mm: dict, reps: int) -> dict:
         dt = getattr(torch, name)
         a = torch.randn(n, n, device=device).to(dt)
         b = torch.randn(n, n, device=device).to(dt)
+        product = functools.partial(torch.mm, a, b)
         if device == "cuda":
-            t = _median_time(lambda: torch.mm(a, b), device, max(3, reps // 2))
+            t = _median_time(product, device, max(3, reps // 2))
         else:  # the best of a few: a momentarily loaded machine must not lower the ceiling
-            torch.mm(a, b)
-            t = _best_per_call(lambda: torch.mm(a, b), 1, max(3, reps // 2))
+            product()
+            t = _best_per_call(product, 1, max(3, reps // 2))
         peak[name] = 2 * n**3 / t
     return peak
 

@@ -115,8 +115,8 @@ class Timer:
         return (time.perf_counter_ns() - t0) / 1000.0
 
     def run_interleaved(self, fns: Mapping[str, Callable[[], object]], *,
-                        after_each: Callable[[str, int], None] | None = None,
-                        before_each: Callable[[str, int], None] | None = None) -> dict[str, list[float]]:
+                        after_each: Callable[[str, int], object] | None = None,
+                        before_each: Callable[[str, int], object] | None = None) -> dict[str, list[float]]:
         """Raw per-run samples (µs) for every callable, interleaved. ``before_each(name, i)`` and
         ``after_each(name, i)`` run around timed run i of ``name``, outside the timed region (to
         rotate input contents, poison outputs, check results). Warm-up run w is prepared by
@@ -142,8 +142,8 @@ class Timer:
         return samples
 
     def time(self, fns: Mapping[str, Callable[[], object]], *, subtract_overhead: bool = True,
-             after_each: Callable[[str, int], None] | None = None,
-             before_each: Callable[[str, int], None] | None = None,
+             after_each: Callable[[str, int], object] | None = None,
+             before_each: Callable[[str, int], object] | None = None,
              ) -> tuple[dict[str, Stats], dict[str, list[float]], float]:
         """Stats per callable, per-run samples, and the measured per-run overhead (µs).
 

@@ -14,6 +14,7 @@ import subprocess
 import threading
 
 import pytest
+from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
 
 from forge_tui.cli import main
 from forge_tui.config import parse_config
@@ -24,8 +25,6 @@ from forge_tui.search.proposer import Proposal
 from forge_tui.search.replay import load_events
 from forge_tui.search.runner import Search
 from forge_tui.search.store import LOG_REF, NodeRecord, SearchStore
-
-from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@t"}
@@ -80,8 +79,8 @@ def chain_workspace(tmp_path, evals=4, cards=("a",), per_card=True):
     return ws
 
 
-def git(ws, *args, input=None) -> str:
-    out = subprocess.run(["git", *args], cwd=ws.root, capture_output=True, text=True, env=ENV, input=input)
+def git(ws, *args, stdin=None) -> str:
+    out = subprocess.run(["git", *args], cwd=ws.root, capture_output=True, text=True, env=ENV, input=stdin)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -103,14 +102,14 @@ def rewrite(ws, branch, msg=None, files=None) -> str:
         env = {**ENV, "GIT_INDEX_FILE": str(ws.root / ".git" / "damage-index")}
         subprocess.run(["git", "read-tree", tree], cwd=ws.root, env=env, check=True)
         for name, data in files.items():
-            blob = git(ws, "hash-object", "-w", "--stdin", input=data)
+            blob = git(ws, "hash-object", "-w", "--stdin", stdin=data)
             subprocess.run(["git", "update-index", "--add", "--cacheinfo", f"100644,{blob},candidate/{name}"],
                            cwd=ws.root, env=env, check=True)
         tree = subprocess.run(["git", "write-tree"], cwd=ws.root, env=env, check=True, capture_output=True,
                               text=True).stdout.strip()
     parents = git(ws, "log", "-1", "--format=%P", ref).split()
     new = git(ws, "commit-tree", tree, *[a for p in parents for a in ("-p", p)], "-F", "-",
-              input=message(ws, branch) if msg is None else msg)
+              stdin=message(ws, branch) if msg is None else msg)
     git(ws, "update-ref", ref, new)
     return new
 
@@ -290,7 +289,7 @@ def rewrite_log(ws, index: int, transform) -> str:
         if i == index:
             msg = transform(msg)
         tree = git(ws, "rev-parse", f"{c}^{{tree}}")
-        parent = git(ws, "commit-tree", tree, *(["-p", parent] if parent else []), "-F", "-", input=msg)
+        parent = git(ws, "commit-tree", tree, *(["-p", parent] if parent else []), "-F", "-", stdin=msg)
         if i == index:
             damaged = parent
     git(ws, "update-ref", LOG_REF, parent)
@@ -332,7 +331,7 @@ def test_refs_at_missing_objects_and_broken_refs(tmp_path, capsys):
     (ws.root / ".git" / "objects" / leaf[:2] / leaf[2:]).unlink()  # the leaf's commit object is gone
     (ws.root / ".git" / "refs" / "heads" / "search" / "a" / "n0004").write_text("1" * 40 + "\n")
     (ws.root / ".git" / "refs" / "heads" / "search" / "a" / "n0005").write_text("garbage\n")
-    blob = git(ws, "hash-object", "-w", "--stdin", input="not a commit")
+    blob = git(ws, "hash-object", "-w", "--stdin", stdin="not a commit")
     (ws.root / ".git" / "refs" / "heads" / "search" / "a" / "n0006").write_text(blob + "\n")
     whats = {d.ref: d.what for d in load(ws).damaged}
     assert whats == {"search/a/n0003": f"points at {leaf[:12]}, an object that is missing or unreadable",

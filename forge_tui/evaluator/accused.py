@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernel_abi import HEADER, HEADER_DIR, ForgeScalar, ForgeTensor, DTYPE_CODES, MAX_DIMS, MAX_WORKSPACE_BYTES
+from ..kernel_abi import DTYPE_CODES, HEADER, HEADER_DIR, MAX_DIMS, MAX_WORKSPACE_BYTES, ForgeTensor
 from ..tensorstore import storage_extent
 from . import confine
 
@@ -169,7 +169,7 @@ class Accused:
             self.out_slots.append(outs)
         self.arena_bytes = end
         self.scalars = scalars
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.needs_workspace = False
         self.confined: dict = {}
         self.overhead_ns: list[int] = []
@@ -183,7 +183,9 @@ class Accused:
         self._keep: list = []
         self._device_allocs: list[int] = []
         self._fds: list[int] = []
-        self._log = None
+        self._log: Path | None = None
+        self._w: int | None = None
+        self._r: int | None = None
         self._stopped = False
 
     # ---- buffers ----------------------------------------------------------------------------
@@ -315,7 +317,7 @@ class Accused:
                                  description={"seccomp": "off", "landlock": "off"})
         else:
             try:
-                pol = confine.policy(self.library, self.device, self.proc.pid, landlock=self.landlock)
+                pol = confine.policy(self.library, self.device, self._running.pid, landlock=self.landlock)
             except confine.ConfinementUnavailable as exc:
                 raise CandidateProcessError("confinement", f"the candidate cannot be confined on this machine: "
                                             f"{exc}; set [evaluator] confinement = \"off\" to run unconfined") from None
@@ -409,6 +411,24 @@ class Accused:
         self._stopped = False
 
     # ---- wire -------------------------------------------------------------------------------
+    @property
+    def _running(self) -> "subprocess.Popen[bytes]":
+        if self.proc is None:
+            raise RuntimeError("the runner is not started")
+        return self.proc
+
+    @property
+    def _wfd(self) -> int:
+        if self._w is None:
+            raise RuntimeError("the runner's pipe is closed")
+        return self._w
+
+    @property
+    def _rfd(self) -> int:
+        if self._r is None:
+            raise RuntimeError("the runner's pipe is closed")
+        return self._r
+
     def _sync(self) -> None:
         if self.device == "cuda":
             import torch
@@ -423,7 +443,7 @@ class Accused:
 
     def _exchange(self, op: bytes, payload: bytes, limit_s: float, phase: str) -> tuple[int, bytes]:
         try:
-            os.write(self._w, op + struct.pack("<I", len(payload)) + payload)
+            os.write(self._wfd, op + struct.pack("<I", len(payload)) + payload)
         except (BrokenPipeError, OSError):
             raise self._died(phase) from None
         return self._reply(limit_s, phase)
@@ -434,7 +454,7 @@ class Accused:
             spin_end = time.perf_counter() + self.spin_us * 1e-6
             while len(buf) < n and time.perf_counter() < spin_end:
                 try:
-                    chunk = os.read(self._r, n - len(buf))
+                    chunk = os.read(self._rfd, n - len(buf))
                 except BlockingIOError:
                     continue
                 except OSError:
@@ -449,13 +469,13 @@ class Accused:
                 self.kill()
                 raise CandidateProcessError("timeout", f"the candidate made no progress for {self._limit_of(phase):.0f} s "
                                             f"({phase}: endless loop or hang); its process was killed")
-            ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
+            ready, _, _ = select.select([self._rfd], [], [], min(left, 1.0))
             if not ready:
-                if self.proc.poll() is not None:
+                if self._running.poll() is not None:
                     raise self._died(phase)
                 continue
             try:
-                chunk = os.read(self._r, n - len(buf))
+                chunk = os.read(self._rfd, n - len(buf))
             except BlockingIOError:
                 continue
             except OSError:
@@ -477,7 +497,7 @@ class Accused:
     def _died(self, phase: str) -> CandidateProcessError:
         code = None
         try:
-            code = self.proc.wait(timeout=10)
+            code = self._running.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
         tail = self.log_tail()
@@ -513,7 +533,7 @@ class Accused:
         if self.proc is not None and self.proc.poll() is None:
             self.thaw()
             try:
-                os.write(self._w, b"Q\0\0\0\0")
+                os.write(self._wfd, b"Q\0\0\0\0")
                 self.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass

@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 from ..cards import Card
 from ..config import ForgeConfig

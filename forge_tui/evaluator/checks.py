@@ -36,11 +36,13 @@ the machine must be quiet (``quiet.py``); a loud measurement is retried, then re
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 from ..cards import Card
@@ -176,7 +178,7 @@ class Evaluation:
         self.scalars = card_scalars(card.program)
         self.seed = self.opt.seed or random.SystemRandom().randrange(1, 2**31)
         self.threads = self.tcfg.threads or len(os.sched_getaffinity(0))
-        self.acc: Accused | None = None
+        self._acc: Accused | None = None
 
     def calls_per_sample(self) -> int:
         """How many calls, each on its own fresh inputs, one timed sample holds: enough that a
@@ -194,8 +196,15 @@ class Evaluation:
         budget = (4 << 30) if self.device == "cuda" else (256 << 20)
         return max(1, min(k, budget // per_set))
 
+    @property
+    def acc(self) -> Accused:
+        """The candidate's runner (exists from the start of ``run``)."""
+        if self._acc is None:
+            raise RuntimeError("the runner is started by run()")
+        return self._acc
+
     def runner_pid(self) -> int | None:
-        return self.acc.proc.pid if self.acc is not None and self.acc.proc is not None else None
+        return self._acc.proc.pid if self._acc is not None and self._acc.proc is not None else None
 
     # ---- input sets ---------------------------------------------------------------------------
     def input_sets(self) -> list[tuple[str, list]]:
@@ -451,7 +460,7 @@ class Evaluation:
                 for k, ins in enumerate(acc.batch_inputs):
                     fresh_inputs_into(self.card, ins, gen, (i + warmup + k) % len(DISTRIBUTIONS))
                 box: list = []
-                t_e = self._one(timer, lambda: run_eagers(box))
+                t_e = self._one(timer, functools.partial(run_eagers, box))
                 t_c = self._one(timer, run_compiled) if compiled is not None else None
                 t_0 = self._one(timer, lambda: tiny.zero_())
                 expected = [[o.clone() for o in outs] for outs in box]
@@ -546,7 +555,7 @@ class Evaluation:
             torch.set_num_threads(self.threads)
         self.phase("load")
         limit = self.opt.call_timeout_s
-        self.acc = Accused(self.runner, self.library, self.card.inputs, self.card.outputs, self.scalars,
+        self._acc = Accused(Path(self.runner), self.library, self.card.inputs, self.card.outputs, self.scalars,
                            self.device, threads=self.threads, call_limit_s=limit,
                            confinement=self.opt.confinement, landlock=self.opt.landlock,
                            sets=self.calls_per_sample())
@@ -587,7 +596,7 @@ def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict)
     device = req.device
     if "ceilings" not in state:
         state["ceilings"] = roofline.ceilings(device)
-    ev = Evaluation(card, req, TensorStore(req.store), device, phase, state)
+    ev = Evaluation(card, req, TensorStore(Path(req.store)), device, phase, state)
     try:
         body = ev.run(state["ceilings"], do_timing=req.options.timing)
     except CandidateFailure as fail:

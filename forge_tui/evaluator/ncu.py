@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 NVTX_RANGE = "forge_candidate"
 METRICS = {
@@ -62,7 +63,7 @@ def parse_csv(text: str) -> list[dict]:
     col = {name: i for i, name in enumerate(header)}
     kernels = []
     for row in data:
-        k = {"kernel": row[col["Kernel Name"]] if "Kernel Name" in col else "?"}
+        k: dict[str, Any] = {"kernel": row[col["Kernel Name"]] if "Kernel Name" in col else "?"}
         for ours, metric in METRICS.items():
             if metric in col and col[metric] < len(row):
                 k[ours] = _number(row[col[metric]])
@@ -70,14 +71,14 @@ def parse_csv(text: str) -> list[dict]:
     return kernels
 
 
-def summarise(kernels: list[dict], floor_us: float | None, bandwidth_Bps: float | None) -> dict:
+def summarise(kernels: list[dict[str, Any]], floor_us: float | None, bandwidth_Bps: float | None) -> dict[str, Any]:
     if not kernels:
         return unavailable("ncu profiled no kernel inside the candidate's call")
     total_ns = sum(k.get("duration_ns") or 0.0 for k in kernels)
     dram = sum((k.get("dram_read_bytes") or 0.0) + (k.get("dram_write_bytes") or 0.0) for k in kernels)
     spills = sum((k.get("local_load_bytes") or 0.0) + (k.get("local_store_bytes") or 0.0) for k in kernels)
     main = max(kernels, key=lambda k: k.get("duration_ns") or 0.0)
-    out = {
+    out: dict[str, Any] = {
         "available": True, "tool": "ncu --clock-control none", "kernels": kernels,
         "duration_us": total_ns / 1000.0,
         "dram_throughput_pct": main.get("dram_pct"), "sm_throughput_pct": main.get("sm_pct"),
@@ -124,8 +125,8 @@ def _drive(request_path: str) -> int:
 
     from ..cards import Card
     from ..inputs import random_inputs, sample_inputs
-    from ..tensorstore import TensorStore
     from ..kernel_abi import Library, alloc_outputs, card_scalars, workspace_for
+    from ..tensorstore import TensorStore
 
     req = json.loads(Path(request_path).read_text())
     card = Card.model_validate(req["card"])

@@ -194,7 +194,8 @@ class EvalResult(_Part):
         return self.model_dump_json(by_alias=True, indent=indent)
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(self.to_json(indent=None))
+        out: dict[str, Any] = json.loads(self.to_json(indent=None))
+        return out
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "EvalResult":

@@ -113,10 +113,10 @@ def _readonly(decl, src: bytes, quals: set[str]) -> bool:
 
 def check_source(source: str, backend: str, *, allow_libraries: bool = False) -> list[Finding]:
     # The ABI's export macro hides a function's return type from the parser; show it what it means.
-    src = re.sub(r"\bFORGE_EXPORT\b", 'extern "C"', source)
+    text = re.sub(r"\bFORGE_EXPORT\b", 'extern "C"', source)
     # Launch attributes the grammar does not know (thread-block clusters, register caps) would hide
     # the kernel's name from it; blank them out, keeping every offset and line.
-    src = re.sub(r"\b(__cluster_dims__|__maxnreg__)\s*\([^()]*\)", lambda m: " " * len(m.group(0)), src).encode()
+    src = re.sub(r"\b(__cluster_dims__|__maxnreg__)\s*\([^()]*\)", lambda m: " " * len(m.group(0)), text).encode()
     tree = _parser().parse(src)
     findings: list[Finding] = []
     kernels: dict[str, int] = {}

@@ -77,7 +77,7 @@ class WorkerClient:
 
     def stop(self) -> None:
         proc = self.proc
-        if proc is not None and proc.poll() is None:
+        if proc is not None and proc.poll() is None and self._send is not None:
             try:
                 self._send.send({"cmd": "exit"})
                 proc.wait(timeout=5)
@@ -120,8 +120,10 @@ class WorkerClient:
                 self.start()
             phase = "load"
             deadline = time.monotonic() + self.limits[phase]
+            send, recv = self._send, self._recv
+            assert send is not None and recv is not None  # start() opened them
             try:
-                self._send.send({"cmd": "eval", **request})
+                send.send({"cmd": "eval", **request})
             except (BrokenPipeError, OSError):
                 return self._died(phase)
             while True:
@@ -134,7 +136,7 @@ class WorkerClient:
                             "reason": f"no progress for {limit:.0f} s in phase '{phase}' (endless loop or hang); "
                                       "the worker was killed and restarted"}
                 try:
-                    ready = self._recv.poll(min(remaining, 1.0))
+                    ready = recv.poll(min(remaining, 1.0))
                 except (OSError, EOFError):
                     return self._died(phase)
                 if not ready:
@@ -142,7 +144,7 @@ class WorkerClient:
                         return self._died(phase)
                     continue
                 try:
-                    msg = self._recv.recv()
+                    msg = recv.recv()
                 except (EOFError, OSError):
                     return self._died(phase)
                 if "phase" in msg:

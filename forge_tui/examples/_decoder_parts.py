@@ -54,7 +54,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        inv_freq_buf: torch.Tensor = self.inv_freq  # type: ignore[assignment]  # a registered buffer
+        inv_freq = inv_freq_buf[None, :, None].float().expand(position_ids.shape[0], -1, 1)
         pos = position_ids[:, None, :].float()
         freqs = (inv_freq @ pos).transpose(1, 2)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -205,7 +206,7 @@ class Decoder(nn.Module):
 
 def init_random(model: nn.Module, std: float = 0.02) -> nn.Module:
     """Random weights with a spread that keeps activations O(1); norm weights near one."""
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.dim() == 1:
             nn.init.normal_(p, mean=1.0, std=0.1)
         else:

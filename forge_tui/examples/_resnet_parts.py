@@ -72,6 +72,7 @@ def randomize_batchnorm(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             n = m.num_features
+            assert m.running_mean is not None and m.running_var is not None  # track_running_stats
             m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
             m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
             m.weight.data.copy_(torch.rand(n, generator=g) + 0.5)

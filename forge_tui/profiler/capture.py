@@ -125,6 +125,8 @@ class _Frame:
     flags: set[str] = field(default_factory=set)
     invalid: str = ""
     sample_inputs: list | None = None
+    pre_key: tuple[Any, ...] = ()
+    """The bucket key of the module call as first seen (its sample count is kept under it)."""
 
 
 class CaptureOptions:
@@ -325,7 +327,7 @@ class Recorder:
                 pre_key = (type(module).__qualname__, tuple((tuple(s.shape), s.dtype) for s in frame.specs))
                 if self._module_samples.get(pre_key, 0) < self.opt.samples_per_card and self._within_budget(frame.tensors):
                     frame.sample_inputs = [pack(t) for t in frame.tensors]
-                frame.pre_key = pre_key  # type: ignore[attr-defined]
+                frame.pre_key = pre_key
                 self.frame = frame
             finally:
                 self.busy = False
@@ -337,7 +339,7 @@ class Recorder:
         import torch
 
         frame = self.frame
-        if frame.invalid:
+        if frame is None or frame.invalid:
             return
 
         def ref(t):

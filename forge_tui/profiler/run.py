@@ -8,16 +8,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import roofline
 from ..cards import Card, Sample
 from ..compare import compare
 from ..config import ForgeConfig
 from ..inputs import random_inputs
 from ..program import bind_program, run_program
-from ..tensorstore import TensorStore, unpack
 from ..quiet import Calibration, spread_reason
+from ..tensorstore import TensorStore, unpack
 from ..timing import Stats, Timer
 from ..workload import Workload
-from .. import roofline
 from .capture import Bucket, CaptureOptions, Recorder
 
 
@@ -97,7 +97,7 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
         for _ in range(cfg.profile.forwards):
             rec.run(functools.partial(workload.run, model, inputs))
         progress("timing the forward")
-        fwd_stats, noisy = quiet.time("forward", lambda: model(*inputs))
+        fwd_stats, noisy = quiet.time("forward", functools.partial(model, *inputs))
         if noisy:
             warnings.append("the forward's time is not trustworthy, the machine was busy: " + "; ".join(noisy)
                             + " (shares and times below are suspect; profile again on a quiet machine)")
@@ -159,8 +159,8 @@ def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ce
     )
     card.label = f"{card.op_name}({card.shapes()})"
     if b.samples:
-        ins = [unpack(*p, device=device) for p in b.samples[0][0]]
-        expected = [unpack(*p, device=device) for p in b.samples[0][1]]
+        ins = [unpack(p[0], p[1], p[2], p[3], device=device) for p in b.samples[0][0]]
+        expected = [unpack(p[0], p[1], p[2], p[3], device=device) for p in b.samples[0][1]]
     else:
         ins, expected = random_inputs(card, device, seed=0), None
     try:

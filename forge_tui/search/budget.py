@@ -38,7 +38,7 @@ class CardBudget:
     @property
     def floor_fraction(self) -> float:
         t = self.best_time_us
-        if not (t and self.floor_trusted):
+        if not (t and self.floor_trusted and self.card.floor_us):
             return 0.0
         return self.card.floor_us / t
 

@@ -33,7 +33,8 @@ class SearchEvent(BaseModel):
         return self.model_dump(exclude={"kind", "seq", "card", "node"})
 
     def to_json(self) -> dict[str, Any]:
-        return json.loads(self.model_dump_json())
+        out: dict[str, Any] = json.loads(self.model_dump_json())
+        return out
 
     def line(self) -> str:
         return f"[{self.seq:5d}] {self.kind} {self.card or ''} {self.node or ''}".rstrip()
@@ -185,10 +186,10 @@ class EventBus:
     """Synchronous fan-out; subscribers must be quick (the TUI posts a message and returns)."""
 
     def __init__(self) -> None:
-        self._subs: list[Callable[[SearchEvent], None]] = []
+        self._subs: list[Callable[[SearchEvent], object]] = []
         self._lock = threading.Lock()
 
-    def subscribe(self, fn: Callable[[SearchEvent], None]) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[[SearchEvent], object]) -> Callable[[], None]:
         with self._lock:
             self._subs.append(fn)
 

@@ -35,5 +35,8 @@ def replay_events(loaded: Loaded) -> list[SearchEvent]:
     items: list[tuple[int, int, object]] = [(r.seq, 0, r) for r in loaded.nodes] + [(r.seq, 1, r) for r in loaded.log]
     events: list[SearchEvent] = []
     for _, _, rec in sorted(items, key=lambda x: (x[0], x[1])):
-        events.extend(h.node(rec) if isinstance(rec, NodeRecord) else h.log(rec))
+        if isinstance(rec, NodeRecord):
+            events.extend(h.node(rec))
+        elif isinstance(rec, LogRecord):
+            events.extend(h.log(rec))
     return events

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol
 
 from ..cards import Card
@@ -21,6 +22,7 @@ from ..evaluator import EvalOptions, EvalResult, Evaluator
 from ..evaluator.api import resolve_backend
 from ..evaluator.build import Builder
 from ..evaluator.result import BuildReport
+from ..tensorstore import TensorStore
 
 
 class EvalPool(Protocol):
@@ -46,7 +48,7 @@ class EvalPool(Protocol):
 
 
 class LocalEvalPool:
-    def __init__(self, store, cache_dir, config: ForgeConfig, *, backend: str | None = None,
+    def __init__(self, store: TensorStore, cache_dir: Path, config: ForgeConfig, *, backend: str | None = None,
                  workers: int | None = None) -> None:
         n = workers or config.search.workers
         self.backend = resolve_backend(backend or config.evaluator.backend)

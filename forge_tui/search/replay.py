@@ -39,7 +39,7 @@ def format_trees(events: list[SearchEvent]) -> str:
                     and n["data"].get("speedup")), default=None)
         lines.append(f"{card}  ({len(tree) - 1} evaluated" + (f", best {best:.3f}x)" if best else ")"))
 
-        def walk(nid: str, depth: int) -> None:
+        def walk(nid: str, depth: int, tree: dict[str, dict] = tree) -> None:
             n = tree[nid]
             d = n["data"]
             label = "eager reference" if nid == ROOT else (

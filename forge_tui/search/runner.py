@@ -15,6 +15,7 @@ import json
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..cards import Card, id_matches
 from ..config import ForgeConfig
@@ -72,7 +73,7 @@ class Search:
         self.skipped: dict[str, str] = {}
         self.history = History()
         self.seq = 0
-        self.sources: dict[tuple[str, str], str] = {}
+        self.sources: dict[tuple[str, str], str | None] = {}
         self.results: dict[tuple[str, str], EvalResult | None] = {}
         self.damaged: list[Damage] = []
         self._unreadable: set[tuple[str, str]] = set()
@@ -143,8 +144,15 @@ class Search:
                     b.best_speedup = max(b.best_speedup, rec.speedup)
         return self.history.node(rec)
 
+    @property
+    def _store(self) -> SearchStore:
+        """The git store of the search in progress (open from the start of ``run``)."""
+        if self.store is None:
+            raise ForgeError("the search's store is opened by run()")
+        return self.store
+
     def _load(self, resume: bool) -> None:
-        loaded = self.store.load()
+        loaded = self._store.load()
         if loaded.recorded and not resume:
             damaged = f", {len(loaded.damaged)} damaged items" if loaded.damaged else ""
             raise ForgeError(f"{self.ws.root} already holds a search ({len(loaded.nodes)} nodes{damaged}): "
@@ -156,10 +164,10 @@ class Search:
         for card in self._eligible(self.ws.cards()):
             self.cards[card.id] = card
             self.budgets[card.id] = CardBudget(card)
-        items = sorted([(r.seq, 0, r) for r in loaded.nodes] + [(r.seq, 1, r) for r in loaded.log],
-                       key=lambda x: (x[0], x[1]))
-        for _, kind, rec in items:
-            if kind == 0:
+        items: list[tuple[int, int, NodeRecord | LogRecord]] = sorted(
+            [(r.seq, 0, r) for r in loaded.nodes] + [(r.seq, 1, r) for r in loaded.log], key=lambda x: (x[0], x[1]))
+        for _, _, rec in items:
+            if isinstance(rec, NodeRecord):
                 self._apply_node(rec)
             else:
                 self.history.log(rec)
@@ -175,16 +183,16 @@ class Search:
         self.seq += 1
         return self.seq
 
-    def _log(self, kind: str, card: str | None = None, node: str | None = None, **data) -> None:
+    def _log(self, kind: str, card: str | None = None, node: str | None = None, **data: Any) -> None:
         rec = LogRecord(self._next_seq(), kind, card, node, data, "")
         t0 = time.perf_counter()
-        self.store.write_log(rec)
+        self._store.write_log(rec)
         self.git_s += time.perf_counter() - t0
         self._publish(self.history.log(rec))
 
     def _commit_node(self, rec: NodeRecord, files: dict[str, bytes], base: str) -> None:
         t0 = time.perf_counter()
-        self.store.write_node(rec, files, base)
+        self._store.write_node(rec, files, base)
         self.git_s += time.perf_counter() - t0
         self._publish(self._apply_node(rec))
 
@@ -203,7 +211,7 @@ class Search:
     def _read(self, card_id: str, node: Node, name: str) -> bytes | None:
         """A file of a node; None (and a note in ``damaged``) when git cannot read it."""
         try:
-            return self.store.read(node.commit, name)
+            return self._store.read(node.commit, name)
         except WorkspaceError as exc:
             self._unreadable.add((card_id, node.id))
             self._damage(Damage(short_ref(node_ref(card_id, node.id)), f"{FOLDER}/{name} cannot be read ({exc}): "
@@ -254,7 +262,7 @@ class Search:
             if n.speedup > best_so_far:
                 improvements.append(n)
                 best_so_far = n.speedup
-            par = tree.nodes.get(n.parent)
+            par = tree.nodes.get(n.parent) if n.parent is not None else None
             if par is not None and par.speedup and n.speedup < par.speedup:
                 regressions.append(n)
         children = [tree.nodes[c] for c in parent.children]
@@ -269,7 +277,7 @@ class Search:
             failed_siblings=[self._view(card.id, n, with_source=True, with_result=True) for n in children
                             if n.status not in EXPANDABLE_STATUSES],
             children=[self._view(card.id, n) for n in children],
-            reference_source=self._source(card.id, tree.root) or "",
+            reference_source=(self._source(card.id, tree.root) or "") if tree.root is not None else "",
             tree_moves=[n.move for n in nodes],
         )
 
@@ -349,9 +357,10 @@ class Search:
                     self._finish_card(b, reason)
         tried: set[str] = set()
         while True:
-            b = pick([x for x in self.budgets.values() if x.card.id not in tried])
-            if b is None:
+            chosen = pick([x for x in self.budgets.values() if x.card.id not in tried])
+            if chosen is None:
                 return None
+            b = chosen
             if b.evals + b.in_flight >= self.scfg.evals_per_card or \
                     b.failures_in_row >= self.scfg.proposer_failures:
                 # a failing proposer gets no new calls; the card finishes once its last returns
@@ -371,10 +380,12 @@ class Search:
             self.store = SearchStore(repo)
             self._main_commit = repo.head("main")
             self._load(resume)
-            self._log("search_started", resumed=self.seq > 0, cards=sorted(self.cards), backend=self.backend,
-                      proposer=getattr(self.proposer, "name", "?"), skipped=self.skipped,
-                      config=self.scfg.model_dump(), **({"damaged": [d.line for d in self.damaged[:100]]}
-                                                        if self.damaged else {}))
+            started: dict[str, Any] = {"resumed": self.seq > 0, "cards": sorted(self.cards), "backend": self.backend,
+                                       "proposer": getattr(self.proposer, "name", "?"), "skipped": self.skipped,
+                                       "config": self.scfg.model_dump()}
+            if self.damaged:
+                started["damaged"] = [d.line for d in self.damaged[:100]]
+            self._log("search_started", **started)
             for card in self.cards.values():
                 self._ensure_root(card)
             stopped = self._loop(t_start)

@@ -21,8 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import WorkspaceError
-from ..gitrepo import (GitRepo, ObjectWriter, format_message, list_refs, parse_trailers, read_blob, scan_refs,
-                       short_ref, walk_first_parent)
+from ..gitrepo import GitRepo, ObjectWriter, format_message, list_refs, parse_trailers, read_blob, scan_refs, short_ref, walk_first_parent
 from .tree import ROOT
 
 NODE_PREFIX = "refs/heads/search/"
@@ -177,6 +176,7 @@ def parse_node(ref: str, commit: str, message: str) -> NodeRecord | Damage:
         return bad(f"the root names a parent ({parent})")
     if node != ROOT and parent is None:
         return bad("Forge-Parent is none, but only the root has no parent")
+    assert not isinstance(speedup, str) and not isinstance(cost, str)  # returned as damage above
     return NodeRecord(seq=seq, card=card, node=node, parent=parent, status=t["Forge-Status"], speedup=speedup,
                       move=t.get("Forge-Move", ""), proposer=t["Forge-Proposer"], cost_usd=cost or 0.0,
                       reason=t.get("Forge-Reason", ""), commit=commit)
@@ -211,8 +211,8 @@ def parse_log(commit: str, message: str) -> LogRecord | Damage:
 
 def _check_lineage(records: list[NodeRecord]) -> tuple[list[NodeRecord], list[Damage]]:
     """Nodes whose parent chain reaches their card's root, each after its parent; the others as damage."""
-    by_key = {(r.card, r.node): r for r in records}
-    ok: dict[tuple[str, str], NodeRecord] = {}
+    by_key: dict[tuple[str, str | None], NodeRecord] = {(r.card, r.node): r for r in records}
+    ok: dict[tuple[str, str | None], NodeRecord] = {}
     damaged = []
     for r in sorted(records, key=lambda r: r.seq):
         if r.node == ROOT:
@@ -246,7 +246,7 @@ class SearchStore:
     def load(self) -> Loaded:
         """Every sound node and log event; everything damaged in ``damaged`` (never raises for damage)."""
         out = Loaded()
-        records = []
+        records: list[NodeRecord] = []
         for info in scan_refs(self.repo, NODE_PREFIX):
             b_card, _, b_node = info.ref[len(NODE_PREFIX):].rpartition("/")
             if b_card:
@@ -260,7 +260,10 @@ class SearchStore:
                 ids = out.taken.setdefault(t["Forge-Card"], set())
                 ids.update(x for x in (t.get("Forge-Node"), t.get("Forge-Parent")) if x and x != "none")
             rec = parse_node(info.ref, info.sha, info.message)
-            (records if isinstance(rec, NodeRecord) else out.damaged).append(rec)
+            if isinstance(rec, NodeRecord):
+                records.append(rec)
+            else:
+                out.damaged.append(rec)
         out.nodes, orphans = _check_lineage(records)
         out.damaged.extend(orphans)
         out.damaged.sort(key=lambda d: (d.ref, d.seq or 0))
@@ -288,10 +291,13 @@ class SearchStore:
             if not entries:
                 self._log_parent = None  # nothing to chain onto: the next event starts a new log
                 why = f"{why}; a new log starts, the old tip is kept as {short_ref(LOG_KEPT)}<n>"
-            damaged.append(Damage(LOG_BRANCH, why, at))
+            damaged.append(Damage(LOG_BRANCH, why or "the log cannot be read", at))
         for commit, message in entries:
             rec = parse_log(commit, message)
-            (out.log if isinstance(rec, LogRecord) else damaged).append(rec)
+            if isinstance(rec, LogRecord):
+                out.log.append(rec)
+            else:
+                damaged.append(rec)
         return damaged
 
     def read(self, commit: str, name: str) -> bytes | None:
@@ -335,7 +341,8 @@ class SearchStore:
         n = 1
         while self.repo.read_ref(f"{LOG_KEPT}{n}") is not None:
             n += 1
-        self.writer.update_ref(f"{LOG_KEPT}{n}", self._log_head, old=None)
+        if self._log_head is not None:
+            self.writer.update_ref(f"{LOG_KEPT}{n}", self._log_head, old=None)
 
     def delete_all(self) -> int:
         """Remove every search ref and the log (``forge search --fresh``)."""

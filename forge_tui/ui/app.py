@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -19,6 +20,9 @@ from textual.containers import Vertical
 from textual.widgets import Footer, Header, Log
 
 from ..errors import ForgeError
+
+if TYPE_CHECKING:
+    from ..search.runner import Search
 from .messages import SearchEventPosted
 from .widgets.card_detail import CardDetail
 from .widgets.op_table import OpTable
@@ -42,7 +46,7 @@ class ForgeApp(App):
                  dtype: str | None = None, config: Path | None = None, search: dict | None = None) -> None:
         super().__init__()
         self.search_settings = search
-        self._search = None
+        self._search: Search | None = None
         self.workspace_path = Path(workspace)
         self.workload = workload
         self.device = device
@@ -121,7 +125,7 @@ class ForgeApp(App):
         if message.event.persistent:
             self.status(message.event.line())
 
-    def action_quit(self) -> None:
+    async def action_quit(self) -> None:
         if self._search is not None:
             self._search.request_stop("stopped from the app")
         self.exit()
@@ -133,6 +137,8 @@ class ForgeApp(App):
         def progress(msg: str) -> None:
             self.call_from_thread(self.status, msg)
 
+        if self.workload is None:
+            return
         try:
             Session.profile(self.workload, self.workspace_path, device=self.device, dtype=self.dtype,
                             config=self.config_path, progress=progress)
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--search", action="store_true", help="run a template search once the workspace is loaded")
     args = p.parse_args(argv)
     workspace, workload = args.workspace, args.workload
-    search = {} if args.search else None
+    search: dict[str, Any] | None = {} if args.search else None
     if workspace is None:
         workspace = DEMO_WORKSPACE
         workload = workload or DEMO_WORKLOAD
