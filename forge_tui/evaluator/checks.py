@@ -43,7 +43,7 @@ import random
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..cards import Card
 from ..compare import compare, tolerance
@@ -55,6 +55,9 @@ from ..tensorstore import TensorStore, span
 from ..timing import Stats, Timer, paired_ratio
 from .accused import MAX_SETS, Accused, CandidateProcessError
 from .request import JudgeRequest
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CandidateFailure(Exception):
@@ -179,6 +182,7 @@ class Evaluation:
         self.seed = self.opt.seed or random.SystemRandom().randrange(1, 2**31)
         self.threads = self.tcfg.threads or len(os.sched_getaffinity(0))
         self._acc: Accused | None = None
+        self._spot: "torch.Generator | None" = None
 
     def calls_per_sample(self) -> int:
         """How many calls, each on its own fresh inputs, one timed sample holds: enough that a
@@ -288,10 +292,11 @@ class Evaluation:
                 self.check_outputs(where, ins, outs, expected, poison=poison)
                 return
 
-    def _spot_gen(self):
+    def _spot_gen(self) -> "torch.Generator":
+        """Positions for spot checks, drawn from a seed the candidate cannot know."""
         import torch
 
-        if not hasattr(self, "_spot"):
+        if self._spot is None:
             self._spot = torch.Generator(self.device).manual_seed(random.SystemRandom().randrange(1, 2**62))
         return self._spot
 
