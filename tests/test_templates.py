@@ -1,21 +1,24 @@
 """The template proposer: every family generated, built and passed by the evaluator on the cpu
 backend; moves; CUDA variants built with nvcc (where nvcc is, as on CI)."""
 
+import dataclasses
 import json
 import shutil
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from forge_tui.cards import Card
 from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
-from forge_tui.workspace import profile_into_workspace
 from forge_tui.search.proposer import NodeView, ProposalContext
 from forge_tui.templates.base import describe, numel, parse_header, ring_stash, stash_bytes
+from forge_tui.templates.device import DEFAULT_DEVICE, DeviceProps, detect_device
 from forge_tui.templates.proposer import TemplateProposer
 from forge_tui.templates.registry import match
+from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
 FAMILIES = {"softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm", "elementwise", "avg_pool", "max_pool"}
@@ -68,8 +71,8 @@ def test_cpu_softmax_matches_eager_on_special_values(tmp_path):
     range and a constant come out as eager's, NaN and -inf exactly where eager has them."""
     import torch
 
-    from forge_tui.kernel_abi import Library
     from forge_tui.evaluator.build import Builder
+    from forge_tui.kernel_abi import Library
     from forge_tui.templates.base import Match
     from forge_tui.templates.families.softmax import Softmax
 
@@ -226,8 +229,8 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert not fam.valid(m, {**p, "mode": "stash", "cl": 16}, "cuda")
     # a half row does not fit: the rest of each segment is read twice
     half = {**p, "cl": 2}
-    assert fam.valid(m, half, "cuda") and f", {ring_stash(131072, 2, 2048, 2)}, (int)ROWS" in fam.render(m, half, "cuda")
-    assert ring_stash(131072, 2, 2048, 2) * 2 == 112 * 1024
+    assert fam.valid(m, half, "cuda") and f", {ring_stash(131072, 2, 2048, 2, DEFAULT_DEVICE)}, (int)ROWS" in fam.render(m, half, "cuda")
+    assert ring_stash(131072, 2, 2048, 2, DEFAULT_DEVICE) * 2 == 112 * 1024
     stream = moves["stream"]  # one DRAM read, reads and writes overlapping: work items in order, the
     assert fam.passes(m, stream) == 1 and stream["ahead"] == 16  # write of a row 16 rows (24 MB) later
     assert stream["tpr"] == 512 and moves["stash"]["tpr"] == 512
@@ -292,7 +295,7 @@ def test_anchor_shapes_choose_the_modes_they_need(matched):
     assert "forge_launch_ws" in src and "cudaMalloc" not in src
     # a stash block asks for enough shared memory that at most bps blocks share an SM
     for bps in (1, 2, 4):
-        smem = stash_bytes(bps) + 1024
+        smem = stash_bytes(bps, DEFAULT_DEVICE) + 1024
         assert bps * smem <= 228 * 1024 < (bps + 1) * smem
 
 
@@ -326,6 +329,122 @@ def test_max_pool_module_card_skips_the_indices(matched):
     assert p["mode"] == "thread" and "strip" not in fam.axes(m, "cuda")["mode"], p
     tile = next(q for q in TemplateProposer().neighbours(fam, m, p, "cuda") if q["mode"] == "tile")
     assert fam.valid(m, tile, "cuda") and "TX tile[IN_ROWS * W]" in fam.render(m, tile, "cuda")
+
+
+# ---- the GPU the first choices are for -----------------------------------------------------------
+# a smaller GPU without thread-block clusters (sm_80), and an sm_90 one with less shared memory an SM
+SMALL = DeviceProps(name="small sm_80", sms=80, smem_per_sm=100 * 1024, smem_per_block=99 * 1024, l2_bytes=40 << 20,
+                    capability=(8, 0), max_threads_per_sm=2048)
+LEAN_SM90 = dataclasses.replace(DEFAULT_DEVICE, name="sm_90, 100 KiB an SM", smem_per_sm=100 * 1024,
+                                smem_per_block=99 * 1024)
+CLUSTER_MODES = {"ring", "stash", "cluster"}
+
+
+def test_the_default_device_is_the_h200(monkeypatch):
+    """Without a CUDA device the templates assume the H200; with one, the proposer reads its
+    properties through torch."""
+    import torch
+
+    assert DEFAULT_DEVICE == DeviceProps(name="NVIDIA H200", sms=132, smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
+                                         l2_bytes=60 << 20, capability=(9, 0), max_threads_per_sm=2048)
+    assert DEFAULT_DEVICE.clusters and LEAN_SM90.clusters and not SMALL.clusters
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert detect_device() == DEFAULT_DEVICE and TemplateProposer().device == DEFAULT_DEVICE
+    a100 = SimpleNamespace(name="NVIDIA A100-SXM4-80GB", multi_processor_count=108, shared_memory_per_multiprocessor=167936,
+                           shared_memory_per_block_optin=166912, L2_cache_size=41943040, major=8, minor=0,
+                           max_threads_per_multi_processor=2048)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: a100)
+    found = DeviceProps(name="NVIDIA A100-SXM4-80GB", sms=108, smem_per_sm=164 * 1024, smem_per_block=163 * 1024,
+                        l2_bytes=40 << 20, capability=(8, 0), max_threads_per_sm=2048)
+    assert detect_device() == found and TemplateProposer().device == found and not found.clusters
+    assert TemplateProposer(device=SMALL).device == SMALL
+
+
+def test_first_choices_follow_the_device(matched):
+    """First choices and grid sizes come from the device: on a smaller sm_80 GPU no cluster mode
+    (ring, stash, cluster) is offered, valid or chosen, persistent grids and splits follow its SMs
+    and the stream modes' distance its L2; with less shared memory an SM, the rings keep less in
+    it. The default device gives the H200's choices."""
+    sm = next(c for c, f, m in matched["softmax"] if not m.info["log"])
+    gn_card = matched["group_norm"][0][0]
+    small = TemplateProposer(device=SMALL)
+
+    # many long rows: the ring on the H200; two passes in a block per row without clusters
+    fam, m = match(_retyped(_reshaped(sm, [512, 262144]), "bfloat16", "float32"))
+    p = fam.initial(m, "cuda")
+    assert p == fam.initial(m, "cuda", DEFAULT_DEVICE) == TemplateProposer(device=DEFAULT_DEVICE).propose(ctx_for(m.card)).meta["params"]
+    assert (p["mode"], p["cl"], p["bps"], p["ahead"]) == ("ring", 8, 2, 16), p
+    q = fam.initial(m, "cuda", SMALL)
+    assert q["mode"] == "online" and q["ahead"] == 8, q  # 8 rows (12 MB) ahead in a 40 MB L2, 16 (24 MB) in 60 MB
+    assert q == small.propose(ctx_for(m.card)).meta["params"]
+    assert fam.axes(m, "cuda", SMALL)["mode"] == ["stream", "online", "split"]
+    assert not fam.valid(m, p, "cuda", SMALL) and fam.valid(m, p, "cuda", DEFAULT_DEVICE)
+    modes = {r["mode"] for r in small.neighbours(fam, m, q, "cuda")}
+    assert modes == {"online", "stream", "split"}, modes
+    # the stream mode's persistent grid: two blocks of 512 threads an SM
+    stream = {**q, "mode": "stream", **fam.mode_settings(m, "stream", "cuda", SMALL)}
+    assert "<<<264, 512, 0, s>>>" in fam.render(m, stream, "cuda") and "<<<160, 512, 0, s>>>" in fam.render(m, stream, "cuda", SMALL)
+    # an eighth of a row (64 KB) does not fit a block's share of 100 KiB at two blocks an SM: clusters of 16
+    r = fam.initial(m, "cuda", LEAN_SM90)
+    assert (r["mode"], r["cl"], r["bps"]) == ("ring", 16, 2), r
+    assert ", 16384, (int)ROWS" in fam.render(m, r, "cuda", LEAN_SM90)
+    # a few long rows: segments enough for 4 blocks an SM; 200 rows fill 80 SMs unsplit
+    fam, m = match(_reshaped(sm, [100, 262144]))
+    assert fam.initial(m, "cuda")["segs"] == 8 and fam.initial(m, "cuda", SMALL)["segs"] == 4
+    fam, m = match(_reshaped(sm, [200, 262144]))
+    assert fam.initial(m, "cuda")["mode"] == "split" and fam.initial(m, "cuda", SMALL)["mode"] == "online"
+
+    # group_norm, 64 groups of 1 MB: the ring on the H200, split without clusters
+    fam, m = match(_reshaped(gn_card, [2, 512, 128, 128]))
+    p = fam.initial(m, "cuda")
+    assert (p["mode"], p["cl"], p["threads"], p["bps"], p["ahead"]) == ("ring", 16, 512, 3, 16), p
+    q = fam.initial(m, "cuda", SMALL)
+    assert q["mode"] == "split" and q["ahead"] == 8 and fam.axes(m, "cuda", SMALL)["mode"] == ["stream", "split"], q
+    assert {r["mode"] for r in small.neighbours(fam, m, q, "cuda")} == {"split", "stream"}
+    assert not any(fam.valid(m, {**p, "mode": mode}, "cuda", SMALL) for mode in CLUSTER_MODES)
+    stream = {**q, "mode": "stream", **fam.mode_settings(m, "stream", "cuda", SMALL)}
+    assert "<<<264, 512, 0, s>>>" in fam.render(m, stream, "cuda") and "<<<160, 512, 0, s>>>" in fam.render(m, stream, "cuda", SMALL)
+    # a sixteenth of a group (64 KB) does not fit a block's share of 100 KiB at three blocks an SM: two
+    r = fam.initial(m, "cuda", LEAN_SM90)
+    assert (r["mode"], r["cl"], r["bps"]) == ("ring", 16, 2), r
+    assert ", 12288, (int)NG" in fam.render(m, r, "cuda", LEAN_SM90)  # 48 KB of each 64 KB kept
+
+    # elementwise: a wave is the blocks resident on the whole GPU at once
+    ew = next(c for c, f, m in matched["elementwise"] if len(c.inputs) == 1)
+    fam, m = match(_reshaped(ew, [4096, 4096]))
+    p = {**fam.initial(m, "cuda"), "threads": 256, "grid": "waves1"}
+    assert "<<<1056, 256, 0, s>>>" in fam.render(m, p, "cuda") and "<<<640, 256, 0, s>>>" in fam.render(m, p, "cuda", SMALL)
+
+    # a stash block's request caps the blocks an SM at bps, whatever the SM's shared memory
+    for device in (DEFAULT_DEVICE, SMALL, LEAN_SM90):
+        for bps in (1, 2, 4):
+            smem = stash_bytes(bps, device) + 1024
+            assert bps * smem <= device.smem_per_sm < (bps + 1) * smem, (device.name, bps)
+
+
+def test_no_cluster_mode_is_proposed_without_clusters(matched):
+    """On a GPU without thread-block clusters the proposer hands out no cluster mode, from the
+    root or from a child, on the shapes whose first choices on the H200 are cluster modes."""
+    sm = next(c for c, f, m in matched["softmax"] if not m.info["log"])
+    gn_card = matched["group_norm"][0][0]
+    for card in (_retyped(_reshaped(sm, [512, 262144]), "bfloat16", "float32"), _reshaped(gn_card, [2, 512, 128, 128])):
+        assert TemplateProposer().propose(ctx_for(card)).meta["params"]["mode"] == "ring"
+        prop = TemplateProposer(device=SMALL)
+        assert prop.supports(card, "cuda") is None
+        first = prop.propose(ctx_for(card))
+        got = [first]
+        for parent, parent_id in ((None, "root"), (first.source, "n0001")):
+            for _ in range(12):
+                p = prop.propose(ctx_for(card, parent_source=parent, moves=[g.move for g in got], parent_id=parent_id))
+                if p is None:
+                    break
+                got.append(p)
+        assert len(got) >= 12
+        for p in got:
+            assert p.meta["params"]["mode"] not in CLUSTER_MODES, p.move
+            assert "cudaLaunchKernelEx" not in p.source and "cudaFuncAttributeMaxDynamicSharedMemorySize" not in p.source
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -376,7 +495,7 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     from forge_tui.evaluator.build import Builder
 
     sources = {}
-    for family, cards in matched.items():
+    for cards in matched.values():
         card, fam, _ = cards[0]
         for dtype in ("float32", "bfloat16", "float16"):
             c = _retyped(card, dtype)
@@ -446,70 +565,3 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     failed = [(k, r.reason) for k, r in zip(build, results) if not r.ok]
     assert not failed, failed
     assert len(sources) >= 40 and len(build) >= 25 and {(k[0], k[2]) for k in build} == {(k[0], k[2]) for k in sources}
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_bench_probe_moves_exactly_the_cards_bytes(matched, tmp_path):
-    """The byte-moving probe behind docs/benchmarks.md's "% of the probe" column (bench/ncu_probe.py)
-    reads every input and writes every output of the card, 16 bytes a thread, and builds."""
-    import re
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from ncu_probe import probe_source
-
-    from forge_tui.evaluator.build import Builder
-    from forge_tui.templates.base import ITEMSIZE
-
-    sources = []
-    for family, cards in matched.items():
-        card = cards[0][0]
-        src = probe_source(card)
-        na = [int(v) for v in re.findall(r"(\d+)LL", re.search(r"NA\[\] = \{(.*?)\}", src).group(1))]
-        nb = [int(v) for v in re.findall(r"(\d+)LL", re.search(r"NB\[\] = \{(.*?)\}", src).group(1))]
-        assert na == [s.numel * ITEMSIZE[s.dtype] // 16 for s in card.inputs], family
-        assert nb == [o.numel * ITEMSIZE[o.dtype] // 16 for o in card.outputs], family
-        sources.append(src)
-    results = Builder("cuda", tmp_path, arch="sm_90").build_many(sources)
-    assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
-
-
-def test_bench_ring_phases_finds_its_anchors(tmp_path):
-    """bench/ring_phases.py splices clock stamps and its ablations into the rendered ring kernels at
-    anchor texts: every anchor is in each case's first choice (a template change would otherwise
-    surface only on the GPU machine), its analysis reads a timeline, and with nvcc the softmax
-    harness builds."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import ring_phases as rp
-
-    from forge_tui.templates.base import Match
-
-    built = None
-    for name, (fam, info, ins, outs, _) in rp.CASES.items():
-        m = Match(fam.name, None, info)
-        p = fam.initial(m, "cuda")
-        assert p["mode"] == "ring", (name, p)
-        kernel = rp.KERNELS[fam.name]
-        src = rp.splice(fam.render(m, p, "cuda"), kernel)
-        assert src.count("STAMP(ph_i, ") == 4, name
-        for cut in rp.ABLATIONS[kernel]:
-            assert rp.ablate(src, kernel, cut) != src, (name, cut)
-        built = built or rp.harness(src, ins, outs)
-    # two blocks on one SM, three units each: 1 µs loading, 2 merging, 3 writing, 0.5 to the next
-    khz, blocks = 1_000_000, []
-    for b in range(2):
-        t, c = [0] * (rp.MAXR * 4), [0] * (rp.MAXR * 4)
-        for u in range(3):
-            for k, at in enumerate((0.0, 1.0, 3.0, 6.0)):
-                c[u * 4 + k] = 1 + int((u * 6.5 + at) * 1000)
-                t[u * 4 + k] = 10_000 + int((u * 6.5 + at + b) * 1000)
-        blocks.append({"b": b, "sm": 0, "t": t, "c": c})
-    a = rp.analyse({"event_us": [20.0, 21.0], "clock_khz": khz, "blocks": blocks})
-    assert a["phase_median_us"] == pytest.approx({"load+stats": 1.0, "merge": 2.0, "write": 3.0, "gap": 0.5})
-    assert a["units_per_block"] == 3 and a["blocks_per_sm"] == 2 and a["same_sm_stats_apart_us"] == pytest.approx(1.0)
-    assert a["block_end_us"] == pytest.approx({"first": 19.0, "median": 20.0, "last": 20.0})
-    if shutil.which("nvcc"):
-        r = rp.build(built, tmp_path / "h")
-        assert r.returncode == 0, r.stderr[-2000:]

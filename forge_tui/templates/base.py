@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..cards import Card
+from .device import DEFAULT_DEVICE, DeviceProps
 
 HEADER_RE = re.compile(r"^// forge-template: (\{.*\})$", re.M)
 CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
@@ -15,7 +17,6 @@ CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "
 CPU_CTYPE = {"float32": "float", "float16": "fhalf", "bfloat16": "fbf16", "float64": "double",
              "int64": "int64_t", "int32": "int32_t", "bool": "bool", "uint8": "uint8_t", "int8": "int8_t"}
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-SMS = 132  # H200 multiprocessors: only used to choose first configurations and grid sizes
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
 
 
@@ -26,21 +27,53 @@ class Match:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Family(Protocol):
-    name: str
+class Family(ABC):
+    """A template family: recognises the cards it serves, names the parameter axes that make sense
+    for a card's shape and renders a complete candidate for any configuration (one value an axis).
 
-    def match(self, card: Card) -> Match | None: ...
+    What depends on the GPU (which modes exist, first choices, grid sizes, shared-memory requests)
+    is read from ``device``: the proposer passes the detected GPU's properties; DEFAULT_DEVICE
+    stands for the GPU where none is present. The optional hooks below have working defaults."""
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The family's name (a class attribute in every family)."""
+
+    @abstractmethod
+    def match(self, card: Card) -> Match | None:
+        """The match for a card this family serves, else None."""
+
+    @abstractmethod
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         """Parameter axes, each a list of values valid for this card, in a sensible order."""
 
-    def initial(self, m: Match, backend: str) -> dict:
+    @abstractmethod
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         """The heuristic first configuration for this shape."""
 
-    def render(self, m: Match, params: dict, backend: str) -> str: ...
+    @abstractmethod
+    def render(self, m: Match, params: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
+        """The complete source of the candidate for this configuration, headed by header()."""
 
+    @abstractmethod
     def passes(self, m: Match, params: dict) -> int:
         """Passes over the data this configuration makes (1: read once, write once)."""
+
+    def valid(self, m: Match, params: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
+        """Whether the configuration can be rendered and run on ``device``. By default every
+        combination of the axes' values can."""
+        return True
+
+    def mode_settings(self, m: Match, mode: str, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
+        """Settings a move into ``mode`` takes along (a thread count right for one mode can spill or
+        starve another). By default none: the move changes the mode alone."""
+        return {}
+
+    def relevant(self, params: dict) -> dict:
+        """The parameters that change the rendered kernel: two configurations that agree on these
+        are the same move. By default all of them."""
+        return dict(params)
 
 
 def header(family: str, params: dict, passes: int) -> str:
@@ -76,27 +109,29 @@ def cluster_fits(n: int, cl: int, threads: int, vec: int) -> bool:
     return -(-seg // (threads * vec)) * vec <= min(64, 32768 // threads)
 
 
-def stash_bytes(bps: int) -> int:
+def stash_bytes(bps: int, device: DeviceProps) -> int:
     """Dynamic shared memory a block of a stash mode asks for: the most it can use while at most
-    ``bps`` such blocks fit an SM's 228 KB (1 KB of which is reserved per block) and bps + 1 do not.
-    The request is also how those kernels cap their blocks per SM."""
-    return (228 // (bps + 1) + 4) * 1024 - 1024
+    ``bps`` such blocks fit an SM's shared memory (1 KB of which the runtime reserves per block)
+    and bps + 1 do not. The request is also how those kernels cap their blocks per SM."""
+    return (device.smem_per_sm // 1024 // (bps + 1) + 4) * 1024 - 1024
 
 
 RING_MAX_CHUNKS = 64  # mbarriers a ring mode block keeps (cuda_common.RING_MAX_CHUNKS)
 
 
-def ring_stash(seg: int, itemsize: int, chunk: int, bps: int) -> int:
+def ring_stash(seg: int, itemsize: int, chunk: int, bps: int, device: DeviceProps) -> int:
     """Elements of a ring mode block's segment kept in shared memory, in whole chunks of ``chunk``
-    elements (a vector per thread): as many as fit the share of an SM's 228 KB that lets ``bps``
-    blocks reside (1 KB reserved per block, 1 KB kept for the kernel's static shared memory),
-    at most the segment and RING_MAX_CHUNKS chunks."""
-    return min(seg, ring_cap(itemsize, bps), RING_MAX_CHUNKS * chunk) // chunk * chunk
+    elements (a vector per thread): as many as fit ring_cap, at most the segment and
+    RING_MAX_CHUNKS chunks."""
+    return min(seg, ring_cap(itemsize, bps, device), RING_MAX_CHUNKS * chunk) // chunk * chunk
 
 
-def ring_cap(itemsize: int, bps: int) -> int:
-    """Elements a ring mode block can keep in shared memory with ``bps`` blocks an SM."""
-    return (228 // bps - 2) * 1024 // itemsize
+def ring_cap(itemsize: int, bps: int, device: DeviceProps) -> int:
+    """Elements a ring mode block can keep in shared memory with ``bps`` blocks an SM: the block's
+    share of the SM's shared memory less 1 KB the runtime reserves per block and 1 KB kept for the
+    kernel's static shared memory, within what one block may ask for."""
+    kb = min(device.smem_per_sm // 1024 // bps - 2, device.smem_per_block // 1024 - 1)
+    return kb * 1024 // itemsize
 
 
 def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str) -> str:
@@ -104,9 +139,8 @@ def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args:
     clusters of ``cl`` blocks as fit the GPU at once (asked of the runtime for this kernel, shared
     memory and cluster size), at most one per unit. Over 48 KB of dynamic shared memory and
     clusters over 8 blocks are opt-in, set on every call (no state kept between calls).
-    (Spreading the units evenly over the rounds instead, 64 groups on 21 clusters as 4 rounds of 16
-    rather than 3 of 21 and one of a single group, measured slower on the H200: group_norm fp32
-    54.4 µs against 45.6, softmax 512x262144 257.9 against 251.9; run F, docs/benchmarks.md.)"""
+    Every cluster that fits is launched, even where the last round then has fewer units than
+    clusters: spreading the units evenly over fewer clusters is slower (docs/benchmarks.md)."""
     wide = (f"\n        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);"
             if cl > 8 else "")
     return f"""    {{

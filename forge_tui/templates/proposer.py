@@ -1,6 +1,7 @@
 """TemplateProposer: the built-in Proposer. Children are transformations of the parent's
 configuration (one axis moved one step), tried in a fixed order of expected benefit; the first
-child of the root is the family's heuristic choice for the card's shape."""
+child of the root is the family's heuristic choice for the card's shape. The families see the GPU
+through one DeviceProps, the proposer's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import threading
 
 from ..cards import Card
 from ..search.proposer import Proposal, ProposalContext
-from .base import describe, parse_header
+from .base import Family, Match, describe, parse_header
+from .device import DeviceProps, detect_device
 from .registry import match
 
 AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "grid", "unroll",
@@ -19,34 +21,44 @@ AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "threads", "bps", "load", "row
 class TemplateProposer:
     name = "templates"
 
-    def __init__(self) -> None:
+    def __init__(self, device: DeviceProps | None = None) -> None:
+        """``device``: the GPU the candidates are for; by default the one found on first use
+        (detect_device: DEFAULT_DEVICE where no CUDA device is present)."""
+        self._device = device
         self._handed: dict[str, set[str]] = {}  # moves given out, recorded or still in flight
         self._lock = threading.Lock()
 
+    @property
+    def device(self) -> DeviceProps:
+        if self._device is None:
+            self._device = detect_device()  # (two threads may both detect: the same answer)
+        return self._device
+
     def supports(self, card: Card, backend: str) -> str | None:
         fam, m = match(card)
-        if fam is None:
+        if fam is None or m is None:
             return f"no template family serves {card.target} (left to the LLM agent)"
-        if not self._valid_points(fam, m, backend, limit=1):
+        if not self._valid_points(fam, m, backend, self.device, limit=1):
             return f"the {fam.name} templates have no valid configuration for this shape"
         return None
 
     @staticmethod
-    def _valid_points(fam, m, backend, limit=None):
-        axes = fam.axes(m, backend)
+    def _valid_points(fam: Family, m: Match, backend: str, device: DeviceProps, limit: int | None = None) -> list[dict]:
+        axes = fam.axes(m, backend, device)
         keys = sorted(axes)
         out = []
         for values in itertools.product(*(axes[k] for k in keys)):
             p = dict(zip(keys, values))
-            if fam.valid(m, p, backend):
+            if fam.valid(m, p, backend, device):
                 out.append(p)
                 if limit and len(out) >= limit:
                     break
         return out
 
-    def neighbours(self, fam, m, params: dict, backend: str) -> list[dict]:
+    def neighbours(self, fam: Family, m: Match, params: dict, backend: str) -> list[dict]:
         """Configurations one step away on one axis, most promising axes first."""
-        axes = fam.axes(m, backend)
+        device = self.device
+        axes = fam.axes(m, backend, device)
         out = []
         for axis in sorted(axes, key=lambda a: AXIS_ORDER.index(a) if a in AXIS_ORDER else 99):
             values = axes[axis]
@@ -58,44 +70,43 @@ class TemplateProposer:
                 steps = [v for v in values if v != params[axis]]
             for v in steps:
                 q = dict(params, **{axis: v})
-                if axis == "mode" and hasattr(fam, "mode_settings"):
-                    # a mode change takes the settings measured best for that mode (a thread count
+                if axis == "mode":
+                    # a mode change takes the settings the family gives that mode (a thread count
                     # right for one mode can spill or starve another)
-                    tuned = dict(q, **fam.mode_settings(m, v, backend))
-                    q = tuned if fam.valid(m, tuned, backend) else q
-                if fam.valid(m, q, backend):
+                    tuned = dict(q, **fam.mode_settings(m, v, backend, device))
+                    q = tuned if fam.valid(m, tuned, backend, device) else q
+                if fam.valid(m, q, backend, device):
                     out.append(q)
                 elif axis == "mode":  # a new mode may need other settings: the nearest valid ones
-                    same_mode = [c for c in self._valid_points(fam, m, backend) if c.get("mode") == v]
+                    same_mode = [c for c in self._valid_points(fam, m, backend, device) if c.get("mode") == v]
                     if same_mode:
                         out.append(min(same_mode, key=lambda c: sum(c[k] != params.get(k) for k in c)))
         return out
 
     def propose(self, ctx: ProposalContext) -> Proposal | None:
         fam, m = match(ctx.card)
-        if fam is None:
+        if fam is None or m is None:
             return None
-        backend = ctx.backend
+        backend, device = ctx.backend, self.device
         parent = parse_header(ctx.parent.source) if ctx.parent.id != "root" else None
         if parent is None:
-            first = fam.initial(m, backend)
-            candidates = [first] + self.neighbours(fam, m, first, backend) + self._valid_points(fam, m, backend)
+            first = fam.initial(m, backend, device)
+            candidates = [first] + self.neighbours(fam, m, first, backend) + self._valid_points(fam, m, backend, device)
         else:
             candidates = self.neighbours(fam, m, parent["params"], backend)
         with self._lock:
             handed = self._handed.setdefault(ctx.card.id, set())
             handed.update(ctx.tree_moves)
             chosen = None
-            relevant = getattr(fam, "relevant", lambda q: q)
             for p in candidates:
-                move = describe(m.family, relevant(p))
+                move = describe(m.family, fam.relevant(p))
                 if move not in handed:
                     handed.add(move)
                     chosen = (p, move)
                     break
         if chosen is not None:
             p, move = chosen
-            source = fam.render(m, p, backend)
+            source = fam.render(m, p, backend, device)
             return Proposal(source=source, move=move, meta={"family": m.family, "params": p,
                                                               "passes": fam.passes(m, p)})
         return None

@@ -8,7 +8,8 @@ per-row scale); same-shape inputs are read with 16-byte vectors.
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, numel, vec_widths
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Family, Match, header, numel, vec_widths
+from ..device import DEFAULT_DEVICE, DeviceProps
 
 UNARY = {
     "neg": "(-{a})", "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "RSQRT({a})",
@@ -29,7 +30,7 @@ def _op(name: str) -> tuple[str, str]:
     return op.rstrip("_") if op.endswith("_") and not op.startswith("_") else op, overload
 
 
-class Elementwise:
+class Elementwise(Family):
     name = "elementwise"
 
     def _translate(self, card: Card) -> tuple[list[str], str] | None:
@@ -143,15 +144,15 @@ class Elementwise:
         isz = min([ITEMSIZE[i["dtype"]] for i in m.info["ins"] if i["same"]] + [ITEMSIZE[m.info["tout"]]])
         return vec_widths(m.info["n"], isz)
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [4096, 16384, 65536]}
         return {"threads": [128, 256, 512], "vec": self._vecs(m), "grid": ["full", "waves4", "waves1"]}
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         return backend == "cpu" or p["vec"] in self._vecs(m)
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         if backend == "cpu":
             return {"chunk": 16384}
         return {"threads": 256, "vec": self._vecs(m)[0], "grid": "full"}
@@ -180,8 +181,8 @@ class Elementwise:
                 loads.append(f"const float in{k} = to_f(p{k}[{self._index_expr(inp['bstride'], i['shape'])}]);")
         return ", ".join(params), "\n            ".join(loads), ", ".join(args)
 
-    def render(self, m: Match, p: dict, backend: str) -> str:
-        return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
+        return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p, device))
 
     def _cpu(self, m: Match, p: dict) -> str:
         from ..cpu_common import COMMON
@@ -212,7 +213,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 }}
 '''
 
-    def _cuda(self, m: Match, p: dict) -> str:
+    def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
         from ..cuda_common import COMMON
 
         i = m.info
@@ -224,8 +225,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         comp = "\n            ".join(i["lines"])
         n = i["n"]
         full = -(-n // (threads * vec))
-        grid = {"full": full, "waves4": min(full, SMS * 4 * (2048 // threads)),
-                "waves1": min(full, SMS * (2048 // threads))}[p["grid"]]
+        wave = device.sms * (device.max_threads_per_sm // threads)  # blocks resident on the GPU at once
+        grid = {"full": full, "waves4": min(full, 4 * wave), "waves1": min(full, wave)}[p["grid"]]
         aligned = " && ".join([f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[inp['dtype']]})"
                                for k, inp in enumerate(i["ins"]) if inp["same"]]
                               + [f"forge_aligned(out[0].data, {vec * ITEMSIZE[i['tout']]})"])

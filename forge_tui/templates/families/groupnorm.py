@@ -33,20 +33,40 @@ batch_norm (running statistics, training=False): one pass, per-channel scale and
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, input_index, numel,
-                    ring_cap, ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes,
-                    vec_widths, workspace_entry)
+from ..base import (
+    CPU_CTYPE,
+    CTYPE,
+    FLOAT_DTYPES,
+    ITEMSIZE,
+    Family,
+    Match,
+    cluster_fits,
+    header,
+    input_index,
+    numel,
+    ring_cap,
+    ring_launch,
+    ring_stash,
+    stash_bytes,
+    stream_ahead,
+    stream_counters,
+    stream_ws_bytes,
+    vec_widths,
+    workspace_entry,
+)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
+from ..device import DEFAULT_DEVICE, DeviceProps
 
 BN_TARGETS = {  # op -> index of (weight, bias, running_mean, running_var), training flag index, eps index
     "aten.native_batch_norm.default": (1, 2, 3, 4, 5, 7),
     "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4, None, 6),
     "aten.cudnn_batch_norm.default": (1, 2, 3, 4, 5, 7),
 }
+CLUSTER_MODES = ("ring", "stash", "cluster")  # thread-block clusters: sm_90 and later (DeviceProps.clusters)
 
 
-class GroupNorm:
+class GroupNorm(Family):
     name = "group_norm"
 
     def match(self, card: Card) -> Match | None:
@@ -70,18 +90,25 @@ class GroupNorm:
     def _vecs(self, m: Match) -> list[int]:
         return vec_widths(m.info["hw"], ITEMSIZE[m.info["tin"]])
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 2, 4]}
-        return {"mode": ["ring", "stream", "stash", "cluster", "split"],
-                "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
-                "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "thread"]}
+        ax: dict[str, list] = {"mode": ["ring", "stream", "stash", "cluster", "split"],
+                               "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
+                               "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
+                               "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "thread"]}
+        if not device.clusters:  # no cluster modes, nor the axes that only they have
+            ax["mode"] = [mode for mode in ax["mode"] if mode not in CLUSTER_MODES]
+            for k in ("cl", "bps", "load"):
+                del ax[k]
+        return ax
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
             return True
         if p["vec"] not in self._vecs(m):
+            return False
+        if p.get("mode") in CLUSTER_MODES and not device.clusters:
             return False
         if p.get("mode") in ("cluster", "stash") and p["cl"] > 8:
             return False  # clusters over 8 blocks (non-portable) only where the launch opts in
@@ -89,69 +116,75 @@ class GroupNorm:
             return cluster_fits(m.info["group_len"], p["cl"], p["threads"], p["vec"])
         if p.get("mode") == "ring":
             glen, itemsize = m.info["group_len"], ITEMSIZE[m.info["tin"]]
-            if glen % (p["cl"] * p["vec"]) or (glen // p["cl"] * itemsize) % 16 or p["threads"] * p["bps"] > 2048:
+            if glen % (p["cl"] * p["vec"]) or (glen // p["cl"] * itemsize) % 16 \
+                    or p["threads"] * p["bps"] > device.max_threads_per_sm:
                 return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
-            return ring_stash(glen // p["cl"], itemsize, p["threads"] * p["vec"], p["bps"]) > 0
+            return ring_stash(glen // p["cl"], itemsize, p["threads"] * p["vec"], p["bps"], device) > 0
         if p.get("mode") == "stash":
             glen = m.info["group_len"]
             return glen % (p["cl"] * p["vec"]) == 0 and glen // p["cl"] >= p["threads"] * p["vec"] and \
-                p["threads"] * p["bps"] <= 2048
+                p["threads"] * p["bps"] <= device.max_threads_per_sm and \
+                stash_bytes(p["bps"], device) + 1024 <= device.smem_per_block  # (1 KB of static shared memory)
         if p.get("mode") == "stream":
             return (p["chunk"] % (p["threads"] * p["vec"]) == 0 and m.info["group_len"] % p["chunk"] == 0
                     and p["ahead"] <= m.info["n"] * m.info["g"])
         return p["chunk"] % (p["threads"] * p["vec"]) == 0
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         if backend == "cpu":
             return {"chunk": 1}
         vec = self._vecs(m)[0]
         total = m.info["n"] * m.info["c"] * m.info["hw"]
         chunk = 16384
-        while chunk > 2048 and total // chunk < 4 * SMS:
+        while chunk > 2048 and total // chunk < 4 * device.sms:
             chunk //= 2
         ng = m.info["n"] * m.info["g"]
         gbytes = m.info["group_len"] * ITEMSIZE[m.info["tin"]]
-        ahead = stream_ahead(ng, gbytes, (2, 4, 8, 16, 32), 16 << 20)
+        # the stream mode's normalising read of a piece comes AHEAD groups after its first read:
+        # those groups' inputs should take about a quarter of L2, which holds their outputs too
+        ahead = stream_ahead(ng, gbytes, (2, 4, 8, 16, 32), device.l2_bytes * 4 // 15)
         base = {"mode": "split", "chunk": max(chunk, 256 * vec), "threads": 256, "vec": vec, "order": "reverse",
                 "cl": 8, "bps": 2, "ahead": ahead, "load": "bulk"}
         groups = m.info["n"] * m.info["g"]
-        # Measured on the H200 (docs/benchmarks.md, run D): where a block's shared-memory stash holds
-        # at least half of its eighth of a group (fp32, 1 MB groups), the stash mode is fastest (one
-        # DRAM read; ncu 47.9 µs at 1024 threads vs 55.6 split, 56.2 cluster, 52.8 stream); with 2 MB
-        # bf16 groups most of a segment is re-read from L2 and split is as fast (14.7-14.9x eager vs
-        # 14.1-14.7x); the stream mode (52.8 and 69.4 µs) stays a move.
+        # The first choice, in this order (docs/benchmarks.md has the measurements behind it):
+        # - the persistent ring (_ring), for groups of 512 KB and more (a sixteenth of at least
+        #   32 KB) and enough of them for every SM: one DRAM read, the next group's loads
+        #   overlapping this group's stores;
+        # - the stash, where a block's shared memory holds at least half of its eighth of a group:
+        #   one DRAM read (holding less, a block re-reads most of its segment from L2, and split is
+        #   as fast);
+        # - a cluster holding the group in registers, where enough groups fill the GPU;
+        # - else split. The stream mode stays a move.
+        # The ring, the stash and the cluster need thread-block clusters (valid() checks).
         stash = {**base, "mode": "stash", "cl": 8, "threads": 1024, "bps": 2}
         seg_bytes = m.info["group_len"] // 8 * ITEMSIZE[m.info["tin"]]
-        # The persistent ring, clusters of 16 at 512 threads with per-thread loads (run F sweep):
-        # 45.6-47.5 µs on fp32 (2,512,128,128) against the stash's 49.7-52.5; 55.8 on bf16
-        # (1,512,256,256) against split's 62.6-65.4. Groups of at least 512 KB (a sixteenth of at
-        # least 32 KB), enough of them for every SM.
-        ring = {**base, **self._ring(m)}
-        if gbytes >= 512 << 10 and groups * 16 >= SMS and self.valid(m, ring, backend):
+        ring = {**base, **self._ring(m, device)}
+        if gbytes >= 512 << 10 and groups * 16 >= device.sms and self.valid(m, ring, backend, device):
             return ring
-        if groups * 8 >= SMS and 2 * stash_bytes(2) >= seg_bytes and self.valid(m, stash, backend):
+        if groups * 8 >= device.sms and 2 * stash_bytes(2, device) >= seg_bytes and self.valid(m, stash, backend, device):
             return stash
         for cl, threads in ((8, 1024), (8, 512), (4, 1024), (4, 512)):
-            if groups * cl >= SMS and cluster_fits(m.info["group_len"], cl, threads, vec):
-                return {**base, "mode": "cluster", "cl": cl, "threads": threads}
+            cluster = {**base, "mode": "cluster", "cl": cl, "threads": threads}
+            if groups * cl >= device.sms and self.valid(m, cluster, backend, device):
+                return cluster
         return base
 
-    def _ring(self, m: Match) -> dict:
-        """The ring's measured best (run F): clusters of 16 at 512 threads, each thread staging its
-        own elements (cp.async) as it writes them; three blocks an SM where a sixteenth of a group
-        fits a block's share of shared memory at three, else two."""
+    def _ring(self, m: Match, device: DeviceProps) -> dict:
+        """The ring's settings: clusters of 16 at 512 threads, each thread staging its own elements
+        (cp.async) as it writes them; three blocks an SM where a sixteenth of a group fits a block's
+        share of shared memory at three, else two."""
         seg, itemsize = m.info["group_len"] // 16, ITEMSIZE[m.info["tin"]]
-        bps = 3 if ring_cap(itemsize, 3) >= seg else 2
+        bps = 3 if ring_cap(itemsize, 3, device) >= seg else 2
         return {"mode": "ring", "cl": 16, "threads": 512, "bps": bps, "load": "thread"}
 
-    def mode_settings(self, m: Match, mode: str, backend: str) -> dict:
-        """Threads a block for a move into ``mode``: what ncu measured best on the H200 (run D:
-        stream 52.8 µs at 512 threads, 65.3 at 1024 where it spills, 73.8 at 256; stash 47.9 at
-        1024, 49.8 at 512; split and cluster as first chosen)."""
+    def mode_settings(self, m: Match, mode: str, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
+        """Settings for a move into ``mode``: the stream mode at 512 threads a block (its registers
+        spill at 1024, and 256 is slower), the stash at 1024 in clusters of 8 at two blocks an SM,
+        the ring as _ring, split at 512 and the cluster at 1024 in clusters of 8."""
         if backend == "cpu":
             return {}
         if mode == "ring":
-            return {k: v for k, v in self._ring(m).items() if k != "mode"}
+            return {k: v for k, v in self._ring(m, device).items() if k != "mode"}
         return {"stream": {"threads": 512}, "stash": {"threads": 1024, "bps": 2, "cl": 8},
                 "cluster": {"threads": 1024, "cl": 8}, "split": {"threads": 512}}.get(mode, {})
 
@@ -179,8 +212,8 @@ class GroupNorm:
         return 1 if p.get("mode") in ("cluster", "stash", "stream", "ring") else 2
 
 
-    def render(self, m: Match, p: dict, backend: str) -> str:
-        return header(self.name, p, 2) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
+        return header(self.name, p, 2) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p, device))
 
     def _cpu(self, m: Match, p: dict) -> str:
         i, ct = m.info, CPU_CTYPE
@@ -221,7 +254,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 }}
 '''
 
-    def _cuda(self, m: Match, p: dict) -> str:
+    def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
         i, ct = m.info, CTYPE
         threads, vec = p["threads"], p["vec"]
         glen = i["group_len"]
@@ -256,7 +289,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 }}
 """
         if p.get("mode") == "stash":
-            cl, smem = p["cl"], stash_bytes(p["bps"])
+            cl, smem = p["cl"], stash_bytes(p["bps"], device)
             seg = glen // cl
             stash = min(seg, smem // ITEMSIZE[i["tin"]]) // vec * vec
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
@@ -283,7 +316,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 """
         if p.get("mode") == "ring":
             cl = p["cl"]
-            stash = ring_stash(glen // cl, ITEMSIZE[i["tin"]], threads * vec, p["bps"])
+            stash = ring_stash(glen // cl, ITEMSIZE[i["tin"]], threads * vec, p["bps"], device)
             smem = stash * ITEMSIZE[i["tin"]]
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, {glen}, {i['hw']}, {i['g']}, {cpg}, (float){i['eps']!r}, "
                     f"{stash}, (int)NG")
@@ -307,6 +340,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
             # 1024 threads an SM: loads enough in flight, and few items in flight, so that AHEAD groups
             # cover them and the normalising reads come while the pieces are still in L2
             per_sm = max(1, 1024 // threads)
+            grid = device.sms * per_sm
             args = (f"x, {wp}, {bp}, y, mean_out, rstd_out, part, done, ticket, {glen}, {i['hw']}, {i['g']}, {cpg}, "
                     f"(float){i['eps']!r}")
             return CUDA_COMMON + KERNELS + STREAM_KERNEL + f"""
@@ -319,8 +353,8 @@ static const int PIECES = {pieces}, CHUNK = {chunk}, AHEAD = {ahead};
 {check}    if (ws_bytes < WS_BYTES) return 4;
     float* part = (float*)workspace;
 {stream_counters("NG")}    const unsigned items = (unsigned)((NG + AHEAD) * PIECES * 2);
-    if (aligned) gn_stream<TX, TW, TB, TO, TS, {threads}, {vec}, PIECES, CHUNK, AHEAD><<<{SMS * per_sm}, {threads}, 0, s>>>({args}, (int)NG, items);
-    else gn_stream<TX, TW, TB, TO, TS, {threads}, 1, PIECES, CHUNK, AHEAD><<<{SMS * per_sm}, {threads}, 0, s>>>({args}, (int)NG, items);
+    if (aligned) gn_stream<TX, TW, TB, TO, TS, {threads}, {vec}, PIECES, CHUNK, AHEAD><<<{grid}, {threads}, 0, s>>>({args}, (int)NG, items);
+    else gn_stream<TX, TW, TB, TO, TS, {threads}, 1, PIECES, CHUNK, AHEAD><<<{grid}, {threads}, 0, s>>>({args}, (int)NG, items);
     return (int)cudaGetLastError();
 }}
 """
@@ -802,7 +836,7 @@ gn_stream(const TX* __restrict__ x, const TW* __restrict__ w, const TB* __restri
 """
 
 
-class BatchNorm:
+class BatchNorm(Family):
     name = "batch_norm"
 
     def match(self, card: Card) -> Match | None:
@@ -830,21 +864,21 @@ class BatchNorm:
     def _vecs(self, m: Match) -> list[int]:
         return vec_widths(m.info["hw"], ITEMSIZE[m.info["tin"]])
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 4, 16]}
         return {"threads": [128, 256, 512, 1024], "vec": self._vecs(m), "unroll": [1, 2, 4]}
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         return backend == "cpu" or p["vec"] in self._vecs(m)
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         return {"chunk": 4} if backend == "cpu" else {"threads": 256, "vec": self._vecs(m)[0], "unroll": 2}
 
     def passes(self, m: Match, p: dict) -> int:
         return 1
 
-    def render(self, m: Match, p: dict, backend: str) -> str:
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
 
     def _param_ptrs(self, m: Match, tp: str) -> str:

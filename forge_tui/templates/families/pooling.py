@@ -4,10 +4,11 @@ or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, SMS, Match, header, input_index, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Family, Match, header, input_index, numel
+from ..device import DEFAULT_DEVICE, DeviceProps
 
 
-class MeanPool:
+class MeanPool(Family):
     """Mean over the last k contiguous dims (rows x cols): global average pooling."""
 
     name = "avg_pool"
@@ -41,12 +42,12 @@ class MeanPool:
             return None
         return Match(self.name, card, {"rows": rows, "cols": cols, "tin": x.dtype, "tout": card.outputs[0].dtype})
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [16, 64, 256]}
         return {"mode": ["tile", "vtile", "warp"], "threads": [64, 128, 256, 512]}
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
             return True
         if p["mode"] == "tile":
@@ -56,12 +57,12 @@ class MeanPool:
             return span % 16 == 0 and span <= 48 * 1024
         return True
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         if backend == "cpu":
             return {"chunk": 64}
         if m.info["cols"] <= 96:
-            # 16-byte loads all in flight at once where the block's span allows them (run F sweeps,
-            # (32,2048,7,7) fp16: 4.1-5.1 µs against the element-wise tile's 6.3-7.2, three runs)
+            # 16-byte loads all in flight at once where the block's span allows them: faster than
+            # the element-wise tile on short rows such as ResNet's 7x7 (docs/benchmarks.md)
             vt = {"mode": "vtile", "threads": 128}
             if self.valid(m, vt, backend):
                 return vt
@@ -71,7 +72,7 @@ class MeanPool:
     def passes(self, m: Match, p: dict) -> int:
         return 1
 
-    def render(self, m: Match, p: dict, backend: str) -> str:
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         i = m.info
         if backend == "cpu":
             from ..cpu_common import COMMON
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(THREADS) mean_warp(const TX* __restrict__ x, T
 '''
 
 
-class MaxPool:
+class MaxPool(Family):
     """max_pool2d: the op card (values and PyTorch's flat indices, both written) or the module card
     of an ``nn.MaxPool2d`` that returns the values alone (ResNet's stem), whose kernel skips the
     indices: for a 3x3/2 pool of fp16 they are 4x the bytes of the values.
@@ -258,10 +259,10 @@ class MaxPool:
         size = ITEMSIZE[i["tin"]]
         return [r for r in cand if self._in_rows(i, r) * i["w"] * size <= 48 * 1024]
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 4, 16]}
-        ax = {"mode": ["thread"], "threads": [128, 256, 512], "per_thread": [1, 2, 4], "owv": [1, 2, 4]}
+        ax: dict[str, list] = {"mode": ["thread"], "threads": [128, 256, 512], "per_thread": [1, 2, 4], "owv": [1, 2, 4]}
         if any(self._strip_ok(m.info, v) for v in (2, 4)):
             ax["mode"].insert(0, "strip")
         rows = self._tile_rows(m.info)
@@ -270,7 +271,7 @@ class MaxPool:
             ax["rows"] = rows
         return ax
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
             return True
         i = m.info
@@ -289,7 +290,7 @@ class MaxPool:
         return (owv in (2, 4) and i["k"][1] == 3 and i["s"][1] == 2 and i["p"][1] == 1 and i["d"][1] == 1
                 and i["w"] == 2 * i["ow"] and i["w"] % (2 * owv) == 0 and 2 * owv * ITEMSIZE[i["tin"]] <= 32)
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         if backend == "cpu":
             return {"chunk": 4}
         i = m.info
@@ -299,17 +300,16 @@ class MaxPool:
         if self._strip_ok(i, owv):
             return {"mode": "strip", "threads": 256, "per_thread": 1, "owv": owv, **({"rows": rows[-1]} if rows else {})}
         owv = 2 if i["ow"] % 2 == 0 else 1
-        # Windows read from global memory (through L1) first: on the H200 the shared-memory tile
-        # mode measured slower than the thread mode on ResNet's pool (run D1: 1.6-2.1x eager
-        # against 2.40x; its blocks load their rows, then compute, with nothing in flight) and on
-        # a 2x2/2 pool (run E4: 1.54-1.90x against 2.07-2.25x). The
-        # tile stays a move, with a whole plane a block when there are planes enough to fill the
-        # GPU a few times over, else the largest tile that still gives that many blocks.
+        # Windows read from global memory (through L1) first: the shared-memory tile mode is
+        # slower than the thread mode, on ResNet's pool and on a 2x2/2 pool (its blocks load their
+        # rows, then compute, with nothing in flight; docs/benchmarks.md). The tile stays a move,
+        # with a whole plane a block when there are planes enough to fill the GPU a few times
+        # over, else the largest tile that still gives that many blocks.
         first = {"mode": "thread", "threads": 256, "per_thread": 1, "owv": owv}
         if not rows:
             return first
         planes = i["n"] * i["c"]
-        enough = [r for r in rows if planes * -(-i["oh"] // r) >= 4 * SMS]
+        enough = [r for r in rows if planes * -(-i["oh"] // r) >= 4 * device.sms]
         return {**first, "rows": max(enough) if enough else min(rows)}
 
     def relevant(self, p: dict) -> dict:
@@ -324,7 +324,7 @@ class MaxPool:
     def passes(self, m: Match, p: dict) -> int:
         return 1
 
-    def render(self, m: Match, p: dict, backend: str) -> str:
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         i = m.info
         with_idx = i["idx"]
         consts = (f"static const int64_t NC = {i['n'] * i['c']}; static const int H = {i['h']}, W = {i['w']}, "

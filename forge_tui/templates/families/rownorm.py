@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, header, vec_widths, input_index, numel
+from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Family, Match, header, input_index, numel, vec_widths
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
+from ..device import DEFAULT_DEVICE, DeviceProps
 
 RMS_OPS = {"aten._to_copy.default", "aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.add.Tensor", "aten.add.Scalar",
            "aten.rsqrt.default", "aten.mul.Tensor"}
@@ -87,7 +88,7 @@ def match_layer_norm(card: Card) -> dict | None:
             "tb": card.inputs[bi].dtype if bi is not None else x.dtype}
 
 
-class RowNorm:
+class RowNorm(Family):
     name = "rownorm"
 
     def match(self, card: Card) -> Match | None:
@@ -99,12 +100,12 @@ class RowNorm:
     def _vecs(self, m: Match) -> list[int]:
         return vec_widths(m.info["cols"], ITEMSIZE[m.info["tin"]])
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 4, 16, 64]}
         return {"tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8], "vec": self._vecs(m)}
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
             return True
         cols = m.info["cols"]
@@ -113,15 +114,14 @@ class RowNorm:
         nv = -(-cols // (p["tpr"] * p["vec"]))
         return nv * p["vec"] <= 32 and p["tpr"] * p["vec"] <= _pow2_ceil(cols) * 2
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         if backend == "cpu":
             return {"chunk": 4}
         cols = m.info["cols"]
         vec = self._vecs(m)[0]
         # layer_norm's two block reductions (mean, then the squared deviations) favour fewer
-        # threads a row: 32 elements a thread measured best on the H200 (run E4, bf16 16384x4096:
-        # 67.6 µs at 128 threads, against 76.5-81.8 at 256 in E4, E6 and run F); rms_norm's one
-        # reduction is at the copy's speed with 16 (E4: 66.8 µs)
+        # threads a row: 32 elements a thread; rms_norm's one reduction keeps up with a copy at 16
+        # (docs/benchmarks.md)
         per_thread = 32 if m.info["kind"] == "ln" else 16
         tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
         while tpr * vec > _pow2_ceil(cols) and tpr > 32:
@@ -130,13 +130,13 @@ class RowNorm:
             tpr *= 2
         rpb = max(1, min(8, 256 // tpr)) if tpr <= 128 else 1
         if m.info["kind"] == "ln" and tpr >= 128:
-            rpb = 1  # (E4's best: a row a block of 128)
+            rpb = 1  # a row a block at 128 threads, not two: the faster layout for layer_norm
         return {"tpr": tpr, "rpb": rpb, "vec": vec}
 
     def passes(self, m: Match, p: dict) -> int:
         return 1
 
-    def render(self, m: Match, p: dict, backend: str) -> str:
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         head = header(m.family, p, 1)
         return head + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p))
 

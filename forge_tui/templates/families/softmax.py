@@ -36,13 +36,32 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import (SMS, CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Match, cluster_fits, header, numel, ring_cap,
-                    ring_launch, ring_stash, stash_bytes, stream_ahead, stream_counters, stream_ws_bytes, vec_widths,
-                    workspace_entry)
+from ..base import (
+    CPU_CTYPE,
+    CTYPE,
+    FLOAT_DTYPES,
+    ITEMSIZE,
+    Family,
+    Match,
+    cluster_fits,
+    header,
+    numel,
+    ring_cap,
+    ring_launch,
+    ring_stash,
+    stash_bytes,
+    stream_ahead,
+    stream_counters,
+    stream_ws_bytes,
+    vec_widths,
+    workspace_entry,
+)
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
+from ..device import DEFAULT_DEVICE, DeviceProps
 
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
+CLUSTER_MODES = ("ring", "stash", "cluster")  # thread-block clusters: sm_90 and later (DeviceProps.clusters)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -52,7 +71,7 @@ def _pow2_ceil(n: int) -> int:
     return p
 
 
-class Softmax:
+class Softmax(Family):
     name = "softmax"
 
     def match(self, card: Card) -> Match | None:
@@ -87,23 +106,28 @@ class Softmax:
 
     # ---- parameter space -------------------------------------------------------------------------
     def _vecs(self, m: Match) -> list[int]:
-        """At most 16 bytes on the wider side: with bf16 in and fp32 out, 8 elements a thread means
-        32-byte stores, each sector written in two halves by two instructions (run F, 512x262144:
-        the ring 356 µs at 8 against 248 at 4, the online mode 436 against 295)."""
+        """At most 16 bytes on the wider side: with bf16 in and fp32 out, 8 elements a thread would
+        mean 32-byte stores, each sector written in two halves by two instructions, which is slower
+        (docs/benchmarks.md)."""
         return vec_widths(m.info["cols"], max(ITEMSIZE[m.info["tin"]], ITEMSIZE[m.info["tout"]]))
 
-    def axes(self, m: Match, backend: str) -> dict[str, list]:
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         if backend == "cpu":
             return {"chunk": [1, 4, 16, 64]}
         cols = m.info["cols"]
         modes = ["ring", "stream", "stash", "online", "split", "cluster"]
         if cols <= 1024 * 8 * 8:
             modes.insert(0, "regs")
-        return {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
-                "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
-                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
+        ax: dict[str, list] = {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
+                               "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
+                               "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
+        if not device.clusters:  # no cluster modes, nor the axes that only they have
+            ax["mode"] = [mode for mode in modes if mode not in CLUSTER_MODES]
+            for k in ("cl", "bps", "load"):
+                del ax[k]
+        return ax
 
-    def valid(self, m: Match, p: dict, backend: str) -> bool:
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
             return True
         cols = m.info["cols"]
@@ -111,14 +135,16 @@ class Softmax:
             return False
         if p["vec"] not in self._vecs(m):
             return False
+        if p["mode"] in CLUSTER_MODES and not device.clusters:
+            return False
         if p["mode"] in ("cluster", "stash") and p["cl"] > 8:
             return False  # clusters over 8 blocks (non-portable) only where the launch opts in
         if p["mode"] == "ring":
             itemsize = ITEMSIZE[m.info["tin"]]
             if p["rpb"] != 1 or cols % (p["cl"] * p["vec"]) or (cols // p["cl"] * itemsize) % 16 \
-                    or p["tpr"] * p["bps"] > 2048:
+                    or p["tpr"] * p["bps"] > device.max_threads_per_sm:
                 return False  # (bulk copies move multiples of 16 bytes from 16-byte boundaries)
-            return ring_stash(cols // p["cl"], itemsize, p["tpr"] * p["vec"], p["bps"]) > 0
+            return ring_stash(cols // p["cl"], itemsize, p["tpr"] * p["vec"], p["bps"], device) > 0
         if p["mode"] == "regs":
             nv = -(-cols // (p["tpr"] * p["vec"]))
             return nv * p["vec"] <= 64 and p["tpr"] * p["vec"] <= _pow2_ceil(cols) * 2
@@ -131,19 +157,22 @@ class Softmax:
                     and p["ahead"] <= m.info["rows"])
         if p["mode"] == "stash":
             return (p["rpb"] == 1 and cols % (p["cl"] * p["vec"]) == 0 and cols // p["cl"] >= p["tpr"] * p["vec"]
-                    and p["tpr"] * p["bps"] <= 2048)
+                    and p["tpr"] * p["bps"] <= device.max_threads_per_sm
+                    and stash_bytes(p["bps"], device) + 1024 <= device.smem_per_block)  # (1 KB of static shared memory)
         return p["rpb"] == 1
 
-    def initial(self, m: Match, backend: str) -> dict:
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         if backend == "cpu":
             return {"chunk": 4}
         rows, cols = m.info["rows"], m.info["cols"]
         vec = self._vecs(m)[0]
         row_bytes = cols * (ITEMSIZE[m.info["tin"]] + ITEMSIZE[m.info["tout"]])
-        ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), 24 << 20)
+        # the stream mode re-reads a piece to write it AHEAD rows after its first read: from L2,
+        # where those rows' inputs and outputs are to take about two fifths of it
+        ahead = stream_ahead(rows, row_bytes, (4, 8, 16, 32), device.l2_bytes * 2 // 5)
         base = {"rpb": 1, "vec": vec, "segs": 8, "order": "reverse", "cl": 8, "bps": 2,
                 "ahead": ahead, "load": "bulk"}  # every axis has a value
-        if cols <= 1024 * 8 * 8 and rows >= SMS:
+        if cols <= 1024 * 8 * 8 and rows >= device.sms:
             per_thread = 16 if ITEMSIZE[m.info["tin"]] == 4 else 16
             tpr = min(1024, max(32, _pow2_ceil(-(-cols // per_thread))))
             tpr = max(tpr, 32)
@@ -151,41 +180,39 @@ class Softmax:
                 tpr //= 2
             rpb = max(1, min(8, 256 // tpr)) if tpr <= 128 else 1
             return {**base, "mode": "regs", "tpr": tpr, "rpb": rpb}
-        if rows < 2 * SMS:
-            segs = min(128, _pow2_ceil(max(1, (4 * SMS) // rows)))
+        if rows < 2 * device.sms:
+            segs = min(128, _pow2_ceil(max(1, (4 * device.sms) // rows)))
             while segs > 2 and cols // segs < 256 * vec:
                 segs //= 2
             return {**base, "mode": "split", "tpr": 1024 if cols // segs >= 4096 * vec else 256, "segs": segs}
-        # Many long rows: two passes from DRAM in a block per row measured fastest on the H200
-        # (512x262144 bf16->fp32: 3.08-3.2x eager; one pass in a cluster, 2.74-2.86x; one DRAM read
-        # with the segments stashed in shared memory, 2.19-2.52x), with accesses of 16 bytes on the
-        # wider side (_vecs: bf16 in, fp32 out: 4 elements, 8-byte loads and 16-byte stores)
-        # (the stream mode, one DRAM read with reads and writes overlapping, measured 1.69x eager:
-        # its blocks wait on small work items; it stays a move, with pieces of 32 KB of input)
+        # Many long rows: rows of 256 KB of input and more go to the persistent ring (_ring), one
+        # DRAM read, clusters walking the rows and the next row's loads overlapping this row's
+        # writes; other rows to two passes from DRAM in a block per row (online), faster on them
+        # than one pass in a cluster or the stash. Accesses are 16 bytes on the wider side (_vecs).
+        # The stream mode (one DRAM read, reads and writes overlapping, its blocks waiting on small
+        # work items) stays a move, with pieces of 32 KB of input. The measurements behind these
+        # choices are in docs/benchmarks.md.
         segs = max(2, min(128, _pow2_ceil(cols * ITEMSIZE[m.info["tin"]] // (32 << 10))))
         online = {**base, "mode": "online", "tpr": 1024, "vec": vec, "segs": segs}
-        # one DRAM read, persistent: clusters walking the rows, the next row's loads overlapping
-        # this row's writes (run F sweep, 512x262144 bf16->fp32: clusters of 8 at 2 blocks an SM and
-        # 512 threads, 249.6 µs, against 282.3 for clusters of 4 at one block an SM and 1024 threads,
-        # run E's first choice, and the two-pass online mode's 295.8)
-        ring = {**online, **self._ring(m)}
-        if cols * ITEMSIZE[m.info["tin"]] >= 256 << 10 and self.valid(m, ring, backend):
+        ring = {**online, **self._ring(m, device)}
+        if cols * ITEMSIZE[m.info["tin"]] >= 256 << 10 and self.valid(m, ring, backend, device):
             return ring
         return online
 
-    def _ring(self, m: Match) -> dict:
-        """The ring's measured best (run F): 512 threads, two blocks an SM, clusters of 8, or of 16
-        where an eighth of a row does not fit a block's share of shared memory at two blocks an SM."""
-        cl = 8 if ring_cap(ITEMSIZE[m.info["tin"]], 2) >= m.info["cols"] // 8 else 16
+    def _ring(self, m: Match, device: DeviceProps) -> dict:
+        """The ring's settings: 512 threads, two blocks an SM, clusters of 8, or of 16 where an
+        eighth of a row does not fit a block's share of shared memory at two blocks an SM."""
+        cl = 8 if ring_cap(ITEMSIZE[m.info["tin"]], 2, device) >= m.info["cols"] // 8 else 16
         return {"mode": "ring", "cl": cl, "bps": 2, "tpr": 512, "load": "bulk"}
 
-    def mode_settings(self, m: Match, mode: str, backend: str) -> dict:
-        """Threads a row for a move into a long-row mode: what the H200 measured best (run D: online
-        at 1024, the cluster modes and stream at 512; run F: the ring as in _ring)."""
+    def mode_settings(self, m: Match, mode: str, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
+        """Settings for a move into a long-row mode: the online mode at 1024 threads a row, the
+        cluster modes and stream at 512 (the stash and the cluster in clusters of 8, the stash at two
+        blocks an SM), the ring as _ring."""
         if backend == "cpu":
             return {}
         if mode == "ring":
-            return {k: v for k, v in self._ring(m).items() if k != "mode"}
+            return {k: v for k, v in self._ring(m, device).items() if k != "mode"}
         return {"online": {"tpr": 1024}, "stash": {"tpr": 512, "cl": 8, "bps": 2}, "stream": {"tpr": 512},
                 "cluster": {"tpr": 512, "cl": 8}}.get(mode, {})
 
@@ -214,11 +241,11 @@ class Softmax:
         return q
 
     # ---- rendering -------------------------------------------------------------------------------
-    def render(self, m: Match, p: dict, backend: str) -> str:
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         head = header(self.name, p, self.passes(m, p))
         if backend == "cpu":
             return head + self._cpu(m, p)
-        return head + self._cuda(m, p)
+        return head + self._cuda(m, p, device)
 
     def _cpu(self, m: Match, p: dict) -> str:
         ti, to = CPU_CTYPE[m.info["tin"]], CPU_CTYPE[m.info["tout"]]
@@ -255,7 +282,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 }}
 '''
 
-    def _cuda(self, m: Match, p: dict) -> str:
+    def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
         ti, to = CTYPE[m.info["tin"]], CTYPE[m.info["tout"]]
         rows, cols, log = m.info["rows"], m.info["cols"], "true" if m.info["log"] else "false"
         tpr, rpb, vec, segs = p["tpr"], p["rpb"], p["vec"], p["segs"]
@@ -283,15 +310,15 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         elif mode == "stream":
             ahead = p["ahead"]
             piece = cols // segs
-            per_sm = max(1, 1024 // tpr)
+            grid = device.sms * max(1, 1024 // tpr)
             launch = f'''
     if (ws_bytes < WS_BYTES) return 4;
     float2* part = (float2*)workspace;
 {stream_counters("ROWS")}    const unsigned items = (unsigned)((ROWS + {ahead}) * {segs} * 2);
-    if (aligned) softmax_stream<TI, TO, {tpr}, {vec}, {segs}, {piece}, {ahead}, {log}><<<{SMS * per_sm}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);
-    else softmax_stream<TI, TO, {tpr}, 1, {segs}, {piece}, {ahead}, {log}><<<{SMS * per_sm}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);'''
+    if (aligned) softmax_stream<TI, TO, {tpr}, {vec}, {segs}, {piece}, {ahead}, {log}><<<{grid}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);
+    else softmax_stream<TI, TO, {tpr}, 1, {segs}, {piece}, {ahead}, {log}><<<{grid}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);'''
         elif mode == "stash":
-            cl, smem = p["cl"], stash_bytes(p["bps"])
+            cl, smem = p["cl"], stash_bytes(p["bps"], device)
             stash = min(cols // cl, smem // ITEMSIZE[m.info["tin"]]) // vec * vec
             k_vec = f"softmax_stash<TI, TO, {cl}, {tpr}, {vec}, {log}>"
             k_one = f"softmax_stash<TI, TO, {cl}, {tpr}, 1, {log}>"
@@ -306,7 +333,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     }}'''
         elif mode == "ring":
             cl = p["cl"]
-            stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"])
+            stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"], device)
             smem = stash * ITEMSIZE[m.info["tin"]]
             bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
             k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
