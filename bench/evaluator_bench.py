@@ -77,7 +77,7 @@ def main() -> int:
     from forge_tui.config import parse_config
     from forge_tui.evaluator import EvalOptions, Evaluator
     from forge_tui.evaluator.build import Builder
-    from forge_tui.profiler.run import profile_into_workspace
+    from forge_tui.workspace import profile_into_workspace
 
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)

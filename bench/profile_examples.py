@@ -33,8 +33,8 @@ max_sample_mib = 256.0
 def main(names: list[str]) -> int:
     import torch
 
-    from forge_tui.profiler.run import profile_into_workspace
     from forge_tui.table import render
+    from forge_tui.workspace import profile_into_workspace
 
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,7 @@ def main(names: list[str]) -> int:
     for name in names:
         t0 = time.time()
         ws, result = profile_into_workspace(f"example:{name}", tmp / name, config_path=cfg,
-                                            progress=lambda m: print(f"  [{name}] {m}", flush=True) if "card" not in m else None)
+                                            progress=lambda m, name=name: print(f"  [{name}] {m}", flush=True) if "card" not in m else None)
         wall = time.time() - t0
         title = (f"{name} on {result.device_name}, {result.dtype}: forward {result.forward.median / 1000:.2f} ms "
                  f"(spread {100 * result.forward.spread:.1f}%), {len(result.cards)} cards")

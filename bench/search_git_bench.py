@@ -33,11 +33,11 @@ def main() -> int:
     from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
 
     from forge_tui.config import parse_config
-    from forge_tui.profiler.run import profile_into_workspace
     from forge_tui.search.pool import LocalEvalPool
     from forge_tui.search.proposer import ScriptedProposer
     from forge_tui.search.replay import load_events
     from forge_tui.search.runner import Search
+    from forge_tui.workspace import profile_into_workspace
 
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)

@@ -35,11 +35,11 @@ def main() -> int:
     from templates_bench import workload_source
 
     from forge_tui.config import parse_config
-    from forge_tui.profiler.run import profile_into_workspace
     from forge_tui.search.pool import LocalEvalPool
     from forge_tui.search.runner import Search
     from forge_tui.search.store import SearchStore
     from forge_tui.templates.proposer import TemplateProposer
+    from forge_tui.workspace import profile_into_workspace
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--evals", type=int, default=4)

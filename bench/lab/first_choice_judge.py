@@ -29,8 +29,8 @@ def main() -> int:
 
     from forge_tui.config import parse_config
     from forge_tui.evaluator import EvalOptions, Evaluator
-    from forge_tui.profiler.run import profile_into_workspace
     from forge_tui.templates.registry import match
+    from forge_tui.workspace import profile_into_workspace
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*")

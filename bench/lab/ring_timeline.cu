@@ -1,12 +1,12 @@
-// Where a persistent-cluster ("ring") group_norm spends its time on the H200: a standalone
-// microbenchmark, not a template. The ring modes (a cluster of 8 blocks per group, each block's
-// eighth of the group in shared memory, the next group's loads overlapping this group's stores)
-// measured 2-2.5x slower than the non-persistent stash mode (docs/benchmarks.md, run E); this
-// stamps the device clock at each phase of each round to see which phase takes the time.
+// Answers: where does a persistent-cluster ("ring") group_norm spend its time on the H200, phase by
+// phase and round by round, next to the non-persistent stash mode and a device copy of the same
+// bytes? A standalone microbenchmark, not a template: a cluster of 8 blocks per group, each block's
+// eighth of the group in shared memory, the next group's loads overlapping this group's stores; the
+// device clock is stamped at each phase of each round. What it found: docs/runs/issue-05-run-e.md.
 //
-//   python bench/render_gn_stash.py /tmp/gn.cu
+//   python bench/lab/render_gn_stash.py /tmp/gn.cu
 //   nvcc -O3 -arch=sm_90 -std=c++17 -I forge_tui/abi -DPRODUCT_STASH='"/tmp/gn.cu"' \
-//        -o /tmp/ring_timeline bench/ring_timeline.cu && /tmp/ring_timeline
+//        -o /tmp/ring_timeline bench/lab/ring_timeline.cu && /tmp/ring_timeline
 //
 // Shape: group_norm fp32 (2, 512, 128, 128), 32 groups: 64 groups of 1 MB, no affine. Times are
 // medians of 20 runs, a 256 MB write before each (then, a second time, with a 300 us GPU spin
@@ -22,10 +22,8 @@
 //   3 persistent, no overlap: plain loads into shared memory at the start of each round
 //   4 as 0, a cluster's blocks interleaved by 16 KB chunks
 //   0-3 again with one-instruction stores.
-// Found with it (run E, docs/benchmarks.md): nvcc had split the float4 stores into four 4-byte
-// stores, which made every store phase 2.4x slower.
 #ifdef PRODUCT_STASH
-/* the template's own stash mode for this card (python bench/render_gn_stash.py FILE), timed in
+/* the template's own stash mode for this card (python bench/lab/render_gn_stash.py FILE), timed in
    this harness next to the kernels below */
 #include PRODUCT_STASH
 #endif
@@ -64,9 +62,8 @@ __device__ __forceinline__ void mbulk_wait(uint64_t* b, unsigned par) {
     } while (!done);
 }
 
-/* A 16-byte store as one instruction (the compiler split these kernels' float4 stores into four
-   4-byte stores, which made their store phases 2.4x slower; STV=false keeps the plain C++ store
-   for comparison). */
+/* A 16-byte store as one instruction (STV=true: st.global.v4.f32 by inline PTX, which nvcc cannot
+   split into 4-byte stores), or the plain C++ float4 store (STV=false), to compare the two. */
 template <bool STV>
 __device__ __forceinline__ void st4(float* p, float4 v) {
     if (STV) asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w));

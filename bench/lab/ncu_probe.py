@@ -1,12 +1,15 @@
-"""Nsight Compute on chosen template configurations of a few bench cases, next to a probe kernel
-that only moves the card's bytes (reads every byte of every input, writes every byte of every
-output, 16 bytes a thread): where a template's time goes, against what moving its bytes takes
-on this GPU with ncu's cold caches.
+"""Answers: where does a template configuration's time go under Nsight Compute (duration, DRAM bytes
+and throughput, occupancy, registers, shared memory, spills; --detail: warp stall reasons), against a
+probe kernel that only moves the card's bytes (reads every byte of every input, writes every byte of
+every output, 16 bytes a thread): what moving its bytes takes on this GPU with ncu's cold caches?
+config_sweep.py times the same probe next to chosen configurations.
 
-    python bench/ncu_probe.py [--only NAME ...] [--configs 0,1] [--no-probe]
+    python bench/lab/ncu_probe.py [--only NAME ...] [--configs 0,1] [--no-probe] [--detail]
+    python bench/lab/ncu_probe.py --self-test
 
-Prints a table (duration, DRAM bytes and throughput, occupancy, registers, shared memory, spills)
-and writes $OUT/ncu_probe.json.
+Prints a table and writes $OUT/ncu_probe.json. --self-test needs no GPU: the probe of cards shaped
+like the families' reads every input and writes every output, 16 bytes a thread, and (with nvcc on
+PATH) builds. What it found: docs/runs/issue-05-run-d.md to issue-05-run-g.md.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))  # templates_bench: the cases
 
 # case (templates_bench.CASES) -> parameter overrides on the family's first configuration
 PROBES = {
@@ -117,16 +120,61 @@ def detail(card_json: dict, library: str, store_root: str, timeout_s: float) -> 
     return "\n".join(keep[:160])
 
 
+def self_test() -> int:
+    """Checks that need no GPU: the probe's word counts are each input's and output's bytes / 16 for
+    cards shaped like the families' (one in, one out; group_norm's three and three; max_pool's int64
+    indices; a two-input gate), and with nvcc on PATH every probe builds."""
+    import re
+    import shutil
+    from types import SimpleNamespace
+
+    from forge_tui.cards import TensorSpec
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.templates.base import ITEMSIZE
+
+    def spec(shape, dtype, role="input"):
+        stride, acc = [], 1
+        for d in reversed(shape):
+            stride.insert(0, acc)
+            acc *= d
+        return TensorSpec(shape=list(shape), stride=stride, dtype=dtype, role=role)
+
+    cards = {
+        "softmax": ([((512, 4096), "bfloat16")], [((512, 4096), "float32")]),
+        "group_norm": ([((2, 64, 32, 32), "float32"), ((64,), "float32"), ((64,), "float32")],
+                       [((2, 64, 32, 32), "float32"), ((2, 32), "float32"), ((2, 32), "float32")]),
+        "max_pool": ([((8, 64, 56, 56), "float16")], [((8, 64, 28, 28), "float16"), ((8, 64, 28, 28), "int64")]),
+        "silu_mul": ([((64, 1024), "bfloat16"), ((64, 1024), "bfloat16")], [((64, 1024), "bfloat16")]),
+    }
+    sources = []
+    for name, (ins, outs) in cards.items():
+        card = SimpleNamespace(inputs=[spec(*t) for t in ins], outputs=[spec(*t, role="output") for t in outs])
+        src = probe_source(card)
+        na = [int(v) for v in re.findall(r"(\d+)LL", re.search(r"NA\[\] = \{(.*?)\}", src).group(1))]
+        nb = [int(v) for v in re.findall(r"(\d+)LL", re.search(r"NB\[\] = \{(.*?)\}", src).group(1))]
+        assert na == [s.numel * ITEMSIZE[s.dtype] // 16 for s in card.inputs], (name, na)
+        assert nb == [o.numel * ITEMSIZE[o.dtype] // 16 for o in card.outputs], (name, nb)
+        sources.append(src)
+    if shutil.which("nvcc"):
+        with tempfile.TemporaryDirectory(prefix="forge-ncu-probe-") as tmp:
+            results = Builder("cuda", Path(tmp), arch="sm_90").build_many(sources)
+        assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
+        print("ncu_probe self-test: word counts and nvcc builds ok")
+    else:
+        print("ncu_probe self-test: word counts ok (nvcc not on PATH: builds skipped)")
+    return 0
+
+
 def main() -> int:
+    import templates_bench as tb
     import torch
 
-    import templates_bench as tb
     from forge_tui.config import parse_config
     from forge_tui.evaluator import ncu
     from forge_tui.evaluator.build import Builder
-    from forge_tui.profiler.run import profile_into_workspace
     from forge_tui.templates.base import describe
     from forge_tui.templates.registry import match
+    from forge_tui.workspace import profile_into_workspace
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*")
@@ -135,7 +183,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="limit of one ncu run (s)")
     ap.add_argument("--detail", action="store_true",
                     help="also print ncu's details page (speed of light, memory, warp stall and scheduler sections)")
+    ap.add_argument("--self-test", action="store_true", help="check the byte-moving probe (no GPU)")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     pick = [int(v) for v in args.configs.split(",")] if args.configs else None
     out = Path(os.environ.get("OUT") or ROOT / "bench-out")
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +196,7 @@ def main() -> int:
     parse_config({})
     builder = Builder("cuda", tmp / "build", arch="sm_90")
     report = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": "python bench/ncu_probe.py " + " ".join(sys.argv[1:]), "rows": []}
+              "command": "python bench/lab/ncu_probe.py " + " ".join(sys.argv[1:]), "rows": []}
     names = [n for o in args.only for n in PROBES if o in n] if args.only else list(PROBES)
     for ci, name in enumerate(dict.fromkeys(names)):
         dtype, body, shapes, target = tb.CASES[name]

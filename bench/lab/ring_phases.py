@@ -1,8 +1,10 @@
-"""Where the template's ring kernels spend their time on the GPU: each block's thread 0 stamps the
-clock at four points of every unit (row or group) it walks, in the template's own rendered kernel
-(the stamps are spliced into the rendered source here, at anchors this script checks; the product
-templates carry no instrumentation). Per case and configuration, built with nvcc and run once
-after a 256 MB write that flushes L2:
+"""Answers: where do the template's ring kernels (softmax over long rows, group_norm) spend their
+time on the GPU, phase by phase, block by block, and what does each part cost when taken out?
+
+Each block's thread 0 stamps the clock at four points of every unit (row or group) it walks, in the
+template's own rendered kernel (the stamps are spliced into the rendered source here, at anchors
+this script checks; the product templates carry no instrumentation). Per case and configuration,
+built with nvcc and run once after a 256 MB write that flushes L2:
 
   load+stats  unit start -> the block's own statistics done (its chunks landed and summed)
   merge       -> the cluster's statistics merged (cluster barrier and exchange)
@@ -11,12 +13,17 @@ after a 256 MB write that flushes L2:
 
 how far apart the blocks sharing an SM run (do they compute their statistics at the same moments,
 leaving DRAM idle together?), when the blocks finish (the last round's tail), and a timeline of the
-share of blocks writing.
+share of blocks writing. --ablate runs the first choice again without one part (ABLATIONS; the
+output is then wrong and not checked), for that part's time.
 
-    python bench/ring_phases.py [--only NAME ...] [--extra 'NAME={"cl": 16}' ...] [--ablate NAME ... | all]
+    python bench/lab/ring_phases.py [--only NAME ...] [--extra 'NAME={"cl": 16}' ...] [--ablate NAME ... | all]
+    python bench/lab/ring_phases.py --self-test
 
 Prints a table per case and writes $OUT/ring_phases.json. Needs nvcc and a GPU of compute
-capability 9.0.
+capability 9.0. --self-test needs neither: it checks that every anchor and ablation is found in each
+case's rendered first choice (a template change breaks them), that the analysis reads a known
+timeline, and, where nvcc is on PATH, that the softmax harness builds. What it found:
+docs/runs/issue-05-run-g.md.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from forge_tui.templates.base import Match, describe  # noqa: E402
@@ -124,7 +131,8 @@ MAIN = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %%s at %%d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
+#define CK(x) do { cudaError_t e_ = (x); \
+    if (e_ != cudaSuccess) { printf("CUDA error %%s at %%d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
 __global__ void fill_bytes(uint16_t* p, int64_t n, unsigned seed) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         unsigned h = (unsigned)i * 2654435761u ^ seed;
@@ -277,6 +285,51 @@ def analyse(data: dict) -> dict:
             "writing_timeline": "".join(str(d) for d in line)}
 
 
+def self_test() -> int:
+    """Checks that need no GPU: every anchor (SPLICES) and ablation is in each case's rendered first
+    choice, analyse() reads a known timeline, and with nvcc on PATH the softmax harness builds."""
+    import shutil
+
+    built = None
+    for name, (fam, info, ins, outs, _) in CASES.items():
+        m = Match(fam.name, None, info)
+        p = fam.initial(m, "cuda")
+        assert p["mode"] == "ring", (name, p)
+        kernel = KERNELS[fam.name]
+        src = splice(fam.render(m, p, "cuda"), kernel)
+        assert src.count("STAMP(ph_i, ") == 4, name
+        for cut in ABLATIONS[kernel]:
+            assert ablate(src, kernel, cut) != src, (name, cut)
+        built = built or harness(src, ins, outs)
+    # two blocks on one SM, three units each: 1 µs loading, 2 merging, 3 writing, 0.5 to the next
+    khz, blocks = 1_000_000, []
+    for b in range(2):
+        t, c = [0] * (MAXR * 4), [0] * (MAXR * 4)
+        for u in range(3):
+            for k, at in enumerate((0.0, 1.0, 3.0, 6.0)):
+                c[u * 4 + k] = 1 + int((u * 6.5 + at) * 1000)
+                t[u * 4 + k] = 10_000 + int((u * 6.5 + at + b) * 1000)
+        blocks.append({"b": b, "sm": 0, "t": t, "c": c})
+    a = analyse({"event_us": [20.0, 21.0], "clock_khz": khz, "blocks": blocks})
+
+    def near(x, y):
+        return abs(x - y) <= 1e-6 * max(1.0, abs(y))
+
+    want = {"load+stats": 1.0, "merge": 2.0, "write": 3.0, "gap": 0.5}
+    assert all(near(a["phase_median_us"][k], v) for k, v in want.items()), a["phase_median_us"]
+    assert a["units_per_block"] == 3 and a["blocks_per_sm"] == 2 and near(a["same_sm_stats_apart_us"], 1.0), a
+    ends = a["block_end_us"]
+    assert near(ends["first"], 19.0) and near(ends["median"], 20.0) and near(ends["last"], 20.0), ends
+    if shutil.which("nvcc"):
+        with tempfile.TemporaryDirectory(prefix="forge-phases-") as tmp:
+            r = build(built, Path(tmp) / "h")
+            assert r.returncode == 0, r.stderr[-2000:]
+        print("ring_phases self-test: anchors, ablations, analysis and the nvcc build ok")
+    else:
+        print("ring_phases self-test: anchors, ablations and analysis ok (nvcc not on PATH: build skipped)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*")
@@ -284,7 +337,10 @@ def main() -> int:
     ap.add_argument("--nvcc", default="nvcc")
     ap.add_argument("--ablate", nargs="*", default=[], help="also run each first choice without these parts "
                     "(ABLATIONS; the output is then wrong): its time alone")
+    ap.add_argument("--self-test", action="store_true", help="check the anchors, ablations and analysis (no GPU)")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     out_dir = Path(os.environ.get("OUT", "."))
     results = []
     for name, (fam, info, ins, outs, overs) in CASES.items():

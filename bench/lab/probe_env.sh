@@ -1,5 +1,6 @@
-#!/usr/bin/env bash
-# What the device machine has that the evaluator relies on: compilers, profilers, build times.
+# Answers: what does the device machine have that the evaluator relies on (nvcc, torch and its CUDA,
+# ncu, compute-sanitizer, nsys), and how long does nvcc take to build a shared library there?
+# Run it with bash:  bash bench/lab/probe_env.sh
 set -u
 echo "== versions"; nvcc --version | tail -1; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
 which ncu compute-sanitizer nsys 2>&1 | sed 's/^/  /'

@@ -1,19 +1,22 @@
-"""Time chosen template configurations of a bench case side by side, without the search: for each
-case, profile its one-op workload (bench/templates_bench.py's CASES), render and build every listed
-configuration (overrides on the family's first choice), check each one's output on one random
-input set against the PyTorch reference, and time them interleaved with eager, a device copy of
-the same bytes and the byte-moving probe of ncu_probe.py (every input of the card read and every
+"""Answers: which of a few chosen configurations of a template family is fastest on a bench case,
+timed side by side, and how close does each come to moving the card's bytes? Used to choose the
+families' first configurations and moves, not as evidence.
+
+For each case, profile its one-op workload (bench/templates_bench.py's CASES), render and build
+every listed configuration (overrides on the family's first choice), check each one's output on one
+random input set against the PyTorch reference, and time them interleaved with eager, a device copy
+of the same bytes and the byte-moving probe of ncu_probe.py (every input of the card read and every
 output written, nothing else: its read/write mix), with a cold L2 and the launch shield
 (forge_tui.timing.Timer).
 
-    python bench/config_sweep.py [--only NAME ...] [--repeats 20] [--extra 'CASE={"mode": "ring"}' ...]
+    python bench/lab/config_sweep.py [--only NAME ...] [--repeats 20] [--extra 'CASE={"mode": "ring"}' ...]
 
-This is a probe for choosing first configurations and moves, not evidence: it runs every candidate
-in this process (a crashing kernel ends the sweep), checks one input set, and does not time
-torch.compile. A configuration it favours is confirmed by a templates_bench.py search run, which
-goes through the full evaluator.
+Not evidence: it runs every candidate in this process (a crashing kernel ends the sweep), checks one
+input set, and does not time torch.compile. A configuration it favours is confirmed by a
+bench/templates_bench.py search run, which goes through the full evaluator.
 
-Prints a table per case and writes $OUT/config_sweep.json.
+Prints a table per case and writes $OUT/config_sweep.json. What it found: docs/runs/issue-05-run-f.md
+and issue-05-run-g.md.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))  # templates_bench: the cases
+sys.path.insert(0, str(ROOT / "bench" / "lab"))  # ncu_probe: the byte-moving probe
 
 # case (templates_bench.CASES) -> parameter overrides on the family's first configuration ({} is
 # the first configuration itself)
@@ -52,20 +56,19 @@ SWEEPS = {
 
 
 def main() -> int:
-    import torch
-
     import templates_bench as tb
+    import torch
     from ncu_probe import probe_source
+
     from forge_tui.compare import compare
-    from forge_tui.kernel_abi import Library, card_scalars
     from forge_tui.evaluator.build import Builder
-    from forge_tui.kernel_abi import alloc_outputs, workspace_for
     from forge_tui.inputs import random_inputs
-    from forge_tui.profiler.run import profile_into_workspace
+    from forge_tui.kernel_abi import Library, alloc_outputs, card_scalars, workspace_for
     from forge_tui.program import bind_program
     from forge_tui.templates.base import describe
     from forge_tui.templates.registry import match
     from forge_tui.timing import Timer, paired_ratio
+    from forge_tui.workspace import profile_into_workspace
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", help="cases whose names contain one of these, in that order")
@@ -87,7 +90,7 @@ def main() -> int:
     builder = Builder("cuda", tmp / "build", arch="sm_90")
     timer = Timer("cuda", warmup=3, repeats=args.repeats)
     report = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": "python bench/config_sweep.py " + " ".join(sys.argv[1:]), "cases": {}}
+              "command": "python bench/lab/config_sweep.py " + " ".join(sys.argv[1:]), "cases": {}}
     names = [n for o in args.only for n in sweeps if o in n] if args.only else list(sweeps)
     for ci, name in enumerate(dict.fromkeys(names)):
         t0 = time.time()
@@ -144,7 +147,7 @@ def main() -> int:
         n = max(16, card.bytes // 2 // 16 * 16)
         src = torch.empty(n, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        fns["copy"] = lambda: dst.copy_(src)
+        fns["copy"] = lambda dst=dst, src=src: dst.copy_(src)  # (timed in this iteration)
         stats, raw, _ = timer.time(fns)
         copy_us = stats["copy"].median
         probe_us = stats["probe"].median if "probe" in stats else None
