@@ -68,6 +68,10 @@ class Card(BaseModel):
     outputs: list[TensorSpec]
     program: dict[str, Any]
     module_paths: list[str] = []
+    call_args: Any = None
+    """Module cards: the forward's arguments, tensors replaced by {"$t": k} (None: not recorded)."""
+    returns: str = "tensor"
+    """Module cards: "tensor" or "tuple", how the forward returns its outputs ("other": neither)."""
     flags: list[str] = []
     """'mutates' (in-place op; the card is its functional form), 'dynamic_shape' (output shape
     depends on data), 'no_sample' (inputs too large to keep; timing used random inputs)."""

@@ -163,6 +163,83 @@ def cmd_examples(args) -> int:
     return 0
 
 
+def cmd_approve(args) -> int:
+    from .promotion import AutoRule, approve, requests
+    from .workspace import Workspace
+
+    ws = Workspace.open(args.workspace)
+    if args.list:
+        pending = requests(ws, args.cards or None)
+        for r in pending:
+            print(r.line())
+        if not pending:
+            print("no pending promotion request")
+        return 0
+    auto = AutoRule(args.min_speedup, args.max_spread) if args.auto else None
+    done, left = approve(ws, args.cards or None, auto=auto)
+    for e in done:
+        b = ", ".join(f"{x.backend}/{x.arch}" for x in e.builds)
+        print(f"approved {e.card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager (built for {b})")
+    for r, why in left:
+        print(f"left {r.card.id}: {why}")
+    if not done and not left:
+        print("no pending promotion request")
+    return 0
+
+
+def cmd_reject(args) -> int:
+    from .promotion import reject
+    from .workspace import Workspace
+
+    for r in reject(Workspace.open(args.workspace), args.cards, reason=args.reason):
+        print(f"rejected {r.card}: {r.node}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .promotion import manifest
+    from .runtime.status import format_status, read_status
+    from .workspace import Workspace
+
+    ws = Workspace.open(args.workspace)
+    man = manifest(ws)
+    if not man.entries:
+        print(f"no promoted kernels in {ws.root} (forge approve promotes them)")
+    for card, e in sorted(man.entries.items()):
+        state = "on" if e.enabled else f"switched off: {e.disabled_reason}"
+        print(f"{card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager, approved by {e.approved_by} "
+              f"at {e.approved_at}; {state}")
+    live = read_status(ws.root)
+    if live is not None:
+        print(format_status(live))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    import json
+
+    from .e2e import bench
+    from .workload import parse_dtype
+
+    r = bench(args.workload, args.workspace, device=args.device, dtype=parse_dtype(args.dtype), repeats=args.repeats,
+              with_compile=not args.no_compile, switch_off=not args.keep_slower, only_faster=not args.all_kernels)
+    print(json.dumps(r.to_json(), indent=1) if args.json else r.table())
+    bad = {k: v for k, v in r.outputs_agree.items() if v}
+    for k, v in bad.items():
+        print(f"forge: error: {k} does not match eager: {v}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def cmd_export(args) -> int:
+    from .promotion import kernels_dir
+    from .runtime.export import export
+    from .workspace import Workspace
+
+    out = export(kernels_dir(Workspace.open(args.workspace)), args.out)
+    print(f"exported to {out}: load it with forge_tui.runtime.apply(model, {str(out)!r})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -218,6 +295,43 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--card", help="only this card (id or prefix)")
     sp.add_argument("--json", action="store_true", help="the events as JSON")
     sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("approve", help="promote cards' best kernels into the workspace (kernels/, on main)")
+    sp.add_argument("workspace", type=Path)
+    sp.add_argument("cards", nargs="*", metavar="CARD", help="only these cards (ids or prefixes; default: every request)")
+    sp.add_argument("--auto", action="store_true", help="approve only what clears --min-speedup and --max-spread")
+    sp.add_argument("--min-speedup", type=float, default=1.05)
+    sp.add_argument("--max-spread", type=float, default=0.10)
+    sp.add_argument("--list", action="store_true", help="only list the pending promotion requests")
+    sp.set_defaults(func=cmd_approve)
+
+    sp = sub.add_parser("reject", help="refuse cards' pending promotion requests (recorded in the manifest)")
+    sp.add_argument("workspace", type=Path)
+    sp.add_argument("cards", nargs="+", metavar="CARD")
+    sp.add_argument("--reason", default="")
+    sp.set_defaults(func=cmd_reject)
+
+    sp = sub.add_parser("status", help="the promoted kernels, and the runtime's live fallback status")
+    sp.add_argument("workspace", type=Path)
+    sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser("bench", help="time the whole forward: eager, eager + forge, torch.compile, torch.compile + forge")
+    sp.add_argument("workload", help="a workload .py file, or example:NAME")
+    sp.add_argument("-w", "--workspace", type=Path, required=True)
+    sp.add_argument("--device", choices=["cuda", "cpu"])
+    sp.add_argument("--dtype")
+    sp.add_argument("--repeats", type=int, default=20)
+    sp.add_argument("--no-compile", action="store_true", help="skip the two torch.compile variants")
+    sp.add_argument("--keep-slower", action="store_true", help="do not switch off kernels that slow the forward")
+    sp.add_argument("--all-kernels", action="store_true",
+                    help="use every promoted kernel, also those measured slower or whose dispatch eats their gain")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser("export", help="write the promoted kernels as a self-contained, checksummed folder")
+    sp.add_argument("workspace", type=Path)
+    sp.add_argument("out", type=Path)
+    sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("examples", help="list the bundled example workloads")
     sp.set_defaults(func=cmd_examples)

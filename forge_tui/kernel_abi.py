@@ -163,6 +163,17 @@ class Library:
             raise ValueError(f"forge_workspace_bytes asks for {n} bytes, over the {MAX_WORKSPACE_BYTES} allowed")
         return n
 
+    def call_raw(self, ins: Any, n_in: int, outs: Any, n_out: int, scs: Any, n_sc: int, stream: int | None,
+                 workspace: "torch.Tensor | None" = None) -> int:
+        """One call on descriptor arrays the caller keeps (the runtime updates their data pointers
+        per call instead of building them again)."""
+        if self.needs_workspace:
+            if workspace is None:
+                raise ValueError("this kernel needs a workspace (forge_launch_ws) and none was given")
+            return int(self._fn(ins, n_in, outs, n_out, scs, n_sc, workspace.data_ptr(),
+                                workspace.numel() * workspace.element_size(), stream))
+        return int(self._fn(ins, n_in, outs, n_out, scs, n_sc, stream))
+
     def bind(self, inputs: list["torch.Tensor"], outputs: list["torch.Tensor"], scalars: list[Scalar],
              stream: int | None, workspace: "torch.Tensor | None" = None) -> Callable[[], int]:
         """A no-argument callable that launches on fixed buffers (descriptors built once).
@@ -193,6 +204,29 @@ class Library:
 
 
 WORKSPACE_ALIGN = 256
+
+
+def default_cuda_arch() -> str:
+    """sm_XY of the visible GPU; sm_90 (the H200) when there is none, e.g. for compile-only CI."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001
+        pass
+    return "sm_90"
+
+
+def current_arch(backend: str) -> str:
+    """What a build for this machine is called: sm_XY on CUDA, the processor (``uname -m``) on the
+    CPU, where builds use -march=native."""
+    if backend == "cuda":
+        return default_cuda_arch()
+    import platform
+
+    return platform.machine() or "cpu"
 
 
 def alloc_workspace(nbytes: int, device: str) -> "torch.Tensor":

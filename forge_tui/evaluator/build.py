@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..kernel_abi import HEADER, HEADER_DIR
+from ..kernel_abi import HEADER, HEADER_DIR, default_cuda_arch
 from .diagnostics import Diagnostic, parse, resources
 
 SUFFIX = {"cuda": ".cu", "cpu": ".cpp"}
@@ -55,19 +55,6 @@ def compiler_version(exe: str) -> str:
             except (OSError, subprocess.TimeoutExpired):
                 _VERSION_CACHE[exe] = "missing"
         return _VERSION_CACHE[exe]
-
-
-def default_cuda_arch() -> str:
-    """sm_XY of the visible GPU; sm_90 (the H200) when there is none, e.g. for compile-only CI."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            return f"sm_{major}{minor}"
-    except Exception:  # noqa: BLE001
-        pass
-    return "sm_90"
 
 
 class Builder:

@@ -64,6 +64,32 @@ def _tensor_leaves(obj) -> list:
     return out
 
 
+def call_arguments(args: Any, kwargs: Any) -> Any:
+    """A module call's arguments as JSON, each tensor replaced by {"$t": k} in order of
+    appearance; None when an argument has no JSON form."""
+    counter = {"k": 0}
+
+    def ref(t: Any) -> dict:
+        counter["k"] += 1
+        return {"$t": counter["k"] - 1}
+
+    try:
+        return encode([list(args), dict(kwargs)], ref)
+    except Unencodable:
+        return None
+
+
+def returns_of(output: Any) -> str:
+    """"tensor" for a forward returning one tensor, "tuple" for a tuple or list of tensors."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return "tensor"
+    if isinstance(output, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in output):
+        return "tuple"
+    return "other"
+
+
 def dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -110,6 +136,11 @@ class Bucket:
     flags: set[str] = field(default_factory=set)
     first_seen: int = 0
     skipped_samples: int = 0
+    call_args: Any = None
+    """Module cards: the forward's arguments with each tensor replaced by {"$t": k} (None when
+    they have no JSON form): the runtime serves only calls with the same non-tensor arguments."""
+    returns: str = "tensor"
+    """Module cards: how the forward returns its tensor outputs ("tensor" or "tuple")."""
 
 
 @dataclass
@@ -126,6 +157,7 @@ class _Frame:
     invalid: str = ""
     sample_inputs: list | None = None
     pre_key: tuple[Any, ...] = ()
+    call_args: Any = None
     """The bucket key of the module call as first seen (its sample count is kept under it)."""
 
 
@@ -324,6 +356,7 @@ class Recorder:
                         frame.refs[p] = {"$in": len(frame.tensors)}
                         frame.tensors.append(p)
                         frame.specs.append(spec_of(p, "param", pname, with_range=False))
+                frame.call_args = call_arguments(args, kwargs)
                 pre_key = (type(module).__qualname__, tuple((tuple(s.shape), s.dtype) for s in frame.specs))
                 if self._module_samples.get(pre_key, 0) < self.opt.samples_per_card and self._within_budget(frame.tensors):
                     frame.sample_inputs = [pack(t) for t in frame.tensors]
@@ -411,7 +444,8 @@ class Recorder:
                 key=key, kind="module", target=target, program=program, inputs=specs,
                 outputs=[spec_of(t, "output", with_range=False) for t in outs], flops=frame.flops,
                 bytes=sum(tensor_read_bytes(t) for t in frame.tensors) + sum(tensor_write_bytes(t) for t in outs),
-                flags=set(frame.flags), first_seen=self.seq,
+                flags=set(frame.flags), first_seen=self.seq, call_args=frame.call_args,
+                returns=returns_of(output),
             )
             self.buckets[key] = bucket
         bucket.calls += 1

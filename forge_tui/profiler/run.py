@@ -154,7 +154,8 @@ def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ce
         flags.add("no_sample")
     card = Card(
         id=card_id(b), kind=b.kind, target=b.target, label="", inputs=b.inputs, outputs=b.outputs,
-        program=b.program, module_paths=b.module_paths, flags=[], calls=max(1, round(b.calls / forwards)),
+        program=b.program, module_paths=b.module_paths, call_args=b.call_args, returns=b.returns,
+        flags=[], calls=max(1, round(b.calls / forwards)),
         bytes=b.bytes, flops=b.flops, samples=samples, device=device, dtype=_main_dtype(b),
     )
     card.label = f"{card.op_name}({card.shapes()})"

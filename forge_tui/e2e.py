@@ -1,0 +1,178 @@
+"""``forge bench WORKLOAD -w WS``: the whole forward four ways (eager, eager + forge, torch.compile,
+torch.compile + forge), timed interleaved in one process with spread, outputs checked against
+eager. A kernel that makes the whole forward slower is switched off in the manifest: kernels are
+used only where they measured faster in the model, not only in isolation.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compare import compare
+from .errors import ForgeError
+from .runtime.apply import Mode, apply
+from .runtime.manifest import Manifest
+from .timing import Stats, Timer, paired_ratio
+
+
+@dataclass
+class BenchResult:
+    device: str
+    times: dict[str, Stats]
+    speedups: dict[str, Stats]
+    """Paired ratios against eager (and "compile+forge" against "compile")."""
+    outputs_agree: dict[str, str | None]
+    """None where the variant's outputs match eager's within tolerance, else what differs."""
+    bound: float | None
+    """1 / (1 - sum of share x (1 - 1/speedup)) over the served cards: what isolation promises."""
+    served: dict[str, int]
+    switched_off: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device, "times_us": {k: v.to_json() for k, v in self.times.items()},
+                "speedups": {k: v.to_json() for k, v in self.speedups.items()}, "outputs_agree": self.outputs_agree,
+                "bound": self.bound, "served": self.served, "switched_off": self.switched_off, "notes": self.notes}
+
+    def table(self) -> str:
+        lines = [f"{'variant':18s} {'median µs':>11s} {'q1 - q3':>19s} {'vs eager':>9s}  outputs"]
+        for name, st in self.times.items():
+            sp = self.speedups.get(name)
+            agree = self.outputs_agree.get(name)
+            lines.append(f"{name:18s} {st.median:11.1f} {st.q1:9.1f} - {st.q3:7.1f} "
+                         f"{(f'{sp.median:.3f}x' if sp else '-'):>9s}  {'agree' if agree is None else agree}")
+        if "compile+forge/compile" in self.speedups:
+            lines.append(f"torch.compile + forge vs torch.compile: {self.speedups['compile+forge/compile'].median:.3f}x")
+        if self.bound:
+            sp = self.speedups.get("eager+forge")
+            got = f"{sp.median:.3f}x, {100 * (sp.median - 1) / (self.bound - 1):.0f}% of the way" if sp and self.bound > 1 else "-"
+            lines.append(f"bound from the served cards' isolated speedups and shares: {self.bound:.3f}x (reached {got})")
+        for card, why in self.switched_off.items():
+            lines.append(f"switched off {card}: {why}")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+def _outputs(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for x in out for t in _outputs(x)]
+    if isinstance(out, dict):
+        return [t for x in out.values() for t in _outputs(x)]
+    return []
+
+
+def _agree(got: Any, ref: Any) -> str | None:
+    a, b = _outputs(got), _outputs(ref)
+    if len(a) != len(b):
+        return f"{len(a)} outputs where eager has {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        # whole-model tolerance: a fused kernel rounds once where eager rounds at every op
+        dt = str(y.dtype).removeprefix("torch.")
+        loose = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2), "bfloat16": (4e-2, 4e-2)}.get(dt)
+        m = compare(x, y, i, rtol=loose[0] if loose else None, atol=loose[1] if loose else None,
+                    scale=float(y.float().pow(2).mean().sqrt()) if y.is_floating_point() else None)
+        if m is not None:
+            return str(m)
+    return None
+
+
+def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
+          warmup: int = 3, with_compile: bool = True, switch_off: bool = True, only_faster: bool = True) -> BenchResult:
+    import torch
+
+    from .workload import load_workload, resolve_device
+    from .workspace import Workspace
+
+    ws = workspace if isinstance(workspace, Workspace) else Workspace.open(workspace)
+    dev = resolve_device(device)
+    wl = load_workload(workload_spec)
+    model, inputs = wl.build(dev, dtype)
+    model.eval()
+    folder = ws.root / "kernels"
+    man = Manifest.load(folder)
+    if not man.entries:
+        raise ForgeError(f"{ws.root} has no promoted kernels (forge approve promotes them)")
+    notes: list[str] = []
+    variants: dict[str, Any] = {"eager": model}
+    forge_model = copy.deepcopy(model)
+    applied = apply(forge_model, ws, mode=Mode.INFERENCE, device=dev, only_faster=only_faster)
+    notes.extend(f"not used {c}: {why}" for c, why in applied.skipped.items())
+    variants["eager+forge"] = forge_model
+    compiled_applied = None
+    if with_compile:
+        variants["compile"] = torch.compile(copy.deepcopy(model))
+        cf = copy.deepcopy(model)
+        compiled_applied = apply(cf, ws, mode=Mode.TORCH_COMPILE, device=dev, only_faster=only_faster)
+        variants["compile+forge"] = torch.compile(cf)
+    timer = Timer(dev, warmup=warmup, repeats=repeats, cold_l2=False)
+    with torch.no_grad():
+        ref = wl.run(model, inputs)
+        agree: dict[str, str | None] = {}
+        for name, m in variants.items():
+            if name != "eager":
+                agree[name] = _agree(wl.run(m, inputs), ref)
+        fns = {name: (lambda m=m: wl.run(m, inputs)) for name, m in variants.items()}
+        stats, raw, _ = timer.time(fns)
+        switched: dict[str, str] = {}
+        if switch_off:
+            switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster)
+    speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
+    if "compile+forge" in raw:
+        speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
+    served = {c["card"]: c["served"] for c in applied.status()["cards"]}
+    applied.undo()
+    if compiled_applied is not None:
+        compiled_applied.undo()
+    return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes)
+
+
+def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
+    shares = {c.id: c.share for c in ws.cards()}
+    saved = 0.0
+    for card, e in man.entries.items():
+        sp, share = e.evidence.speedup_vs_eager, shares.get(card)
+        if served.get(card) and sp and share:
+            saved += share * (1 - 1 / sp)
+    return 1 / (1 - saved) if 0 < saved < 1 else None
+
+
+def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,
+                       timer: Timer, only_faster: bool) -> dict[str, str]:
+    """Leave each served kernel out in turn; one whose absence makes the forward faster (by more
+    than the spread of the measurement) is switched off in the manifest, with the numbers."""
+    served = [c["card"] for c in applied.status()["cards"] if c["served"]]
+    if not served:
+        return {}
+    out: dict[str, str] = {}
+    for card in served:
+        others = [c for c in served if c != card]
+        with_all = copy.deepcopy(model)
+        without = copy.deepcopy(model)
+        a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster)
+        b = apply(without, ws, device=dev, cards=others, only_faster=only_faster) if others else None
+        stats, _, _ = timer.time({"with": functools.partial(wl.run, with_all, inputs),
+                                  "without": functools.partial(wl.run, without, inputs)})
+        a.undo()
+        if b is not None:
+            b.undo()
+        w, wo = stats["with"], stats["without"]
+        if wo.q3 < w.q1:  # faster without it, beyond the spread of both
+            out[card] = (f"the forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs without "
+                         f"(forge bench, {dev})")
+    if out:
+        for card, why in out.items():
+            man.entries[card].enabled = False
+            man.entries[card].disabled_reason = why
+        man.save(ws.root / "kernels")
+        with ws.git() as repo:
+            repo.commit_worktree(f"switch off {len(out)} kernel{'s' if len(out) > 1 else ''} slower end to end",
+                                 "\n".join(f"{c}: {w}" for c, w in out.items()),
+                                 {"Forge-Event": "switch-off", "Forge-Cards": ",".join(out)})
+    return out

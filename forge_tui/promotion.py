@@ -1,0 +1,266 @@
+"""Promotion (a workspace operation): a card's best kernel becomes a request with its evidence; approving it builds it
+for this machine and commits it, with a manifest entry, to the workspace's ``main``.
+
+A workspace operation: it reads the search from git (no search needs to be running) and writes
+``kernels/`` on ``main``. ``forge approve`` / ``forge reject`` and the app's approvals screen call it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cards import Card, id_matches
+from .errors import ForgeError
+from .evaluator.result import EvalResult, load_result
+from .kernel_abi import current_arch
+from .runtime.manifest import KERNELS_DIR, Build, Entry, Evidence, Manifest, Rejection, Signature, now, sha256_file
+from .workspace import Workspace
+
+SOURCE_NAME = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
+
+
+@dataclass
+class Request:
+    """A card's best node, waiting for a decision."""
+
+    card: Card
+    node: str
+    parent: str | None
+    commit: str
+    source: str
+    backend: str
+    result: EvalResult
+    evidence: Evidence
+
+    @property
+    def speedup(self) -> float:
+        return self.evidence.speedup_vs_eager or 0.0
+
+    def line(self) -> str:
+        ev = self.evidence
+        q = (f" [{ev.speedup_vs_eager_q1:.2f}, {ev.speedup_vs_eager_q3:.2f}]"
+             if ev.speedup_vs_eager_q1 is not None and ev.speedup_vs_eager_q3 is not None else "")
+        comp = f", {ev.speedup_vs_compile:.2f}x torch.compile" if ev.speedup_vs_compile else ""
+        return (f"{self.card.id}: {self.node} {self.speedup:.2f}x eager{q}{comp}, "
+                f"correct on {len(ev.input_sets)} input sets ({self.backend})")
+
+
+@dataclass(frozen=True)
+class AutoRule:
+    """``--auto``: approve only what clears these thresholds."""
+
+    min_speedup: float = 1.05
+    max_spread: float = 0.10
+
+    def refuses(self, req: Request) -> str | None:
+        if req.speedup < self.min_speedup:
+            return f"{req.speedup:.3f}x is under the {self.min_speedup:.2f}x asked for"
+        spread = req.evidence.spread
+        if spread is not None and spread > self.max_spread:
+            return f"its speedup spreads {100 * spread:.0f}%, over the {100 * self.max_spread:.0f}% allowed"
+        return None
+
+
+def kernels_dir(ws: Workspace) -> Path:
+    return ws.root / KERNELS_DIR
+
+
+def manifest(ws: Workspace) -> Manifest:
+    return Manifest.load(kernels_dir(ws))
+
+
+def requests(ws: Workspace, cards: list[str] | None = None) -> list[Request]:
+    """One request per card whose best node beats eager and is neither promoted nor rejected."""
+    from .search.store import NodeRecord, SearchStore
+    from .search.tree import ROOT
+
+    man = manifest(ws)
+    out: list[Request] = []
+    with ws.git() as repo:
+        store = SearchStore(repo)
+        loaded = store.load()
+        best: dict[str, tuple[float, int, NodeRecord]] = {}
+        for rec in loaded.nodes:
+            if rec.node == ROOT or rec.status != "passed" or not rec.speedup or rec.speedup <= 1.0:
+                continue
+            if cards and not any(id_matches(rec.card, c) for c in cards):
+                continue
+            if rec.node in man.rejected_nodes(rec.card):
+                continue
+            entry = man.entries.get(rec.card)
+            if entry is not None and entry.evidence.node == rec.node:
+                continue
+            key = (rec.speedup, -rec.seq)
+            if rec.card not in best or key > best[rec.card][:2]:
+                best[rec.card] = (rec.speedup, -rec.seq, rec)
+        for card_id, (_, _, rec) in sorted(best.items()):
+            try:
+                card = ws.card(card_id)
+            except ForgeError:
+                continue  # a card no longer in the workspace
+            result = load_result(store.read(rec.commit, "result.json"))
+            if result is None or not result.passed:
+                continue
+            src_name = SOURCE_NAME.get(result.backend, "candidate.cu")
+            raw = store.read(rec.commit, src_name)
+            if raw is None:
+                continue
+            diff = ""
+            parent = next((n for n in loaded.nodes if n.card == card_id and n.node == rec.parent), None)
+            if parent is not None:
+                try:
+                    diff = repo.git("diff", parent.commit, rec.commit, "--", f"candidate/{src_name}")
+                except ForgeError:
+                    diff = ""
+            out.append(Request(card, rec.node, rec.parent, rec.commit, raw.decode(errors="replace"),
+                               result.backend, result, evidence_of(rec.node, rec.commit, rec.parent, result, diff)))
+    return out
+
+
+def evidence_of(node: str, commit: str, parent: str | None, r: EvalResult, diff: str) -> Evidence:
+    t = r.timing
+    sp = t.speedup_vs_eager if t else None
+    return Evidence(
+        node=node, commit=commit, parent=parent, speedup_vs_eager=r.speedup_vs_eager,
+        speedup_vs_eager_q1=sp.q1 if sp else None, speedup_vs_eager_q3=sp.q3 if sp else None,
+        speedup_vs_compile=r.speedup_vs_compile, spread=sp.spread if sp else None, time_us=r.time_us,
+        eager_us=t.eager.median if t else None, compile_us=t.compile.median if t and t.compile else None,
+        input_sets=[s.name for s in r.correctness.sets] if r.correctness else [],
+        fraction_of_floor=t.fraction_of_floor if t else None,
+        profile=r.profile.model_dump(exclude={"raw_csv", "kernels"}) if r.profile and r.profile.available else None,
+        diff=diff[:20000])
+
+
+def build_for(ws: Workspace, backend: str, source: str, dest_dir: Path, arch: str | None = None) -> Build:
+    """Compile the source for this machine and copy the library next to it."""
+    from .evaluator.build import Builder
+
+    arch = arch or current_arch(backend)
+    b = Builder(backend, ws.cache, arch=arch if backend == "cuda" else None)
+    res = b.build(source)
+    b.close()
+    if not res.ok or res.library is None:
+        raise ForgeError(f"the kernel does not build here: {res.reason}")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / f"{arch}.so"
+    shutil.copyfile(res.library, dest)
+    return Build(backend="cuda" if backend == "cuda" else "cpu", arch=arch,
+                 path=str(dest.relative_to(dest_dir.parent)), sha256=sha256_file(dest))
+
+
+def approve(ws: Workspace, cards: list[str] | None = None, *, by: str | None = None,
+            auto: AutoRule | None = None) -> tuple[list[Entry], list[tuple[Request, str]]]:
+    """Approve the pending requests (all, or those of ``cards``); with ``auto``, only those that
+    clear its thresholds. Returns the new entries and the requests left, with why."""
+    pending = requests(ws, cards)
+    if cards and not pending:
+        raise ForgeError("no promotion request for " + ", ".join(cards) +
+                         " (a card needs a passed node faster than eager, not yet promoted or rejected)")
+    who = by or (f"auto (min {auto.min_speedup}x, max spread {auto.max_spread})" if auto else _user())
+    man = manifest(ws)
+    done: list[Entry] = []
+    left: list[tuple[Request, str]] = []
+    for req in pending:
+        why = auto.refuses(req) if auto else None
+        if why:
+            left.append((req, why))
+            continue
+        try:
+            done.append(_install(ws, man, req.card, req.source, req.backend, req.evidence, who))
+        except ForgeError as err:
+            left.append((req, str(err)))
+    if done:
+        man.save(kernels_dir(ws))
+        with ws.git() as repo:
+            repo.commit_worktree(f"approve {len(done)} kernel{'s' if len(done) > 1 else ''}",
+                                 "\n".join(f"{e.card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager"
+                                           for e in done),
+                                 {"Forge-Event": "approve", "Forge-Cards": ",".join(e.card for e in done),
+                                  "Forge-By": who})
+    return done, left
+
+
+def _install(ws: Workspace, man: Manifest, card: Card, source: str, backend: str, evidence: Evidence,
+             who: str) -> Entry:
+    """Write one kernel (source, build for this machine, constants) under kernels/<card>/ and its
+    manifest entry (not yet committed)."""
+    folder = kernels_dir(ws) / card.id
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    ext = ".cu" if backend == "cuda" else ".cpp"
+    src = folder / f"kernel{ext}"
+    src.write_text(source)
+    try:
+        _save_consts(ws, card, folder)
+        build = build_for(ws, backend, source, folder)
+    except ForgeError:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    entry = Entry(card=card.id, signature=Signature.of(card), source=str(src.relative_to(kernels_dir(ws))),
+                  source_sha256=sha256_file(src), builds=[build], evidence=evidence, approved_by=who,
+                  approved_at=now())
+    man.entries[card.id] = entry
+    return entry
+
+
+def promote_kernel(ws: Workspace, card_id: str, source: str, result: EvalResult, *, by: str | None = None) -> Entry:
+    """Promote a kernel the caller evaluated itself (``result`` must be a passed evaluation of this
+    source on this card): what ``forge_tui.generate`` and scripted flows use instead of a search."""
+    import hashlib
+
+    card = ws.card(card_id)
+    if not result.correct or result.card != card.id:
+        raise ForgeError(f"only a kernel that passed the evaluator on {card.id} can be promoted ({result.status})")
+    if result.source_sha256 and result.source_sha256 != hashlib.sha256(source.encode()).hexdigest():
+        raise ForgeError("the evaluation is of another source")
+    man = manifest(ws)
+    who = by or _user()
+    entry = _install(ws, man, card, source, result.backend, evidence_of("direct", "", None, result, ""), who)
+    man.save(kernels_dir(ws))
+    with ws.git() as repo:
+        repo.commit_worktree(f"approve {card.id}", f"promoted directly by {who}",
+                             {"Forge-Event": "approve", "Forge-Cards": card.id, "Forge-By": who})
+    return entry
+
+
+def reject(ws: Workspace, cards: list[str], *, by: str | None = None, reason: str = "") -> list[Rejection]:
+    pending = requests(ws, cards)
+    if not pending:
+        raise ForgeError("no promotion request for " + ", ".join(cards))
+    man = manifest(ws)
+    who = by or _user()
+    out = [Rejection(card=r.card.id, node=r.node, by=who, at=now(), reason=reason) for r in pending]
+    man.rejected.extend(out)
+    man.save(kernels_dir(ws))
+    with ws.git() as repo:
+        repo.commit_worktree(f"reject {len(out)} kernel{'s' if len(out) > 1 else ''}",
+                             "\n".join(f"{r.card}: {r.node}" + (f" ({reason})" if reason else "") for r in out),
+                             {"Forge-Event": "reject", "Forge-Cards": ",".join(r.card for r in out), "Forge-By": who})
+    return out
+
+
+def _save_consts(ws: Workspace, card: Card, folder: Path) -> None:
+    """A card's constant inputs (tensors its program uses that are neither arguments nor
+    parameters), as captured, beside its kernel: the runtime passes them on every call."""
+    idx = [i for i, s in enumerate(card.inputs) if s.role == "const"]
+    if not idx:
+        return
+    import torch
+
+    from .inputs import sample_inputs
+
+    if not card.samples:
+        raise ForgeError(f"{card.id} has constant inputs but no captured sample to take them from")
+    ins = sample_inputs(card, ws.store, 0, "cpu")
+    torch.save([ins[i].contiguous() if ins[i].is_contiguous() else ins[i] for i in idx], folder / "consts.pt")
+
+
+def _user() -> str:
+    try:
+        return f"user {getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no login name (containers): say so
+        return "user (unknown name)"

@@ -1,0 +1,474 @@
+"""``apply(model, source)``: the promoted kernels in an unmodified model, behind guards.
+
+As Hugging Face ``kernels`` does with ``kernelize(model, mode=...)``, module cards replace the
+``forward`` of the leaf modules they were profiled at (only those instances). Op cards are served
+by a dispatch-mode interceptor entered only around the modules where the op was profiled (around
+the whole forward for ops called outside any leaf module). Nothing is intercepted for cards not
+promoted, so a model with nothing promoted runs exactly as before.
+
+Every call goes through a guard: the kernel runs only when device, dtype, shape, strides and the
+non-tensor arguments match the card; anything else runs the original PyTorch code. A kernel
+error disables that kernel (the call and every later one run PyTorch) and records why. With
+``shadow_every=N`` every Nth served call is also computed by the reference and compared; a
+mismatch disables the kernel. ``Mode.TORCH_COMPILE`` routes module cards through custom ops
+(``torch.library``), so a compiled model keeps each kernel as one opaque node and fuses around it.
+
+    with forge_tui.runtime.apply(model, "workspaces/demo") as applied:
+        y = model(x)
+        print(applied.status())
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..compare import compare
+from ..errors import ForgeError
+from ..program import encode, resolve_op, run_program
+from .kernel import CardKernel, KernelError, KernelUnavailable
+from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
+from .status import STATUS_FILE, CardStatus, StatusBoard
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Mode(str, enum.Enum):
+    INFERENCE = "inference"
+    TORCH_COMPILE = "torch_compile"
+
+
+# ---- guards ------------------------------------------------------------------------------------
+def _spec_mismatch(t: "torch.Tensor", spec: Any, device: str) -> str | None:
+    if t.device.type != device:
+        return f"device {t.device.type}"
+    dt = str(t.dtype).removeprefix("torch.")
+    if dt != spec.dtype:
+        return f"dtype {dt}"
+    if list(t.shape) != list(spec.shape):
+        return f"shape {tuple(t.shape)}"
+    if list(t.stride()) != list(spec.stride) and t.numel() > 1:
+        return f"strides {tuple(t.stride())}"
+    return None
+
+
+class Guard:
+    """One promoted card in one model: matches calls, runs its kernel, keeps its status."""
+
+    DISPATCH_SAMPLES = 5
+    """Served calls timed before the guard decides whether dispatch eats the kernel's gain."""
+
+    def __init__(self, entry: Entry, folder: Path, device: str, board: StatusBoard, shadow_every: int,
+                 consts: list["torch.Tensor"], only_faster: bool = True) -> None:
+        self.entry = entry
+        self.sig: Signature = entry.signature
+        self.folder = folder
+        self.device = device
+        self.board = board
+        self.status: CardStatus = board.card(entry.card, self.sig.kind, self.sig.target)
+        self.shadow_every = shadow_every
+        self.consts = consts
+        self._kernel: CardKernel | None = None
+        self._calls = 0
+        self._lock = threading.Lock()
+        self.only_faster = only_faster
+        self._dispatch_ns: list[int] = []
+        ev = entry.evidence
+        self.gain_us = (ev.eager_us - ev.time_us) if ev.eager_us is not None and ev.time_us is not None else None
+        """What one call saves, by the evaluation's numbers (eager's time minus the kernel's)."""
+
+    def mismatch(self, tensors: list["torch.Tensor"]) -> str | None:
+        if len(tensors) != len(self.sig.inputs):
+            return f"{len(tensors)} tensors where the card has {len(self.sig.inputs)}"
+        for k, (t, spec) in enumerate(zip(tensors, self.sig.inputs)):
+            why = _spec_mismatch(t, spec, self.device)
+            if why:
+                return f"input {k}: {why}"
+        return None
+
+    def kernel(self) -> CardKernel | None:
+        if self._kernel is None and self.status.active:
+            try:
+                self._kernel = CardKernel(self.entry, self.folder, self.device)
+            except KernelUnavailable as exc:
+                self.board.disable(self.status, f"unavailable: {exc}")
+        return self._kernel
+
+    def _account_dispatch(self, ns: int) -> None:
+        """The guard's own cost per call (its checks, descriptors and output allocation: all but
+        the launch itself). Once measured, a kernel whose savings it eats is switched off."""
+        if len(self._dispatch_ns) >= self.DISPATCH_SAMPLES:
+            return
+        self._dispatch_ns.append(ns)
+        if len(self._dispatch_ns) == self.DISPATCH_SAMPLES:
+            us = sorted(self._dispatch_ns)[self.DISPATCH_SAMPLES // 2] / 1000.0
+            self.status.dispatch_us = us
+            if self.only_faster and self.gain_us is not None and us >= self.gain_us:
+                self.board.disable(self.status, f"its dispatch costs {us:.1f} µs a call, more than the "
+                                                f"{max(self.gain_us, 0.0):.1f} µs it saves")
+
+    def reference(self, tensors: list["torch.Tensor"]) -> list["torch.Tensor"]:
+        outs = run_program(self.sig.program, tensors, self.device)
+        return [o.clone() if any(o.data_ptr() == t.data_ptr() for t in tensors) else o for o in outs]
+
+    def serve(self, tensors: list["torch.Tensor"]) -> list["torch.Tensor"] | None:
+        """The kernel's outputs for these inputs, or None: the caller runs PyTorch (the reason is counted)."""
+        if not self.status.active:
+            self.board.fell_back(self.status, "disabled")
+            return None
+        t0 = time.perf_counter_ns()
+        why = self.mismatch(tensors)
+        if why:
+            self.board.fell_back(self.status, why)
+            return None
+        k = self.kernel()
+        if k is None:
+            self.board.fell_back(self.status, "disabled")
+            return None
+        try:
+            t1 = time.perf_counter_ns()
+            outs = k(tensors)
+        except (KernelError, RuntimeError, ValueError) as exc:
+            self.board.disable(self.status, f"kernel error: {exc}")
+            self.board.fell_back(self.status, "kernel error")
+            return None
+        self._account_dispatch((t1 - t0) + k.last_host_ns)
+        with self._lock:
+            self._calls += 1
+            shadow = self.shadow_every > 0 and self._calls % self.shadow_every == 0
+        if shadow:
+            expected = self.reference(tensors)
+            self.status.shadow_checks += 1
+            for i, (o, e) in enumerate(zip(outs, expected)):
+                m = compare(o, e, i)
+                if m is not None:
+                    self.board.disable(self.status, f"shadow check: {m}")
+                    self.board.fell_back(self.status, "shadow check mismatch")
+                    return expected
+        self.board.served(self.status)
+        return outs
+
+
+# ---- module cards ------------------------------------------------------------------------------
+def _tensor_leaves(obj: Any) -> list["torch.Tensor"]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tensor_leaves(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensor_leaves(x)]
+    return []
+
+
+def _call_arguments(args: Any, kwargs: Any) -> Any:
+    counter = {"k": 0}
+
+    def ref(t: Any) -> dict[str, int]:
+        counter["k"] += 1
+        return {"$t": counter["k"] - 1}
+
+    try:
+        return encode([list(args), dict(kwargs)], ref)
+    except Exception:  # noqa: BLE001 - an argument with no JSON form: not the recorded call
+        return ()
+
+
+def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: list["torch.Tensor"]) -> list["torch.Tensor"]:
+    """The card's inputs for one call, in the order the profiler recorded them: the call's tensors,
+    then the module's own parameters and buffers (each tensor once), then the card's constants."""
+    seen: set[int] = set()
+    out: list["torch.Tensor"] = []
+    for t in _tensor_leaves((args, kwargs)):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    for _, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+        if p is not None and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out + consts
+
+
+_CUSTOM_OPS: dict[str, Any] = {}
+_CUSTOM_GUARDS: dict[str, Guard] = {}
+
+
+def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Tensor"]]:
+    """The card as a torch.library custom op (one per signature in this process), so a compiled
+    model keeps the kernel as an opaque node; its fake implementation gives the output specs."""
+    import torch
+
+    name = f"forge::k_{guard.sig.digest()}"
+    _CUSTOM_GUARDS[name] = guard
+    if name not in _CUSTOM_OPS:
+        specs = guard.sig.outputs
+
+        def impl(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            g = _CUSTOM_GUARDS[name]
+            outs = g.serve(list(inputs))
+            return outs if outs is not None else g.reference(list(inputs))
+
+        op = torch.library.custom_op(name, impl, mutates_args=(), schema="(Tensor[] inputs) -> Tensor[]")
+
+        @op.register_fake  # type: ignore[misc]
+        def _fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            dev = inputs[0].device if inputs else torch.device("cpu")
+            return [torch.empty_strided(s.shape, s.stride, dtype=getattr(torch, s.dtype), device=dev) for s in specs]
+
+        _CUSTOM_OPS[name] = op
+    return _CUSTOM_OPS[name]  # type: ignore[no-any-return]
+
+
+def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
+                    call_args: Any, returns: str) -> Callable[..., Any]:
+    op = _custom_op(guard) if mode == Mode.TORCH_COMPILE else None
+
+    import torch
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_leaves((args, kwargs))) \
+                or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters(recurse=False))):
+            guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
+            return original(*args, **kwargs)
+        recorded = call_args if call_args is not None else [[{"$t": i} for i in range(len(args))], {}]
+        if _call_arguments(args, kwargs) != recorded:
+            guard.board.fell_back(guard.status, "non-tensor arguments differ from the profiled call")
+            return original(*args, **kwargs)
+        tensors = module_inputs(module, args, kwargs, guard.consts)
+        if op is not None:
+            why = guard.mismatch(tensors)
+            if why or not guard.status.active:
+                guard.board.fell_back(guard.status, why or "disabled")
+                return original(*args, **kwargs)
+            outs = op(tensors)
+        else:
+            served = guard.serve(tensors)
+            if served is None:
+                return original(*args, **kwargs)
+            outs = served
+        return outs[0] if returns == "tensor" else tuple(outs)
+
+    return forward
+
+
+# ---- op cards ----------------------------------------------------------------------------------
+class OpGuard:
+    """An op card: matches an aten call by its tensors and its encoded arguments."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        node = guard.sig.program["nodes"][0]
+        self.func = resolve_op(node["op"])
+        self.args, self.kwargs = node["args"], node.get("kwargs", {})
+        out_meta = node.get("out")
+        self.n_returns = len(guard.sig.outputs)
+        self.single = not isinstance(out_meta, list) or len(out_meta) == 1
+
+    def try_serve(self, args: Any, kwargs: Any) -> tuple[Any, str | None]:
+        """(the op's result, None) when the kernel served the call; (None, why not) otherwise."""
+        uniq: list[Any] = []
+        index: dict[int, int] = {}
+
+        def ref(t: Any) -> dict[str, int]:
+            k = index.get(id(t))
+            if k is None:
+                k = index[id(t)] = len(uniq)
+                uniq.append(t)
+            return {"$in": k}
+
+        try:
+            enc_args, enc_kwargs = encode(list(args), ref), encode(dict(kwargs), ref)
+        except Exception:  # noqa: BLE001 - no JSON form: not the profiled call
+            return None, "arguments differ"
+        why = self.guard.mismatch(uniq)
+        if why:
+            return None, why
+        if enc_args != self.args or enc_kwargs != self.kwargs:
+            return None, "arguments differ"
+        outs = self.guard.serve(uniq)
+        if outs is None:
+            return None, ""  # counted by serve
+        return (outs[0] if self.single else tuple(outs)), None
+
+
+def _interceptor_class() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Interceptor(TorchDispatchMode):  # type: ignore[misc]
+        def __init__(self, table: dict[Any, list[OpGuard]]) -> None:
+            super().__init__()
+            self.table = table
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            guards = self.table.get(func)
+            if guards:
+                misses: list[tuple[OpGuard, str]] = []
+                for g in guards:
+                    out, why = g.try_serve(args, kwargs)
+                    if why is None:
+                        return out
+                    misses.append((g, why))
+                for g, why in misses:  # no card served the call: each says why not
+                    if why:
+                        g.guard.board.fell_back(g.guard.status, why)
+            return func(*args, **kwargs)
+
+    return Interceptor
+
+
+# ---- applying ----------------------------------------------------------------------------------
+def _resolve(source: Any) -> tuple[Path, Path | None]:
+    """(the folder holding manifest.json, the status file's path) for a workspace, its path, or
+    an export."""
+    import os
+
+    # a path (str or os.PathLike), else a Workspace (its root)
+    root = Path(source) if isinstance(source, (str, os.PathLike)) else Path(source.root)
+    if (root / KERNELS_DIR / MANIFEST_NAME).is_file():
+        return root / KERNELS_DIR, root / STATUS_FILE
+    if (root / MANIFEST_NAME).is_file():
+        from .export import verify
+
+        verify(root)
+        return root, root / "status.json"
+    raise ForgeError(f"{root} has no promoted kernels (no {KERNELS_DIR}/{MANIFEST_NAME}; approve some with forge approve)")
+
+
+def _consts(folder: Path, entry: Entry, device: str) -> list["torch.Tensor"]:
+    import torch
+
+    n = sum(1 for s in entry.signature.inputs if s.role == "const")
+    if n == 0:
+        return []
+    path = folder / entry.card / "consts.pt"
+    if not path.is_file():
+        raise KernelUnavailable(f"its {n} constant inputs were not saved with it")
+    vals = torch.load(path, map_location=device, weights_only=True)
+    return [v.to(device) for v in vals]
+
+
+class Applied:
+    """What ``apply`` installed; undo() (or leaving the ``with`` block) removes it all."""
+
+    def __init__(self, model: "torch.nn.Module", board: StatusBoard) -> None:
+        self.model = model
+        self.board = board
+        self.guards: dict[str, Guard] = {}
+        self.skipped: dict[str, str] = {}
+        self._restore: list[tuple[Any, bool, Any]] = []
+
+    def _replace_forward(self, module: Any, new: Callable[..., Any]) -> None:
+        had_own = "forward" in module.__dict__
+        self._restore.append((module, had_own, module.__dict__.get("forward")))
+        module.forward = new
+
+    def undo(self) -> None:
+        for module, had_own, old in reversed(self._restore):
+            if had_own:
+                module.forward = old
+            else:
+                module.__dict__.pop("forward", None)
+        self._restore.clear()
+        self.board.write()
+
+    def status(self) -> dict[str, Any]:
+        return self.board.snapshot()
+
+    def __enter__(self) -> "Applied":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFERENCE, device: str | None = None,
+          cards: list[str] | None = None, shadow_every: int = 0, only_faster: bool = True) -> Applied:
+    """Put the promoted kernels of ``source`` (a Workspace, its path, or an export folder) into
+    ``model`` for the calls they match. Returns an ``Applied`` handle (a context manager).
+
+    ``only_faster`` (default): a kernel measured slower than eager is not used, and one whose
+    dispatch (measured on its first calls) costs more than it saves is switched off."""
+    mode = Mode(mode)
+    folder, status_path = _resolve(source)
+    man = Manifest.load(folder)
+    if device is None:
+        p = next(iter(model.parameters()), None)
+        device = p.device.type if p is not None else "cpu"
+    board = StatusBoard(status_path)
+    applied = Applied(model, board)
+    ops: dict[str, list[OpGuard]] = {}
+    for card_id, entry in sorted(man.entries.items()):
+        if cards and card_id not in cards:
+            continue
+        if not entry.enabled:
+            applied.skipped[card_id] = f"switched off: {entry.disabled_reason}"
+            continue
+        sig = entry.signature
+        gain = entry.evidence.speedup_vs_eager
+        if only_faster and gain is not None and gain <= 1.0:
+            applied.skipped[card_id] = f"measured slower than eager ({gain:.3f}x)"
+            continue
+        try:
+            guard = Guard(entry, folder, device, board, shadow_every, _consts(folder, entry, device),
+                          only_faster)
+        except KernelUnavailable as exc:
+            applied.skipped[card_id] = str(exc)
+            continue
+        if sig.kind == "module":
+            if sig.returns == "other":
+                applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
+                continue
+            installed = 0
+            for path in sig.module_paths:
+                try:
+                    module = model.get_submodule(path)
+                except AttributeError:
+                    continue
+                fwd = _module_forward(module, module.forward, guard, mode, sig.call_args, sig.returns)
+                applied._replace_forward(module, fwd)
+                guard.status.sites.append(path)
+                installed += 1
+            if installed:
+                applied.guards[card_id] = guard
+            else:
+                applied.skipped[card_id] = "none of its modules is in this model: " + ", ".join(sig.module_paths[:3])
+        else:
+            if mode == Mode.TORCH_COMPILE:
+                applied.skipped[card_id] = "op cards serve eager models (in torch_compile mode, module cards only)"
+                continue
+            if "mutates" in sig.flags:
+                applied.skipped[card_id] = "in-place ops are not served"
+                continue
+            og = OpGuard(guard)
+            for path in sig.module_paths or [""]:
+                ops.setdefault(path, []).append(og)
+                guard.status.sites.append(f"ops under {path or 'the model'}")
+            applied.guards[card_id] = guard
+    if ops:
+        Interceptor = _interceptor_class()
+        for path, guards in ops.items():
+            table: dict[Any, list[OpGuard]] = {}
+            for g in guards:
+                table.setdefault(g.func, []).append(g)
+            module = model.get_submodule(path) if path else model
+            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table))
+    board.write()
+    return applied
+
+
+def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]]) -> Callable[..., Any]:
+    """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
+    does not serve goes on to the outer one)."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with interceptor(table):
+            return original(*args, **kwargs)
+
+    return forward

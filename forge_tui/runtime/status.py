@@ -1,0 +1,122 @@
+"""Live fallback status: per card, is its kernel active or disabled and why, how many calls it
+served, and how many fell back to PyTorch for each reason.
+
+The runtime keeps one ``StatusBoard`` per applied model and writes it (at most once a second
+while calls happen, and when undone) to ``.forge/runtime/status.json`` in the workspace, where
+``forge status`` and the app's fallback pane read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUS_FILE = Path(".forge") / "runtime" / "status.json"
+
+
+@dataclass
+class CardStatus:
+    card: str
+    kind: str
+    target: str
+    active: bool = True
+    disabled_reason: str = ""
+    served: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    shadow_checks: int = 0
+    dispatch_us: float | None = None
+    """The guard's own cost per served call (checks, descriptors, outputs; not the launch)."""
+    sites: list[str] = field(default_factory=list)
+    """Where it is installed: module paths, or "ops under <path>"."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"card": self.card, "kind": self.kind, "target": self.target, "active": self.active,
+                "disabled_reason": self.disabled_reason, "served": self.served,
+                "fallbacks": dict(self.fallbacks), "shadow_checks": self.shadow_checks,
+                "dispatch_us": self.dispatch_us, "sites": self.sites}
+
+
+class StatusBoard:
+    def __init__(self, path: Path | None = None, min_interval_s: float = 1.0) -> None:
+        self.cards: dict[str, CardStatus] = {}
+        self.path = path
+        self.min_interval_s = min_interval_s
+        self._last_write = 0.0
+        self._lock = threading.Lock()
+        self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+    def card(self, card: str, kind: str, target: str) -> CardStatus:
+        with self._lock:
+            if card not in self.cards:
+                self.cards[card] = CardStatus(card, kind, target)
+            return self.cards[card]
+
+    def served(self, st: CardStatus) -> None:
+        with self._lock:
+            st.served += 1
+        self._maybe_write()
+
+    def fell_back(self, st: CardStatus, reason: str) -> None:
+        with self._lock:
+            st.fallbacks[reason] += 1
+        self._maybe_write()
+
+    def disable(self, st: CardStatus, reason: str) -> None:
+        with self._lock:
+            if st.active:
+                st.active = False
+                st.disabled_reason = reason
+        self.write()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"pid": os.getpid(), "started_at": self.started_at, "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "cards": [c.to_json() for c in self.cards.values()]}
+
+    def _maybe_write(self) -> None:
+        if self.path is not None and time.monotonic() - self._last_write >= self.min_interval_s:
+            self.write()
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        self._last_write = time.monotonic()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.snapshot(), indent=1))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # a read-only workspace: the status stays queryable in the process
+
+
+def read_status(workspace_root: Path) -> dict[str, Any] | None:
+    path = Path(workspace_root) / STATUS_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def format_status(data: dict[str, Any]) -> str:
+    """The table ``forge status`` prints."""
+    lines = [f"runtime status (process {data.get('pid')}, started {data.get('started_at')}, "
+             f"updated {data.get('updated_at')})"]
+    for c in data.get("cards", []):
+        state = "active" if c["active"] else f"DISABLED: {c['disabled_reason']}"
+        fb = ", ".join(f"{n} {why}" for why, n in sorted(c["fallbacks"].items(), key=lambda x: -x[1])) or "none"
+        lines.append(f"  {c['card']} ({c['kind']} {c['target']}): {state}; served {c['served']}, "
+                     f"fell back: {fb}" + (f"; {c['shadow_checks']} shadow checks" if c.get("shadow_checks") else "")
+                     + (f"; dispatch {c['dispatch_us']:.1f} µs a call" if c.get("dispatch_us") else ""))
+        for s in c.get("sites", []):
+            lines.append(f"      at {s}")
+    if not data.get("cards"):
+        lines.append("  no promoted kernel is applied")
+    return "\n".join(lines)

@@ -1,0 +1,333 @@
+"""Promoted kernels back in the unmodified model (cpu backend, real compiled kernels): promotion
+from a search with approval, the guarded runtime, live fallback status, torch.compile, export."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge_tui.cli import main
+from forge_tui.config import parse_config
+from forge_tui.evaluator import Evaluator
+from forge_tui.promotion import approve, manifest, promote_kernel, reject, requests
+from forge_tui.runtime.apply import Mode, apply
+from forge_tui.runtime.kernel import CardKernel, KernelError
+from forge_tui.runtime.status import read_status
+from forge_tui.workspace import profile_into_workspace
+
+HERE = Path(__file__).parent
+WORKLOAD = HERE / "data" / "workloads" / "runtime_model.py"
+CPU = HERE / "candidates" / "cpu"
+CFG = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+
+
+def load_workload():
+    spec = importlib.util.spec_from_file_location("runtime_model", WORKLOAD)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def promoted(tmp_path_factory):
+    """A workspace with the model's RMSNorm (module card) and softmax (op card) promoted, each after
+    a real evaluation of a real kernel."""
+    root = tmp_path_factory.mktemp("runtime")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace(WORKLOAD, root / "ws", device="cpu", config_path=cfg)
+    norm = next(c for c in ws.cards() if c.kind == "module")
+    sm = next(c for c in ws.cards() if c.target == "aten._softmax.default")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        for card, name in ((norm, "rmsnorm_good.cpp"), (sm, "softmax_good.cpp")):
+            src = (CPU / name).read_text()
+            r = ev.evaluate(card, src)
+            assert r.correct, r.reason
+            promote_kernel(ws, card.id, src, r, by="test")
+    return ws, norm, sm
+
+
+def test_the_model_uses_the_kernels_and_stays_correct(promoted):
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, only_faster=False) as applied:
+            got = model(x)
+            st = {c["card"]: c for c in applied.status()["cards"]}
+        after = model(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert st[norm.id]["served"] == 1 and st[sm.id]["served"] == 1
+    assert st[norm.id]["sites"] == ["norm"] and st[sm.id]["active"]
+    # undone: the model is as it was
+    assert "forward" not in model.norm.__dict__ and "forward" not in model.__dict__
+    torch.testing.assert_close(after, expected)
+
+
+def test_calls_that_do_not_match_run_pytorch_and_say_why(promoted):
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model = wl.get_model()
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for x in (torch.randn(8, 256), torch.randn(16, 256, dtype=torch.float64)):
+            torch.testing.assert_close(model.double()(x) if x.dtype == torch.float64 else model.float()(x),
+                                       _eager(wl, x))
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert st[norm.id]["served"] == 0 and st[sm.id]["served"] == 0
+    assert st[norm.id]["fallbacks"] == {"input 0: shape (8, 256)": 1, "input 0: dtype float64": 1}
+    assert set(st[sm.id]["fallbacks"]) == {"input 0: shape (8, 256)", "input 0: dtype float64"}
+
+
+def _eager(wl, x):
+    m = wl.get_model().to(x.dtype)
+    return m(x)
+
+
+def test_gradients_on_fall_back_to_pytorch(promoted):
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with apply(model, ws, only_faster=False) as applied:
+        y = model(x)  # grad mode on, parameters need gradients: the module kernel has no backward
+        y.sum().backward()
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert model.norm.weight.grad is not None
+    assert st[norm.id]["fallbacks"] == {"gradients are on (kernels serve inference)": 1}
+
+
+def test_a_kernel_error_disables_the_kernel_and_the_model_goes_on(promoted, monkeypatch):
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+
+    def broken(self, inputs):
+        raise KernelError("forge_launch returned 7")
+
+    monkeypatch.setattr(CardKernel, "__call__", broken)
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for _ in range(3):
+            torch.testing.assert_close(model(x), wl.get_model()(x))
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    for cid in (norm.id, sm.id):
+        assert not st[cid]["active"] and "kernel error: forge_launch returned 7" in st[cid]["disabled_reason"]
+        assert st[cid]["served"] == 0 and st[cid]["fallbacks"] == {"kernel error": 1, "disabled": 2}
+
+
+def test_shadow_checks_disable_a_kernel_that_disagrees(promoted, monkeypatch):
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    real = CardKernel.__call__
+
+    def off_by_a_bit(self, inputs):
+        return [o + 1e-2 for o in real(self, inputs)]
+
+    monkeypatch.setattr(CardKernel, "__call__", off_by_a_bit)
+    with torch.no_grad(), apply(model, ws, cards=[norm.id], shadow_every=2, only_faster=False) as applied:
+        outs = [model(x) for _ in range(3)]
+        st = applied.status()["cards"][0]
+    assert st["served"] == 1 and st["shadow_checks"] == 1 and not st["active"]
+    assert st["disabled_reason"].startswith("shadow check: output 0:")
+    torch.testing.assert_close(outs[1], wl.get_model()(x))  # the checked call returned the reference
+
+
+def test_status_is_written_for_forge_status(promoted, capsys):
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, ws, only_faster=False):
+        model(x)
+    live = read_status(ws.root)
+    assert {c["card"] for c in live["cards"]} == {norm.id, sm.id}
+    assert main(["status", str(ws.root)]) == 0
+    out = capsys.readouterr().out
+    assert f"{norm.id}: direct" in out and "served 1" in out and "active" in out
+
+
+def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
+    """By default a kernel measured slower than eager is not installed, and one whose dispatch (the
+    guard's own cost per call, measured on its first calls) eats what it saves is switched off."""
+    from forge_tui.runtime.apply import Guard
+
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    assert manifest(ws).entries[sm.id].evidence.speedup_vs_eager < 1  # the double-precision softmax
+    init = Guard.__init__
+    monkeypatch.setattr(Guard, "__init__", _with_gain(init, 1e6))  # a call saves far more than dispatch costs
+    with torch.no_grad(), apply(model, ws) as applied:
+        assert "slower than eager" in applied.skipped[sm.id]
+        for _ in range(Guard.DISPATCH_SAMPLES + 2):
+            model(x)
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert st[norm.id]["active"] and st[norm.id]["dispatch_us"] > 0  # stated, and it pays
+    assert st[norm.id]["served"] == Guard.DISPATCH_SAMPLES + 2
+    monkeypatch.setattr(Guard, "__init__", _with_gain(init, 1e-3))
+    with torch.no_grad(), apply(model, ws) as applied:
+        for _ in range(Guard.DISPATCH_SAMPLES + 2):
+            torch.testing.assert_close(model(x), wl.get_model()(x))
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert not st[norm.id]["active"] and "dispatch costs" in st[norm.id]["disabled_reason"]
+    assert st[norm.id]["served"] == Guard.DISPATCH_SAMPLES and st[norm.id]["fallbacks"] == {"disabled": 2}
+
+
+def _with_gain(init, gain_us):
+    def patched(self, *a, **k):
+        init(self, *a, **k)
+        self.gain_us = gain_us
+
+    return patched
+
+
+def test_nothing_promoted_means_nothing_intercepted(tmp_path):
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\n")
+    ws, _ = profile_into_workspace(WORKLOAD, tmp_path / "ws", device="cpu", config_path=cfg)
+    (ws.root / "kernels").mkdir()
+    (ws.root / "kernels" / "manifest.json").write_text(json.dumps({"version": 1, "entries": {}, "rejected": []}))
+    model = load_workload().get_model()
+    with apply(model, ws, only_faster=False) as applied:
+        assert not applied.guards and "forward" not in model.__dict__
+        assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_torch_compile_keeps_the_kernel_as_a_custom_op(promoted):
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+            compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
+            got = compiled(x)
+            got2 = compiled(x)
+            st = {c["card"]: c for c in applied.status()["cards"]}
+            graph = torch._dynamo.explain(model)(x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got2, expected)
+    assert st[norm.id]["served"] >= 2  # the kernel ran inside the compiled model
+    assert sm.id not in st or st[sm.id]["served"] == 0  # op cards serve eager models only
+    ops = [str(n.target) for g in graph.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("forge.k_" in o for o in ops), ops
+
+
+def test_export_loads_in_a_fresh_process_and_checks_itself(promoted, tmp_path):
+    ws, norm, sm = promoted
+    out = tmp_path / "export"
+    assert main(["export", str(ws.root), str(out)]) == 0
+    script = f"""
+import importlib.util, json, torch
+from forge_tui.runtime.apply import apply
+spec = importlib.util.spec_from_file_location("m", {str(WORKLOAD)!r}); m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+model, x = m.get_model(), m.get_inputs()[0]
+with torch.no_grad():
+    ref = model(x)
+    with apply(model, {str(out)!r}, only_faster=False) as a:
+        y = model(x)
+        print(json.dumps({{"ok": bool(torch.allclose(y, ref, atol=1e-6)), "served": {{c["card"]: c["served"] for c in a.status()["cards"]}}}}))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["ok"] and got["served"] == {norm.id: 1, sm.id: 1}
+    # a damaged export is refused, with the file named
+    so = next(out.glob(f"{norm.id}/*.so"))
+    so.write_bytes(so.read_bytes()[:-16] + b"\0" * 16)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "does not match its checksum" in r.stderr and so.name in r.stderr
+
+
+def test_a_build_for_another_arch_falls_back(promoted, tmp_path):
+    ws, norm, sm = promoted
+    man = manifest(ws)
+    e = man.entries[norm.id]
+    e.builds[0].arch = "some-other-cpu"
+    folder = tmp_path / "kernels"
+    import shutil
+
+    shutil.copytree(ws.root / "kernels", folder)
+    man.save(folder)
+    shutil.copytree(folder, tmp_path / "ws2" / "kernels")
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, tmp_path / "ws2", only_faster=False) as applied:
+        torch.testing.assert_close(model(x), wl.get_model()(x))
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert not st[norm.id]["active"] and "no build for cpu/" in st[norm.id]["disabled_reason"]
+    assert st[sm.id]["served"] == 1
+
+
+def test_approval_from_a_search(tmp_path, capsys):
+    """A search finds a kernel faster than eager; it is a pending request with its evidence;
+    --auto approves only what clears its thresholds; a rejection is recorded and not asked again."""
+    from forge_tui.errors import ForgeError
+    from forge_tui.session import Session
+
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n"
+                   "[search]\nmin_gain = 0.0\n")
+    ws, _ = profile_into_workspace(WORKLOAD, tmp_path / "ws", device="cpu", config_path=cfg)
+    norm = next(c for c in ws.cards() if c.kind == "module")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"cards": {norm.id: [str(CPU / "rmsnorm_good.cpp")]}}))
+    session = Session.open(ws.root, cfg).with_search_settings(max_evals=1)
+    with session.search(proposer=f"scripted:{plan}", backend="cpu", cards=[norm.id]) as search:
+        search.run()
+    pending = requests(ws)
+    assert [r.card.id for r in pending] == [norm.id]
+    req = pending[0]
+    assert req.speedup > 1 and "adversarial-zeros" in req.evidence.input_sets and req.evidence.diff
+    # --auto with a bar the kernel does not clear leaves it pending, saying why
+    done, left = approve(ws, auto=__import__("forge_tui.promotion", fromlist=["AutoRule"]).AutoRule(min_speedup=1e6))
+    assert not done and "under the" in left[0][1]
+    assert main(["approve", str(ws.root), "--auto", "--max-spread", "100"]) == 0
+    assert f"approved {norm.id}: {req.node}" in capsys.readouterr().out
+    entry = manifest(ws).entries[norm.id]
+    assert entry.approved_by.startswith("auto") and entry.builds[0].sha256 and entry.evidence.node == req.node
+    assert (ws.root / entry.source).is_file() or (ws.root / "kernels" / entry.source).is_file()
+    with ws.git() as repo:
+        assert "approve" in repo.git("log", "-1", "--format=%s", "main")
+    assert requests(ws) == []  # promoted: no longer pending
+    with pytest.raises(ForgeError, match="no promotion request"):
+        reject(ws, [norm.id])  # nothing pending to reject
+
+
+def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(promoted, monkeypatch, capsys, tmp_path):
+    """forge bench on the CPU: eager and eager + forge (torch.compile skipped to keep the test
+    short), outputs checked; a kernel made slow (5 ms a call) is switched off in the manifest."""
+    import shutil
+    import time
+
+    from forge_tui.workspace import Workspace
+
+    src, norm, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")  # this test switches a kernel off: on a copy
+    ws = Workspace.open(tmp_path / "ws")
+    assert main(["bench", str(WORKLOAD), "-w", str(ws.root), "--no-compile", "--repeats", "5", "--keep-slower"]) == 0
+    out = capsys.readouterr().out
+    assert "eager+forge" in out and "agree" in out
+    real = CardKernel.__call__
+
+    def slow(self, inputs):
+        if self.out_specs[0].shape == list(norm.outputs[0].shape) and len(self.out_specs) == 1 and \
+                len(inputs) == len(norm.inputs):
+            time.sleep(0.005)
+        return real(self, inputs)
+
+    monkeypatch.setattr(CardKernel, "__call__", slow)
+    from forge_tui.e2e import bench
+
+    r = bench(WORKLOAD, ws, device="cpu", repeats=5, with_compile=False, only_faster=False)
+    assert norm.id in r.switched_off and "without" in r.switched_off[norm.id]
+    entry = manifest(ws).entries[norm.id]
+    assert not entry.enabled and entry.disabled_reason == r.switched_off[norm.id]
+    model = load_workload().get_model()
+    with apply(model, ws, only_faster=False) as applied:
+        assert norm.id in applied.skipped and "switched off" in applied.skipped[norm.id]
+        assert norm.id not in applied.guards
