@@ -1,8 +1,12 @@
-"""Comparing outputs: tolerances by dtype, NaN/Inf exactly where the reference has them."""
+"""Comparing outputs: tolerances by dtype, NaN/Inf exactly where the reference has them.
+
+A mismatch names its first few bad elements (index, got, expected): what a person, or the agent,
+needs to see what a wrong kernel does wrong (a NaN row, an off-by-one column, a constant factor).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # (rtol, atol) per dtype: fp32 near 1e-5 relative, half precision near 1e-2. atol is relative to
 # the scale of the reference (its RMS) when a scale is given, so tiny outputs are not free passes.
@@ -18,15 +22,66 @@ def tolerance(dtype_name: str) -> tuple[float, float]:
     return TOLERANCES.get(dtype_name, (0.0, 0.0))
 
 
+FIRST_BAD = 5
+"""How many bad elements a mismatch names."""
+
+
+def _value(v: float | int | bool) -> str:
+    return f"{v:.8g}" if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True)
+class BadElement:
+    """One element outside tolerance: where (the index into the output), what the candidate wrote,
+    what the reference holds."""
+
+    index: tuple[int, ...]
+    got: float | int | bool
+    expected: float | int | bool
+
+    def __str__(self) -> str:
+        return f"[{', '.join(map(str, self.index))}] got {_value(self.got)} expected {_value(self.expected)}"
+
+    def to_json(self) -> dict:
+        return {"index": list(self.index), "got": self.got, "expected": self.expected}
+
+
 @dataclass
 class Mismatch:
     index: int  # which output
     reason: str
     max_abs_err: float = 0.0
     bad_fraction: float = 0.0
+    first: list[BadElement] = field(default_factory=list)
+    """The first bad elements in row-major order (up to FIRST_BAD); none for a shape or dtype mismatch."""
 
     def __str__(self) -> str:
-        return f"output {self.index}: {self.reason}"
+        text = f"output {self.index}: {self.reason}"
+        if self.first:
+            text += "; first bad elements: " + ", ".join(map(str, self.first))
+        return text
+
+
+def first_bad(bad, actual, expected, limit: int = FIRST_BAD) -> list[BadElement]:
+    """The first ``limit`` positions where ``bad`` (a bool tensor shaped like both) is set, with
+    the values there. Scanned in chunks, so a huge output costs no index array of its size."""
+    flat = bad.reshape(-1)
+    found: list[int] = []
+    step = 1 << 22
+    for start in range(0, flat.numel(), step):
+        hits = flat[start:start + step].nonzero()[:limit - len(found)].reshape(-1).tolist()
+        found.extend(start + int(h) for h in hits)
+        if len(found) >= limit:
+            break
+    out = []
+    for pos in found:
+        idx = []
+        for size in reversed(bad.shape):
+            idx.append(pos % size)
+            pos //= size
+        i = tuple(reversed(idx))
+        out.append(BadElement(i, actual[i].item(), expected[i].item()))
+    return out
 
 
 def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: float | None = None,
@@ -51,7 +106,8 @@ def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: f
         bad = (actual != expected)
         n = int(bad.sum())
         if n:
-            return Mismatch(index, f"{n} of {bad.numel()} elements differ", bad_fraction=n / bad.numel())
+            return Mismatch(index, f"{n} of {bad.numel()} elements differ", bad_fraction=n / bad.numel(),
+                            first=first_bad(bad, actual, expected))
         return None
     r, a = tolerance(name)
     rtol = r if rtol is None else rtol
@@ -62,19 +118,25 @@ def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: f
     if nonfinite == "position":
         fin_a = torch.isfinite(act)
         if not torch.equal(fin_e, fin_a):
-            n = int((fin_e != fin_a).sum())
+            wrong = fin_e != fin_a
+            n = int(wrong.sum())
             return Mismatch(index, f"non-finite (NaN or inf) where the reference is finite, or finite where it is not "
-                            f"({n} elements)", bad_fraction=n / max(exp.numel(), 1))
+                            f"({n} elements)", bad_fraction=n / max(exp.numel(), 1),
+                            first=first_bad(wrong, actual, expected))
         act = torch.where(fin_e, act, torch.zeros_like(act))
         exp = torch.where(fin_e, exp, torch.zeros_like(exp))
     nan_e, nan_a = torch.isnan(exp), torch.isnan(act)
     if not torch.equal(nan_e, nan_a):
-        n = int((nan_e != nan_a).sum())
+        wrong = nan_e != nan_a
+        n = int(wrong.sum())
         return Mismatch(index, f"NaN where the reference has none, or missing NaN ({n} elements)",
-                        bad_fraction=n / max(exp.numel(), 1))
+                        bad_fraction=n / max(exp.numel(), 1), first=first_bad(wrong, actual, expected))
     inf_e = torch.isinf(exp)
     if not torch.equal(inf_e, torch.isinf(act)) or not torch.equal(exp[inf_e], act[inf_e]):
-        return Mismatch(index, "Inf where the reference has none, or of the wrong sign")
+        wrong = (inf_e != torch.isinf(act)) | (inf_e & (exp != act))
+        n = int(wrong.sum())
+        return Mismatch(index, "Inf where the reference has none, or of the wrong sign", bad_fraction=n / max(exp.numel(), 1),
+                        first=first_bad(wrong, actual, expected))
     if exp.numel() == 0:
         return None
     s = 1.0 if scale is None else float(scale)
@@ -84,5 +146,6 @@ def compare(actual, expected, index: int = 0, rtol: float | None = None, atol: f
     n = int(bad.sum())
     if n:
         return Mismatch(index, f"{n} of {bad.numel()} elements outside tolerance (max abs error {float(err.max()):.3g}, "
-                        f"rtol {rtol:g}, atol {atol * s:.3g})", max_abs_err=float(err.max()), bad_fraction=n / bad.numel())
+                        f"rtol {rtol:g}, atol {atol * s:.3g})", max_abs_err=float(err.max()), bad_fraction=n / bad.numel(),
+                        first=first_bad(bad, actual, expected))
     return None

@@ -183,6 +183,8 @@ class Evaluation:
         self.threads = self.tcfg.threads or len(os.sched_getaffinity(0))
         self._acc: Accused | None = None
         self._spot: "torch.Generator | None" = None
+        self.sets_passed: list[str] = []
+        """The input sets found correct so far (a failure names the ones before it)."""
 
     def calls_per_sample(self) -> int:
         """How many calls, each on its own fresh inputs, one timed sample holds: enough that a
@@ -266,7 +268,9 @@ class Evaluation:
                     raise CandidateFailure("unwritten", f"{where}: output {k}: {unwritten} of {o.numel()} elements "
                                            "were never written (still hold the poison the evaluator filled in)")
                 raise CandidateFailure("mismatch", f"{where}: {mismatch}",
-                                       {"max_abs_err": mismatch.max_abs_err, "bad_fraction": mismatch.bad_fraction})
+                                       {"max_abs_err": mismatch.max_abs_err, "bad_fraction": mismatch.bad_fraction,
+                                        "where": where, "output": k, "message": mismatch.reason,
+                                        "first_mismatches": [b.to_json() for b in mismatch.first]})
             if _is_constant(o) and not _is_constant(e):
                 raise CandidateFailure("constant", f"{where}: output {k} is constant where the reference is not")
             for j, t in enumerate(ins):
@@ -343,7 +347,10 @@ class Evaluation:
             m = compare(a, b, k, rtol=r, atol=at, scale=_rms(b))
             if m is not None:
                 raise CandidateFailure("nondeterministic", f"{name}: a second run on the same inputs disagrees "
-                                       f"with the first ({m})")
+                                       f"with the first ({m})",
+                                       {"where": name + " (second run)", "output": k, "message": m.reason,
+                                        "first_mismatches": [b.to_json() for b in m.first],
+                                        "compared_with": "the first run"})
             determinism = "within rounding"
         self.check_outputs(name + " (second run)", self.acc.inputs, outs, expected, nonfinite, poison=1)
         degenerate = all(self._constant_passes(e) for e in expected)
@@ -575,6 +582,7 @@ class Evaluation:
             for name, ins in self.input_sets():
                 self.phase("correctness")  # one heartbeat per set: the client's limit is per set
                 results.append(self.check_set(name, ins))
+                self.sets_passed.append(name)
             correctness = {"sets": results, "seed": self.seed,
                            "degenerate_card": bool(results) and all(r["degenerate"] for r in results),
                            "scalars": [[s.name, s.value] for s in self.scalars]}
@@ -605,13 +613,14 @@ def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict)
     try:
         body = ev.run(state["ceilings"], do_timing=req.options.timing)
     except CandidateFailure as fail:
-        return {"status": "rejected", "failure": fail.kind, "reason": str(fail), "detail": fail.detail,
-                "seed": ev.seed, "phase": ev.current_phase, "runner_pid": ev.runner_pid(),
-                "seconds": time.perf_counter() - t0}
+        return {"status": "rejected", "failure": fail.kind, "reason": str(fail),
+                "detail": {**fail.detail, "sets_passed": list(ev.sets_passed)}, "seed": ev.seed,
+                "phase": ev.current_phase, "runner_pid": ev.runner_pid(), "seconds": time.perf_counter() - t0}
     except CandidateProcessError as exc:
         status, failure = PROCESS_FAILURES.get(exc.kind, ("error", exc.kind))
         return {"status": status, "failure": failure, "reason": str(exc), "seed": ev.seed,
-                "phase": ev.current_phase, "runner_pid": ev.runner_pid(), "seconds": time.perf_counter() - t0}
+                "detail": {"sets_passed": list(ev.sets_passed)}, "phase": ev.current_phase,
+                "runner_pid": ev.runner_pid(), "seconds": time.perf_counter() - t0}
     except FatalDeviceError:
         raise
     except Exception as exc:  # noqa: BLE001 - an exception from the harness itself, reported as such
