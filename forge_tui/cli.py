@@ -100,7 +100,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .search.events import EventBus, StoreDamaged
+    from .search.events import AgentStep, EventBus, StoreDamaged
     from .session import Session
 
     session = Session.open(args.workspace, args.config).with_search_settings(
@@ -110,10 +110,12 @@ def cmd_search(args) -> int:
         print(f"removed {session.discard_search()} search refs", file=sys.stderr)
     bus = EventBus()
     if not args.quiet:
-        bus.subscribe(lambda e: e.persistent and print(e.line(), flush=True))
+        bus.subscribe(lambda e: (e.persistent or isinstance(e, AgentStep)) and print(e.line(), flush=True))
     # damaged records: one line each on stderr (quiet or not), and the search goes on without them
     bus.subscribe(lambda e: isinstance(e, StoreDamaged) and print(e.line(), file=sys.stderr, flush=True))
     with session.search(proposer=args.proposer, backend=args.backend, cards=args.cards, bus=bus) as search:
+        if not args.quiet:
+            print(session.notes[-1], flush=True)
         summary = search.run(resume=args.resume or args.fresh)
     for cid, why in summary.skipped.items():
         print(f"skipped {cid}: {why}")
@@ -281,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--resume", action="store_true", help="continue the search recorded in the workspace")
     sp.add_argument("--fresh", action="store_true", help="discard the recorded search and start again")
     sp.add_argument("--cards", nargs="+", metavar="ID", help="only these cards (ids or prefixes)")
-    sp.add_argument("--proposer", default="auto", help="auto, templates, or scripted:PLAN.json")
+    sp.add_argument("--proposer", default="auto", help="auto (the LLM agent where a provider or API key is set, "
+                    "else the templates), agent, templates, or scripted:PLAN.json")
     sp.add_argument("--backend", choices=["auto", "cuda", "cpu"], default=None)
     sp.add_argument("--max-evals", type=int)
     sp.add_argument("--evals-per-card", type=int)

@@ -109,11 +109,55 @@ class SearchConfig(_Section):
     """A card stops after this many proposer failures in a row (an LLM API that keeps failing)."""
 
 
+class AgentConfig(_Section):
+    """The LLM agent. The API key is read from the environment variable ``api_key_env`` names
+    (never from this file)."""
+
+    provider: Literal["auto", "none", "anthropic", "openai", "openai-compatible"] = "auto"
+    """auto: Anthropic when ANTHROPIC_API_KEY is set, else OpenAI when OPENAI_API_KEY is, else no
+    agent (the offline proposers); none: never the agent."""
+    model: str = ""
+    """The provider's model name; empty: the provider's default (see forge_tui/agent/pricing.py)."""
+    base_url: str = ""
+    """An OpenAI-compatible server's URL (vLLM, Ollama, llama.cpp: required for openai-compatible),
+    or a proxy in front of Anthropic's or OpenAI's API."""
+    api_key_env: str = ""
+    """The environment variable holding the key; empty: ANTHROPIC_API_KEY or OPENAI_API_KEY (an
+    OpenAI-compatible server without one needs none)."""
+    input_usd_per_mtok: float | None = None
+    """Price of a million input tokens; unset: the built-in table's price for the model (a model
+    the table does not know must be priced here, 0 for a local server)."""
+    output_usd_per_mtok: float | None = None
+    cache_read_usd_per_mtok: float | None = None
+    """Unset: a tenth of the input price."""
+    cache_write_usd_per_mtok: float | None = None
+    """Unset: 1.25 times the input price."""
+    max_output_tokens: int = Field(8192, ge=256)
+    """Output tokens one query may use (less when a limit is near)."""
+    request_timeout_s: float = Field(300.0, gt=0)
+    retries: int = Field(4, ge=0)
+    """Retries of one query on 429, 5xx, timeouts and lost connections, with backoff."""
+    failures: int = Field(3, ge=1)
+    """Conversations in a row that the provider made fail before the agent stops for the run (the
+    search goes on with the other proposers)."""
+    max_tool_calls: int = Field(40, ge=1)
+    """Per expansion (one conversation, one child)."""
+    max_tokens: int = Field(600_000, ge=1000)
+    """Input and output tokens per expansion, over all its queries."""
+    max_wall_s: float = Field(1200.0, gt=0)
+    """Wall time of one expansion."""
+    max_cost_usd: float = Field(2.0, ge=0)
+    """Money per expansion."""
+    max_cost_per_card_usd: float = Field(8.0, ge=0)
+    """Money per card over every run (the whole run's cap is [search] max_cost_usd)."""
+
+
 class ForgeConfig(_Section):
     timing: TimingConfig = TimingConfig()
     profile: ProfileConfig = ProfileConfig()
     evaluator: EvaluatorConfig = EvaluatorConfig()
     search: SearchConfig = SearchConfig()
+    agent: AgentConfig = AgentConfig()
 
 
 def _describe(err: ValidationError, source: str) -> str:
@@ -167,6 +211,9 @@ def to_toml(cfg: ForgeConfig) -> str:
     for section, model in cfg:
         lines.append(f"[{section}]")
         for key, value in model:
+            if value is None:
+                lines.append(f"# {key} =  (unset)")
+                continue
             if isinstance(value, bool):
                 text = "true" if value else "false"
             elif isinstance(value, (int, float)):

@@ -8,7 +8,6 @@ on it (the proposer, the evaluation pool, the search), built the same way for bo
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +17,17 @@ from .config import ForgeConfig, discover_config
 from .errors import ForgeError
 
 if TYPE_CHECKING:
+    from .agent.proposer import AgentProposer
     from .evaluator import Evaluator
     from .profiler.run import ProfileResult
     from .search.events import EventBus
     from .search.pool import LocalEvalPool
     from .search.proposer import Proposer
     from .search.runner import Search
+    from .templates.proposer import TemplateProposer
     from .workspace import Workspace
 
-PROPOSERS = ("auto", "templates", "agent", "scripted:PLAN.json")
+PROPOSERS = ("auto", "agent", "templates", "scripted:PLAN.json")
 
 
 @dataclass
@@ -86,18 +87,25 @@ class Session:
         return "cpu" if self.workspace.meta.get("device") == "cpu" else None
 
     def proposer(self, spec: str = "auto") -> ProposerChoice:
-        """``auto``: the LLM agent when a provider is configured and its API key is in the
-        environment, else the built-in templates; ``templates``; ``scripted:PLAN.json``."""
-        from .search.proposer import ScriptedProposer
+        """``auto``: the LLM agent (with the built-in templates as its fallback) when a provider is
+        configured or an API key is in the environment, else the built-in templates; ``agent``:
+        the agent or an error saying why not; ``templates``; ``scripted:PLAN.json``."""
+        from .agent import resolve
+        from .search.proposer import CombinedProposer, ScriptedProposer
         from .templates.proposer import TemplateProposer
 
         if spec == "templates":
             return ProposerChoice(TemplateProposer(), "the built-in templates (asked for)")
-        if spec == "auto":
-            why = self._agent_unavailable()
-            return ProposerChoice(TemplateProposer(), f"the built-in templates ({why})")
-        if spec == "agent":
-            raise ForgeError(f"the LLM agent is not available: {self._agent_unavailable()}")
+        if spec in ("auto", "agent"):
+            cfg, why = resolve(self.config.agent)
+            if cfg is None:
+                if spec == "agent":
+                    raise ForgeError(f"the LLM agent is not available: {why}")
+                return ProposerChoice(TemplateProposer(), f"the built-in templates ({why})")
+            templates = TemplateProposer()
+            agent = self.agent(template=templates)
+            return ProposerChoice(CombinedProposer(agent, templates),
+                                  f"the LLM agent ({agent.describe()}; {why}) with the built-in templates")
         if spec.startswith("scripted:"):
             path = Path(spec.split(":", 1)[1])
             if not path.is_file():
@@ -105,12 +113,11 @@ class Session:
             return ProposerChoice(ScriptedProposer.from_file(path), f"the scripted plan {path}")
         raise ForgeError(f"unknown proposer '{spec}' (available: {', '.join(PROPOSERS)})")
 
-    @staticmethod
-    def _agent_unavailable() -> str:
-        keys = [k for k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY") if os.environ.get(k)]
-        if not keys:
-            return "no LLM API key in the environment"
-        return "the LLM agent is not built into this version yet"
+    def agent(self, *, template: "TemplateProposer | None" = None, provider: Any = None) -> "AgentProposer":
+        """The LLM agent for this workspace (ConfigError naming the cause when it cannot be built)."""
+        from .agent import build_agent
+
+        return build_agent(self.config, self.workspace.root, template=template, provider=provider)
 
     def evaluator(self, backend: str | None = None) -> "Evaluator":
         from .evaluator import Evaluator

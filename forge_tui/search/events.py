@@ -100,9 +100,54 @@ class CardFinished(SearchEvent):
 class ProposerFailed(SearchEvent):
     kind: Literal["proposer_failed"] = "proposer_failed"
     reason: str = ""
+    proposer: str = ""
+    cost_usd: float = 0.0
+    """What the failed expansion spent (an LLM conversation that ended without a child)."""
+    conversation: str = ""
+    stopped: bool = False
+    """The proposer stopped for the run (the search goes on with the others)."""
 
     def line(self) -> str:
-        return f"[{self.seq:5d}] {self.card} proposer failed at {self.node}: {self.reason}"
+        cost = f" (${self.cost_usd:.4f})" if self.cost_usd else ""
+        return f"[{self.seq:5d}] {self.card} proposer {self.proposer or ''} failed at {self.node}{cost}: {self.reason}"
+
+
+class AgentInterrupted(SearchEvent):
+    """A conversation that an earlier run left unfinished (killed mid-conversation): its transcript
+    is kept on the log and its spending counted."""
+
+    kind: Literal["agent_interrupted"] = "agent_interrupted"
+    conversation: str = ""
+    cost_usd: float = 0.0
+    queries: int = 0
+
+    def line(self) -> str:
+        return (f"[{self.seq:5d}] {self.card} conversation {self.conversation} at {self.node} was interrupted "
+                f"({self.queries} queries, ${self.cost_usd:.4f}); its transcript is kept")
+
+
+class AgentStep(SearchEvent):
+    """One query of an agent's conversation and the tools it called: tokens and money per call,
+    and the running totals of the conversation, the card and the run."""
+
+    persistent: ClassVar[bool] = False
+    kind: Literal["agent_step"] = "agent_step"
+    conversation: str = ""
+    step: int = 0
+    tools: list[str] = Field(default_factory=list)
+    summary: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cost_usd: float = 0.0
+    conversation_cost_usd: float = 0.0
+    card_cost_usd: float = 0.0
+    run_cost_usd: float = 0.0
+
+    def line(self) -> str:
+        return (f"[{self.seq:5d}] {self.card} agent {self.conversation} step {self.step}: {self.summary[:120]} "
+                f"[{self.input_tokens}+{self.output_tokens} tok, ${self.cost_usd:.4f}; conversation "
+                f"${self.conversation_cost_usd:.4f}, card ${self.card_cost_usd:.4f}, run ${self.run_cost_usd:.4f}]")
 
 
 class PromotionRequested(SearchEvent):
@@ -160,11 +205,12 @@ class OtherEvent(SearchEvent):
 
 
 Event = Annotated[Union[SearchStarted, NodeAdded, BestImproved, CardFinished, ProposerFailed, PromotionRequested,
-                        SearchStopped, NodeStarted, BudgetSpent, StoreDamaged], Field(discriminator="kind")]
+                        SearchStopped, NodeStarted, BudgetSpent, StoreDamaged, AgentInterrupted, AgentStep],
+                  Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 KINDS = {cls.model_fields["kind"].default: cls for cls in
          (SearchStarted, NodeAdded, BestImproved, CardFinished, ProposerFailed, PromotionRequested, SearchStopped,
-          NodeStarted, BudgetSpent, StoreDamaged)}
+          NodeStarted, BudgetSpent, StoreDamaged, AgentInterrupted, AgentStep)}
 PERSISTENT = tuple(k for k, cls in KINDS.items() if cls.persistent)
 TRANSIENT = tuple(k for k, cls in KINDS.items() if not cls.persistent)
 

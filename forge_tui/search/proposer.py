@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..cards import Card, id_matches
 from ..evaluator.result import EvalResult
@@ -50,6 +50,16 @@ class ProposalContext:
     """The card's reference as Python (what eager computes)."""
     tree_moves: list[str] = field(default_factory=list)
     """The move of every node already in this card's tree."""
+    # what the search lends a proposer that works with tools (the LLM agent); None in tests and
+    # for proposers that do not need them
+    pool: Any = None
+    """The search's EvalPool (compile, run the tests, profile)."""
+    ledger: Any = None
+    """The search's money Ledger (caps per card and per run)."""
+    emit: Callable[[Any], None] | None = None
+    """Publish a transient event (progress) from the proposer's thread."""
+    seq: int = 0
+    """The search's sequence number when the expansion started (for the events)."""
 
 
 @dataclass
@@ -60,6 +70,27 @@ class Proposal:
     meta: dict[str, Any] = field(default_factory=dict)
     transcript: list | None = None
     cost_usd: float = 0.0
+    proposer: str | None = None
+    """Which proposer wrote it, when one proposer combines several (recorded on the node)."""
+    charged: bool = False
+    """``cost_usd`` went through the search's ledger already (the agent reserves and settles every
+    query); otherwise the search charges it when it records the node."""
+
+
+class ProposerFailure(Exception):
+    """An expansion that produced no child but has a record to keep: the conversation (``transcript``)
+    and what it cost. ``stopped``: the proposer will make no more calls this run (a provider that
+    keeps failing): the search goes on with what else it has and does not count this against
+    the card."""
+
+    def __init__(self, reason: str, *, transcript: list | None = None, cost_usd: float = 0.0,
+                 proposer: str | None = None, conversation: str | None = None, stopped: bool = False) -> None:
+        super().__init__(reason)
+        self.transcript = transcript
+        self.cost_usd = cost_usd
+        self.proposer = proposer
+        self.conversation = conversation
+        self.stopped = stopped
 
 
 class Proposer(Protocol):
@@ -128,3 +159,43 @@ class ScriptedProposer:
             return Proposal(source=source, move=move, meta={"entry": i}, cost_usd=float(entry.get("cost_usd", 0.0)))
         self._used[ctx.card.id] = i
         return None
+
+
+class CombinedProposer:
+    """The LLM agent with a fallback (the templates): the agent writes the children of every node,
+    except the root's first child where the fallback serves the card (its heuristic choice, cheap
+    and strong, gives the agent a kernel to improve on); the fallback takes over where the agent
+    has nothing (it stopped: a provider that keeps failing, a money cap reached)."""
+
+    def __init__(self, agent: Any, fallback: Any) -> None:
+        self.agent = agent
+        self.fallback = fallback
+        self.name = f"{agent.name}+{fallback.name}"
+
+    def supports(self, card: Card, backend: str) -> str | None:
+        a = self.agent.supports(card, backend)
+        f = self.fallback.supports(card, backend)
+        return None if a is None or f is None else f"{a}; {f}"
+
+    def propose(self, ctx: ProposalContext) -> Proposal | None:
+        order = [self.agent, self.fallback]
+        if ctx.parent.id == "root" and not ctx.children and self.fallback.supports(ctx.card, ctx.backend) is None:
+            order.reverse()
+        for p in order:
+            if p.supports(ctx.card, ctx.backend) is not None:
+                continue
+            proposal = p.propose(ctx)
+            if proposal is not None:
+                proposal.proposer = proposal.proposer or p.name
+                return proposal
+        return None
+
+    # the agent's working files (see AgentProposer)
+    def recorded(self, conversation: str) -> None:
+        fn = getattr(self.agent, "recorded", None)
+        if fn is not None:
+            fn(conversation)
+
+    def interrupted(self) -> list:
+        fn = getattr(self.agent, "interrupted", None)
+        return fn() if fn is not None else []

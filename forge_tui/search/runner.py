@@ -27,8 +27,9 @@ from ..workspace import Workspace
 from .budget import CardBudget, pick
 from .events import BudgetSpent, EventBus, NodeStarted, SearchEvent, StoreDamaged
 from .history import History
+from .ledger import Ledger
 from .pool import EvalPool
-from .proposer import NodeView, Proposal, ProposalContext, Proposer
+from .proposer import NodeView, Proposal, ProposalContext, Proposer, ProposerFailure
 from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
 from .uct import select
@@ -81,7 +82,9 @@ class Search:
         self.taken: dict[str, set[str]] = {}
         """Per card, node ids a new node must not take (every branch name seen, damaged ones too)."""
         self.evals_total = 0
-        self.cost_total = 0.0
+        self.ledger = Ledger(self.scfg.max_cost_usd, cfg.agent.max_cost_per_card_usd or None)
+        """Money: what every run spent (from the history) and what queries in flight may spend."""
+        self._recheck_support = False
         self.git_s = 0.0
         self._repo_cm = None
         self.store: SearchStore | None = None
@@ -89,6 +92,8 @@ class Search:
         self.git_failure: str | None = None
         """Why git failed, when it did: the search then stopped, every finished node kept."""
         self._main_commit = ""
+        self._conversations: set[str] = set()
+        """Agent conversations already recorded (on a node or in the log)."""
 
     # ---- events --------------------------------------------------------------------------------
     def _publish(self, events: list[SearchEvent]) -> None:
@@ -100,6 +105,10 @@ class Search:
         self.damaged.append(d)
         self.bus.publish(StoreDamaged(seq=self.seq, card=d.card, node=d.node, ref=d.ref, what=d.what,
                                       commit=d.commit, skipped=d.skipped, text=d.line))
+
+    @property
+    def cost_total(self) -> float:
+        return self.ledger.spent
 
     def request_stop(self, reason: str = "stopped by the user") -> None:
         """Thread-safe: the loop stops starting new evaluations and records why."""
@@ -137,7 +146,6 @@ class Search:
         b = self.budgets.get(rec.card)
         if rec.node != ROOT:
             self.evals_total += 1
-            self.cost_total += rec.cost_usd
             if b is not None:
                 b.evals += 1
                 if rec.status in ("passed",) and rec.speedup:
@@ -169,8 +177,16 @@ class Search:
         for _, _, rec in items:
             if isinstance(rec, NodeRecord):
                 self._apply_node(rec)
+                self.ledger.charge(rec.card, rec.cost_usd)
+                if rec.conversation:
+                    self._conversations.add(rec.conversation)
             else:
                 self.history.log(rec)
+                cost = rec.data.get("cost_usd") if rec.kind in ("proposer_failed", "agent_interrupted") else None
+                if isinstance(cost, (int, float)) and cost > 0:
+                    self.ledger.charge(rec.card or "", float(cost))
+                if rec.data.get("conversation"):
+                    self._conversations.add(str(rec.data["conversation"]))
                 if rec.kind == "card_finished" and rec.card in self.budgets:
                     self.budgets[rec.card].finished = rec.data.get("reason", "finished")
         for cid in list(self.cards):  # a damaged root (or one gone that nodes still name) is never replaced
@@ -183,10 +199,11 @@ class Search:
         self.seq += 1
         return self.seq
 
-    def _log(self, kind: str, card: str | None = None, node: str | None = None, **data: Any) -> None:
+    def _log(self, kind: str, card: str | None = None, node: str | None = None, *,
+             files: dict[str, bytes] | None = None, **data: Any) -> None:
         rec = LogRecord(self._next_seq(), kind, card, node, data, "")
         t0 = time.perf_counter()
-        self._store.write_log(rec)
+        self._store.write_log(rec, files)
         self.git_s += time.perf_counter() - t0
         self._publish(self.history.log(rec))
 
@@ -279,11 +296,14 @@ class Search:
             children=[self._view(card.id, n) for n in children],
             reference_source=(self._source(card.id, tree.root) or "") if tree.root is not None else "",
             tree_moves=[n.move for n in nodes],
+            pool=self.pool, ledger=self.ledger, emit=self.bus.publish, seq=self.seq,
         )
 
     def _task(self, card: Card, ctx: ProposalContext) -> tuple[str, object, object]:
         try:
             proposal = self.proposer.propose(ctx)
+        except ProposerFailure as exc:  # no child, but a conversation to keep
+            return "proposer_failed", exc, None
         except Exception as exc:  # noqa: BLE001 - an LLM API that fails must not stop the search
             return "proposer_failed", f"{type(exc).__name__}: {exc}", None
         if proposal is None:
@@ -317,9 +337,10 @@ class Search:
     def _write_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> None:
         node_id = self._new_id(card.id)
         speedup = result.speedup_vs_eager if result.passed else None
+        conversation = str(proposal.meta.get("conversation") or "")
         rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.status, speedup,
-                         proposal.move, getattr(self.proposer, "name", "?"), proposal.cost_usd,
-                         result.reason, "")
+                         proposal.move, str(proposal.proposer or getattr(self.proposer, "name", "?")), proposal.cost_usd,
+                         result.reason, "", conversation)
         files = {SOURCE_NAME.get(self.backend, "candidate.cu"): proposal.source.encode(),
                  "result.json": result.to_json().encode(),
                  "node.json": json.dumps({"card": card.id, "node": node_id, "parent": parent.id, "move": proposal.move,
@@ -327,9 +348,59 @@ class Search:
                                           "cost_usd": proposal.cost_usd}, indent=1, default=str).encode()}
         if proposal.transcript is not None:
             files["transcript.json"] = json.dumps(proposal.transcript, indent=1, default=str).encode()
+        if not proposal.charged:
+            self.ledger.charge(card.id, proposal.cost_usd)
         self._commit_node(rec, files, parent.commit)
         self.sources[(card.id, node_id)] = proposal.source
         self.results[(card.id, node_id)] = result
+        if conversation:
+            self._conversations.add(conversation)
+            self._forget_conversation(conversation)
+
+    # ---- the agent's conversations ----------------------------------------------------------------
+    def _forget_conversation(self, conversation: str) -> None:
+        """Its record is committed: the proposer may drop its working files."""
+        done = getattr(self.proposer, "recorded", None)
+        if done is not None:
+            done(conversation)
+
+    def _failed(self, card: Card, parent: Node, failure: object) -> None:
+        budget = self.budgets[card.id]
+        if not isinstance(failure, ProposerFailure):
+            budget.failures_in_row += 1
+            self._log("proposer_failed", card.id, parent.id, reason=str(failure)[:500],
+                      proposer=getattr(self.proposer, "name", "?"))
+            return
+        if failure.stopped:  # the proposer gave up for the run: not the card's fault
+            self._recheck_support = True
+        else:
+            budget.failures_in_row += 1
+        files = None
+        if failure.transcript is not None:
+            files = {"transcript.json": json.dumps(failure.transcript, indent=1, default=str).encode()}
+        self._log("proposer_failed", card.id, parent.id, files=files, reason=str(failure)[:500],
+                  proposer=failure.proposer or getattr(self.proposer, "name", "?"), cost_usd=failure.cost_usd,
+                  conversation=failure.conversation or "", stopped=failure.stopped)
+        if failure.conversation:
+            self._conversations.add(failure.conversation)
+            self._forget_conversation(failure.conversation)
+
+    def _recover_conversations(self) -> None:
+        """Record what conversations of an earlier run left behind when it was killed mid-way: the
+        transcript on the log, the money spent in the ledger."""
+        find = getattr(self.proposer, "interrupted", None)
+        if find is None:
+            return
+        for item in find():
+            conv = str(item["conversation"])
+            if conv not in self._conversations:
+                card = item.get("card") or None
+                files = {"transcript.json": json.dumps(item["transcript"], indent=1, default=str).encode()}
+                self._log("agent_interrupted", card, item.get("node") or None, files=files, conversation=conv,
+                          cost_usd=float(item["cost_usd"]), queries=int(item.get("queries", 0)))
+                self.ledger.charge(card or "", float(item["cost_usd"]))
+                self._conversations.add(conv)
+            self._forget_conversation(conv)
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _limits(self, t_start: float) -> str | None:
@@ -349,6 +420,13 @@ class Search:
             self._log("card_finished", b.card.id, reason=reason, evals=b.evals, best_speedup=b.best_speedup)
 
     def _schedule(self, in_flight_cards: dict[str, int]) -> tuple[Card, Node] | None:
+        if self._recheck_support:  # a proposer stopped: cards nothing else serves finish, saying why
+            self._recheck_support = False
+            for b in self.budgets.values():
+                if b.finished is None and not in_flight_cards.get(b.card.id):
+                    why = self.proposer.supports(b.card, self.backend)
+                    if why:
+                        self._finish_card(b, why)
         for b in self.budgets.values():
             b.in_flight = in_flight_cards.get(b.card.id, 0)
             if b.finished is None and b.in_flight == 0:
@@ -388,6 +466,7 @@ class Search:
             self._log("search_started", **started)
             for card in self.cards.values():
                 self._ensure_root(card)
+            self._recover_conversations()
             stopped = self._loop(t_start)
             try:
                 self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
@@ -447,8 +526,7 @@ class Search:
                         elif kind == "exhausted":
                             parent.expandable = False
                         else:
-                            budget.failures_in_row += 1
-                            self._log("proposer_failed", card.id, parent.id, reason=str(a)[:500])
+                            self._failed(card, parent, a)
                     except WorkspaceError as err:
                         # git failed (disk full, a damaged object store, permissions): stop with
                         # every node finished so far kept; the evaluations in flight are lost

@@ -48,6 +48,8 @@ class NodeRecord:
     cost_usd: float
     reason: str
     commit: str
+    conversation: str = ""
+    """The agent's conversation that wrote the node (its transcript is the node's transcript.json)."""
 
 
 @dataclass
@@ -179,7 +181,7 @@ def parse_node(ref: str, commit: str, message: str) -> NodeRecord | Damage:
     assert not isinstance(speedup, str) and not isinstance(cost, str)  # returned as damage above
     return NodeRecord(seq=seq, card=card, node=node, parent=parent, status=t["Forge-Status"], speedup=speedup,
                       move=t.get("Forge-Move", ""), proposer=t["Forge-Proposer"], cost_usd=cost or 0.0,
-                      reason=t.get("Forge-Reason", ""), commit=commit)
+                      reason=t.get("Forge-Reason", ""), commit=commit, conversation=t.get("Forge-Conversation", ""))
 
 
 def parse_log(commit: str, message: str) -> LogRecord | Damage:
@@ -313,6 +315,8 @@ class SearchStore:
             "Forge-Proposer": rec.proposer or "none", "Forge-Cost": repr(float(rec.cost_usd)),
             "Forge-Move": _one_line(rec.move), "Forge-Reason": _one_line(rec.reason)[:300],
         }
+        if rec.conversation:
+            trailers["Forge-Conversation"] = rec.conversation
         subject = f"{rec.card} {rec.node}: {rec.status}" + (f" {rec.speedup:.3f}x" if rec.speedup else "")
         parents = [base_commit]
         commit = self.writer.commit_files(base_commit, FOLDER, files, parents, format_message(subject, rec.move, trailers))
@@ -320,12 +324,13 @@ class SearchStore:
         rec.commit = commit
         return commit
 
-    def write_log(self, rec: LogRecord) -> str:
+    def write_log(self, rec: LogRecord, files: dict[str, bytes] | None = None) -> str:
+        """Append an event to the log; ``files`` are kept with it (an agent's transcript)."""
         trailers = {"Forge-Event": rec.kind, "Forge-Seq": rec.seq, "Forge-Card": rec.card or "none",
                     "Forge-Node": rec.node or "none", "Forge-Data": json.dumps(rec.data, sort_keys=True, default=str)}
         subject = f"{rec.kind}" + (f" {rec.card}" if rec.card else "") + (f" {rec.node}" if rec.node else "")
         files = {"event.json": json.dumps({"kind": rec.kind, "seq": rec.seq, "card": rec.card, "node": rec.node,
-                                           "data": rec.data}, indent=1, default=str).encode()}
+                                           "data": rec.data}, indent=1, default=str).encode(), **(files or {})}
         # The log is a chain of its own (no link to main): it holds events, not the workspace.
         if self._log_head is not None and self._log_parent is None:
             self._keep_unreadable_log()

@@ -42,6 +42,15 @@ class TemplateProposer:
             return f"the {fam.name} templates have no valid configuration for this shape"
         return None
 
+    def first_kernel(self, card: Card, backend: str) -> str | None:
+        """The source of the family's first choice for the card (what the root's first template child
+        is), or None where no family serves it: the LLM agent starts from it."""
+        fam, m = match(card)
+        if fam is None or m is None or not self._valid_points(fam, m, backend, self.device, limit=1):
+            return None
+        p = fam.initial(m, backend, self.device)
+        return fam.render(m, p, backend, self.device) if fam.valid(m, p, backend, self.device) else None
+
     @staticmethod
     def _valid_points(fam: Family, m: Match, backend: str, device: DeviceProps, limit: int | None = None) -> list[dict]:
         axes = fam.axes(m, backend, device)

@@ -1,0 +1,59 @@
+"""The LLM agent: a tool-using kernel engineer (``loop.py``) behind the Proposer interface
+(``proposer.py``), speaking to Anthropic, OpenAI or any OpenAI-compatible server (``providers.py``),
+with every query's cost bounded before it is made (``pricing.py``, ``forge_tui.search.ledger``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..config import AgentConfig, ForgeConfig
+
+if TYPE_CHECKING:
+    from ..templates.proposer import TemplateProposer
+    from .proposer import AgentProposer
+
+AUTO_ORDER = (("anthropic", "ANTHROPIC_API_KEY"), ("openai", "OPENAI_API_KEY"))
+
+
+def resolve(cfg: AgentConfig, environ: Mapping[str, str] = os.environ) -> tuple[AgentConfig | None, str]:
+    """The ``[agent]`` settings with a concrete provider, or None and why there is no agent."""
+    if cfg.provider == "none":
+        return None, '[agent] provider is "none"'
+    if cfg.provider != "auto":
+        return cfg, f"[agent] provider {cfg.provider}"
+    for provider, var in AUTO_ORDER:
+        if environ.get(cfg.api_key_env or var):
+            return cfg.model_copy(update={"provider": provider}), f"{cfg.api_key_env or var} is set"
+    return None, "no LLM API key in the environment (ANTHROPIC_API_KEY or OPENAI_API_KEY)"
+
+
+def build_agent(config: ForgeConfig, workspace_root: Path, *, environ: Mapping[str, str] = os.environ,
+                template: "TemplateProposer | None" = None, provider: Any = None) -> "AgentProposer":
+    """The agent for a workspace; ConfigError (naming the cause) when it cannot be built: no key,
+    an unknown price, an OpenAI-compatible provider without a URL. ``provider`` replaces the one
+    the configuration names (tests, replays)."""
+    import json
+
+    from ..errors import ConfigError
+    from ..templates.device import detect_device
+    from .pricing import price_for
+    from .proposer import AgentProposer
+    from .providers import make_provider, redact
+
+    cfg, why = resolve(config.agent, environ)
+    if cfg is None and provider is None:
+        raise ConfigError(f"the LLM agent is not available: {why}")
+    cfg = cfg or config.agent.model_copy(update={"provider": "openai-compatible"})
+    price = price_for(cfg)
+    prov = provider if provider is not None else make_provider(cfg, environ)
+    try:
+        profile = json.loads((workspace_root / "profile.json").read_text())
+    except (OSError, ValueError):
+        profile = {}
+    names = [cfg.api_key_env] if cfg.api_key_env else []
+    return AgentProposer(config.model_copy(update={"agent": cfg}), prov, price,
+                         workdir_root=workspace_root / ".forge" / "agent", profile=profile, gpu=detect_device(),
+                         template=template, redact=lambda text: redact(text, environ, names))
