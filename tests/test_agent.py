@@ -455,3 +455,55 @@ def test_session_picks_the_agent_only_with_a_provider(tmp_path, monkeypatch):
     assert choice.proposer.name == "agent+templates" and "ANTHROPIC_API_KEY is set" in choice.why
     assert "sk-ant-test" not in choice.why
     os.environ.pop("ANTHROPIC_API_KEY")
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai-compatible"])
+def test_agent_through_the_real_sdk_clients_against_a_fake_server(tmp_path, provider):
+    """The providers' real code paths inside a search: the SDK client, its retry on 429, the wire
+    format of tool calls and results, usage and money, the key kept out of every record."""
+    from fake_llm import FakeLLM, anthropic_message, error, openai_completion
+    from search_helpers import FakePool, make_workspace, synthetic_card
+
+    from forge_tui.agent import build_agent
+    from forge_tui.search.runner import Search
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("_softmax-aa", 0.5, 10.0, 1.0)])
+    key = "sk-fake-" + "k" * 40
+    with FakeLLM() as fake:
+        agent_cfg = {"provider": provider, "model": "m", "base_url": fake.base_url if provider == "anthropic"
+                     else fake.openai_base_url, "input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0,
+                     "api_key_env": "FORGE_TEST_KEY", "retries": 2}
+        cfg = parse_config({"search": {"max_evals": 1, "parallel": 1}, "agent": agent_cfg})
+        source = "// kernel\n" + FIXED
+        if provider == "anthropic":
+            replies = [anthropic_message("writing", [("t1", "write_file", {"path": "candidate.cpp", "content": source}),
+                                                     ("t2", "compile", {})], input_tokens=1000, output_tokens=100),
+                       error(429, "slow down", retry_after_ms=1),
+                       anthropic_message("", [("t3", "submit", {"move": "naive rows"})], input_tokens=2000,
+                                         output_tokens=50)]
+        else:
+            replies = [openai_completion("writing", [("t1", "write_file", {"path": "candidate.cpp", "content": source}),
+                                                     ("t2", "compile", {})], prompt_tokens=1000, completion_tokens=100),
+                       error(429, "slow down", retry_after_ms=1),
+                       openai_completion(None, [("t3", "submit", {"move": "naive rows"})], prompt_tokens=2000,
+                                         completion_tokens=50)]
+        fake.reply(*replies)
+        agent = build_agent(cfg, ws.root, environ={"FORGE_TEST_KEY": key})
+        rec = Recorder()
+        search = Search(ws, cfg, agent, FakePool())
+        search.bus.subscribe(rec)
+        summary = search.run()
+    assert len(fake.requests) == 3  # two queries, the second answered 429 first and retried by the SDK
+    node = next(e for e in rec.events if isinstance(e, NodeAdded) and not e.is_root)
+    assert node.status == "passed" and node.move == "agent: naive rows"
+    assert summary.cost_usd == pytest.approx((3000 * 3.0 + 150 * 15.0) / 1e6)
+    last = fake.requests[-1].body
+    if provider == "anthropic":
+        results = [b for b in last["messages"][-1]["content"] if b["type"] == "tool_result"]
+        assert [b["tool_use_id"] for b in results] == ["t1", "t2"] and last["tools"][0]["input_schema"]["type"] == "object"
+    else:
+        assert [m["tool_call_id"] for m in last["messages"] if m["role"] == "tool"] == ["t1", "t2"]
+        assert last["tools"][0]["type"] == "function"
+    transcript = git(ws, "show", f"search/{node.card}/{node.node}:candidate/transcript.json")
+    assert key not in transcript and "compile" in transcript
+    assert key not in git(ws, "log", "--all", "-p")
