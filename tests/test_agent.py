@@ -302,10 +302,24 @@ def git(ws, *args) -> str:
 def test_agent_conversation_end_to_end_on_the_cpu_evaluator(softmax_ws):
     from forge_tui.agent import build_agent
 
+    from forge_tui.templates.proposer import TemplateProposer
+
     cfg = parse_config(AGENT_CFG)
     prov = ScriptedProvider(softmax_conversation())
-    agent = build_agent(cfg, softmax_ws.root, provider=prov, environ={})
+    agent = build_agent(cfg, softmax_ws.root, provider=prov, environ={}, template=TemplateProposer())
     summary, rec, search = run_search(softmax_ws, cfg, agent, fresh=True)
+
+    # what the model was told: the rules the judge enforces, the card, the reference, the machine,
+    # the lineage, and the template library's kernel for the card
+    first = prov.calls[0]
+    assert "Every element of every output must be written" in first.system and "candidate.cpp" in first.system
+    task = first.messages[0].text
+    for piece in ("Card `_softmax", "shape [16, 512] stride [512, 1] (contiguous)", "aten._softmax.default",
+                  "backend cpu", "measured copy bandwidth", "no kernel has passed yet", "template.cpp",
+                  "forge_kernel.h (read-only)"):
+        assert piece in task, piece
+    assert {t.name for t in first.tools} == {"read_file", "write_file", "edit_file", "list_files", "compile",
+                                              "run_tests", "profile", "submit"}
 
     assert summary.evaluations == 1 and len(prov.calls) == 7
     node = next(e for e in rec.events if isinstance(e, NodeAdded) and not e.is_root)
