@@ -301,7 +301,6 @@ def git(ws, *args) -> str:
 @pytest.mark.slow
 def test_agent_conversation_end_to_end_on_the_cpu_evaluator(softmax_ws):
     from forge_tui.agent import build_agent
-
     from forge_tui.templates.proposer import TemplateProposer
 
     cfg = parse_config(AGENT_CFG)
