@@ -2,7 +2,9 @@
 
 The judge builds the filter here, in Python, with libseccomp through ``pyseccomp``, exports it as
 compiled BPF and sends it to the runner (``runner.c``), which installs it on itself right before it
-loads the candidate's library. The filter allows by default and refuses, with EPERM, what a kernel
+loads the candidate's library; the agent's ``try_reference`` tool (``agent_tools/reference.py``)
+loads the same rules into the Python process that runs a drafted reference (``build_filter``). The
+filter allows by default and refuses, with EPERM, what a kernel
 has no business doing and what would let it reach the judge or the machine:
 
 * new processes and programs: fork, vfork, clone without CLONE_THREAD (threads stay allowed for
@@ -92,8 +94,10 @@ def _seccomp():
     return pyseccomp
 
 
-def seccomp_filter(runner_pid: int) -> bytes:
-    """The filter as compiled BPF (struct sock_filter array) for the runner with this pid."""
+def build_filter(pid: int):
+    """The filter (a pyseccomp ``SyscallFilter``, not yet loaded) for the process with this pid:
+    the rules above. The runner gets it as BPF (``seccomp_filter``); a process confining itself
+    (the agent's ``try_reference`` child) calls ``build_filter(os.getpid()).load()``."""
     sc = _seccomp()
     eperm = sc.ERRNO(errno.EPERM)
     f = sc.SyscallFilter(sc.ALLOW)
@@ -105,7 +109,7 @@ def seccomp_filter(runner_pid: int) -> bytes:
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
-        f.add_rule(eperm, name, sc.Arg(0, sc.NE, runner_pid))
+        f.add_rule(eperm, name, sc.Arg(0, sc.NE, pid))
     f.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0), sc.Arg(2, sc.NE, 0))
     for name, flags_arg in (("open", 1), ("openat", 2)):
         try:
@@ -115,6 +119,12 @@ def seccomp_filter(runner_pid: int) -> bytes:
             f.add_rule(eperm, name, sc.Arg(flags_arg, sc.MASKED_EQ, O_TRUNC, O_TRUNC))
         except (OSError, ValueError, RuntimeError):
             pass  # no legacy open() on this architecture
+    return f
+
+
+def seccomp_filter(runner_pid: int) -> bytes:
+    """The filter as compiled BPF (struct sock_filter array) for the runner with this pid."""
+    f = build_filter(runner_pid)
     buf = io.BytesIO()
     r, w = os.pipe()
     try:
