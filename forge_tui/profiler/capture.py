@@ -118,6 +118,11 @@ def signature_key(kind: str, target: str, program: dict, specs: list[TensorSpec]
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+CARD_ATTR = "forge_card"
+"""A leaf module whose class sets this attribute true is a module card even when it is a single op
+(the wrapper ``forge new`` and ``forge_tui.generate`` put around a reference function)."""
+
+
 @dataclass
 class Bucket:
     """All calls sharing one signature: the future card."""
@@ -432,7 +437,7 @@ class Recorder:
             if r is None:
                 return
             refs.append(r)
-        if len(compute) < 2 and not _drops_outputs(frame.nodes, refs):
+        if len(compute) < 2 and not _drops_outputs(frame.nodes, refs) and not getattr(frame.module, CARD_ATTR, False):
             return  # a single-op module that returns all its op's outputs is already an op card
         program = {"nodes": frame.nodes, "outputs": refs}
         target = f"module:{type(frame.module).__name__}"
