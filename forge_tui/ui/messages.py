@@ -1,10 +1,22 @@
-"""The bridge from the core's typed events to Textual: one message carries one search event."""
+"""The bridge from the core to Textual: typed messages. A feed (a live search, or the same events
+rebuilt from git) posts ``SearchEventPosted``; workers post the others; widgets bind to them.
+A crash anywhere in a worker arrives as ``Failed``, shown in the app, never a dead app.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
 from ..search.events import SearchEvent
+
+if TYPE_CHECKING:
+    from ..cards import Card
+    from ..promotion import Request
+    from ..runtime.manifest import Entry
+    from .backend import BenchOutcome, NodeDetail
+    from .state import SearchState
 
 
 class SearchEventPosted(Message):
@@ -13,3 +25,73 @@ class SearchEventPosted(Message):
     def __init__(self, event: SearchEvent) -> None:
         super().__init__()
         self.event = event
+
+
+class StateChanged(Message):
+    """The search state the panes show changed (live events folded in, or a replay step)."""
+
+    def __init__(self, state: "SearchState", replay: bool = False) -> None:
+        super().__init__()
+        self.state = state
+        self.replay = replay
+
+
+class Progress(Message):
+    """One line of progress from long work (profiling, building, benchmarking)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line = line
+
+
+class Failed(Message):
+    """Work in a worker failed or crashed: where, and what (the app goes on)."""
+
+    def __init__(self, where: str, error: str, detail: str = "") -> None:
+        super().__init__()
+        self.where = where
+        self.error = error
+        self.detail = detail
+
+
+class CardsLoaded(Message):
+    """A workspace's cards, and its recorded search (None: keep the state the app has)."""
+
+    def __init__(self, cards: "list[Card]", title: str, events: list[SearchEvent] | None = None) -> None:
+        super().__init__()
+        self.cards = cards
+        self.title = title
+        self.events = events
+
+
+class SearchFinished(Message):
+    def __init__(self, stopped: str, paused: bool = False) -> None:
+        super().__init__()
+        self.stopped = stopped
+        self.paused = paused
+
+
+class NodeDetailLoaded(Message):
+    def __init__(self, detail: "NodeDetail") -> None:
+        super().__init__()
+        self.detail = detail
+
+
+class RequestsLoaded(Message):
+    def __init__(self, requests: "list[Request]", promoted: "list[Entry]") -> None:
+        super().__init__()
+        self.requests = requests
+        self.promoted = promoted
+
+
+class RuntimeStatusRead(Message):
+    def __init__(self, status: dict[str, Any] | None, promoted: "list[Entry]") -> None:
+        super().__init__()
+        self.status = status
+        self.promoted = promoted
+
+
+class BenchDone(Message):
+    def __init__(self, outcome: "BenchOutcome") -> None:
+        super().__init__()
+        self.outcome = outcome

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.widgets import Static
 
-from ...cards import Card
+from ....cards import Card
 
 
 def describe(card: Card) -> str:
-    lines = [f"[b]{card.label}[/b]", f"id {card.id}   kind {card.kind}   target {card.target}"]
+    lines = [f"[b]{escape(card.label)}[/b]", f"id {card.id}   kind {card.kind}   target {card.target}"]
     if card.module_paths:
         more = f" (+{len(card.module_paths) - 3} more)" if len(card.module_paths) > 3 else ""
         lines.append("modules: " + ", ".join(card.module_paths[:3]) + more)
@@ -30,9 +31,13 @@ def describe(card: Card) -> str:
     if len(ops) > 1:
         lines.append("")
         lines.append("program: " + " -> ".join(o.removeprefix("aten.").removesuffix(".default") for o in ops))
-    return "\n".join(lines)
+    return lines[0] + "\n" + escape("\n".join(lines[1:]))
 
 
 class CardDetail(Static):
+    DEFAULT_CSS = """
+    CardDetail { height: 1fr; padding: 0 1; overflow-y: auto; }
+    """
+
     def show(self, card: Card | None) -> None:
         self.update("" if card is None else describe(card))

@@ -1,0 +1,185 @@
+"""What the app asks of a workspace, in one place: every call reaches the core's own API (the
+workspace, the search's git store, promotion, the runtime's status, ``forge bench``). The screens
+call these from Textual workers (they read git, build kernels, run models), never on the UI thread.
+
+Tests hand the app a subclass with fixed answers (snapshots must not depend on measured times).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from ..cards import Card
+    from ..evaluator.result import EvalResult
+    from ..promotion import Request
+    from ..runtime.manifest import Entry
+    from ..search.events import EventBus, SearchEvent
+    from ..search.runner import Search
+
+SOURCE_NAMES = ("candidate.cu", "candidate.cpp", "reference.py")
+
+
+@dataclass
+class NodeDetail:
+    """Everything the search screen's panes show for one node."""
+
+    card: str
+    node: str
+    parent: str | None = None
+    source: str = ""
+    language: str = "cuda"
+    """cuda (also for the cpu backend's C++), or python (the root's eager reference)."""
+    diff: str = ""
+    result: "EvalResult | None" = None
+    transcript: list[dict[str, Any]] | None = None
+    missing: str = ""
+    """Why nothing could be read (a damaged branch), when that is so."""
+
+
+@dataclass
+class BenchOutcome:
+    table: str
+    speedup: float | None
+    outputs_agree: dict[str, str | None] = field(default_factory=dict)
+
+
+def language_of(name: str) -> str:
+    return "python" if name.endswith(".py") else "cuda"
+
+
+class Backend:
+    """A workspace, as the app sees it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    # ---- the workspace -------------------------------------------------------------------------
+    def _ws(self) -> Any:
+        from ..workspace import Workspace
+
+        return Workspace.open(self.root)
+
+    def title(self) -> str:
+        meta = self._ws().meta
+        return f"{meta['workload']['name']} on {meta.get('device_name', '?')}"
+
+    def cards(self) -> list["Card"]:
+        cards: list[Card] = self._ws().cards()
+        return cards
+
+    # ---- the search, from git ------------------------------------------------------------------
+    def events(self) -> list["SearchEvent"]:
+        """Every recorded event, in the order the search grew (``forge replay``)."""
+        from ..search.replay import load_replay
+
+        events, _ = load_replay(self._ws())
+        return events
+
+    def node_detail(self, card: str, node: str) -> NodeDetail:
+        """A node's source, its diff against its parent, its evaluation and the agent's transcript."""
+        from ..evaluator.result import load_result
+        from ..search.store import FOLDER, SearchStore, node_ref
+
+        out = NodeDetail(card, node)
+        with self._ws().git() as repo:
+            commit = repo.read_ref(node_ref(card, node))
+            if commit is None:
+                out.missing = f"no branch search/{card}/{node}"
+                return out
+            store = SearchStore(repo)
+            meta = store.read(commit, "node.json")
+            if meta:
+                try:
+                    out.parent = json.loads(meta).get("parent")
+                except ValueError:
+                    pass
+            name = ""
+            for name in SOURCE_NAMES:
+                raw = store.read(commit, name)
+                if raw is not None:
+                    out.source, out.language = raw.decode(errors="replace"), language_of(name)
+                    break
+            out.result = load_result(store.read(commit, "result.json"))
+            tr = store.read(commit, "transcript.json")
+            if tr:
+                try:
+                    data = json.loads(tr)
+                    out.transcript = data if isinstance(data, list) else [data]
+                except ValueError:
+                    out.transcript = [{"type": "note", "text": "transcript.json is not readable JSON"}]
+            if out.parent and name:
+                parent = repo.read_ref(node_ref(card, out.parent))
+                if parent is not None:
+                    try:
+                        out.diff = repo.git("diff", "--no-color", parent, commit, "--", FOLDER)
+                    except Exception as exc:  # noqa: BLE001 - a diff that git cannot make is shown as such
+                        out.diff = f"(no diff: {exc})"
+        return out
+
+    @contextmanager
+    def search(self, *, settings: dict[str, Any], cards: list[str] | None, bus: "EventBus", proposer: str = "auto",
+               config: Path | None = None) -> Iterator[tuple["Search", bool, str]]:
+        """A search on the workspace (the session's proposer and the backend it was profiled on),
+        resumed when one is recorded: (the search, whether it resumes, which proposer and why)."""
+        from ..session import Session
+
+        session = Session.open(self.root, config).with_search_settings(**settings)
+        resume = session.has_search()  # damaged records too: never start over them
+        with session.search(proposer=proposer, backend=session.profiled_backend(), cards=cards, bus=bus) as search:
+            yield search, resume, session.notes[-1]
+
+    def profile(self, workload: str, *, device: str | None, dtype: str | None, config: Path | None,
+                progress: Callable[[str], None]) -> None:
+        from ..session import Session
+
+        Session.profile(workload, self.root, device=device, dtype=dtype, config=config, progress=progress)
+
+    # ---- promotion -----------------------------------------------------------------------------
+    def requests(self) -> list["Request"]:
+        from ..promotion import requests
+
+        return requests(self._ws())
+
+    def approve(self, card: str) -> list["Entry"]:
+        from ..errors import ForgeError
+        from ..promotion import approve
+
+        done, left = approve(self._ws(), [card], by="forge-tui")
+        if not done and left:
+            raise ForgeError(f"{card} was not promoted: {left[0][1]}")
+        return done
+
+    def reject(self, card: str, reason: str = "rejected in forge-tui") -> None:
+        from ..promotion import reject
+
+        reject(self._ws(), [card], by="forge-tui", reason=reason)
+
+    def promoted(self) -> list["Entry"]:
+        from ..promotion import manifest
+
+        return list(manifest(self._ws()).entries.values())
+
+    # ---- the runtime ---------------------------------------------------------------------------
+    def runtime_status(self) -> dict[str, Any] | None:
+        from ..runtime.status import read_status
+
+        return read_status(self.root)
+
+    def bench(self, repeats: int = 10) -> BenchOutcome:
+        """``forge bench`` on the workspace's own copy of its workload (eager against eager + forge;
+        torch.compile is left out here: it takes minutes on a small machine)."""
+        from ..e2e import bench
+        from ..workload import parse_dtype
+
+        ws = self._ws()
+        meta = ws.meta
+        spec = str(ws.root / "workload.py") if (ws.root / "workload.py").is_file() else meta["workload"]["path"]
+        dtype = parse_dtype(meta["dtype"]) if meta.get("dtype") else None
+        r = bench(spec, ws, device=meta.get("device"), dtype=dtype, repeats=repeats, warmup=2, with_compile=False)
+        sp = r.speedups.get("eager+forge")
+        return BenchOutcome(r.table(), sp.median if sp else None, dict(r.outputs_agree))

@@ -1,0 +1,115 @@
+"""Describe an op: type a description, review the generated reference and inputs, approve, and it
+becomes a card (the core's ``forge new``, through ``describe_api``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+
+from ..describe_api import Draft
+from ..widgets.common.guide import Guide
+from ..widgets.common.nav import NavBar
+from ..widgets.describe.form import DescribeForm
+
+if TYPE_CHECKING:
+    from ..app import ForgeApp
+
+
+class DraftReady(Message):
+    def __init__(self, draft: Draft) -> None:
+        super().__init__()
+        self.draft = draft
+
+
+class DescribeScreen(Screen[None]):
+    AUTO_FOCUS = ""  # the description box takes keys only once asked for (i): 1-7 still switch screens
+    BINDINGS = [
+        Binding("y", "accept", "Make it a card"),
+        Binding("n", "discard", "Discard"),
+        Binding("i", "focus_input", "Describe"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft: Draft | None = None
+
+    @property
+    def forge(self) -> "ForgeApp":
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield NavBar("describe")
+        yield Guide()
+        yield DescribeForm()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        from ..describe_api import Unavailable
+
+        form = self.query_one(DescribeForm)
+        if isinstance(self.forge.describer, Unavailable):
+            form.status(f"not available here: {self.forge.describer.why}")
+        else:
+            form.status("i: type a description, Enter asks the agent for a reference and example inputs; "
+                        "y makes the reviewed draft a card, n discards it; Escape leaves the box")
+
+    def key_escape(self) -> None:
+        self.set_focus(None)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("accept", "discard"):
+            return self.draft is not None and not isinstance(self.focused, Input)
+        return True
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        self.query_one(DescribeForm).status(f"asking for a reference and inputs for: {text} ...")
+        self.ask(text)
+
+    @work(thread=True, exclusive=True, group="describe", exit_on_error=False, name="describing the op")
+    def ask(self, text: str) -> None:
+        self.post_message(DraftReady(self.forge.describer.draft(text)))
+
+    def on_draft_ready(self, message: DraftReady) -> None:
+        self.draft = message.draft
+        form = self.query_one(DescribeForm)
+        form.show(self.draft)
+        form.status("review the reference and inputs: y makes it a card, n discards it")
+        self.query_one("#describe-reference").focus()
+        self.refresh_bindings()
+
+    def action_focus_input(self) -> None:
+        self.query_one("#describe-input", Input).focus()
+
+    def action_discard(self) -> None:
+        self.draft = None
+        form = self.query_one(DescribeForm)
+        form.show(None)
+        form.status("discarded")
+        self.refresh_bindings()
+
+    def action_accept(self) -> None:
+        if self.draft is not None:
+            self.accept(self.draft)
+
+    @work(thread=True, exclusive=True, group="describe", exit_on_error=False, name="making the card")
+    def accept(self, draft: Draft) -> None:
+        card = self.forge.describer.accept(draft)
+        self.app.call_from_thread(self._accepted, card)
+
+    def _accepted(self, card: str) -> None:
+        self.draft = None
+        form = self.query_one(DescribeForm)
+        form.show(None)
+        form.status(f"card {card} added: it is in the op table (1), ready to search")
+        self.forge.note(f"described op became card {card}")
+        self.forge.reload_cards()
+        self.refresh_bindings()

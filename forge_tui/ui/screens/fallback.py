@@ -1,0 +1,60 @@
+"""Fallback status: per promoted card, kernel active or disabled and why, calls served and fallen
+back with their reasons, re-read every second from the runtime's status.json while a model runs
+(``forge bench``, an applied model, or ``b`` here); and the end-to-end result."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from ..messages import RuntimeStatusRead
+from ..widgets.common.guide import Guide
+from ..widgets.common.nav import NavBar
+from ..widgets.fallback.bench import BenchResult
+from ..widgets.fallback.status_table import RuntimeStatus
+
+if TYPE_CHECKING:
+    from ..app import ForgeApp
+
+
+class FallbackScreen(Screen[None]):
+    BINDINGS = [
+        Binding("b", "app.bench", "Run the model"),
+        Binding("r", "refresh_status", "Refresh", show=False),
+    ]
+    REFRESH_S = 1.0
+
+    @property
+    def forge(self) -> "ForgeApp":
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield NavBar("fallback")
+        yield Guide()
+        yield RuntimeStatus()
+        yield BenchResult()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(BenchResult).show(self.forge.bench_outcome, self.forge.bench_running)
+        self.forge.bench_changed.subscribe(self, lambda _: self.query_one(BenchResult).show(
+            self.forge.bench_outcome, self.forge.bench_running))
+        self.action_refresh_status()
+        if self.forge.live_refresh:
+            self.set_interval(self.REFRESH_S, self.action_refresh_status)
+
+    def action_refresh_status(self) -> None:
+        self.read_status()
+
+    @work(thread=True, exclusive=True, group="runtime-status", exit_on_error=False, name="reading the runtime status")
+    def read_status(self) -> None:
+        backend = self.forge.backend
+        self.post_message(RuntimeStatusRead(backend.runtime_status(), backend.promoted()))
+
+    def on_runtime_status_read(self, message: RuntimeStatusRead) -> None:
+        self.query_one(RuntimeStatus).show(message.status, message.promoted)

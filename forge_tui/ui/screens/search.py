@@ -1,0 +1,116 @@
+"""Search: the live tree per card and the selected node's panes (source, diff, nvcc errors, test
+results, ncu report, agent transcript). The replay screen is the same screen over a replayed state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from ..backend import NodeDetail
+from ..messages import NodeDetailLoaded
+from ..state import SearchState
+from ..widgets.common.guide import Guide
+from ..widgets.common.nav import NavBar
+from ..widgets.search.node_panes import NodePanes
+from ..widgets.search.tree import SearchTree
+
+if TYPE_CHECKING:
+    from ..app import ForgeApp
+
+
+class TreeScreen(Screen[None]):
+    """A tree on the left, the chosen node's panes on the right."""
+
+    BINDINGS = [
+        Binding("c", "tab('source')", "Source"),
+        Binding("d", "tab('diff')", "Diff"),
+        Binding("e", "tab('errors')", "Errors"),
+        Binding("r", "tab('tests')", "Tests"),
+        Binding("n", "tab('ncu')", "ncu"),
+        Binding("t", "tab('agent')", "Agent"),
+        Binding("f", "only_card", "One card", show=False),
+        Binding("left_square_bracket", "focus_tree", "Tree", show=False),
+    ]
+    MODE = "search"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._details: dict[tuple[str, str], NodeDetail] = {}
+        self._wanted: tuple[str, str] | None = None
+        self.only: str | None = None
+        self.shown_state: SearchState = SearchState()
+
+    @property
+    def forge(self) -> "ForgeApp":
+        return self.app  # type: ignore[return-value]
+
+    def compose_top(self) -> ComposeResult:
+        yield from ()
+
+    def compose(self) -> ComposeResult:
+        yield NavBar(self.MODE)
+        yield Guide()
+        yield from self.compose_top()
+        with Horizontal(id="tree-main"):
+            yield SearchTree(id="search-tree")
+            yield NodePanes(id="node-panes")
+        yield Footer()
+
+    def show_state(self, state: SearchState) -> None:
+        self.shown_state = state
+        self.query_one(SearchTree).show_state(state, self.only)
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(NodePanes).active = tab
+
+    def action_focus_tree(self) -> None:
+        self.query_one(SearchTree).focus()
+
+    def action_only_card(self) -> None:
+        """Show only the card under the cursor (again: every card)."""
+        tree = self.query_one(SearchTree)
+        data = tree.cursor_node.data if tree.cursor_node is not None else None
+        self.only = None if self.only is not None or data is None else data[0]
+        self.show_state(self.shown_state)
+
+    def focus_card(self, card: str) -> None:
+        self.only = card
+        self.show_state(self.shown_state)
+        tree = self.query_one(SearchTree)
+        tree.focus()
+        tree.move_cursor_to_line(0)
+
+    # ---- node details, read from git in a worker -----------------------------------------------
+    def on_search_tree_node_chosen(self, event: SearchTree.NodeChosen) -> None:
+        key = (event.card, event.node)
+        self._wanted = key
+        if key in self._details:
+            self.query_one(NodePanes).show(self._details[key])
+        else:
+            self.load_detail(event.card, event.node)
+
+    @work(thread=True, exclusive=True, group="node-detail", exit_on_error=False, name="reading the node from git")
+    def load_detail(self, card: str, node: str) -> None:
+        detail = self.forge.backend.node_detail(card, node)
+        self.post_message(NodeDetailLoaded(detail))
+
+    def on_node_detail_loaded(self, message: NodeDetailLoaded) -> None:
+        d = message.detail
+        self._details[(d.card, d.node)] = d
+        if self._wanted == (d.card, d.node):
+            self.query_one(NodePanes).show(d)
+
+
+class SearchScreen(TreeScreen):
+    MODE = "search"
+
+    def on_mount(self) -> None:
+        self.forge.state_changed.subscribe(self, self.show_state)
+        self.show_state(self.forge.state)
+        self.query_one(SearchTree).focus()

@@ -1,0 +1,1 @@
+"""Panes, one module each, grouped by feature."""
