@@ -1,0 +1,306 @@
+"""Kernels from a description (``forge new``): the LLM agent writes a PyTorch reference and example
+inputs for an operation described in a sentence; once a person approves them they become a card.
+
+    draft = draft_reference("fused LayerNorm + GELU for (8192, 4096) bf16", config, workdir=tmp)
+    print(draft.text())                        # the reference, its inputs, the sandbox's report
+    if draft.ok and approved:
+        made = accept(draft, "workspaces/ln_gelu")   # a workspace holding the card
+    draft.discard()
+
+``draft_reference`` holds one conversation through the agent's loop (``agent/loop.py``: the same
+limits, the ledger with the run's money cap, the transcript written after every step with every
+secret redacted) with the prompts ``prompts/new_system.md`` and ``prompts/new_task.md`` and the
+toolset ``agent_tools.reference_tools()``: the file tools, ``try_reference`` (which runs the file in
+a confined child process) and ``submit`` (which takes the reference only once ``try_reference``
+passed on it as it is). The conversation's files are in ``<workdir>/work/``, its transcript in
+``<workdir>/transcript.jsonl``.
+
+``accept`` wraps ``reference`` in a leaf module named after the description (``workload.py``,
+which loads ``reference.py`` beside it) and profiles it into a workspace (``funcards.py``): a new
+workspace whose one card is that module (or its single op), or a card added to an existing one.
+The workspace keeps, committed on ``main``, ``reference.py``, ``workload.py`` and the conversation
+(``draft/transcript.jsonl`` and ``draft/draft.json``: the description, the model, the summary, the
+cost, who approved it); a card added to an existing workspace keeps the same under
+``references/<card id>/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .config import ForgeConfig
+from .errors import ConfigError, ForgeError
+
+if TYPE_CHECKING:
+    from agent_tools.reference import ReferenceReport
+
+    from .agent.loop import Outcome
+    from .agent.messages import Provider
+    from .funcards import CardWorkspace
+
+WORK = "work"
+"""The conversation's files, under its working directory (the tools see only this folder)."""
+REFERENCE = "reference.py"
+
+
+@dataclass
+class Draft:
+    """What a reference-writing conversation produced."""
+
+    description: str
+    name: str
+    """The module class the reference becomes (from the description)."""
+    source: str
+    """``reference.py`` as submitted (or as left, when the conversation ended without a submission)."""
+    summary: str
+    """What the model said the reference computes, at submit."""
+    report: "ReferenceReport | None"
+    """The try_reference run of the submitted source (None without a submission)."""
+    transcript: list[dict[str, Any]]
+    transcript_path: Path
+    workdir: Path
+    cost_usd: float
+    outcome: "Outcome"
+    provider: str = ""
+    model: str = ""
+    submitted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """A reference the sandbox ran cleanly, submitted by the model: it can become a card."""
+        return self.submitted and self.report is not None and self.report.ok and bool(self.source.strip())
+
+    @property
+    def why_not(self) -> str:
+        """Why the draft cannot become a card ("" when it can)."""
+        if self.ok:
+            return ""
+        if not self.submitted:
+            return f"the agent submitted no reference ({self.outcome.reason})"
+        return "the submitted reference does not pass try_reference"
+
+    def inputs_text(self) -> str:
+        """The example inputs, as a person reads them."""
+        rep = self.report
+        if rep is None or not rep.inputs:
+            return "(not known: the reference was not run)"
+        from agent_tools.reference import tensor_line
+
+        return "\n".join(f"[{k}] {tensor_line(d)}" for k, d in enumerate(rep.inputs))
+
+    def text(self) -> str:
+        """The draft as ``forge new`` prints it: the reference, the summary, the sandbox's report."""
+        lines = [f"# {self.description}", f"# {REFERENCE}, written by {self.provider} {self.model} "
+                 f"(${self.cost_usd:.4f}, {self.outcome.queries} queries, {self.outcome.tool_calls} tool calls)",
+                 self.source.rstrip() or "(empty)", ""]
+        if self.summary:
+            lines += ["# summary", self.summary, ""]
+        if self.report is not None:
+            lines += ["# try_reference", self.report.text()]
+        return "\n".join(lines)
+
+    def discard(self) -> None:
+        """Remove the conversation's working directory (after ``accept``, or on refusal)."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _agent_parts(config: ForgeConfig, provider: "Provider | None",
+                 environ: Mapping[str, str]) -> tuple["Provider", Any, Callable[[str], str]]:
+    """(the provider, its price, the redaction) as ``build_agent`` makes them."""
+    from .agent import resolve
+    from .agent.pricing import price_for
+    from .agent.providers import make_provider, redact
+
+    cfg, why = resolve(config.agent, environ)
+    if cfg is None and provider is None:
+        raise ConfigError(f"writing a reference from a description needs the LLM agent, which is not available: {why}")
+    cfg = cfg or config.agent.model_copy(update={"provider": "openai-compatible"})
+    price = price_for(cfg)
+    prov = provider if provider is not None else make_provider(cfg, environ)
+    names = [cfg.api_key_env] if cfg.api_key_env else []
+    return prov, price, lambda text: redact(text, environ, names)
+
+
+def check_agent(config: ForgeConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """ConfigError naming why ``draft_reference`` cannot run (no provider, no key, no price)."""
+    _agent_parts(config, None, environ)
+
+
+def draft_reference(description: str, config: ForgeConfig, *, provider: "Provider | None" = None, workdir: Path,
+                    environ: Mapping[str, str] = os.environ,
+                    on_step: Callable[[dict[str, Any]], None] | None = None) -> Draft:
+    """Hold the conversation in which the agent writes ``reference.py`` for ``description``.
+    ``provider`` replaces the configured one (tests, replays); ConfigError when there is none."""
+    from agent_tools import ReferenceEnv, reference_tools, run_tool
+
+    from .agent.context import render
+    from .agent.loop import Agent, Limits
+    from .agent.transcript import NAME, Transcript
+    from .funcards import class_name, slug
+    from .search.ledger import Ledger
+
+    description = " ".join(description.split())
+    if not description:
+        raise ForgeError("describe the operation: forge new \"fused LayerNorm + GELU for (8192, 4096) bf16\"")
+    prov, price, redact = _agent_parts(config, provider, environ)
+    workdir = Path(workdir)
+    files = workdir / WORK
+    files.mkdir(parents=True, exist_ok=True)
+    a = config.agent
+    limits = Limits(tool_calls=a.max_tool_calls, tokens=a.max_tokens, wall_s=a.max_wall_s, cost_usd=a.max_cost_usd,
+                    output_tokens=a.max_output_tokens)
+    card = f"new:{slug(description)}"
+    ledger = Ledger(config.search.max_cost_usd, a.max_cost_per_card_usd)
+    transcript = Transcript(workdir / NAME, redact)
+    name = class_name(description)
+    transcript.add("start", conversation=workdir.name, card=card, description=description, provider=prov.name,
+                   model=prov.model, limits=limits.__dict__, price=price.model_dump())
+    system = render("new_system.md", limits=(f"{limits.tool_calls} tool calls, {limits.tokens} tokens, "
+                                             f"{limits.wall_s:.0f} s and ${limits.cost_usd:.2f} for this conversation"))
+    existing = sorted(p.relative_to(files).as_posix() for p in files.rglob("*") if p.is_file())
+    task = render("new_task.md", description=description,
+                  files="\n".join(f"- {f}" for f in existing) or "(empty: write reference.py)")
+    transcript.add("system", text=system)
+    env = ReferenceEnv(workdir=files, confine=config.evaluator.confinement == "required")
+    tools = {t.name: t for t in reference_tools()}
+
+    def step(info: dict[str, Any]) -> None:
+        if on_step is not None:
+            on_step({**info, "summary": redact(info["summary"]), "conversation_cost_usd": agent.cost})
+
+    agent = Agent(prov, price, [t.spec() for t in tools.values()], execute=lambda call: run_tool(tools, env, call),
+                  submitted=lambda: env.submission is not None, limits=limits, ledger=ledger, card=card,
+                  transcript=transcript, on_step=step)
+    out = agent.run(system, task)
+    sub = env.submission
+    if sub is not None:
+        source, summary, report = sub.source, sub.notes, env.last_report
+    else:
+        path = files / REFERENCE
+        source = path.read_text(errors="replace") if path.is_file() and not path.is_symlink() else ""
+        summary, report = "", None
+    return Draft(description=description, name=name, source=source, summary=summary, report=report,
+                 transcript=transcript.entries, transcript_path=workdir / NAME, workdir=workdir, cost_usd=out.cost_usd,
+                 outcome=out, provider=prov.name, model=prov.model, submitted=sub is not None)
+
+
+# ---- approval --------------------------------------------------------------------------------------
+def workload_source(draft: Draft) -> str:
+    """The workload that wraps the reference: a forge workload (get_model/get_inputs) whose model
+    is the leaf module ``draft.name``, loading ``reference.py`` from beside this file."""
+    sha = hashlib.sha256(draft.source.encode()).hexdigest()
+    return f'''"""forge new: {json.dumps(draft.description)[1:-1]}
+
+The reference (reference.py, beside this file; sha256 {sha[:16]}) was written by the LLM agent
+({draft.provider} {draft.model}) and approved before it became a card. This file wraps it in a leaf
+module, {draft.name}, that the profiler makes one card (forge_card).
+"""
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+_PATH = Path(__file__).with_name("reference.py")
+_NAME = "forge_reference_" + hashlib.sha256(_PATH.read_bytes()).hexdigest()[:16]
+
+
+def _load():
+    if _NAME not in sys.modules:
+        spec = importlib.util.spec_from_file_location(_NAME, _PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_NAME] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[_NAME]
+            raise
+    return sys.modules[_NAME]
+
+
+reference = _load()
+
+
+class {draft.name}(torch.nn.Module):
+    forge_card = True  # one card, even when the reference is a single op
+
+    def forward(self, *inputs):
+        return reference.reference(*inputs)
+
+
+def get_model():
+    return {draft.name}()
+
+
+def get_inputs(device="cpu"):
+    return list(reference.example_inputs(device=device))
+'''
+
+
+def default_workspace(description: str) -> Path:
+    from .funcards import slug
+
+    return Path("workspaces") / slug(description)
+
+
+def accept(draft: Draft, workspace: Path | str, *, device: str | None = None, config_path: Path | None = None,
+           approved_by: str = "", reuse: bool = True,
+           progress: Callable[[str], None] = lambda msg: None) -> "CardWorkspace":
+    """Make an approved draft a card: in a new workspace at ``workspace``, or added to the existing
+    one there (``reuse``; else an existing workspace is an error). Runs the reference unconfined in
+    this process (the profiler captures it): call it only on a draft a person approved. Raises
+    ForgeError, having written nothing, when the draft or its profile fails."""
+    from .funcards import profile_to_card
+    from .workload import load_workload
+
+    if not draft.ok:
+        raise ForgeError(f"this draft cannot become a card: {draft.why_not}")
+    who = approved_by or _user()
+    stage = draft.workdir / "card"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    try:
+        (stage / REFERENCE).write_text(draft.source)
+        wl_path = stage / f"{_snake(draft.name)}.py"
+        wl_path.write_text(workload_source(draft))
+        workload = load_workload(wl_path)
+        record = {"description": draft.description, "name": draft.name, "provider": draft.provider,
+                  "model": draft.model, "summary": draft.summary, "cost_usd": round(draft.cost_usd, 6),
+                  "queries": draft.outcome.queries, "tool_calls": draft.outcome.tool_calls, "approved_by": who,
+                  "reference_sha256": hashlib.sha256(draft.source.encode()).hexdigest(),
+                  "try_reference": draft.report.to_json() if draft.report is not None else None}
+        transcript = draft.transcript_path.read_bytes() if draft.transcript_path.is_file() else b""
+
+        def files(card: Any, folder: str) -> dict[str, bytes]:
+            draft_dir = "draft/" if not folder else ""
+            return {REFERENCE: draft.source.encode(), f"{draft_dir}transcript.jsonl": transcript,
+                    f"{draft_dir}draft.json": (json.dumps({**record, "card": card.id}, indent=1) + "\n").encode()}
+
+        return profile_to_card(workload, Path(workspace), draft.name, device=device, config_path=config_path,
+                               files=files, reuse=reuse, progress=progress)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _snake(name: str) -> str:
+    from .funcards import snake
+
+    return snake(name)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return f"user {getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no login name (containers)
+        return "user (unknown name)"
