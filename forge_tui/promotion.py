@@ -72,8 +72,10 @@ def manifest(ws: Workspace) -> Manifest:
     return Manifest.load(kernels_dir(ws))
 
 
-def requests(ws: Workspace, cards: list[str] | None = None) -> list[Request]:
-    """One request per card whose best node beats eager and is neither promoted nor rejected."""
+def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool = True) -> list[Request]:
+    """One request per card whose best node beats eager and is neither promoted nor rejected
+    (``faster_only=False``: its best passed node, even one slower than eager, for a caller whose
+    own rule decides: ``forge_tui.generate``)."""
     from .search.store import NodeRecord, SearchStore
     from .search.tree import ROOT
 
@@ -84,7 +86,7 @@ def requests(ws: Workspace, cards: list[str] | None = None) -> list[Request]:
         loaded = store.load()
         best: dict[str, tuple[float, int, NodeRecord]] = {}
         for rec in loaded.nodes:
-            if rec.node == ROOT or rec.status != "passed" or not rec.speedup or rec.speedup <= 1.0:
+            if rec.node == ROOT or rec.status != "passed" or not rec.speedup or (faster_only and rec.speedup <= 1.0):
                 continue
             if cards and not any(id_matches(rec.card, c) for c in cards):
                 continue
@@ -152,10 +154,11 @@ def build_for(ws: Workspace, backend: str, source: str, dest_dir: Path, arch: st
 
 
 def approve(ws: Workspace, cards: list[str] | None = None, *, by: str | None = None,
-            auto: AutoRule | None = None) -> tuple[list[Entry], list[tuple[Request, str]]]:
+            auto: AutoRule | None = None, faster_only: bool = True) -> tuple[list[Entry], list[tuple[Request, str]]]:
     """Approve the pending requests (all, or those of ``cards``); with ``auto``, only those that
-    clear its thresholds. Returns the new entries and the requests left, with why."""
-    pending = requests(ws, cards)
+    clear its thresholds. Returns the new entries and the requests left, with why. ``faster_only``:
+    as ``requests``."""
+    pending = requests(ws, cards, faster_only=faster_only)
     if cards and not pending:
         raise ForgeError("no promotion request for " + ", ".join(cards) +
                          " (a card needs a passed node faster than eager, not yet promoted or rejected)")
