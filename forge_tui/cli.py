@@ -157,6 +157,55 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_new(args) -> int:
+    import shutil
+    import tempfile
+
+    from .config import discover_config
+    from .describe import accept, check_agent, default_workspace, draft_reference
+    from .table import render
+    from .workspace import check_target
+
+    description = " ".join(args.description.split())
+    ws_path = args.workspace or default_workspace(description)
+    if check_target(ws_path) != "new":
+        raise ForgeError(f"{ws_path} is already a workspace: forge new makes a new one (choose another path with -w)")
+    cfg, _ = discover_config(args.config, None)
+    check_agent(cfg)  # no agent: one line naming why, before anything else
+    if not args.yes and not sys.stdin.isatty():
+        raise ForgeError("forge new asks you to approve the reference, and stdin is not a terminal: "
+                         "pass --yes to accept it without asking")
+    progress = _progress(False)
+    workdir = Path(tempfile.mkdtemp(prefix="forge-new-"))
+    keep = False
+    try:
+        progress("the LLM agent is writing the reference")
+        draft = draft_reference(description, cfg, workdir=workdir, on_step=lambda info: progress(
+            f"step {info['step']} (${info['conversation_cost_usd']:.4f}): {info['summary'] or 'no tool called'}"))
+        print(draft.text(), flush=True)
+        if not draft.ok:
+            keep = True
+            raise ForgeError(f"no card: {draft.why_not} (the conversation is in {workdir})", exit_code=1)
+        if not args.yes:
+            try:
+                answer = input("Use this as the card? [y/N] ")
+            except EOFError:
+                answer = ""
+            if answer.strip().lower() not in ("y", "yes"):
+                print("not used: no workspace was made")
+                return 1
+        made = accept(draft, ws_path, device=args.device, config_path=args.config, reuse=False,
+                      approved_by="forge new --yes" if args.yes else "", progress=progress)
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    ws, card = made.workspace, made.card
+    print(render([card], title=f"{draft.name} on {ws.meta.get('device_name', '?')}"), end="")
+    print(f"workspace: {ws.root}")
+    print(f"next: forge search {ws.root}")
+    return 0
+
+
 def cmd_examples(args) -> int:
     from .examples import EXAMPLES
 
@@ -335,6 +384,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("workspace", type=Path)
     sp.add_argument("out", type=Path)
     sp.set_defaults(func=cmd_export)
+
+    sp = sub.add_parser("new", help="a card from a description: the LLM agent writes a PyTorch reference and "
+                        "example inputs; once you approve them, they become a new workspace's card")
+    sp.add_argument("description", help='the operation, e.g. "fused LayerNorm + GELU for (8192, 4096) bf16"')
+    sp.add_argument("-w", "--workspace", type=Path, help="workspace folder (default: workspaces/<description>)")
+    sp.add_argument("--yes", action="store_true", help="accept the reference without asking (scripts)")
+    sp.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
+                    help="where the card is profiled (default: cuda when available, else cpu)")
+    sp.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="forge.toml to use")
+    sp.set_defaults(func=cmd_new)
 
     sp = sub.add_parser("examples", help="list the bundled example workloads")
     sp.set_defaults(func=cmd_examples)
