@@ -181,18 +181,21 @@ class ForgeApp(App[None]):
         self._guide()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        if event.state == WorkerState.ERROR and worker.error is not None:
+        self.worker_changed(event.worker, event.state)
+
+    def worker_changed(self, worker: Worker[Any], state: WorkerState) -> None:
+        """A worker of the app or of a screen changed state: a failure becomes a ``Failed`` message."""
+        if state == WorkerState.ERROR and worker.error is not None:
             err = worker.error
             text = str(err) if isinstance(err, ForgeError) else f"{type(err).__name__}: {err}"
             detail = "" if isinstance(err, ForgeError) else "".join(traceback.format_exception(err))
             self.post_message(Failed(worker.name or "work", text, detail))
-        if worker.group == "search" and event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+        if worker.group == "search" and state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
             self.search_running = False
             self._search = None
             self.requests_worker()
             self._guide()
-        if worker.group == "bench" and event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+        if worker.group == "bench" and state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
             self.bench_running = False
             self.bench_changed.publish(None)
             self._guide()

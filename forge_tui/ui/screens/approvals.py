@@ -3,13 +3,10 @@ for this machine and committed to the workspace's main), n rejects (recorded, no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.screen import Screen
 from textual.widgets import Footer
 
 from ..messages import RequestsLoaded
@@ -17,12 +14,10 @@ from ..widgets.approvals.evidence import EvidenceView
 from ..widgets.approvals.queue import RequestQueue
 from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
-
-if TYPE_CHECKING:
-    from ..app import ForgeApp
+from .base import ForgeScreen
 
 
-class ApprovalsScreen(Screen[None]):
+class ApprovalsScreen(ForgeScreen):
     BINDINGS = [
         Binding("y", "decide(True)", "Approve"),
         Binding("n", "decide(False)", "Reject"),
@@ -32,10 +27,6 @@ class ApprovalsScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.busy: str | None = None
-
-    @property
-    def forge(self) -> "ForgeApp":
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield NavBar("approvals")

@@ -3,22 +3,17 @@ becomes a card (the core's ``forge new``, through ``describe_api``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 from ..describe_api import Draft
 from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
 from ..widgets.describe.form import DescribeForm
-
-if TYPE_CHECKING:
-    from ..app import ForgeApp
+from .base import ForgeScreen
 
 
 class DraftReady(Message):
@@ -27,7 +22,7 @@ class DraftReady(Message):
         self.draft = draft
 
 
-class DescribeScreen(Screen[None]):
+class DescribeScreen(ForgeScreen):
     AUTO_FOCUS = ""  # the description box takes keys only once asked for (i): 1-7 still switch screens
     BINDINGS = [
         Binding("y", "accept", "Make it a card"),
@@ -38,10 +33,6 @@ class DescribeScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.draft: Draft | None = None
-
-    @property
-    def forge(self) -> "ForgeApp":
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield NavBar("describe")

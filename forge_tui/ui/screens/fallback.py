@@ -4,12 +4,9 @@ back with their reasons, re-read every second from the runtime's status.json whi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
 from textual.widgets import Footer
 
 from ..messages import RuntimeStatusRead
@@ -17,21 +14,15 @@ from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
 from ..widgets.fallback.bench import BenchResult
 from ..widgets.fallback.status_table import RuntimeStatus
-
-if TYPE_CHECKING:
-    from ..app import ForgeApp
+from .base import ForgeScreen
 
 
-class FallbackScreen(Screen[None]):
+class FallbackScreen(ForgeScreen):
     BINDINGS = [
         Binding("b", "app.bench", "Run the model"),
         Binding("r", "refresh_status", "Refresh", show=False),
     ]
     REFRESH_S = 1.0
-
-    @property
-    def forge(self) -> "ForgeApp":
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield NavBar("fallback")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.screen import Screen
 from textual.widgets import Footer
 
 from ..state import SearchState
@@ -14,16 +11,10 @@ from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
 from ..widgets.plots.cost import CostPlot
 from ..widgets.plots.speedup import SpeedupPlot
-
-if TYPE_CHECKING:
-    from ..app import ForgeApp
+from .base import ForgeScreen
 
 
-class PlotsScreen(Screen[None]):
-    @property
-    def forge(self) -> "ForgeApp":
-        return self.app  # type: ignore[return-value]
-
+class PlotsScreen(ForgeScreen):
     def compose(self) -> ComposeResult:
         yield NavBar("plots")
         yield Guide()

@@ -3,13 +3,10 @@ results, ncu report, agent transcript). The replay screen is the same screen ove
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.screen import Screen
 from textual.widgets import Footer
 
 from ..backend import NodeDetail
@@ -19,12 +16,10 @@ from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
 from ..widgets.search.node_panes import NodePanes
 from ..widgets.search.tree import SearchTree
-
-if TYPE_CHECKING:
-    from ..app import ForgeApp
+from .base import ForgeScreen
 
 
-class TreeScreen(Screen[None]):
+class TreeScreen(ForgeScreen):
     """A tree on the left, the chosen node's panes on the right."""
 
     BINDINGS = [
@@ -45,10 +40,6 @@ class TreeScreen(Screen[None]):
         self._wanted: tuple[str, str] | None = None
         self.only: str | None = None
         self.shown_state: SearchState = SearchState()
-
-    @property
-    def forge(self) -> "ForgeApp":
-        return self.app  # type: ignore[return-value]
 
     def compose_top(self) -> ComposeResult:
         yield from ()

@@ -3,27 +3,22 @@ controls (start or resume, pause, stop), and the event log."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
 from textual.widgets import Footer, Input
 
+from ..state import SearchState
 from ..widgets.common.event_log import EventLog
 from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
 from ..widgets.workload.budget import BudgetPanel
 from ..widgets.workload.card_detail import CardDetail
 from ..widgets.workload.op_table import OpTable
-
-if TYPE_CHECKING:
-    from ..app import ForgeApp
-    from ..state import SearchState
+from .base import ForgeScreen
 
 
-class WorkloadScreen(Screen[None]):
+class WorkloadScreen(ForgeScreen):
     BINDINGS = [
         Binding("g", "app.start_search", "Search"),
         Binding("p", "app.pause_search", "Pause"),
@@ -34,10 +29,6 @@ class WorkloadScreen(Screen[None]):
         Binding("a", "kind(None)", "All", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
-
-    @property
-    def forge(self) -> "ForgeApp":
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield NavBar("workload")
