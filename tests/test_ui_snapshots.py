@@ -1,0 +1,62 @@
+"""Snapshots of every screen at 80x24 and at a wide size, on fixed data (tests/ui_fixtures.py):
+no measured time, time stamp or temporary path reaches a screen. Update them, after looking at
+the difference, with ``pytest tests/test_ui_snapshots.py --snapshot-update``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ui_fixtures import FixtureBackend
+
+from forge_tui.ui.app import ForgeApp
+
+SIZES = {"small": (80, 24), "wide": (160, 45)}
+
+
+def make_app(theme: str = "textual-dark") -> ForgeApp:
+    app = ForgeApp(Path("fixture"), backend=FixtureBackend(), live_refresh=False)
+    app.theme = theme
+    return app
+
+
+async def settle(pilot) -> None:
+    """Until the workers have answered and the screen has drawn what they brought."""
+    for _ in range(2):
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def steps(*keys: str):
+    async def run(pilot) -> None:
+        await settle(pilot)
+        for key in keys:
+            await pilot.press(key)
+            await settle(pilot)
+
+    return run
+
+
+SCREENS = {
+    "workload": steps(),
+    # the best node of the RMSNorm card: its source, highlighted
+    "search": steps("2", "down", "down", "down", "down", "down"),
+    # the build failure: its diagnostics (Enter would jump to the line)
+    "search_errors": steps("2", "down", "down", "down", "down", "e"),
+    "fallback": steps("3"),
+    "approvals": steps("4"),
+    "replay": steps("5", "left", "left", "left"),
+    "plots": steps("6"),
+    "describe": steps("7"),
+}
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("screen", list(SCREENS))
+def test_screen(snap_compare, screen, size):
+    assert snap_compare(make_app(), terminal_size=SIZES[size], run_before=SCREENS[screen])
+
+
+def test_light_theme(snap_compare):
+    assert snap_compare(make_app("textual-light"), terminal_size=SIZES["small"], run_before=SCREENS["search"])
