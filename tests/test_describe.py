@@ -305,6 +305,25 @@ def test_generate_from_a_function_serves_its_inputs_and_falls_back_for_others(fa
     assert op3.status()["served"] == 1
 
 
+def test_generate_from_a_description_drafts_the_reference_with_the_agent(fast_config, tmp_path):
+    import torch
+
+    import forge_tui
+
+    fast_config.write_text(fast_config.read_text() + '\n[agent]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n')
+    prov = ScriptedProvider([turn(("write_file", {"path": "reference.py", "content": FIXED}), ("try_reference", {})),
+                             turn(("submit", {"summary": SUMMARY}))])
+    op = forge_tui.generate(DESCRIPTION, yes=True, provider=prov, workspace=tmp_path / "ws", max_evals=0)
+    assert len(prov.calls) == 2 and op.card.target == "module:LayerNormGELU" and op.kernel is None
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(64, 256, generator=g), torch.randn(256, generator=g), torch.randn(256, generator=g)
+    expected = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (256,), w, b, eps=1e-5))
+    torch.testing.assert_close(op(x, w, b), expected)
+    assert op.status()["fallbacks"] == {"no kernel": 1}
+    record = json.loads((tmp_path / "ws" / "draft" / "draft.json").read_text())
+    assert record["approved_by"] == "forge_tui.generate(yes=True)" and record["card"] == op.card.id
+
+
 def test_generate_from_a_description_needs_yes_and_an_agent(tmp_path, monkeypatch):
     import forge_tui
 
