@@ -200,6 +200,7 @@ def cmd_new(args) -> int:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     ws, card = made.workspace, made.card
+    print(f"\ncard {card.id}, the reference {draft.name} wrapped and profiled:")
     print(render([card], title=f"{draft.name} on {ws.meta.get('device_name', '?')}"), end="")
     print(f"workspace: {ws.root}")
     print(f"next: forge search {ws.root}")

@@ -14,8 +14,8 @@ from .base import Family, Match, describe, parse_header
 from .device import DeviceProps, detect_device
 from .registry import match
 
-AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "grid", "unroll",
-              "per_thread")
+AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
+              "grid", "unroll", "per_thread", "simd")
 
 
 class TemplateProposer:
@@ -37,7 +37,11 @@ class TemplateProposer:
     def supports(self, card: Card, backend: str) -> str | None:
         fam, m = match(card)
         if fam is None or m is None:
-            return f"no template family serves {card.target} (left to the LLM agent)"
+            from .families.generated import kernel_or_reason
+
+            why = kernel_or_reason(card)
+            return (f"no template family serves {card.target}, nor the generator: {why} (left to the LLM agent)"
+                    if isinstance(why, str) else f"no template family serves {card.target} (left to the LLM agent)")
         if not self._valid_points(fam, m, backend, self.device, limit=1):
             return f"the {fam.name} templates have no valid configuration for this shape"
         return None

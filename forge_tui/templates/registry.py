@@ -1,16 +1,19 @@
-"""Every template family, in the order they are tried on a card."""
+"""Every template family, in the order they are tried on a card (the generated kernels last)."""
 
 from __future__ import annotations
 
 from ..cards import Card
 from .base import Family, Match
 from .families.elementwise import Elementwise
+from .families.generated import Generated
 from .families.groupnorm import BatchNorm, GroupNorm
 from .families.pooling import MaxPool, MeanPool
 from .families.rownorm import RowNorm
 from .families.softmax import Softmax
 
-FAMILIES: list[Family] = [Softmax(), RowNorm(), GroupNorm(), BatchNorm(), MeanPool(), MaxPool(), Elementwise()]
+# the hand-written families first; the generator (forge_tui/codegen) serves what none of them matches
+FAMILIES: list[Family] = [Softmax(), RowNorm(), GroupNorm(), BatchNorm(), MeanPool(), MaxPool(), Elementwise(),
+                          Generated()]
 BY_NAME = {f.name: f for f in FAMILIES}
 
 

@@ -1,0 +1,28 @@
+"""A code generator for pointwise and reduction programs: a card's captured aten program becomes
+one fused kernel, for the cuda and the cpu backend.
+
+    kern = analyze(card)          # the Kernel, or Unsupported with a one-line reason
+    src = emit_cpu(kern, params, card) / emit_cuda(kern, params, card, device)
+    outs = interpret(kern, card, inputs)   # the same computation in torch, no compiler
+
+index.py    the index algebra (rows, columns, views and slices as arithmetic)
+ir.py       the scalar graph, the ops' semantics (C and torch)
+analyze.py  program -> Kernel (lowering of composite ops, the domain, eager's roundings)
+interp.py   the torch interpreter of a Kernel
+emit_*.py   C++ (OpenMP) and CUDA sources
+
+The template family that proposes these kernels is templates/families/generated.py.
+"""
+
+from .analyze import Unsupported, analyze
+
+__all__ = ["Unsupported", "analyze", "explain"]
+
+
+def explain(card) -> str | None:
+    """None when the generator expresses the card; else the one-line reason it cannot."""
+    try:
+        analyze(card)
+    except Unsupported as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,157 @@
+"""What both emitters share: the C expression of every node, the helpers they call, the checks a
+candidate makes on its arguments."""
+
+from __future__ import annotations
+
+from .index import Index, to_c
+from .ir import BOOL_OPS, FLOAT_OPS, INT_OPS, Kernel, Node, c_float
+
+CPU_TYPES = {"float32": "float", "float16": "fhalf", "bfloat16": "fbf16", "int64": "int64_t", "int32": "int32_t",
+             "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int64": "int64_t",
+              "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+VALUE_TYPE = {"f": "float", "i": "int64_t", "b": "bool"}
+
+# Scalar helpers, written once for both backends (FG is the function qualifier).
+HELPERS = r'''
+FG float fg_max(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+FG float fg_min(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
+/* the reductions' combinations: NaN sticks */
+FG float fg_max_acc(float a, float b) { return (a > b || a != a) ? a : b; }
+FG float fg_min_acc(float a, float b) { return (a < b || a != a) ? a : b; }
+FG float fg_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+FG float fg_silu(float x) { return x / (1.f + expf(-x)); }
+FG float fg_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+FG float fg_gelu_tanh(float x) {
+    const float k = 0.79788456080286536f;
+    return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+FG float fg_relu(float x) { return x != x ? x : (x > 0.f ? x : 0.f); }
+FG float fg_clamp(float x, float lo, float hi) { return x != x ? x : (x < lo ? lo : (x > hi ? hi : x)); }
+FG float fg_softplus(float x, float beta, float th) { return x * beta > th ? x : log1pf(expf(x * beta)) / beta; }
+FG float fg_leaky_relu(float x, float s) { return x > 0.f ? x : x * s; }
+FG float fg_elu(float x, float a, float sc, float isc) { return x > 0.f ? x * sc : expm1f(x * isc) * a * sc; }
+FG float fg_hardsigmoid(float x) { return fg_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
+FG float fg_hardswish(float x) { return x * fg_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
+FG float fg_mish(float x) { return x * tanhf(log1pf(expf(x))); }
+FG float fg_sign(float x) { return x != x ? x : (float)((x > 0.f) - (x < 0.f)); }
+'''
+
+
+class NodeWriter:
+    """C statements for nodes: ``t<id>`` names each node's value; loads read ``p<k>`` at a row
+    offset (``row_name``) plus their column part."""
+
+    def __init__(self, kern: Kernel, backend: str) -> None:
+        self.k = kern
+        self.backend = backend
+        self.types = CUDA_TYPES if backend == "cuda" else CPU_TYPES
+        self.row_offsets: dict[Index, str] = {}
+
+    # ---- offsets -----------------------------------------------------------------------------------
+    def row_name(self, e: Index) -> str:
+        """The row-scope variable holding the part of an offset that does not depend on c."""
+        if not e.terms:
+            return f"{e.const}LL"
+        name = self.row_offsets.get(e)
+        if name is None:
+            name = self.row_offsets[e] = f"ro{len(self.row_offsets)}"
+        return name
+
+    def offset(self, e: Index) -> str:
+        row, col = e.split("c")
+        rn = self.row_name(row)
+        if not col.terms:
+            return rn
+        return f"{rn} + {to_c(col)}"
+
+    def row_decls(self) -> list[str]:
+        return [f"const int64_t {name} = {to_c(e)};" for e, name in self.row_offsets.items()]
+
+    # ---- values ------------------------------------------------------------------------------------
+    def vtype(self, n: Node) -> str:
+        return VALUE_TYPE[n.kind]
+
+    def load_expr(self, n: Node) -> str:
+        k, off = n.attr
+        ref = f"p{k}[{self.offset(off)}]"
+        if n.kind == "f":
+            return f"to_f({ref})"
+        if n.kind == "b":
+            return f"(bool){ref}"
+        return f"(int64_t){ref}"
+
+    def round(self, dtype: str, expr: str) -> str:
+        if dtype == "bfloat16":
+            return f"fg_rbf({expr})"
+        if dtype == "float16":
+            return f"fg_rh({expr})"
+        return expr
+
+    def expr(self, n: Node) -> str:
+        a = [f"t{x}" for x in n.args]
+        nodes = self.k.nodes
+        if n.op == "load":
+            return self.load_expr(n)
+        if n.op == "const":
+            if n.kind == "f":
+                return self.round(n.dtype, c_float(n.attr))
+            if n.kind == "b":
+                return "true" if n.attr else "false"
+            return f"{int(n.attr)}LL"
+        if n.op == "index":
+            return f"(int64_t)({to_c(n.attr)})"
+        if n.op == "icmp":
+            lhs, op, rhs = n.attr
+            return f"(({to_c(lhs)}) {op} ({to_c(rhs)}))"
+        if n.op == "red":
+            return f"red{n.attr}"
+        if n.op == "cast":
+            src = nodes[n.args[0]]
+            x = a[0]
+            if n.kind == "f":
+                if src.kind == "b":
+                    return f"({x} ? 1.f : 0.f)"
+                if src.kind == "i":
+                    return self.round(n.dtype, f"(float){x}")
+                return self.round(n.dtype, x) if n.dtype != src.dtype else x
+            if n.kind == "b":
+                return f"({x} != 0)"
+            ct = self.types[n.dtype]
+            return f"(int64_t)({ct}){x}"
+        if n.op == "where":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        kinds = {nodes[x].kind for x in n.args}
+        if kinds == {"b"} and n.op in BOOL_OPS:
+            return BOOL_OPS[n.op].format(*a)
+        if kinds == {"i"} and n.op in INT_OPS:
+            return INT_OPS[n.op].format(*a)
+        op = FLOAT_OPS[n.op]
+        attrs = {f"a{i}": c_float(v) for i, v in enumerate(n.attr or ())}
+        e = op.c.format(*a, **attrs)
+        if op.out == "b":
+            return e
+        return self.round(n.dtype, e)
+
+    def stmt(self, n: Node, override: str | None = None) -> str:
+        return f"const {self.vtype(n)} t{n.id} = {override if override is not None else self.expr(n)};"
+
+    def store(self, dtype: str, ptr: str, value: str) -> str:
+        if dtype in ("float32", "float16", "bfloat16"):
+            return f"{ptr} = from_f<{self.types[dtype]}>({value});"
+        return f"{ptr} = ({self.types[dtype]}){value};"
+
+
+def check_inputs(kern: Kernel, card_inputs, card_outputs) -> str:
+    """C statements returning 2 when the arguments are not the card's (count, shapes, strides)."""
+    lines = [f"if (n_in != {len(card_inputs)} || n_out != {len(card_outputs)}) return 2;"]
+    for which, specs in (("in", card_inputs), ("out", card_outputs)):
+        for k, s in enumerate(specs):
+            nd = len(s.shape)
+            conds = [f"{which}[{k}].ndim != {nd}"]
+            for d, (size, st) in enumerate(zip(s.shape, s.stride)):
+                conds.append(f"{which}[{k}].shape[{d}] != {size}")
+                if size > 1:
+                    conds.append(f"{which}[{k}].stride[{d}] != {st}")
+            lines.append(f"if ({' || '.join(conds)}) return 2;")
+    return "\n    ".join(lines)

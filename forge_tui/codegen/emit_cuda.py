@@ -1,0 +1,372 @@
+"""CUDA for the cuda backend.
+
+Pointwise programs: a flat grid-stride kernel, VEC consecutive columns a thread (16-byte vector
+loads and stores where an access is contiguous along the row and aligned; a VEC=1 instantiation
+runs when a pointer is not aligned), grid ``full`` or capped at whole waves.
+
+Programs with reductions: TPR threads a row (4 to 1024: below 32, several rows share a warp and
+the shuffles stay within each row's lanes), RPB rows a block, one phase a reduction level
+(warp shuffles, then shared memory across the row's warps), then the output phase. What the
+phases read again is cached (``cache``): in registers (``regs``: NV x VEC values a thread, the
+loops unrolled), in shared memory (``smem``: each thread keeps its own elements, raw), or not at
+all (``none``: re-read, from L1/L2). ``grid``: a block per RPB rows, or a persistent grid of
+whole waves walking the row groups.
+"""
+
+from __future__ import annotations
+
+from ..templates.cuda_common import COMMON
+from ..templates.device import DEFAULT_DEVICE, DeviceProps
+from .emit_common import HELPERS, NodeWriter, check_inputs
+from .index import Index
+from .ir import ITEMSIZE, Kernel
+
+PRELUDE = COMMON + r'''
+#define FG __device__ __forceinline__
+FG float fg_rbf(float v) { return round_to<__nv_bfloat16>(v); }
+FG float fg_rh(float v) { return round_to<__half>(v); }
+FG float fg_rsqrt(float v) { return rsqrtf(v); }
+''' + HELPERS + r'''
+template <int OP> FG float fg_comb(float a, float b) { return OP == 0 ? a + b : OP == 1 ? fg_max_acc(a, b) : fg_min_acc(a, b); }
+template <int OP> FG float fg_ident() { return OP == 0 ? 0.f : OP == 1 ? -INFINITY : INFINITY; }
+
+/* Reduce over the TPR threads of a row (rows side by side in the block, TPR a power of two; below
+   32 a warp holds 32 / TPR rows). Every thread of the block calls it. scratch: RPB * (TPR / 32). */
+template <int TPR, int OP>
+FG float fg_row_reduce(float v, float* scratch) {
+    constexpr int LANES = TPR < 32 ? TPR : 32;
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) v = fg_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if constexpr (TPR > 32) {
+        constexpr int W = TPR / 32;
+        const int lane = threadIdx.x & 31, w = (threadIdx.x % TPR) >> 5, slot = threadIdx.x / TPR;
+        __syncthreads();
+        if (lane == 0) scratch[slot * W + w] = v;
+        __syncthreads();
+        v = lane < W ? scratch[slot * W + lane] : fg_ident<OP>();
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = fg_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+template <typename T, int N> FG void fg_vec_to_f(const Vec<T, N>& a, float (&out)[N]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_f(a.v[j]);
+}
+'''
+OPS = {"sum": 0, "amax": 1, "amin": 2}
+
+
+def vec_ok(off: Index, vec: int) -> bool:
+    """A contiguous run of ``vec`` elements along the row, starting on a multiple of ``vec``."""
+    row, col = off.split("c")
+    return col.is_var("c") and row.coefs_divisible(vec)
+
+
+def _args(kern: Kernel, w: NodeWriter) -> tuple[str, str]:
+    params, args = [], []
+    for leaf in kern.leaves:
+        t = w.types[leaf.dtype]
+        params.append(f"const {t}* __restrict__ p{leaf.index}")
+        args.append(f"(const {t}*)in[{leaf.index}].data")
+    for o in kern.outputs:
+        t = w.types[o.dtype]
+        params.append(f"{t}* __restrict__ q{o.index}")
+        args.append(f"({t}*)out[{o.index}].data")
+    return ", ".join(params), ", ".join(args)
+
+
+def _aligned(kern: Kernel, vec: int, vec_loads: list, vec_outs: list) -> str:
+    conds = []
+    for n in vec_loads:
+        k = n.attr[0]
+        conds.append(f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[kern.leaves[k].dtype]})")
+    for o in vec_outs:
+        conds.append(f"forge_aligned(out[{o.index}].data, {vec * ITEMSIZE[o.dtype]})")
+    return " && ".join(sorted(set(conds))) or "true"
+
+
+def emit_cuda(kern: Kernel, params: dict, card, device: DeviceProps = DEFAULT_DEVICE) -> str:
+    if kern.reductions:
+        return _rows(kern, params, card, device)
+    return _flat(kern, params, card, device)
+
+
+# ---- pointwise -----------------------------------------------------------------------------------
+def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
+    w = NodeWriter(kern, "cuda")
+    threads, vec = p["threads"], p["vec"]
+    ind = "        "
+    roots = [o.node for o in kern.outputs]
+    need = kern.needed(roots)
+    row_stmts = [ind + w.stmt(kern.nodes[n]) for n in need if not kern.nodes[n].varying]
+    vloads = [kern.nodes[n] for n in need if kern.nodes[n].op == "load" and kern.nodes[n].varying
+              and kern.nodes[n].kind == "f" and vec_ok(kern.nodes[n].attr[1], vec)]
+    vouts = [o for o in kern.outputs if o.dtype in ("float32", "float16", "bfloat16") and vec_ok(o.offset, vec)]
+    pre = []
+    for ld in vloads:
+        k, off = ld.attr
+        row, _ = off.split("c")
+        pre.append(ind + f"float v{ld.id}[VEC]; load_vec<{w.types[kern.leaves[k].dtype]}, VEC>(p{k} + {w.row_name(row)} + c0, v{ld.id});")
+    for o in vouts:
+        pre.append(ind + f"float o{o.index}[VEC];")
+    inner = []
+    vids = {ld.id for ld in vloads}
+    for n in need:
+        node = kern.nodes[n]
+        if not node.varying:
+            continue
+        inner.append(ind + "    " + w.stmt(node, f"v{n}[j]" if n in vids else None))
+    post = []
+    for o in kern.outputs:
+        if o in vouts:
+            inner.append(ind + f"    o{o.index}[j] = t{o.node};")
+            row, _ = o.offset.split("c")
+            post.append(ind + f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(row)} + c0, o{o.index});")
+        else:
+            inner.append(ind + "    " + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+    decls = [ind + d for d in w.row_decls()]
+    params_c, args_c = _args(kern, w)
+    numel = kern.rows * kern.cols
+    full = -(-numel // (threads * vec))
+    wave = device.sms * max(1, device.max_threads_per_sm // threads)
+    grid = {"full": full, "waves4": min(full, 4 * wave), "waves1": min(full, wave)}[p["grid"]]
+    grid1 = -(-numel // threads) if p["grid"] == "full" else grid
+    aligned = _aligned(kern, vec, vloads, vouts)
+    nl = "\n"
+    return PRELUDE + f'''
+/* {kern.summary} */
+static const int64_t NUMEL = {numel}, COLS = {kern.cols};
+
+template <int VEC>
+__global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{
+    for (int64_t e0 = ((int64_t)blockIdx.x * {threads} + threadIdx.x) * VEC; e0 < NUMEL;
+         e0 += (int64_t)gridDim.x * {threads} * VEC) {{
+        const int64_t r = e0 / COLS;
+        const int64_t c0 = e0 - r * COLS;
+{nl.join(decls)}
+{nl.join(row_stmts)}
+{nl.join(pre)}
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {{
+            const int64_t c = c0 + j;
+            (void)c;
+{nl.join(inner)}
+        }}
+{nl.join(post)}
+    }}
+}}
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    {check_inputs(kern, card.inputs, card.outputs)}
+    cudaStream_t s = (cudaStream_t)stream;
+    if ({aligned}) fg_kernel<{vec}><<<{grid}, {threads}, 0, s>>>({args_c});
+    else fg_kernel<1><<<{grid1}, {threads}, 0, s>>>({args_c});
+    return (int)cudaGetLastError();
+}}
+'''
+
+
+# ---- rows ----------------------------------------------------------------------------------------
+def cached_loads(kern: Kernel) -> list[int]:
+    """Varying float loads that more than one phase reads (what the cache keeps)."""
+    hit = kern.memo.get("cached_loads")
+    if hit is None:
+        hit = kern.memo["cached_loads"] = _cached_loads(kern)
+    return list(hit)
+
+
+def _cached_loads(kern: Kernel) -> list[int]:
+    uses: dict[int, set[int]] = {}
+    roots_by_phase = [[r.body for r in kern.reductions if r.level == lv] for lv in range(kern.levels)]
+    roots_by_phase.append([o.node for o in kern.outputs if not o.per_row])
+    for ph, roots in enumerate(roots_by_phase):
+        for n in _loop_nodes(kern, roots):
+            node = kern.nodes[n]
+            if node.op == "load" and node.kind == "f":
+                uses.setdefault(n, set()).add(ph)
+    return sorted(n for n, phases in uses.items() if len(phases) > 1)
+
+
+def _loop_nodes(kern: Kernel, roots: list[int]) -> list[int]:
+    return [n for n in kern.needed(roots) if kern.nodes[n].varying]
+
+
+def smem_bytes(kern: Kernel, rpb: int, vec: int) -> int:
+    total = 0
+    for n in cached_loads(kern):
+        node = kern.nodes[n]
+        if vec_ok(node.attr[1], vec):
+            total += -(-rpb * kern.cols * ITEMSIZE[node.dtype] // 16) * 16
+    return total
+
+
+def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
+    w = NodeWriter(kern, "cuda")
+    tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
+    cols = kern.cols
+    ind = "        "
+    cached = cached_loads(kern)
+    if cache == "smem":
+        cached = [n for n in cached if vec_ok(kern.nodes[n].attr[1], vec)]
+    elif cache == "none":
+        cached = []
+    body: list[str] = []
+    done: set[int] = set()
+    filled: set[int] = set()
+    smem_off: dict[int, int] = {}
+    off = 0
+    for n in cached:
+        if cache == "smem":
+            smem_off[n] = off
+            off += -(-rpb * cols * ITEMSIZE[kern.nodes[n].dtype] // 16) * 16
+    if cache == "regs":
+        for n in cached:
+            body.append(ind + f"float cache{n}[NV][VEC];")
+    for n in cached if cache == "smem" else []:
+        t = w.types[kern.nodes[n].dtype]
+        body.append(ind + f"{t}* sm{n} = ({t}*)(fg_smem + {smem_off[n]}) + (int64_t)slot * COLS;")
+
+    def row_nodes(roots: list[int]) -> None:
+        for n in kern.needed(roots):
+            if n in done or kern.nodes[n].varying:
+                continue
+            body.append(ind + w.stmt(kern.nodes[n]))
+            done.add(n)
+
+    def loop(roots: list[int], tail: list[str], guard: str, head: list[str] | None = None,
+             post: list[str] | None = None) -> list[str]:
+        """The loop over this thread's columns computing ``roots``, then ``tail`` per element;
+        ``head`` and ``post`` go before and after the loop over a vector's elements."""
+        need = _loop_nodes(kern, roots)
+        out: list[str] = []
+        if cache == "regs":
+            out += [ind + "#pragma unroll", ind + "for (int k = 0; k < NV; ++k) {",
+                    ind + "    const int c0 = (k * TPR + t) * VEC;", ind + f"    if ({guard}c0 < COLS) {{"]
+        else:
+            out += [ind + "for (int c0 = t * VEC; c0 < COLS; c0 += TPR * VEC) {", ind + f"    if ({guard}true) {{"]
+        pre, inner = [], []
+        sub = {}
+        for n in need:
+            node = kern.nodes[n]
+            if node.op != "load":
+                continue
+            k, offs = node.attr
+            lt = w.types[kern.leaves[k].dtype]
+            row, _ = offs.split("c")
+            is_vec = node.kind == "f" and vec_ok(offs, vec)
+            src = f"p{k} + {w.row_name(row)} + c0"
+            if n in cached and cache == "regs":
+                if n not in filled:
+                    if is_vec:
+                        pre.append(f"load_vec<{lt}, VEC>({src}, cache{n}[k]);")
+                    else:
+                        pre.append("#pragma unroll")
+                        pre.append(f"for (int j = 0; j < VEC; ++j) {{ const int64_t c = c0 + j; "
+                                   f"cache{n}[k][j] = {w.load_expr(node)}; }}")
+                sub[n] = f"cache{n}[k][j]"
+            elif n in cached and cache == "smem":
+                if n not in filled:
+                    pre.append(f"Vec<{lt}, VEC> raw{n} = *reinterpret_cast<const Vec<{lt}, VEC>*>({src});")
+                    pre.append(f"*reinterpret_cast<Vec<{lt}, VEC>*>(sm{n} + c0) = raw{n};")
+                else:
+                    pre.append(f"Vec<{lt}, VEC> raw{n} = *reinterpret_cast<const Vec<{lt}, VEC>*>(sm{n} + c0);")
+                pre.append(f"float v{n}[VEC]; fg_vec_to_f<{lt}, VEC>(raw{n}, v{n});")
+                sub[n] = f"v{n}[j]"
+            elif is_vec:
+                pre.append(f"float v{n}[VEC]; load_vec<{lt}, VEC>({src}, v{n});")
+                sub[n] = f"v{n}[j]"
+        filled.update(n for n in need if n in cached)
+        for n in need:
+            inner.append(w.stmt(kern.nodes[n], sub.get(n)))
+        inner += tail
+        out += [ind + "        " + s for s in pre + (head or [])]
+        out += [ind + "        #pragma unroll", ind + "        for (int j = 0; j < VEC; ++j) {",
+                ind + "            const int64_t c = c0 + j;", ind + "            (void)c;"]
+        out += [ind + "            " + s for s in inner]
+        out += [ind + "        }"] + [ind + "        " + s for s in post or []] + [ind + "    }", ind + "}"]
+        return out
+
+    for level in range(kern.levels):
+        reds = [(k, r) for k, r in enumerate(kern.reductions) if r.level == level]
+        row_nodes([r.body for _, r in reds])
+        tail = []
+        for k, r in reds:
+            body.append(ind + f"float acc{k} = fg_ident<{OPS[r.kind]}>();")
+            tail.append(f"acc{k} = fg_comb<{OPS[r.kind]}>(acc{k}, t{r.body});")
+        body += loop([r.body for _, r in reds], tail, "")
+        for k, r in reds:
+            body.append(ind + f"const float red{k} = fg_row_reduce<TPR, {OPS[r.kind]}>(acc{k}, fg_scratch);")
+    roots = [o.node for o in kern.outputs]
+    row_nodes(roots)
+    row_outs = [o for o in kern.outputs if o.per_row]
+    if row_outs:
+        body.append(ind + "if (live && t == 0) {")
+        for o in row_outs:
+            body.append(ind + "    " + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+        body.append(ind + "}")
+    full = [o for o in kern.outputs if not o.per_row]
+    vouts = []
+    if full:
+        tail = []
+        for o in full:
+            if o.dtype in ("float32", "float16", "bfloat16") and vec_ok(o.offset, vec):
+                vouts.append(o)
+                tail.append(f"o{o.index}[j] = t{o.node};")
+            else:
+                tail.append(w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+        # vector outputs: an array before the element loop, one store after it
+        head = [f"float o{o.index}[VEC];" for o in vouts]
+        stores = [f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(o.offset.split('c')[0])} + c0, o{o.index});"
+                  for o in vouts]
+        body += loop([o.node for o in full], tail, "live && ", head, stores)
+    decls = [ind + d for d in w.row_decls()]
+    params_c, args_c = _args(kern, w)
+    groups = -(-kern.rows // rpb)
+    blocks_per_sm = max(1, min(32, device.max_threads_per_sm // (tpr * rpb)))
+    grid = groups if p.get("grid", "rows") == "rows" else min(groups, device.sms * blocks_per_sm)
+    nv = -(-cols // (tpr * vec))
+    nv1 = -(-cols // tpr)
+    smem = off
+    vec_loads = [kern.nodes[n] for n in set(_loop_nodes(kern, [r.body for r in kern.reductions] + roots))
+                 if kern.nodes[n].op == "load" and kern.nodes[n].kind == "f" and vec_ok(kern.nodes[n].attr[1], vec)]
+    aligned = _aligned(kern, vec, vec_loads, vouts)
+    setattr_ = ""
+    if smem > 48 * 1024:
+        setattr_ = (f"    cudaFuncSetAttribute(fg_kernel<{vec}, {nv}>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});\n"
+                    f"    cudaFuncSetAttribute(fg_kernel<1, {nv1}>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});\n")
+    nl = "\n"
+    extern = "    extern __shared__ __align__(16) unsigned char fg_smem[];\n" if cache == "smem" and smem else ""
+    return PRELUDE + f'''
+/* {kern.summary}; {tpr} threads a row, {rpb} rows a block, cache {cache} */
+static const int64_t ROWS = {kern.rows}, GROUPS = {groups};
+static const int COLS = {cols};
+#define TPR {tpr}
+#define RPB {rpb}
+
+template <int VEC, int NV>
+__global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
+    __shared__ float fg_scratch[RPB * (TPR > 32 ? TPR / 32 : 1)];
+{extern}    const int t = threadIdx.x % TPR;
+    const int slot = threadIdx.x / TPR;
+    for (int64_t g = blockIdx.x; g < GROUPS; g += gridDim.x) {{
+        const int64_t rr = g * RPB + slot;
+        const bool live = rr < ROWS;
+        const int64_t r = live ? rr : ROWS - 1;
+        (void)live;
+{nl.join(decls)}
+{nl.join(body)}
+    }}
+}}
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    {check_inputs(kern, card.inputs, card.outputs)}
+    cudaStream_t s = (cudaStream_t)stream;
+{setattr_}    if ({aligned}) fg_kernel<{vec}, {nv}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
+    else fg_kernel<1, {nv1}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
+    return (int)cudaGetLastError();
+}}
+'''

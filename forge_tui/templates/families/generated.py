@@ -1,0 +1,185 @@
+"""Generated kernels: any card whose program is pointwise ops, casts, views that are index
+arithmetic and reductions over the last dimensions (forge_tui/codegen) becomes one fused kernel.
+Tried after every hand-written family, so those keep the cards they match.
+
+Axes (cuda, programs with reductions): ``tpr`` threads a row, ``rpb`` rows a block, ``vec``
+elements an access, ``cache`` (what later phases read again: registers, shared memory, or
+re-read), ``grid`` (a block per row group, or a persistent grid of whole waves). Pointwise
+programs: ``threads``, ``vec``, ``grid``. cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
+``cblock`` (columns a work item) for pointwise programs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+
+from ...cards import Card
+from ...codegen import Unsupported, analyze
+from ...codegen.emit_cpu import emit_cpu
+from ...codegen.emit_cuda import cached_loads, emit_cuda, smem_bytes, vec_ok
+from ...codegen.index import Index
+from ...codegen.ir import ITEMSIZE, Kernel
+from ..base import Family, Match, header
+from ..device import DEFAULT_DEVICE, DeviceProps
+
+TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+RPBS = [1, 2, 4, 8, 16, 32, 64]
+FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _pow2_ceil(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+class _Cache:
+    """Analyses by card (id and program): the proposer asks about a card many times."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.items: OrderedDict[str, Kernel | str] = OrderedDict()
+        self.size = size
+        self.lock = threading.Lock()
+
+    def get(self, card: Card) -> Kernel | str:
+        key = hashlib.sha256(json.dumps([card.id, card.program, [s.model_dump() for s in card.inputs],
+                                         [s.model_dump() for s in card.outputs]], sort_keys=True,
+                                        default=str).encode()).hexdigest()
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None:
+                self.items.move_to_end(key)
+                return hit
+        try:
+            value: Kernel | str = analyze(card)
+        except Unsupported as exc:
+            value = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug of the generator must not stop a search
+            value = f"the generator failed on this program ({type(exc).__name__}: {exc})"
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+_CACHE = _Cache()
+
+
+def kernel_or_reason(card: Card) -> Kernel | str:
+    """The generated kernel's analysis for the card, or the one-line reason there is none."""
+    return _CACHE.get(card)
+
+
+class Generated(Family):
+    name = "generated"
+
+    def match(self, card: Card) -> Match | None:
+        k = kernel_or_reason(card)
+        if isinstance(k, str):
+            return None
+        return Match(self.name, card, {"kernel": k})
+
+    @staticmethod
+    def _k(m: Match) -> Kernel:
+        return m.info["kernel"]
+
+    # ---- the parameter space ---------------------------------------------------------------------
+    def _vec_accesses(self, k: Kernel) -> list[tuple[Index, str]]:
+        out = []
+        for n in k.loads():
+            if n.varying and n.kind == "f":
+                out.append((n.attr[1], n.dtype))
+        for o in k.outputs:
+            if not o.per_row and o.dtype in FLOATS:
+                out.append((o.offset, o.dtype))
+        return out
+
+    def _vecs(self, k: Kernel) -> list[int]:
+        acc = self._vec_accesses(k)
+        widths = []
+        for v in (8, 4, 2):
+            if k.cols % v:
+                continue
+            ok = [dt for off, dt in acc if vec_ok(off, v)]
+            if ok and all(v * ITEMSIZE[dt] <= 16 for dt in ok):
+                widths.append(v)
+        return widths + [1]
+
+    def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
+        k = self._k(m)
+        if backend == "cpu":
+            ax: dict[str, list] = {"chunk": [1, 4, 16, 64], "simd": [1, 0]}
+            if not k.reductions:
+                ax["cblock"] = [0, 1024, 4096, 16384]
+            return ax
+        if not k.reductions:
+            return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"]}
+        return {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
+                "grid": ["rows", "waves"]}
+
+    def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
+        k = self._k(m)
+        if backend == "cpu":
+            return not (p.get("cblock") and k.reductions)
+        if p["vec"] not in self._vecs(k):
+            return False
+        if not k.reductions:
+            return True
+        tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
+        if tpr * rpb > 1024 or (tpr * rpb) % 32 or (rpb > 1 and tpr > 256):
+            return False
+        if tpr * vec > 2 * _pow2_ceil(k.cols) and tpr > 4:
+            return False
+        groups = -(-k.rows // rpb)
+        if p["grid"] == "waves" and groups <= device.sms * max(1, device.max_threads_per_sm // (tpr * rpb)):
+            return False  # a wave holds every group: the same launch as "rows"
+        cached = cached_loads(k)
+        if cache == "regs":
+            nv = -(-k.cols // (tpr * vec))
+            return nv * vec * max(1, len(cached)) <= 64
+        if not cached:
+            return False  # nothing is read twice: every cache setting is the same kernel
+        if cache == "smem":
+            need = smem_bytes(k, rpb, vec)
+            return 0 < need <= device.smem_per_block - 2048
+        return True
+
+    def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
+        k = self._k(m)
+        if backend == "cpu":
+            p: dict = {"chunk": 4 if k.rows >= 256 else 1, "simd": 1}
+            if not k.reductions:
+                p["cblock"] = 0 if k.rows >= 64 else (16384 if k.cols >= 65536 else 4096 if k.cols >= 8192 else 0)
+            return p
+        vec = self._vecs(k)[0]
+        if not k.reductions:
+            return {"threads": 256, "vec": vec, "grid": "full"}
+        tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
+        base = {"vec": vec, "cache": "regs", "grid": "rows"}
+        for cache in ("regs", "smem", "none"):
+            t = tpr
+            while t <= 1024:
+                rpb = max(1, 256 // t) if t <= 128 else 1
+                while t * rpb < 32:
+                    rpb *= 2
+                p = {**base, "tpr": t, "rpb": min(rpb, 64), "cache": cache}
+                if self.valid(m, p, backend, device):
+                    return p
+                t *= 2
+        return {**base, "tpr": 256, "rpb": 1, "cache": "none"}
+
+    def passes(self, m: Match, p: dict) -> int:
+        k = self._k(m)
+        if p.get("cache") == "none" and cached_loads(k):
+            return k.levels + 1
+        return 1
+
+    def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
+        k = self._k(m)
+        src = emit_cpu(k, p, m.card) if backend == "cpu" else emit_cuda(k, p, m.card, device)
+        return header(self.name, p, self.passes(m, p)) + src
