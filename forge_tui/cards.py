@@ -68,6 +68,9 @@ class Card(BaseModel):
     outputs: list[TensorSpec]
     program: dict[str, Any]
     module_paths: list[str] = []
+    within: list[str] = []
+    """Op cards: the module cards whose forwards made every call of this one (it is nested in
+    them: their kernels serve it); empty when some call was made elsewhere."""
     call_args: Any = None
     """Module cards: the forward's arguments, tensors replaced by {"$t": k} (None: not recorded)."""
     returns: str = "tensor"

@@ -1,4 +1,6 @@
-"""The op table: cards by share of the forward."""
+"""The op table: cards by share of the forward, each op card nested in a module card shown under
+it, the offline kernel (template family or generator) that serves each card, and the share of the
+forward those kernels serve."""
 
 from __future__ import annotations
 
@@ -6,51 +8,111 @@ import io
 
 from .cards import DTYPE_SHORT, Card
 
-COLUMNS = ("#", "card", "kind", "target", "shapes", "dtype", "calls", "µs/call", "share", "floor µs", "headroom")
+COLUMNS = ("#", "card", "kind", "target", "shapes", "dtype", "calls", "µs/call", "share", "floor µs", "headroom", "kernel")
+NESTED = "└ "
 
 
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def rows(cards: list[Card]) -> list[dict]:
+def ordered(cards: list[Card]) -> list[tuple[Card, bool]]:
+    """The cards in their order, each op card nested in a module card of the list moved right under
+    the first such module card; (card, nested)."""
+    present = {c.id for c in cards}
+    children: dict[str, list[Card]] = {}
+    for c in cards:
+        parent = next((p for p in c.within if p in present), None) if c.kind == "op" else None
+        if parent is not None:
+            children.setdefault(parent, []).append(c)
+    nested = {c.id for kids in children.values() for c in kids}
+    out: list[tuple[Card, bool]] = []
+    for c in cards:
+        if c.id in nested:
+            continue
+        out.append((c, False))
+        out.extend((k, True) for k in children.get(c.id, []))
+    return out
+
+
+def offline_share(cards: list[Card], served: dict[str, str]) -> dict[str, float]:
+    """The share of the forward served by offline kernels: module cards with one, plus op cards
+    with one that are not nested in a served module card (nested ones are counted through it)."""
+    by_id = {c.id: c for c in cards}
+    module = sum(c.share or 0.0 for c in cards if c.kind == "module" and c.id in served)
+    op = 0.0
+    for c in cards:
+        if c.kind != "op" or c.id not in served:
+            continue
+        parents = [by_id[p] for p in c.within if p in by_id]
+        if parents and all(p.id in served for p in parents):
+            continue
+        op += c.share or 0.0
+    return {"total": module + op, "module": module, "op": op}
+
+
+def served_by(cards: list[Card]) -> dict[str, str]:
+    """Which offline kernel serves each card (empty when that cannot be worked out here)."""
+    try:
+        from .templates.coverage import offline_kernels
+
+        return offline_kernels(cards)
+    except Exception:  # noqa: BLE001 - the table is shown without that column rather than not at all
+        return {}
+
+
+def rows(cards: list[Card], served: dict[str, str] | None = None) -> list[dict]:
+    served = served or {}
     out = []
-    for i, c in enumerate(cards, 1):
+    for i, (c, nested) in enumerate(ordered(cards), 1):
         out.append({
             "#": i, "card": c.id, "kind": c.kind, "target": c.op_name, "shapes": c.shapes(),
             "dtype": DTYPE_SHORT.get(c.dtype, c.dtype), "calls": c.calls,
             "time_us": c.time_us, "share": c.share, "floor_us": c.floor_us, "headroom": c.headroom,
-            "flags": c.flags,
+            "flags": c.flags, "within": c.within, "nested": nested, "kernel": served.get(c.id),
         })
     return out
 
 
 def cells(row: dict) -> list[str]:
     return [
-        str(row["#"]), row["card"], row["kind"], row["target"], row["shapes"], row["dtype"], str(row["calls"]),
+        str(row["#"]), (NESTED if row.get("nested") else "") + row["card"], row["kind"], row["target"], row["shapes"],
+        row["dtype"], str(row["calls"]),
         _fmt(row["time_us"], ".1f") + ("?" if "noisy_timing" in row["flags"] else ""), "-" if row["share"] is None else f"{100 * row['share']:.1f}%",
         _fmt(row["floor_us"], ".2f"), "-" if row["headroom"] is None else f"{row['headroom']:.1f}x",
+        row.get("kernel") or "-",
     ]
 
 
-def render(cards: list[Card], title: str = "", width: int = 200, limit: int | None = None) -> str:
-    """Plain-text table (rich does the layout)."""
+def render(cards: list[Card], title: str = "", width: int = 200, limit: int | None = None,
+           served: dict[str, str] | None = None) -> str:
+    """Plain-text table (rich does the layout). ``served``: card id -> the offline kernel's family
+    (worked out from the templates and the generator when not given)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    if served is None:
+        served = served_by(cards)
     table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in COLUMNS:
         table.add_column(col, justify="right" if col in ("#", "calls", "µs/call", "share", "floor µs", "headroom") else "left",
                          overflow="fold", max_width=60 if col == "shapes" else None)
-    shown = cards if limit is None else cards[:limit]
-    for row in rows(shown):
+    all_rows = rows(cards, served)
+    shown = all_rows if limit is None else all_rows[:limit]
+    for row in shown:
         table.add_row(*cells(row))
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(table)
     text = "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
     if limit is not None and len(cards) > limit:
         text += f"... {len(cards) - limit} more cards\n"
-    if any("noisy_timing" in c.flags for c in shown):
+    if any(r["nested"] for r in shown):
+        text += f"{NESTED}an op card nested in the module card above it (every call made inside its forward)\n"
+    if served and any(c.share is not None for c in cards):
+        s = offline_share(cards, served)
+        text += (f"offline kernels (templates, generator) serve {100 * s['total']:.1f}% of the forward: "
+                 f"module cards {100 * s['module']:.1f}%, op cards outside them {100 * s['op']:.1f}%\n")
+    if any("noisy_timing" in r["flags"] for r in shown):
         text += "? timed while the machine was busy: not trustworthy (profile again on a quiet machine)\n"
     return text

@@ -146,6 +146,10 @@ class Bucket:
     they have no JSON form): the runtime serves only calls with the same non-tensor arguments."""
     returns: str = "tensor"
     """Module cards: how the forward returns its tensor outputs ("tensor" or "tuple")."""
+    parents: dict[str, int] = field(default_factory=dict)
+    """Op cards: calls made inside each module card's forward (by the module bucket's key)."""
+    outside: int = 0
+    """Op cards: calls made outside every module card (no leaf module, or one that makes no card)."""
 
 
 @dataclass
@@ -164,6 +168,8 @@ class _Frame:
     pre_key: tuple[Any, ...] = ()
     call_args: Any = None
     """The bucket key of the module call as first seen (its sample count is kept under it)."""
+    op_keys: list[str] = field(default_factory=list)
+    """The op buckets of the calls made inside this frame, one entry a call."""
 
 
 class CaptureOptions:
@@ -327,6 +333,10 @@ class Recorder:
             )
             self.buckets[key] = bucket
         bucket.calls += 1
+        if self.frame is not None:
+            self.frame.op_keys.append(bucket.key)
+        else:
+            bucket.outside += 1
         if self.frame is not None and self.frame.path not in bucket.module_paths:
             bucket.module_paths.append(self.frame.path)
         if len(bucket.samples) < self.opt.samples_per_card:
@@ -426,19 +436,29 @@ class Recorder:
         return hook
 
     def _close_frame(self, frame: _Frame, output) -> None:
+        key = self._module_bucket(frame, output)
+        for op_key in frame.op_keys:  # where each op call made inside the frame belongs
+            b = self.buckets[op_key]
+            if key is None:
+                b.outside += 1
+            else:
+                b.parents[key] = b.parents.get(key, 0) + 1
+
+    def _module_bucket(self, frame: _Frame, output) -> str | None:
+        """Record the frame's module call; the key of its bucket, or None when it makes no card."""
         funcs = [resolve_op(n["op"]) for n in frame.nodes]
         compute = [f for f in funcs if _is_compute(f)]
         if frame.invalid or not compute or (frame.rng and self.opt.skip_rng):
-            return
+            return None
         outs = _tensor_leaves(output)
         refs = []
         for t in outs:
             r = frame.refs.get(t)
             if r is None:
-                return
+                return None
             refs.append(r)
         if len(compute) < 2 and not _drops_outputs(frame.nodes, refs) and not getattr(frame.module, CARD_ATTR, False):
-            return  # a single-op module that returns all its op's outputs is already an op card
+            return None  # a single-op module that returns all its op's outputs is already an op card
         program = {"nodes": frame.nodes, "outputs": refs}
         target = f"module:{type(frame.module).__name__}"
         key = signature_key("module", target, program, frame.specs)
@@ -462,6 +482,7 @@ class Recorder:
                 self._module_samples[frame.pre_key] = self._module_samples.get(frame.pre_key, 0) + 1
             else:
                 bucket.skipped_samples += 1
+        return key
 
 
 def _is_compute(func) -> bool:

@@ -106,7 +106,8 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
         cards: list[Card] = []
         for i, b in enumerate(buckets, 1):
             progress(f"timing card {i}/{len(buckets)}: {b.target}")
-            cards.append(_make_card(b, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings))
+            cards.append(_make_card(b, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings,
+                                    within=_within(b, rec.buckets)))
     cards.sort(key=lambda c: (-(c.share or 0.0), c.id))
     return ProfileResult(
         cards=cards, forward=fwd_stats, device=device, device_name=ceil["device_name"],
@@ -144,8 +145,16 @@ class QuietTimer:
         return st, reasons
 
 
+def _within(b: Bucket, buckets: dict[str, Bucket]) -> list[str]:
+    """The ids of the module cards an op card is nested in: every one of its calls was made inside
+    their forwards (none outside a module card)."""
+    if b.kind != "op" or b.outside or not b.parents or sum(b.parents.values()) != b.calls:
+        return []
+    return [card_id(buckets[k]) for k in sorted(b.parents, key=lambda k: -b.parents[k]) if k in buckets]
+
+
 def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ceil: dict, forwards: int,
-               forward_us: float, warnings: list[str]) -> Card:
+               forward_us: float, warnings: list[str], within: list[str] | None = None) -> Card:
     flags = set(b.flags)
     samples: list[Sample] = []
     for ins, outs in b.samples:
@@ -154,7 +163,7 @@ def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ce
         flags.add("no_sample")
     card = Card(
         id=card_id(b), kind=b.kind, target=b.target, label="", inputs=b.inputs, outputs=b.outputs,
-        program=b.program, module_paths=b.module_paths, call_args=b.call_args, returns=b.returns,
+        program=b.program, module_paths=b.module_paths, within=within or [], call_args=b.call_args, returns=b.returns,
         flags=[], calls=max(1, round(b.calls / forwards)),
         bytes=b.bytes, flops=b.flops, samples=samples, device=device, dtype=_main_dtype(b),
     )

@@ -131,11 +131,26 @@ class Search:
                 out.append(card)
             else:
                 self.skipped[card.id] = why
+        out = self._drop_nested(out)
         if self.scfg.top:
             out.sort(key=lambda c: -CardBudget(c).potential)
             for c in out[self.scfg.top:]:
                 self.skipped[c.id] = f"not among the top {self.scfg.top} cards by potential gain"
             out = out[: self.scfg.top]
+        return out
+
+    def _drop_nested(self, cards: list[Card]) -> list[Card]:
+        """Op cards nested in module cards that this search serves are not searched apart: the
+        module card's kernel runs in their place (an RMSNorm's kernel, not its mul, pow, mean and
+        casts). Named on their own in ``cards``, without their module card, they still are."""
+        ids = {c.id for c in cards}
+        out = []
+        for card in cards:
+            parents = [p for p in card.within if p in ids] if card.kind == "op" else []
+            if parents and len(parents) == len(card.within):
+                self.skipped[card.id] = f"it runs inside {parents[0]}, whose kernel serves it (that card is searched)"
+            else:
+                out.append(card)
         return out
 
     def _apply_node(self, rec: NodeRecord) -> list[SearchEvent]:

@@ -1,0 +1,23 @@
+"""Which cards an offline proposer (a template family, or the generator after them) has a kernel
+for: what the op table reports as the share of the forward served without an LLM."""
+
+from __future__ import annotations
+
+from ..cards import Card
+from .device import DeviceProps
+from .proposer import TemplateProposer
+from .registry import match
+
+
+def offline_kernels(cards: list[Card], device: DeviceProps | None = None) -> dict[str, str]:
+    """card id -> the family that serves it (``generated`` for the generator), for the cards one
+    serves on the backend of the device they were profiled on."""
+    prop = TemplateProposer(device)
+    out: dict[str, str] = {}
+    for card in cards:
+        backend = "cuda" if card.device == "cuda" else "cpu"
+        if prop.supports(card, backend) is None:
+            _, m = match(card)
+            if m is not None:
+                out[card.id] = m.family
+    return out
