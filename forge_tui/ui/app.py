@@ -81,7 +81,7 @@ class ForgeApp(App[None]):
         self.autostart = (search is not None) if autostart is None else autostart
         self.proposer = proposer
         self.backend = backend or Backend(self.workspace_path)
-        self.describer = describer or describer_for(self.workspace_path)
+        self.describer = describer or describer_for(self.workspace_path, config)
         self.live_refresh = live_refresh
         # what the panes show
         self.cards: list[Card] = []

@@ -55,7 +55,9 @@ class DescribeScreen(ForgeScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("accept", "discard"):
-            return self.draft is not None and not isinstance(self.focused, Input)
+            if self.draft is None or isinstance(self.focused, Input):
+                return False
+            return self.draft.ok or action == "discard"
         return True
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -73,7 +75,8 @@ class DescribeScreen(ForgeScreen):
         self.draft = message.draft
         form = self.query_one(DescribeForm)
         form.show(self.draft)
-        form.status("review the reference and inputs: y makes it a card, n discards it")
+        form.status("review the reference and inputs: y makes it a card, n discards it" if self.draft.ok else
+                    "this draft cannot become a card (see above): n discards it, i describes again")
         self.query_one("#describe-reference").focus()
         self.refresh_bindings()
 
@@ -81,6 +84,8 @@ class DescribeScreen(ForgeScreen):
         self.query_one("#describe-input", Input).focus()
 
     def action_discard(self) -> None:
+        if self.draft is not None:
+            self.forge.describer.discard(self.draft)
         self.draft = None
         form = self.query_one(DescribeForm)
         form.show(None)
@@ -100,7 +105,7 @@ class DescribeScreen(ForgeScreen):
         self.draft = None
         form = self.query_one(DescribeForm)
         form.show(None)
-        form.status(f"card {card} added: it is in the op table (1), ready to search")
+        form.status(f"card {card} added to the workspace: it is in the op table (1), ready to search")
         self.forge.note(f"described op became card {card}")
         self.forge.reload_cards()
         self.refresh_bindings()
