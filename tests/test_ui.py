@@ -401,3 +401,43 @@ def test_serve_command_drops_the_serve_flags():
 
     cmd = serve_command(["ws", "--serve", "--port", "9000", "--proposer", "templates", "--host=0.0.0.0"])
     assert cmd.endswith("-m forge_tui.ui.app ws --proposer templates")
+
+
+# ---- describe an op ------------------------------------------------------------------------------
+def test_describe_an_op_makes_a_card(profiled, tmp_path):
+    """A scripted agent writes the reference; the screen shows it and its inputs; y adds the card to
+    the workspace and the op table shows it."""
+    from test_describe import DESCRIPTION, FIXED, SUMMARY, turn
+
+    from forge_tui.agent.providers import ScriptedProvider
+    from forge_tui.ui.describe_api import CoreDescriber
+
+    ws_root = copy(profiled.root, tmp_path / "ws")
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text(FAST_TOML + '\n[agent]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n')
+    prov = ScriptedProvider([turn(("write_file", {"path": "reference.py", "content": FIXED}), ("try_reference", {})),
+                             turn(("submit", {"summary": SUMMARY}))])
+    before = len(profiled.cards())
+
+    async def scenario():
+        app = ForgeApp(ws_root, config=cfg, describer=CoreDescriber(ws_root, cfg, provider=prov))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.cards, 30, "the cards")
+            await pilot.press("7", "y")  # nothing to accept yet: y is not taken
+            screen = app.screen
+            assert screen.draft is None
+            await pilot.press("i", *DESCRIPTION, "enter")
+            await until(pilot, lambda: screen.draft is not None or app.failures, 60, "the draft")
+            assert not app.failures, [f.error for f in app.failures]
+            assert screen.draft.ok and "F.gelu(" in screen.query_one("#describe-reference").text
+            inputs = text_of(screen.query_one("#describe-inputs"))
+            assert "[0]" in inputs and "[2]" in inputs and "64" in inputs, inputs
+            await pilot.press("escape", "y")
+            await until(pilot, lambda: len(app.cards) == before + 1 or app.failures, 120, "the new card")
+            assert not app.failures, [f.error for f in app.failures]
+            assert any(c.target == "module:LayerNormGELU" for c in app.cards)
+            await pilot.press("1")
+            await pilot.pause()
+            assert app.screen.query_one(OpTable).row_count == before + 1
+
+    asyncio.run(scenario())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ui_fixtures import FixtureBackend
+from ui_fixtures import FixtureBackend, FixtureDescriber
 
 from forge_tui.ui.app import ForgeApp
 
@@ -15,7 +15,7 @@ SIZES = {"small": (80, 24), "wide": (160, 45)}
 
 
 def make_app(theme: str = "textual-dark") -> ForgeApp:
-    app = ForgeApp(Path("fixture"), backend=FixtureBackend(), live_refresh=False)
+    app = ForgeApp(Path("fixture"), backend=FixtureBackend(), describer=FixtureDescriber(), live_refresh=False)
     app.theme = theme
     return app
 
@@ -48,7 +48,8 @@ SCREENS = {
     "approvals": steps("4"),
     "replay": steps("5", "left", "left", "left"),
     "plots": steps("6"),
-    "describe": steps("7"),
+    # a draft to review: the reference and its inputs
+    "describe": steps("7", "i", *"gelu over (64, 256) fp32", "enter", "escape"),
 }
 
 

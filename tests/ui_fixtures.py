@@ -15,6 +15,7 @@ from forge_tui.promotion import Request, evidence_of
 from forge_tui.runtime.manifest import Entry, Evidence, Signature
 from forge_tui.search.events import BestImproved, CardFinished, NodeAdded, ProposerFailed, SearchEvent, SearchStarted, SearchStopped
 from forge_tui.ui.backend import Backend, BenchOutcome, NodeDetail
+from forge_tui.ui.describe_api import Draft
 
 CARDS_DIR = Path(__file__).parent / "data" / "ui" / "cards"
 RMS = "mod-RMSNorm-7be6e8fcef"
@@ -188,3 +189,22 @@ class FixtureBackend(Backend):
     def bench(self, repeats: int = 10) -> BenchOutcome:
         return BenchOutcome("variant  median µs  vs eager\neager        842.8         -\neager+forge  771.0    1.093x",
                             1.093, {"eager+forge": None})
+
+
+class FixtureDescriber:
+    """Answers every description with the same draft."""
+
+    def __init__(self) -> None:
+        self.accepted: list[str] = []
+
+    def draft(self, description: str) -> Draft:
+        return Draft(description, "import torch\n\n\ndef reference(x):\n    return torch.nn.functional.gelu(x)\n\n\n"
+                     "def example_inputs(device='cpu'):\n    return [torch.randn(64, 256, device=device)]\n",
+                     "[0] 64x256 fp32 randn", "written by scripted fixture ($0.0000)\ngelu over (64, 256) fp32")
+
+    def accept(self, draft: Draft) -> str:
+        self.accepted.append(draft.description)
+        return "mod-Gelu-0000000000"
+
+    def discard(self, draft: Draft) -> None:
+        pass

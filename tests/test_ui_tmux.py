@@ -1,0 +1,73 @@
+"""The real ``forge-tui`` command in a real terminal (tmux at 80x24): it opens a workspace, the
+guide names the next key, g searches (the template proposer on the CPU), 2 shows the tree, q quits
+with status 0. Skipped where tmux is not installed."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAST_TOML
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+WORKLOAD = Path(__file__).parent / "data" / "workloads" / "rmsnorm.py"
+
+
+class Tmux:
+    """One tmux server of its own (its own socket), killed at the end."""
+
+    def __init__(self, name: str) -> None:
+        self.socket = name
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "app")
+
+    def keys(self, *keys: str) -> None:
+        for k in keys:
+            self.run("send-keys", "-t", "app", k)
+            time.sleep(0.3)
+
+    def wait_for(self, *texts: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if any(t in screen for t in texts):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"none of {texts} on the screen after {timeout} s:\n{screen}")
+
+
+def test_forge_tui_in_tmux(tmp_path):
+    from forge_tui.workspace import profile_into_workspace
+
+    (tmp_path / "forge.toml").write_text(FAST_TOML + "[search]\nmax_evals = 2\nparallel = 1\nmin_gain = 0.0\n")
+    ws, _ = profile_into_workspace(str(WORKLOAD), tmp_path / "ws", device="cpu", config_path=tmp_path / "forge.toml")
+    exe = Path(sys.executable).parent / "forge-tui"
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k.startswith("FORGE_"))
+    cmd = (f"cd {shlex.quote(str(tmp_path))} && env {env} {shlex.quote(str(exe))} ws --proposer templates; "
+           "echo forge-tui exited with $?; sleep 60")
+    tmux = Tmux(f"forge-test-{os.getpid()}")
+    tmux.run("new-session", "-d", "-s", "app", "-x", "80", "-y", "24", cmd)
+    try:
+        screen = tmux.wait_for("g searches kernels", timeout=60)
+        assert "1 Workload" in screen and "7 Describe" in screen and "mod-RMSNorm" in screen
+        tmux.keys("g")
+        screen = tmux.wait_for("beat eager", "searches further", timeout=180)
+        tmux.keys("2")
+        screen = tmux.wait_for("n0001", timeout=20)
+        assert "root eager reference" in screen and "★ n0" in screen
+        tmux.keys("q")
+        tmux.wait_for("forge-tui exited with 0", timeout=30)
+    finally:
+        subprocess.run(["tmux", "-L", tmux.socket, "kill-server"], capture_output=True)
