@@ -217,7 +217,9 @@ class ForgeApp(App[None]):
             sp = self.bench_outcome.speedup
             bad = [k for k, v in self.bench_outcome.outputs_agree.items() if v]
             got = f"{sp:.2f}x eager" if sp else "measured"
-            return (f"end to end: eager + forge {got}, outputs " + ("DIFFER" if bad else "agree") +
+            off = self.bench_outcome.switched_off
+            offs = f"; {len(off)} kernel(s) switched off, slower end to end (3 says why)" if off else ""
+            return (f"end to end: eager + forge {got}, outputs " + ("DIFFER" if bad else "agree") + offs +
                     ". 5 replays the search, 6 plots it, q quits")
         if self.paused:
             return "paused: g resumes the search where it stopped (every finished node is kept)"

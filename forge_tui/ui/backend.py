@@ -46,6 +46,8 @@ class BenchOutcome:
     table: str
     speedup: float | None
     outputs_agree: dict[str, str | None] = field(default_factory=dict)
+    switched_off: dict[str, str] = field(default_factory=dict)
+    """Kernels switched off because the whole forward ran faster without them."""
 
 
 def language_of(name: str) -> str:
@@ -141,9 +143,15 @@ class Backend:
 
     # ---- promotion -----------------------------------------------------------------------------
     def requests(self) -> list["Request"]:
-        from ..promotion import requests
+        """The pending promotion requests, best first; a card's request is left out while the
+        kernel promoted for it is at least as fast (the core lists its next-best node)."""
+        from ..promotion import manifest, requests
 
-        return requests(self._ws())
+        ws = self._ws()
+        promoted = manifest(ws).entries
+        out = [r for r in requests(ws) if r.card.id not in promoted
+               or r.speedup > (promoted[r.card.id].evidence.speedup_vs_eager or 0.0)]
+        return sorted(out, key=lambda r: -r.speedup)
 
     def approve(self, card: str) -> list["Entry"]:
         from ..errors import ForgeError
@@ -182,4 +190,4 @@ class Backend:
         dtype = parse_dtype(meta["dtype"]) if meta.get("dtype") else None
         r = bench(spec, ws, device=meta.get("device"), dtype=dtype, repeats=repeats, warmup=2, with_compile=False)
         sp = r.speedups.get("eager+forge")
-        return BenchOutcome(r.table(), sp.median if sp else None, dict(r.outputs_agree))
+        return BenchOutcome(r.table(), sp.median if sp else None, dict(r.outputs_agree), dict(r.switched_off))

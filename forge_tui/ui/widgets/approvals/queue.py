@@ -30,7 +30,9 @@ class RequestQueue(DataTable[str]):
         self.requests: list[Request] = []
 
     def on_mount(self) -> None:
-        self.add_columns("card", "node", "vs eager", "spread", "vs compile", "sets")
+        self.add_column("card", width=24)  # fixed: the first rows otherwise come in at the header's width
+        self.add_column("node", width=5)
+        self.add_columns("vs eager", "spread", "vs compile", "sets")
 
     def show(self, requests: "list[Request]") -> None:
         self.requests = list(requests)

@@ -96,8 +96,8 @@ class OpTable(DataTable[str]):
         for c in self._cards:
             cells = self._cells(c)
             try:
-                self.update_cell(c.id, "search", cells[2])
-                self.update_cell(c.id, "best", cells[3])
+                self.update_cell(c.id, "search", cells[2], update_width=True)
+                self.update_cell(c.id, "best", cells[3], update_width=True)
             except Exception:  # noqa: BLE001 - a row gone while the table refilled
                 pass
 
