@@ -368,6 +368,17 @@ def test_op_table_sorts_filters_and_shows_the_card(profiled):
             assert [c.op_name for c in table.cards] == ["pow"] or all("pow" in c.id for c in table.cards)
             await pilot.press("escape")
             assert table.row_count == len(cards)
+            # the light and the dark theme; the screens in the command palette
+            dark = app.theme
+            await pilot.press("ctrl+t")
+            assert app.theme == "textual-light" != dark and not app.current_theme.dark
+            await pilot.press("ctrl+t")
+            assert app.current_theme.dark
+            commands = {c.title: c for c in app.get_system_commands(app.screen)}
+            assert {"Screen: Search", "Screen: Replay", "Search: start or resume", "Search: pause"} <= set(commands)
+            commands["Screen: Approvals"].callback()
+            await pilot.pause()
+            assert isinstance(app.screen, ApprovalsScreen)
 
     asyncio.run(scenario())
 
@@ -441,3 +452,31 @@ def test_describe_an_op_makes_a_card(profiled, tmp_path):
             assert app.screen.query_one(OpTable).row_count == before + 1
 
     asyncio.run(scenario())
+
+
+def test_serve_answers_a_browser(profiled, tmp_path):
+    """forge-tui --serve: textual-serve's page for the app, on a port of this machine."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "forge-tui"
+    proc = subprocess.Popen([str(exe), str(profiled.root), "--serve", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        page = ""
+        for _ in range(100):
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read().decode()
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert "textual.js" in page and "forge-tui" in page
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
