@@ -53,10 +53,25 @@ SCREENS = {
 }
 
 
+# the selected node's other panes, at 80x24
+PANES = {
+    "diff": steps("2", "down", "down", "down", "down", "down", "d"),
+    "tests": steps("2", "down", "down", "down", "down", "down", "r"),
+    "ncu": steps("2", "down", "down", "down", "down", "down", "n"),
+    # the agent's node on the softmax card: its transcript
+    "agent": steps("2", *["down"] * 9, "t"),
+}
+
+
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("screen", list(SCREENS))
 def test_screen(snap_compare, screen, size):
     assert snap_compare(make_app(), terminal_size=SIZES[size], run_before=SCREENS[screen])
+
+
+@pytest.mark.parametrize("pane", list(PANES))
+def test_node_pane(snap_compare, pane):
+    assert snap_compare(make_app(), terminal_size=SIZES["small"], run_before=PANES[pane])
 
 
 def test_light_theme(snap_compare):
