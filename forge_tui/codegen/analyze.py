@@ -1278,7 +1278,8 @@ def analyze(card: Card) -> Kernel:
         rows = first.src.numel // cols
         for r in reds[1:]:
             if r.cols != cols or r.src.numel != rows * cols:
-                raise Unsupported(f"{r.where}: reduces rows of {r.cols} where {first.where} reduces rows of {cols}")
+                raise Unsupported(f"{r.where}: reduces {r.src.numel // r.cols} rows of {r.cols} where {first.where} "
+                                  f"reduces {rows} rows of {cols}")
         return build(card, outs, rows, cols)
     sizes = {numel(s.shape) for s in card.outputs if numel(s.shape)}
     if len(sizes) > 1:

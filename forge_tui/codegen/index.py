@@ -121,6 +121,14 @@ class Space:
                 continue  # always 0
             cleaned[a] = cleaned.get(a, 0) + coef
         items = [(c, a) for a, c in cleaned.items() if c != 0]
+        # a * k * (E / k) + a * (E % k) is a * E
+        for c1, a1 in items:
+            if isinstance(a1, Opaque) and a1.op == "%":
+                q = Opaque(a1.inner, "/", a1.k)
+                c2 = cleaned.get(q)
+                if c2 is not None and c2 == c1 * a1.k:
+                    rest = [(c, a) for c, a in items if a not in (a1, q)]
+                    return self.canon(const + c1 * a1.inner.const, rest + [(c1 * c, a) for c, a in a1.inner.terms])
         changed = True
         while changed:  # merge a * ((v / d) % m) + a * m * (v / (d * m) % m2) into a * ((v / d) % (m * m2))
             changed = False

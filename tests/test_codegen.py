@@ -1,0 +1,532 @@
+"""The code generator (forge_tui/codegen): a table of leaf modules written as models write them,
+captured to module cards, whose generated kernels pass the real evaluator on the cpu backend
+against eager; refusals that say why; a property test of random pointwise/reduction programs
+(the analysis checked through its torch interpreter), a batch of random programs compiled once
+and run; the index algebra; CUDA sources compiled with nvcc; op cards nested in module cards."""
+
+import ctypes
+import os
+import random
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from forge_tui.cards import Card
+from forge_tui.codegen import Unsupported, analyze, explain
+from forge_tui.codegen.emit_cpu import PRELUDE, emit_cpu
+from forge_tui.codegen.index import Space, evaluate
+from forge_tui.codegen.interp import interpret
+from forge_tui.compare import compare
+from forge_tui.config import ForgeConfig, parse_config
+from forge_tui.evaluator import EvalOptions, Evaluator
+from forge_tui.evaluator.build import Builder
+from forge_tui.kernel_abi import ForgeScalar, ForgeTensor, alloc_outputs, describe
+from forge_tui.profiler.capture import CARD_ATTR, CaptureOptions, Recorder
+from forge_tui.program import run_program
+from forge_tui.templates.families.generated import Generated
+from forge_tui.templates.proposer import TemplateProposer
+from forge_tui.templates.registry import match
+from forge_tui.tensorstore import unpack
+from forge_tui.workspace import profile_into_workspace
+
+HERE = Path(__file__).parent
+WORKLOADS = HERE / "data" / "workloads"
+CFG = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0},
+                    "evaluator": {"run_timeout_s": 30.0}})
+GEN = Generated()
+# every leaf module of codegen_modules.py that makes a module card (dtype variants count once)
+MODULES = {"GemmaRMSNorm", "HFRMSNorm", "QKNorm", "T5LayerNorm", "FP32LayerNorm", "Rotary", "PartialRotary", "SoftCap",
+           "SiluGate", "GeluGate", "ChunkSwiGLU", "ChunkGeGLU", "RouterMask", "MaskedScale", "HandGroupNorm",
+           "GroupNormSiLU", "MaskedSoftmax", "LogSumExp", "L2Normalize", "Standardize", "AbsMaxQuant", "MinMaxScale",
+           "DyT", "AddRMSNorm", "SqueezeExciteRow", "TransposedMul", "HalfCastChain", "VarMean"}
+
+
+def _name(card: Card) -> str:
+    return card.op_name
+
+
+@pytest.fixture(scope="module")
+def table_ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("codegen")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n[profile]\nops = false\n")
+    ws, _ = profile_into_workspace(WORKLOADS / "codegen_modules.py", root / "ws", device="cpu", config_path=cfg)
+    return ws
+
+
+@pytest.fixture(scope="module")
+def evaluated(table_ws):
+    """Every module card's generated kernel (its first configuration) through the evaluator; the
+    builds first, two at a time."""
+    cards = [c for c in table_ws.cards() if c.kind == "module"]
+    sources = {}
+    for card in cards:
+        m = GEN.match(card)
+        assert m is not None, (card.id, explain(card))
+        sources[card.id] = GEN.render(m, GEN.initial(m, "cpu"), "cpu")
+    out = {}
+    with Evaluator(table_ws.store, table_ws.cache, CFG, backend="cpu") as ev:
+        with ThreadPoolExecutor(2) as pool:
+            builds = list(pool.map(ev.build, sources.values()))
+        assert all(b.ok for b in builds), [b.log[:2000] for b in builds if not b.ok]
+        for card in cards:
+            out[card.id] = (card, ev.evaluate(card, sources[card.id], EvalOptions(timing=False)))
+    return out
+
+
+def test_the_table_covers_the_modules_the_issue_names(evaluated):
+    names = {_name(c) for c, _ in evaluated.values()}
+    assert MODULES <= names, MODULES - names
+    assert len(evaluated) >= 30  # bf16 variants of the Gemma and T5 norms are cards of their own
+
+
+def test_every_module_passes_the_evaluator_against_eager(evaluated):
+    failed = {card.id: f"{r.status}: {r.reason}" for card, r in evaluated.values() if r.status != "passed"}
+    assert not failed, failed
+    for card, r in evaluated.values():
+        sets = {s.name for s in r.correctness.sets}
+        assert "adversarial-special" in sets and any(s.startswith("random") for s in sets), (card.id, sets)
+        if _name(card) in ("GemmaRMSNorm", "HandGroupNorm", "Standardize", "FP32LayerNorm"):
+            assert {"adversarial-zeros", "adversarial-tiny", "adversarial-offset"} <= sets, (card.id, sets)
+
+
+def test_the_analysis_picks_the_rows_the_program_reduces(table_ws):
+    kern = {}
+    for card in table_ws.cards():
+        kern.setdefault(_name(card), analyze(card))
+    gemma, gn, rot, soft = kern["GemmaRMSNorm"], kern["HandGroupNorm"], kern["Rotary"], kern["MaskedSoftmax"]
+    assert (gemma.rows, gemma.cols, [r.kind for r in gemma.reductions]) == (16, 64, ["sum"])
+    assert (gn.rows, gn.cols, gn.levels) == (2 * 4, 2 * 4 * 4, 2)  # groups of 2 channels x 4 x 4, two phases
+    assert (rot.rows, rot.cols, rot.reductions) == (2 * 4 * 8, 16, [])  # a row a head and position
+    assert [r.kind for r in soft.reductions] == ["amax", "sum"] and soft.levels == 2
+    assert kern["QKNorm"].cols == 16 and kern["ChunkSwiGLU"].cols == 32
+    assert [o.per_row for o in kern["AbsMaxQuant"].outputs] == [False, True]
+    assert kern["SoftCap"].rows == 1  # pointwise, nothing broadcasts: one flat row
+
+
+def test_hand_written_families_keep_priority(table_ws):
+    fams = {}
+    for card in table_ws.cards():
+        fam, m = match(card)
+        fams.setdefault(_name(card), set()).add(m.family if m else None)
+    assert fams["HFRMSNorm"] == {"rms_norm"} and fams["SiluGate"] == {"elementwise"}
+    assert fams["GemmaRMSNorm"] == {"generated"} and fams["ChunkSwiGLU"] == {"generated"}
+    assert fams["Rotary"] == {"generated"} and fams["HandGroupNorm"] == {"generated"}
+
+
+def test_moves_are_one_axis_and_every_backend_has_points(table_ws):
+    card = next(c for c in table_ws.cards() if _name(c) == "GemmaRMSNorm" and c.dtype == "bfloat16")
+    prop = TemplateProposer()
+    m = GEN.match(card)
+    for backend in ("cuda", "cpu"):
+        first = GEN.initial(m, backend)
+        assert GEN.valid(m, first, backend)
+        nbrs = prop.neighbours(GEN, m, first, backend)
+        assert nbrs
+        for q in nbrs:
+            assert sum(q[k] != first[k] for k in first) == 1, (first, q)
+    axes = GEN.axes(m, "cuda")
+    assert {"tpr", "rpb", "vec", "cache", "grid"} <= set(axes) and "smem" in axes["cache"]
+    assert GEN.initial(m, "cuda")["vec"] == 8  # 16-byte accesses of bf16
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+def captured(fn, *inputs) -> tuple[Card, list]:
+    """The module card of ``fn`` as a leaf module (a card even for one op), and its captured
+    inputs (constants the forward made included)."""
+
+    class Leaf(nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.leaf = Leaf()
+            setattr(self.leaf, CARD_ATTR, True)
+
+        def forward(self, *xs):
+            return self.leaf(*xs)
+
+    model = Outer()
+    rec = Recorder(model, CaptureOptions(ForgeConfig().profile))
+    with torch.no_grad():
+        rec.run(lambda: model(*inputs))
+    b = next((b for b in rec.buckets.values() if b.kind == "module"), None)
+    if b is None:
+        raise LookupError("the module computes nothing (no aten call that is not a view)")
+    card = Card(id="c", kind="module", target=b.target, label="", inputs=b.inputs, outputs=b.outputs, program=b.program)
+    return card, [unpack(*p) for p in b.samples[0][0]]
+
+
+def card_of(fn, *inputs) -> Card:
+    return captured(fn, *inputs)[0]
+
+
+X = torch.randn(4, 8, 16)
+
+
+@pytest.mark.parametrize("fn, inputs, why", [
+    (lambda x, w: x @ w, (X, torch.randn(16, 4)), "not a pointwise op, view or reduction"),
+    (lambda x: x.mean(1) * 2, (X,), "not its last dims"),
+    (lambda x: x - x.sum(-1, keepdim=True).transpose(0, 1), (torch.randn(4, 4, 4),), "another row"),
+    (lambda x: torch.topk(x, 2, -1).values * 2, (X,), "topk"),
+    (lambda x: (x * 10).long() + 1, (X,), "floating point to an integer"),
+    (lambda x: x.mean(-1, keepdim=True) + x.view(4, 8, 4, 4).mean(-1).sum(-1, keepdim=True), (X,), "reduces 128 rows of 4 where"),
+    (lambda x: torch.div(x, 3, rounding_mode="floor") + 1, (X,), "rounding_mode"),
+    (lambda x: x.double() * 2, (X,), "float64"),
+    (lambda x: torch.cumsum(x, -1) * 2, (X,), "cumsum"),
+])
+def test_refusals_say_why_in_one_line(fn, inputs, why):
+    card = card_of(fn, *inputs)
+    reason = explain(card)
+    assert reason is not None and why in reason and "\n" not in reason, reason
+    assert why in TemplateProposer().supports(card, "cpu")  # the search reports it too
+
+
+# ---- the index algebra ---------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_index_algebra_agrees_with_arithmetic(shape, data):
+    """A row-major position delinearised into a shape, permuted, reshaped and linearised again is
+    computed exactly; mixed-radix pieces fold back (a contiguous view is cols * r + c again)."""
+    n = 1
+    for s in shape:
+        n *= s
+    k = data.draw(st.integers(0, len(shape)))
+    cols = 1
+    for s in shape[k:]:
+        cols *= s
+    sp = Space({"r": n // cols, "c": cols})
+    flat = sp.add(sp.scale(sp.var("r"), cols), sp.var("c"))
+    idx = sp.delinearize(flat, shape)
+    assert sp.linearize(idx, shape) == flat
+    rr = torch.arange(n // cols).view(-1, 1)
+    cc = torch.arange(cols).view(1, -1)
+    ref = torch.arange(n).view(n // cols, cols)
+    perm = data.draw(st.permutations(list(range(len(shape)))))
+    t = ref.view(*shape).permute(*perm).contiguous()
+    # the element of the permuted tensor at permuted index: the original flat position
+    pidx = [idx[p] for p in perm]
+    pos = evaluate(sp.linearize(pidx, [shape[p] for p in perm]), {"r": rr, "c": cc})
+    assert torch.equal(t.reshape(-1)[torch.as_tensor(pos).expand(n // cols, cols)], ref)
+    # a reshape and back: always the same positions; folded back to the plain form where the
+    # reshape merges dimensions (what views of contiguous rows do)
+    new = data.draw(st.sampled_from([[n], [1, n], shape[::-1]]))
+    back = sp.linearize(sp.delinearize(sp.linearize(idx, shape), new), new)
+    assert torch.equal(torch.as_tensor(evaluate(back, {"r": rr, "c": cc})).expand(n // cols, cols), ref)
+    if new != shape[::-1] or len(shape) == 1:
+        assert back == flat
+
+
+# ---- random programs -----------------------------------------------------------------------------
+UNARY = ["neg", "abs", "exp", "tanh", "sigmoid", "silu", "relu", "gelu", "sqrt_abs", "rsqrt_sq", "log1p_abs", "sin"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+REDUCE = ["sum", "mean", "amax", "amin", "var", "std", "softmax", "logsumexp"]
+
+
+def _unary(name: str, x):
+    if name == "sqrt_abs":
+        return x.abs().sqrt()
+    if name == "rsqrt_sq":
+        return torch.rsqrt(x * x + 1.0)
+    if name == "log1p_abs":
+        return torch.log1p(x.abs())
+    if name in ("gelu", "silu"):
+        return getattr(F, name)(x)
+    return getattr(torch, name)(x)
+
+
+def _reduce(name: str, x, nred: int):
+    dims = list(range(-nred, 0))
+    if name == "softmax":
+        return torch.softmax(x, -1) if nred == 1 else x.amax(dims, keepdim=True)
+    if name == "logsumexp":
+        return torch.logsumexp(x, dims, keepdim=True)
+    if name in ("var", "std"):
+        return getattr(torch, name)(x, dims, keepdim=True)
+    return getattr(torch, name)(x, dims, keepdim=True)
+
+
+class Draw:
+    """Choices from hypothesis (``data``) or from a seeded Random."""
+
+    def __init__(self, data=None, rng: random.Random | None = None) -> None:
+        self.data, self.rng = data, rng
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.data.draw(st.integers(lo, hi)) if self.data is not None else self.rng.randint(lo, hi)
+
+    def pick(self, seq):
+        return self.data.draw(st.sampled_from(seq)) if self.data is not None else self.rng.choice(seq)
+
+
+def random_program(d: Draw):
+    """(function, inputs): a few inputs (some broadcast), 1 to 6 steps of pointwise ops, casts,
+    rotate-half, reductions over the last one or two dims (one width a program) feeding pointwise
+    ops, one or two outputs."""
+    nd = d.int(1, 3)
+    shape = [d.int(1, 3) for _ in range(nd - 1)] + [d.pick([1, 2, 3, 4, 6, 8, 16])]
+    dtype = d.pick([torch.float32, torch.float32, torch.bfloat16, torch.float16])
+    nred = 1 if nd == 1 else d.int(1, 2)
+    n_in = d.int(1, 3)
+    in_shapes = [shape] + [[1 if d.int(0, 2) == 0 else s for s in shape][d.int(0, nd - 1):] for _ in range(n_in - 1)]
+    steps = []
+    for _ in range(d.int(1, 6)):
+        kind = d.pick(["unary", "binary", "binary", "scalar", "reduce", "cast", "where", "rotate"])
+        steps.append((kind, d.pick(UNARY), d.pick(BINARY), d.pick(REDUCE), d.int(0, 99), d.int(0, 99),
+                      d.pick([0.5, -2.0, 3.0, 1e-3])))
+    two_outputs = d.int(0, 1) == 1
+    row_shape = shape[:nd - nred] + [1] * nred
+
+    def fn(*xs):
+        vals = [x.float() if dtype == torch.float32 else x for x in xs]
+        rows = set()  # values that are a reduction's result, one a row
+
+        def shaped(k):
+            v = vals[k]
+            if list(v.shape) == shape or (k in rows and list(v.shape) == row_shape):
+                return v
+            return v + torch.zeros(shape, dtype=v.dtype)
+
+        for kind, un, bi, red, a, b, scal in steps:
+            x, y = vals[a % len(vals)], vals[b % len(vals)]
+            if kind == "unary":
+                v = _unary(un, x)
+            elif kind == "binary":
+                v = getattr(torch, bi)(x, y)
+            elif kind == "scalar":
+                v = getattr(torch, bi)(x, torch.tensor(scal, dtype=x.dtype)) if bi in ("maximum", "minimum") else \
+                    getattr(torch, bi)(x, scal)
+            elif kind == "reduce":
+                if list(x.shape) != shape:  # reductions read whole rows of the program's shape (not constant
+                    x = x + vals[0]           # rows: eager's variance of one is rounding noise, not 0)
+                v = _reduce(red, x, nred) * 1.0
+                if list(v.shape) == row_shape:
+                    rows.add(len(vals))
+            elif kind == "cast":
+                v = x.to(torch.float32 if x.dtype != torch.float32 else dtype)
+            elif kind == "where":
+                v = torch.where(x > y, x, y * 0.5)
+            else:
+                if x.shape[-1] % 2:
+                    v = -x
+                else:
+                    h = x.shape[-1] // 2
+                    v = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+            vals.append(v)
+        out = shaped(len(vals) - 1)
+        return (out, shaped(len(xs))) if two_outputs and len(vals) > len(xs) + 1 else out
+
+    g = torch.Generator().manual_seed(d.int(0, 1000))
+    inputs = [torch.randn(*s, generator=g).to(dtype) for s in in_shapes]
+    return fn, inputs
+
+
+def _scale(e) -> float:
+    """The size of the reference's values (their RMS over the finite ones), as the evaluator's, at
+    least 1e-3: the inputs are of order 1, so a smaller reference is the noise of a cancellation
+    (eager's variance of a constant row is 1e-14, not 0)."""
+    if not e.is_floating_point():
+        return 1.0
+    fin = e[torch.isfinite(e)].double()
+    return max(float(fin.pow(2).mean().sqrt()) if fin.numel() else 1.0, 1e-3)
+
+
+def _check_against_eager(card: Card, got: list, inputs: list, special: bool) -> None:
+    expected = run_program(card.program, [t.clone() for t in inputs])
+    for k, (g, e) in enumerate(zip(got, expected)):
+        bad = compare(g, e, k, nonfinite="position" if special else "exact", scale=_scale(e))
+        assert bad is None, f"{bad}\n{card.program}"
+
+
+def _special(card: Card, inputs: list) -> list:
+    """NaN and +inf planted in the first and last elements of every floating input."""
+    out = []
+    for spec, t in zip(card.inputs, inputs):
+        t = t.clone()
+        flat = t.view(-1)
+        if spec.role == "input" and t.is_floating_point() and flat.numel() >= 3:
+            flat[0], flat[-1] = float("nan"), float("inf")
+        out.append(t)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")
+@settings(max_examples=int(os.environ.get("CG_EXAMPLES", "80")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_random_programs_match_eager_through_the_interpreter(data):
+    fn, inputs = random_program(Draw(data=data))
+    try:
+        card, inputs = captured(fn, *inputs)
+    except LookupError:
+        assume(False)
+    kern = analyze(card)  # every such program is expressible
+    for special in (False, True):
+        ins = _special(card, inputs) if special else inputs
+        _check_against_eager(card, interpret(kern, card, ins), ins, special)
+
+
+def _call(fn_ptr, ins: list, outs: list) -> int:
+    n_in, n_out = len(ins), len(outs)
+    a = (ForgeTensor * max(n_in, 1))(*[describe(t) for t in ins])
+    b = (ForgeTensor * max(n_out, 1))(*[describe(t) for t in outs])
+    s = (ForgeScalar * 1)()
+    return fn_ptr(a, n_in, b, n_out, s, 0, None)
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")
+def test_a_batch_of_random_programs_compiled_once_matches_eager(tmp_path):
+    """Twelve random programs' C++ in one translation unit (one compile), each called on fresh
+    and special inputs and compared with eager."""
+    rng = random.Random(int(__import__("os").environ.get("CG_SEED", "17")))
+    progs = []
+    while len(progs) < 12:
+        fn, inputs = random_program(Draw(rng=rng))
+        try:
+            card, inputs = captured(fn, *inputs)
+        except LookupError:
+            continue
+        kern = analyze(card)
+        params = {"chunk": 1, "simd": len(progs) % 2, **({} if kern.reductions else {"cblock": [0, 4][len(progs) % 2]})}
+        src = emit_cpu(kern, params, card)
+        assert src.startswith(PRELUDE)
+        body = src[len(PRELUDE):].replace("FORGE_EXPORT int forge_launch(", f"FORGE_EXPORT int forge_launch_{len(progs)}(")
+        progs.append((card, inputs, f"namespace k{len(progs)} {{\n{body}\n}}\n"))
+    built = Builder("cpu", tmp_path).build(PRELUDE + "".join(p[2] for p in progs))
+    assert built.ok, built.log[:3000]
+    lib = ctypes.CDLL(str(built.library))
+    for i, (card, inputs, _) in enumerate(progs):
+        fn_ptr = getattr(lib, f"forge_launch_{i}")
+        fn_ptr.restype = ctypes.c_int
+        for special in (False, True):
+            ins = _special(card, inputs) if special else inputs
+            outs = alloc_outputs(card.outputs, "cpu")
+            assert _call(fn_ptr, ins, outs) == 0
+            _check_against_eager(card, outs, ins, special)
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_cuda_sources_compile_for_sm90(table_ws):
+    """The first configuration of a norm (registers), its shared-memory and re-read variants, a
+    sub-warp row (tpr < 32), a rotary (flat, index arithmetic) and a softmax with a mask."""
+    by = {}
+    for card in table_ws.cards():
+        by.setdefault((_name(card), card.dtype), card)
+    jobs = []
+    gemma = GEN.match(by[("GemmaRMSNorm", "bfloat16")])
+    first = GEN.initial(gemma, "cuda")
+    for cache in ("regs", "smem", "none"):
+        jobs.append(GEN.render(gemma, {**first, "cache": cache, "tpr": 32, "rpb": 2}, "cuda"))
+    for name in ("HandGroupNorm", "Rotary", "RouterMask"):
+        card = next(c for (n, _), c in by.items() if n == name)
+        m = GEN.match(card)
+        jobs.append(GEN.render(m, GEN.initial(m, "cuda"), "cuda"))
+    assert "fg_row_reduce<TPR, 1>" in jobs[-1] and "#define TPR 4" in jobs[-1]  # the router's 8 experts: 4 threads a row
+    assert "load_vec<__nv_bfloat16, VEC>" in jobs[0] and "float cache" in jobs[0] and "fg_smem" in jobs[1]
+    builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(builder.build, jobs))
+    bad = [r.log[:2000] for r in results if not r.ok]
+    assert not bad, bad[0]
+
+
+# ---- nesting -------------------------------------------------------------------------------------
+NESTED = '''
+import torch
+from torch import nn
+
+
+class GemmaNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(0.1 * torch.randn(64))
+
+    def forward(self, x):
+        o = x.float()
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (o * (1.0 + self.weight.float())).type_as(x)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = GemmaNorm()
+
+    def forward(self, x):
+        return self.norm(x) + torch.tanh(x)
+
+
+def get_model():
+    return Model()
+
+
+def get_inputs():
+    return [torch.randn(32, 64)]
+'''
+
+
+def test_op_cards_nest_under_their_module_card_and_are_not_searched_apart(tmp_path):
+    from forge_tui.search.pool import LocalEvalPool
+    from forge_tui.search.runner import Search
+    from forge_tui.table import offline_share, render
+
+    (tmp_path / "nested.py").write_text(NESTED)
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
+    ws, _ = profile_into_workspace(tmp_path / "nested.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    cards = ws.cards()
+    module = next(c for c in cards if c.kind == "module")
+    inner = [c for c in cards if c.kind == "op" and c.within]
+    outer = [c for c in cards if c.kind == "op" and not c.within]
+    assert {c.op_name for c in inner} >= {"pow", "mean", "rsqrt"} and all(c.within == [module.id] for c in inner)
+    assert {c.op_name for c in outer} >= {"tanh"}  # made outside the module
+    text = render(cards)
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if module.id in line)
+    assert all("└ " in line for line in lines[at + 1: at + 1 + len(inner)])
+    assert "generated" in lines[at]  # the Gemma norm's kernel comes from the generator
+    served = {module.id: "generated", outer[0].id: "elementwise", inner[0].id: "generated"}
+    share = offline_share(cards, served)
+    assert share["module"] == pytest.approx(module.share) and share["op"] == pytest.approx(outer[0].share)
+    assert "serve" in text and "% of the forward" in text
+    pool = LocalEvalPool(ws.store, ws.cache, CFG, backend="cpu")
+    try:
+        search = Search(ws, CFG, TemplateProposer(), pool)
+        eligible = {c.id for c in search._eligible(cards)}
+        alone = {c.id for c in Search(ws, CFG, TemplateProposer(), pool, cards=[inner[0].id])._eligible(cards)}
+    finally:
+        pool.close()
+    assert module.id in eligible and not eligible & {c.id for c in inner}
+    assert all("inside " + module.id in search.skipped[c.id] for c in inner)
+    assert alone == {inner[0].id}  # named alone, without its module card, it is searched
+
+
+def test_unsupported_is_an_exception_with_the_reason():
+    card = card_of(lambda x: torch.cumsum(x, 0) + 1, X)
+    with pytest.raises(Unsupported, match="cumsum"):
+        analyze(card)
+
+
+@given(k=st.integers(2, 9), off=st.integers(0, 40), a=st.integers(1, 5))
+@settings(max_examples=40, deadline=None, derandomize=True)
+def test_a_split_index_folds_back(k, off, a):
+    """a * k * (E / k) + a * (E % k) folds to a * E for an index E that floor and mod cannot
+    simplify (an offset row-major position): what a rotate-half or chunk of a chunk leaves."""
+    sp = Space({"r": 7, "c": 12})
+    e = sp.offset(sp.add(sp.scale(sp.var("r"), 3), sp.var("c")), off)
+    split = sp.add(sp.scale(sp.floordiv(e, k), a * k), sp.scale(sp.mod(e, k), a))
+    rr, cc = torch.arange(7).view(-1, 1), torch.arange(12).view(1, -1)
+    assert torch.equal(torch.as_tensor(evaluate(split, {"r": rr, "c": cc})), a * (rr * 3 + cc + off))
+    assert split == sp.scale(e, a)
