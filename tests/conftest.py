@@ -38,8 +38,9 @@ def fast_config(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def fast_cfg():
-    from forge_tui.config import parse_config
     import tomllib
+
+    from forge_tui.config import parse_config
 
     return parse_config(tomllib.loads(FAST_TOML))
 

@@ -6,6 +6,7 @@ import json
 import random
 import threading
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,13 +37,22 @@ def make_workspace(root: Path, cards: list[Card]) -> Workspace:
     return Workspace(root)
 
 
+def stable_hash(text: str) -> int:
+    """A hash of ``text`` that is the same in every process (``hash()`` of a str changes with
+    PYTHONHASHSEED): fake speedups and statuses derived from it are reproducible."""
+    return zlib.crc32(text.encode())
+
+
 class FakePool:
     """Evaluations without compiling: the speedup is a function of (card, source)."""
 
     backend = "cpu"
 
-    def __init__(self, speedup=lambda card, source: 1.1, delay=(0.0, 0.0), status=lambda card, source: "passed"):
+    def __init__(self, speedup=lambda card, source: 1.1, delay=(0.0, 0.0), status=lambda card, source: "passed",
+                 speedup_when=("passed",)):
         self.speedup = speedup
+        self.speedup_when = speedup_when
+        """Statuses whose results carry a speedup (the evaluator gives one to passed results only)."""
         self.delay = delay
         self.status = status
         self.calls: list[tuple[str, str]] = []
@@ -61,7 +71,7 @@ class FakePool:
             st = self.status(card, source)
             return EvalResult(status=st, reason="" if st == "passed" else "fake failure", card=card.id,
                               backend=self.backend,
-                              speedup_vs_eager=self.speedup(card, source) if st == "passed" else None)
+                              speedup_vs_eager=self.speedup(card, source) if st in self.speedup_when else None)
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -5,9 +5,9 @@ import torch
 
 from forge_tui.config import parse_config
 from forge_tui.inputs import sample_inputs, sample_outputs
-from forge_tui.program import run_program
 from forge_tui.profiler.capture import CaptureOptions, Recorder
 from forge_tui.profiler.run import profile_workload
+from forge_tui.program import run_program
 from forge_tui.tensorstore import TensorStore
 from forge_tui.workload import load_workload
 
@@ -165,3 +165,41 @@ def test_inplace_op_card_is_functional():
     before = ins[0].clone()
     out = run_program(b.program, ins)[0]
     torch.testing.assert_close(out, before + y)  # sample inputs were captured before the mutation
+
+
+class ReadsAndWrites(torch.nn.Module):
+    """Ops whose bytes are known by hand: x (8, 32) fp32 is 1024 bytes, y (32,) fp32 128 bytes."""
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x * 2.0, -1)  # two ops: a module card of its own
+
+    def __init__(self):
+        super().__init__()
+        self.scaled = self.Scaled()
+
+    def forward(self, x, y):
+        return (torch.softmax(x, -1), x.sum(-1), torch.argmax(x, -1), y.expand(8, 32) * 3.0, self.scaled(x))
+
+
+def test_a_cards_bytes_are_every_input_read_once_plus_every_output_written():
+    """The roofline floor of a card is its bytes over the bandwidth: bytes must count what the
+    outputs write as well as what the inputs read (an expanded input read once, at its storage)."""
+    rec = capture(ReadsAndWrites(), [torch.randn(8, 32), torch.randn(32)])
+    by = {}
+    for b in rec.buckets.values():
+        key = b.target if b.kind == "module" or b.target != "aten.mul.Tensor" else (b.target, tuple(b.inputs[0].stride))
+        by[key] = b.bytes
+    assert by["aten._softmax.default"] == 1024 + 1024      # fp32 in, fp32 out of the same size
+    assert by["aten.sum.dim_IntList"] == 1024 + 8 * 4       # a reduction writes 8 floats
+    assert by["aten.argmax.default"] == 1024 + 8 * 8        # and an argmax 8 int64
+    assert by[("aten.mul.Tensor", (0, 1))] == 128 + 1024    # the expanded y: its 32 floats, read once
+    assert by[("aten.mul.Tensor", (32, 1))] == 1024 + 1024
+    assert by["module:Scaled"] == 1024 + 1024               # the module's own inputs and outputs, not its insides
+
+
+def test_profiled_cards_carry_the_bytes_of_their_inputs_and_outputs(profiled):
+    result, _ = profiled["kb_softmax"]
+    card = next(c for c in result.cards if c.target == "aten._softmax.default")
+    assert [s.shape for s in card.inputs] == [[16, 512]] and [s.shape for s in card.outputs] == [[16, 512]]
+    assert card.bytes == 2 * 16 * 512 * 4

@@ -214,3 +214,87 @@ def test_workspace_refusal_and_missing_size_function(evaluators, cards):
     assert "without forge_workspace_bytes" in r.reason
     r = run(evaluators, cards, "softmax", "workspace_no_size.cpp", static_checks=False)
     assert r.status == "rejected" and r.failure == "load" and "forge_workspace_bytes" in r.reason
+
+
+# ---- the tolerance and the determinism check, each with a candidate only it can reject ----------
+def test_an_error_of_30x_the_fp32_tolerance_on_every_element_is_a_mismatch(evaluators, cards):
+    """softmax_approx_rcp.cpp is a softmax whose every element is off by a relative 3e-4: 30x the
+    fp32 tolerance (1e-5), but within a tolerance 1000x looser. It must be rejected on the first
+    set, for most of its elements, with an error that is small in absolute terms."""
+    r = run(evaluators, cards, "softmax", "softmax_approx_rcp.cpp", timing=False)
+    assert r.status == "rejected" and r.failure == "mismatch", (r.status, r.reason)
+    assert r.reason.startswith("captured-0: output 0:"), r.reason
+    assert r.detail["bad_fraction"] > 0.5  # not a stray element: the error is everywhere
+    assert 0 < r.detail["max_abs_err"] < 1e-4  # a near miss, as the 3e-4 relative error makes it
+
+
+def test_the_same_error_under_the_tolerance_passes(evaluators, cards):
+    """The control of the test above: the same candidate with its error at 0.3x the fp32 tolerance
+    passes every set (the tolerance is not tighter than it says either)."""
+    _, card = cards["softmax"]
+    src = (CPU / "softmax_approx_rcp.cpp").read_text().replace("RCP_ERROR = 3e-4", "RCP_ERROR = 3e-6")
+    assert "3e-6" in src
+    r = evaluators["softmax"].evaluate(card, src, EvalOptions(timing=False))
+    assert r.status == "passed", r.reason
+
+
+def test_two_runs_that_disagree_beyond_rounding_are_nondeterministic(evaluators, cards):
+    """softmax_flip_flop.cpp returns y + d on one call and y - d on the next, d = 0.8x the fp32
+    tolerance: each run alone matches the reference, so only comparing the second run with the
+    first (1.6x the tolerance apart) can reject it."""
+    r = run(evaluators, cards, "softmax", "softmax_flip_flop.cpp", static_checks=False, timing=False)
+    assert r.status == "rejected" and r.failure == "nondeterministic", (r.status, r.reason)
+    assert r.reason.startswith("captured-0: a second run on the same inputs disagrees with the first"), r.reason
+
+
+def test_two_runs_that_differ_within_rounding_pass_and_say_so(evaluators, cards):
+    """The same flip-flop at 0.3x the tolerance (runs 0.6x apart) is within rounding: it passes, and
+    every set reports its determinism as 'within rounding', not 'bitwise'."""
+    _, card = cards["softmax"]
+    src = (CPU / "softmax_flip_flop.cpp").read_text().replace("d = 0.8e-5", "d = 0.3e-5")
+    assert "0.3e-5" in src
+    r = evaluators["softmax"].evaluate(card, src, EvalOptions(static_checks=False, timing=False))
+    assert r.status == "passed", r.reason
+    assert r.timing is None and r.correctness.sets
+    assert all(s.determinism == "within rounding" for s in r.correctness.sets)
+
+
+def test_impossible_means_under_90_percent_of_the_floor():
+    """The line is 90% of the floor, no lower (a candidate at 20% of its floor is not 'possible')
+    and no higher (one at 92% is)."""
+    from forge_tui.evaluator.checks import impossible_time
+
+    assert impossible_time(26.0, 30.0, 0.0)       # 87%
+    assert impossible_time(6.0, 30.0, 2.5)        # 20%, a floor the timer resolves
+    assert not impossible_time(27.6, 30.0, 0.0)   # 92%
+    assert not impossible_time(6.0, 30.0, 30.0)   # the floor within the timer's resolution: noise
+    assert impossible_time(6.0, 30.0, 29.9)
+
+
+def test_a_correct_candidate_timed_on_a_busy_machine_is_noisy_with_no_speedup(cards, tmp_path, monkeypatch):
+    """The calibration workload's remembered best is made unreachably fast, so every measurement
+    says the machine is busy: the candidate is correct but its timing is not trusted, so the
+    result is 'noisy', claims no speedup, and says why."""
+    import json
+    import shutil
+
+    ws, card = cards["softmax"]
+    cache = tmp_path / "cache"
+    shutil.copytree(os.environ["FORGE_CACHE_DIR"], cache)  # the measured ceilings, not measured again
+    monkeypatch.setenv("FORGE_CACHE_DIR", str(cache))  # the worker started below reads this one
+    cal = cache / "calibration.json"
+    src = (CPU / "softmax_good.cpp").read_text()
+    cfg = parse_config({**CFG.model_dump(), "timing": {**CFG.timing.model_dump(), "noisy_retries": 0}})
+    if not cal.exists() or not json.loads(cal.read_text()):
+        with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:  # writes the machine's calibration
+            assert ev.evaluate(card, src).status in {"passed", "noisy"}
+    data = json.loads(cal.read_text())
+    assert data
+    cal.write_text(json.dumps({key: 1e-6 for key in data}))
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.status == "noisy", (r.status, r.reason)
+    assert r.speedup_vs_eager is None and r.time_us is None and not r.passed and r.correct
+    assert r.timing is not None and not r.timing.quiet and r.failure is None
+    assert any("the machine is busy" in reason for reason in r.timing.noisy_reasons)
+    assert r.reason.startswith("correct, but the machine was too busy to trust the timing")

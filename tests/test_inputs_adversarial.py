@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from forge_tui.cards import Card, TensorSpec
-from forge_tui.inputs import (ADVERSARIAL_SETS, adversarial_inputs, card_kinds, fresh_inputs_into, random_inputs,
-                              random_tensor)
+from forge_tui.inputs import ADVERSARIAL_SETS, adversarial_inputs, card_kinds, fresh_inputs_into, random_inputs, random_tensor
 
 HERE = Path(__file__).parent
 CPU = HERE / "candidates" / "cpu"

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from forge_tui.config import parse_config
-from forge_tui.evaluator import EvalOptions, Evaluator
-from forge_tui.evaluator import confine
+from forge_tui.evaluator import EvalOptions, Evaluator, confine
 from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent

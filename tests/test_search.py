@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from search_helpers import CountingProposer, FakePool, make_workspace, stable_hash, synthetic_card
 
 from forge_tui.config import parse_config
 from forge_tui.errors import ForgeError
@@ -17,8 +18,6 @@ from forge_tui.search.events import EventBus, Recorder
 from forge_tui.search.replay import load_events
 from forge_tui.search.runner import Search
 from forge_tui.search.store import SearchStore
-
-from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
 
 HERE = Path(__file__).parent
 
@@ -63,8 +62,8 @@ def test_card_stops_when_gain_is_small_or_budget_spent(tmp_path):
 def test_parallel_evaluations_keep_the_repository_consistent(tmp_path):
     cards = [synthetic_card(f"c{i}", share=0.2, time_us=100.0, floor_us=5.0) for i in range(3)]
     ws = make_workspace(tmp_path / "ws", cards)
-    pool = FakePool(speedup=lambda card, src: 1.0 + (hash(src) % 50) / 100, delay=(0.01, 0.05),
-                    status=lambda card, src: "rejected" if hash(src) % 7 == 0 else "passed")
+    pool = FakePool(speedup=lambda card, src: 1.0 + (stable_hash(src) % 50) / 100, delay=(0.01, 0.05),
+                    status=lambda card, src: "rejected" if stable_hash(src) % 7 == 0 else "passed")
     summary, rec = run_search(ws, cfg(max_evals=40, evals_per_card=40, parallel=6), CountingProposer(), pool)
     assert pool.max_in_flight > 1  # several evaluations were really in flight together
     assert summary.evaluations == 40
@@ -87,7 +86,7 @@ def test_parallel_evaluations_keep_the_repository_consistent(tmp_path):
 def test_replay_equals_the_live_event_log(tmp_path):
     cards = [synthetic_card(f"c{i}", share=0.3 - 0.1 * i, time_us=100.0, floor_us=5.0) for i in range(2)]
     ws = make_workspace(tmp_path / "ws", cards)
-    pool = FakePool(speedup=lambda card, src: 1.0 + (hash(src) % 80) / 100, delay=(0.0, 0.02))
+    pool = FakePool(speedup=lambda card, src: 1.0 + (stable_hash(src) % 80) / 100, delay=(0.0, 0.02))
     summary, rec = run_search(ws, cfg(max_evals=25, evals_per_card=20, parallel=3), CountingProposer(), pool)
     live = [e.to_json() for e in rec.persistent()]
     replayed = [e.to_json() for e in load_events(ws)]
@@ -159,7 +158,7 @@ def test_existing_search_needs_resume(tmp_path):
 def test_many_nodes_replay(tmp_path):
     """A large tree comes back from git alone (the timing of 2,000 nodes is in docs/benchmarks.md)."""
     ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.9, time_us=100.0, floor_us=1.0)])
-    pool = FakePool(speedup=lambda card, src: 1.0 + (hash(src) % 100) / 100)
+    pool = FakePool(speedup=lambda card, src: 1.0 + (stable_hash(src) % 100) / 100)
     run_search(ws, cfg(max_evals=300, evals_per_card=300, parallel=4), CountingProposer(), pool)
     events = load_events(ws)
     assert sum(e.kind == "node_added" for e in events) == 301
@@ -183,7 +182,8 @@ def test_resume_after_sigkill(tmp_path, fast_config):
     heads = ws.root / ".git" / "refs" / "heads" / "search"
     deadline = time.time() + 120
     while time.time() < deadline:
-        n = len(list(heads.rglob("n0*"))) if heads.exists() else 0
+        # finished nodes only: a ref being written is n0NNN.lock until it is renamed into place
+        n = len([p for p in heads.rglob("n0*") if not p.name.endswith(".lock")]) if heads.exists() else 0
         if n >= 3:
             break
         time.sleep(0.05)
@@ -245,3 +245,131 @@ def test_a_git_failure_stops_the_search_with_every_finished_node_kept(tmp_path, 
     monkeypatch.setattr(LooseObjectDB, "store", real)
     kept = [e for e in load_events(ws) if e.kind == "node_added" and e.node != "root"]
     assert len(kept) == summary.evaluations
+
+
+# ---- the budget across cards, on known numbers ---------------------------------------------------
+def test_a_cards_potential_is_its_share_times_what_is_left_above_the_floor():
+    from forge_tui.search.budget import CardBudget
+
+    b = CardBudget(synthetic_card("a", share=0.4, time_us=100.0, floor_us=10.0))
+    assert b.potential == pytest.approx(0.4 * (1 - 10 / 100))
+    b.best_speedup = 5.0  # best time 20 µs: half of what is left is gone
+    assert b.best_time_us == pytest.approx(20.0) and b.potential == pytest.approx(0.4 * (1 - 10 / 20))
+    assert b.stop_reason(cfg(floor_fraction=0.9).search) is None
+    b.best_speedup = 10.0
+    assert b.potential == pytest.approx(0.0)
+    assert "reached 100% of the roofline floor" in b.stop_reason(cfg(floor_fraction=0.9).search)
+    # at the floor itself the card stops even when floor_fraction asks for all of it
+    assert "reached 100% of the roofline floor" in b.stop_reason(cfg(floor_fraction=1.0).search)
+
+
+def test_a_floor_eager_already_beats_stops_nothing():
+    """A CPU card whose data sits in cache runs under its DRAM floor: the floor is not trusted,
+    its whole share is potential and it does not stop at the floor."""
+    from forge_tui.search.budget import CardBudget
+
+    b = CardBudget(synthetic_card("a", share=0.3, time_us=5.0, floor_us=10.0))
+    assert not b.floor_trusted and b.floor_fraction == 0.0 and b.potential == pytest.approx(0.3)
+    assert b.stop_reason(cfg(floor_fraction=0.9).search) is None
+
+
+def test_the_next_evaluation_goes_to_the_highest_potential_per_evaluation_in_flight_or_spent():
+    from forge_tui.search.budget import CardBudget, pick
+
+    a = CardBudget(synthetic_card("a", share=0.4, time_us=100.0, floor_us=10.0))  # potential 0.36
+    b = CardBudget(synthetic_card("b", share=0.2, time_us=100.0, floor_us=10.0))  # potential 0.18
+    assert pick([a, b]) is a and pick([b, a]) is a  # not the list order
+    a.evals = 1  # 0.36 / 2 == 0.18 / 1: a tie goes to the larger share
+    assert a.priority == pytest.approx(b.priority) and pick([b, a]) is a
+    a.in_flight = 1  # 0.36 / 3 < 0.18: evaluations in flight count as spent
+    assert pick([a, b]) is b
+    b.finished = "done"
+    assert pick([a, b]) is a  # a finished card gets nothing
+    a.finished = "done"
+    assert pick([a, b]) is None
+
+
+def test_a_card_stops_at_its_floor_once_a_child_gets_close(tmp_path):
+    """One evaluation at 9.5x on a card 10x above its floor leaves it at 95% of the floor (over
+    floor_fraction 0.9): the card stops after that one evaluation, with the reason."""
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=10.0)])
+    pool = FakePool(speedup=lambda card, src: 9.5)
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=10, parallel=1, floor_fraction=0.9),
+                            CountingProposer(), pool)
+    pool.close()
+    assert summary.evaluations == 1 and "reached 95% of the roofline floor" in summary.finished["a"]
+    assert summary.best["a"]["speedup"] == 9.5
+
+
+def test_fake_results_do_not_depend_on_the_hash_seed():
+    """The fake pool's speedups come from a stable hash of the source: the same in every process,
+    whatever PYTHONHASHSEED is (a search test must replay the same way every run)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from search_helpers import stable_hash; "
+            "print([stable_hash(f'// kernel {i} for a from root') % 100 for i in range(20)])")
+    outs = {subprocess.run([sys.executable, "-c", code, str(HERE)], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("0", "1", "12345")}
+    assert len(outs) == 1
+
+
+def test_the_trees_in_flight_bookkeeping_matches_the_evaluations_in_flight(tmp_path, monkeypatch):
+    """Every selection sees, on every node, ``pending`` == the children being proposed or evaluated
+    under it right now and ``virtual`` == the evaluations in flight in its subtree (as the events
+    the loop publishes count them), and both are back to 0 at the end. With parallel 3 the loop
+    selects while evaluations are in flight, so progressive widening and UCT see them."""
+    import forge_tui.search.runner as runner_mod
+    from forge_tui.search.uct import select as real_select
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
+    started: dict[str, int] = {}
+    finished: dict[str, int] = {}
+    trees = []
+    checked = {"selections": 0, "with_in_flight": 0}
+
+    def on_event(e):
+        if e.kind == "node_started":
+            started[e.node] = started.get(e.node, 0) + 1
+        elif e.kind == "node_added" and e.node != "root":
+            finished[e.parent] = finished.get(e.parent, 0) + 1
+        elif e.kind == "proposer_failed":
+            finished[e.node] = finished.get(e.node, 0) + 1
+
+    def checking_select(tree, c, k, alpha):
+        trees.append(tree)
+        in_flight = {n: started.get(n, 0) - finished.get(n, 0) for n in tree.nodes}
+        for node in tree.nodes.values():
+            assert node.pending == in_flight[node.id], (node.id, node.pending, in_flight)
+            below = sum(in_flight[m.id] for m in tree.nodes.values() if node.id in {x.id for x in tree.lineage(m.id)})
+            assert node.virtual == below, (node.id, node.virtual, below)
+        checked["selections"] += 1
+        checked["with_in_flight"] += any(in_flight.values())
+        return real_select(tree, c, k, alpha)
+
+    monkeypatch.setattr(runner_mod, "select", checking_select)
+    bus = EventBus()
+    bus.subscribe(on_event)
+    pool = FakePool(speedup=lambda card, src: 1.0 + (stable_hash(src) % 50) / 100, delay=(0.0, 0.01))
+    summary = Search(ws, cfg(max_evals=24, evals_per_card=24, parallel=3), CountingProposer(fail_every=5), pool,
+                     bus=bus).run()
+    pool.close()
+    assert summary.evaluations == 24
+    assert checked["selections"] >= 24 and checked["with_in_flight"] >= 10
+    assert all(n.pending == 0 and n.virtual == 0 for n in trees[-1].nodes.values())
+
+
+def test_only_a_passed_result_earns_its_speedup(tmp_path):
+    """A result that is not 'passed' gets no speedup in the tree, whatever its result carries (a
+    noisy or rejected result from another pool or an older schema claiming 9.5x): no reward, not
+    best, and the card does not stop at its floor on it."""
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=10.0)])
+    pool = FakePool(speedup=lambda card, src: 9.5 if src.startswith(("// kernel 1 ", "// kernel 2 ")) else 1.1,
+                    status=lambda card, src: {"// kernel 1 ": "noisy", "// kernel 2 ": "rejected"}.get(src[:12], "passed"),
+                    speedup_when=("passed", "noisy", "rejected"))
+    summary, rec = run_search(ws, cfg(max_evals=4, evals_per_card=4, parallel=1, floor_fraction=0.9),
+                              CountingProposer(), pool)
+    pool.close()
+    added = {e.node: e for e in rec.events if e.kind == "node_added" and e.node != "root"}
+    by_status = {e.status: e for e in added.values()}
+    assert set(by_status) == {"noisy", "rejected", "passed"}
+    assert by_status["noisy"].speedup is None and by_status["rejected"].speedup is None
+    assert summary.evaluations == 4 and "floor" not in summary.finished.get("a", "")
+    assert summary.best["a"]["speedup"] == 1.1

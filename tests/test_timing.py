@@ -46,3 +46,41 @@ def test_real_cpu_ceilings_are_plausible():
     c = roofline.ceilings("cpu")
     assert 1e8 < c["bandwidth_Bps"] < 1e13
     assert 1e8 < c["peak_flops"]["float32"] < 1e14
+
+
+def test_speedups_are_medians_of_paired_ratios_not_ratios_of_medians():
+    """Run i of the baseline over run i of the candidate: drift that hits both alike cancels. Here
+    the per-run ratios are 10, 2 and 3 (median 3); the ratio of the medians would be 20/10 = 2."""
+    r = paired_ratio([10.0, 20.0, 30.0], [1.0, 10.0, 10.0])
+    assert r.median == 3.0 and r.n == 3 and r.min == 2.0 and r.max == 10.0
+    assert paired_ratio([1.0, 2.0], [0.0, 1.0]).n == 1  # a zero time gives no ratio, not inf
+
+
+def test_quartiles_and_spread_on_known_samples():
+    s = Stats.from_samples([10.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    assert (s.min, s.q1, s.median, s.q3, s.max) == (1.0, 3.0, 5.0, 7.0, 10.0)
+    assert s.spread == pytest.approx(4 / 5) and s.mean == pytest.approx(46 / 9)
+    one = Stats.from_samples([2.5])
+    assert one.q1 == one.q3 == one.median == 2.5 and one.spread == 0.0
+
+
+def test_a_spread_beyond_max_spread_or_the_resolution_is_a_reason():
+    from forge_tui.quiet import spread_reason
+
+    tight = Stats.from_samples([9.8, 10.0, 10.0, 10.2, 10.1])  # IQR 0.2 on 10: 2%
+    wide = Stats.from_samples([5.0, 8.0, 10.0, 12.0, 15.0])    # IQR 4 on 10: 40%
+    assert spread_reason("candidate", tight, 0.15, 0.0) is None
+    assert "candidate's samples spread 40%" in spread_reason("candidate", wide, 0.15, 0.0)
+    assert spread_reason("candidate", wide, 0.5, 0.0) is None      # within max_spread
+    assert spread_reason("candidate", wide, 0.15, 2.5) is None     # within twice the timer's resolution
+    assert spread_reason("candidate", wide, 0.15, 1.9) is not None
+
+
+def test_eager_much_slower_than_its_profile_is_a_reason():
+    from forge_tui.quiet import profile_reason
+
+    assert profile_reason(33.0, 10.0, 0.0, 3.0) is None             # 3x + 5 µs of slack: 35
+    assert "busier than when it was profiled" in profile_reason(36.0, 10.0, 0.0, 3.0)
+    assert profile_reason(5.0, 10.0, 0.0, 3.0) is None              # faster is never a reason
+    assert profile_reason(100.0, None, 0.0, 3.0) is None            # no profiled time: nothing to compare
+    assert profile_reason(36.0, 10.0, 3.0, 3.0) is None             # slack = 3 x the resolution: 9 µs
