@@ -12,6 +12,7 @@ import torch
 
 from forge_tui.cli import main
 from forge_tui.config import parse_config
+from forge_tui.errors import ForgeError
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import approve, manifest, promote_kernel, reject, requests
 from forge_tui.runtime.apply import Mode, apply
@@ -83,6 +84,24 @@ def test_calls_that_do_not_match_run_pytorch_and_say_why(promoted):
     assert set(st[sm.id]["fallbacks"]) == {"input 0: shape (8, 256)", "input 0: dtype float64"}
 
 
+def test_a_call_passed_differently_or_strided_differently_runs_pytorch(promoted):
+    """The module card was profiled as norm(x) with a contiguous x: a keyword call, or an x with
+    other strides, is not that call (the kernel assumes the recorded layout)."""
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model = wl.get_model()
+    x = torch.randn(16, 256)
+    xt = torch.randn(256, 16).t()  # the card's shape, column-major
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        torch.testing.assert_close(model.norm(x=x), wl.get_model().norm(x))
+        torch.testing.assert_close(model.norm(xt), wl.get_model().norm(xt))
+        model.norm(x)
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert st[norm.id]["fallbacks"] == {"non-tensor arguments differ from the profiled call": 1,
+                                        "input 0: strides (1, 16)": 1}
+    assert st[norm.id]["served"] == 1
+
+
 def _eager(wl, x):
     m = wl.get_model().to(x.dtype)
     return m(x)
@@ -147,6 +166,26 @@ def test_status_is_written_for_forge_status(promoted, capsys):
     assert main(["status", str(ws.root)]) == 0
     out = capsys.readouterr().out
     assert f"{norm.id}: direct" in out and "served 1" in out and "active" in out
+
+
+def test_a_damaged_manifest_is_one_clear_error(promoted, tmp_path, capsys):
+    """forge status and apply on a manifest a hand edit broke: one line naming the file and the
+    field, exit 1, no traceback, nothing written."""
+    import shutil
+
+    ws, norm, _ = promoted
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["entries"][norm.id]["disabled_reason"] = None
+    path.write_text(json.dumps(data))
+    assert main(["status", str(root)]) == 2  # the CLI's exit for bad input
+    err = capsys.readouterr().err
+    assert "manifest.json is damaged" in err and f"entries.{norm.id}.disabled_reason" in err and "Traceback" not in err
+    with pytest.raises(ForgeError, match="damaged"):
+        apply(load_workload().get_model(), root)
+    assert json.loads(path.read_text()) == data
 
 
 def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):

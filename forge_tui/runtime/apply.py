@@ -43,15 +43,16 @@ class Mode(str, enum.Enum):
 
 
 # ---- guards ------------------------------------------------------------------------------------
-def _spec_mismatch(t: "torch.Tensor", spec: Any, device: str) -> str | None:
+def _spec_mismatch(t: "torch.Tensor", spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> str | None:
+    """Why ``t`` is not the card's input ``spec`` (its torch dtype, shape and strides), or None."""
     if t.device.type != device:
         return f"device {t.device.type}"
-    dt = str(t.dtype).removeprefix("torch.")
-    if dt != spec.dtype:
-        return f"dtype {dt}"
-    if list(t.shape) != list(spec.shape):
+    dtype, shape, stride = spec
+    if t.dtype != dtype:
+        return f"dtype {str(t.dtype).removeprefix('torch.')}"
+    if t.shape != shape:
         return f"shape {tuple(t.shape)}"
-    if list(t.stride()) != list(spec.stride) and t.numel() > 1:
+    if t.stride() != stride and t.numel() > 1:
         return f"strides {tuple(t.stride())}"
     return None
 
@@ -66,6 +67,10 @@ class Guard:
                  consts: list["torch.Tensor"], only_faster: bool = True) -> None:
         self.entry = entry
         self.sig: Signature = entry.signature
+        import torch
+
+        self._specs = [(getattr(torch, sp.dtype), tuple(sp.shape), tuple(sp.stride)) for sp in self.sig.inputs]
+        """The inputs' specs as the guard compares them per call (torch dtypes, tuples)."""
         self.folder = folder
         self.device = device
         self.board = board
@@ -84,7 +89,7 @@ class Guard:
     def mismatch(self, tensors: list["torch.Tensor"]) -> str | None:
         if len(tensors) != len(self.sig.inputs):
             return f"{len(tensors)} tensors where the card has {len(self.sig.inputs)}"
-        for k, (t, spec) in enumerate(zip(tensors, self.sig.inputs)):
+        for k, (t, spec) in enumerate(zip(tensors, self._specs)):
             why = _spec_mismatch(t, spec, self.device)
             if why:
                 return f"input {k}: {why}"
@@ -166,6 +171,12 @@ def _tensor_leaves(obj: Any) -> list["torch.Tensor"]:
     return []
 
 
+def _all_tensors(args: Any) -> bool:
+    import torch
+
+    return all(isinstance(a, torch.Tensor) for a in args)
+
+
 def _call_arguments(args: Any, kwargs: Any) -> Any:
     counter = {"k": 0}
 
@@ -184,11 +195,13 @@ def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: lis
     then the module's own parameters and buffers (each tensor once), then the card's constants."""
     seen: set[int] = set()
     out: list["torch.Tensor"] = []
-    for t in _tensor_leaves((args, kwargs)):
+    for t in (args if not kwargs and _all_tensors(args) else _tensor_leaves((args, kwargs))):
         if id(t) not in seen:
             seen.add(id(t))
             out.append(t)
-    for _, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+    # what named_parameters/named_buffers(recurse=False) yield, in their order, without their
+    # generators (this runs on every served call)
+    for p in (*module._parameters.values(), *module._buffers.values()):
         if p is not None and id(p) not in seen:
             seen.add(id(p))
             out.append(p)
@@ -228,6 +241,11 @@ def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Ten
 def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
                     call_args: Any, returns: str) -> Callable[..., Any]:
     op = _custom_op(guard) if mode == Mode.TORCH_COMPILE else None
+    tensors_only: int | None = None
+    """How many positional tensors the profiled call passed, when it passed nothing else."""
+    if call_args is not None and len(call_args) == 2 and call_args[1] == {} and \
+            call_args[0] == [{"$t": i} for i in range(len(call_args[0]))]:
+        tensors_only = len(call_args[0])
 
     import torch
 
@@ -236,8 +254,12 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
                 or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters(recurse=False))):
             guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
             return original(*args, **kwargs)
-        recorded = call_args if call_args is not None else [[{"$t": i} for i in range(len(args))], {}]
-        if _call_arguments(args, kwargs) != recorded:
+        if tensors_only is not None:  # the profiled call passed tensors only: no encoding needed
+            same = not kwargs and len(args) == tensors_only and _all_tensors(args)
+        else:
+            recorded = call_args if call_args is not None else [[{"$t": i} for i in range(len(args))], {}]
+            same = _call_arguments(args, kwargs) == recorded
+        if not same:
             guard.board.fell_back(guard.status, "non-tensor arguments differ from the profiled call")
             return original(*args, **kwargs)
         tensors = module_inputs(module, args, kwargs, guard.consts)

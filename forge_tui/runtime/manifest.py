@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..cards import Card, TensorSpec
+from ..errors import ForgeError
 
 MANIFEST_VERSION = 1
 KERNELS_DIR = "kernels"
@@ -124,7 +125,13 @@ class Manifest(BaseModel):
         path = Path(folder) / MANIFEST_NAME
         if not path.is_file():
             return cls()
-        return cls.model_validate_json(path.read_text())
+        try:
+            return cls.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "the file"
+            raise ForgeError(f"{path} is damaged ({exc.error_count()} error(s); first at {where}: {err['msg']}); "
+                             "restore it (in a workspace: git checkout main -- kernels/; an export: export it again)") from None
 
     def save(self, folder: Path) -> Path:
         path = Path(folder) / MANIFEST_NAME
