@@ -1,0 +1,41 @@
+"""The bench scripts the device runs, run on the CPU in their small modes: a script that breaks
+here would cost a device call to find out."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+def test_codegen_bench_small_gives_every_case_a_correct_kernel(tmp_path):
+    cases = ["modules/HandGroupNorm/", "modules/Rotary/"]
+    env = dict(os.environ, OUT=str(tmp_path), FORGE_CACHE_DIR=str(tmp_path / "cache"))
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "codegen_bench.py"), "--device", "cpu", "--small",
+                          "--sources", "modules", "--cases", *cases, "--evals", "2", "--budget-s", "50"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=110)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "codegen_cpu.json").read_text())
+    assert {"date", "device", "device_name", "torch", "command", "settings", "sources", "cases", "skipped"} <= set(report)
+    assert report["device"] == "cpu" and not report["skipped"]
+    assert sorted(report["cases"]) == ["modules/HandGroupNorm/fp32/2x8x4x4", "modules/Rotary/fp32/2x4x8x16"]
+    for name, case in report["cases"].items():
+        assert "error" not in case, (name, case.get("traceback"))
+        assert case["family"] == "generated" and case["card"].startswith("mod-")
+        assert 1 <= case["evals"] <= 2 and case["first_correct"] == 1, (name, case["nodes"])
+        assert case["copy_us"] > 0 and case["bytes"] > 0
+        best = case["best"]
+        assert best is not None and best["status"] == "passed", (name, case["nodes"])
+        for key in ("speedup_vs_eager", "sp_q1", "sp_q3", "eager_us", "time_us", "move"):
+            assert best[key] is not None, (name, key)
+        assert best["sp_q1"] <= best["speedup_vs_eager"] <= best["sp_q3"]
+        assert case["targets"]["correct"] is True
+    # the per-evaluation lines and the table, its last lines
+    assert "n0001: passed" in run.stdout
+    table = run.stdout[run.stdout.index("code generator bench, cpu"):]
+    assert all(name in table for name in report["cases"]) and "correct pass" in table
