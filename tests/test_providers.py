@@ -87,9 +87,14 @@ def test_anthropic_round_trip():
 
     first, second = fake.requests
     assert first.path == second.path == "/v1/messages"
-    assert first.body == {"model": "claude-test", "max_tokens": 1000, "system": SYSTEM,
+    # prompt caching: a breakpoint after the system prompt (tools and system cached) and one on
+    # the newest block of the conversation (everything sent before is read from the cache next time)
+    cached = {"type": "ephemeral"}
+    assert first.body == {"model": "claude-test", "max_tokens": 1000,
+                          "system": [{"type": "text", "text": SYSTEM, "cache_control": cached}],
                           "tools": [{"name": "read_file", "description": TOOL.description, "input_schema": SCHEMA}],
-                          "messages": [{"role": "user", "content": [{"type": "text", "text": "Write a softmax kernel."}]}]}
+                          "messages": [{"role": "user", "content": [{"type": "text", "text": "Write a softmax kernel.",
+                                                                     "cache_control": cached}]}]}
     assert second.body["max_tokens"] == 2000
     assert second.body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Write a softmax kernel."}]},
@@ -98,7 +103,7 @@ def test_anthropic_round_trip():
                                            "input": {"path": "k.cu"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": SOURCE,
                                       "is_error": False},
-                                     {"type": "text", "text": "39 tool calls left"}]},
+                                     {"type": "text", "text": "39 tool calls left", "cache_control": cached}]},
     ]
     # anthropic 2.14 sends the API key as a bearer token (no x-api-key header)
     assert first.headers["authorization"] == f"Bearer {KEY}"

@@ -204,6 +204,10 @@ def _server_message(err: Exception) -> str:
     return str(getattr(err, "message", err))
 
 
+EPHEMERAL = {"type": "ephemeral"}
+"""Anthropic's cache breakpoint (the default five-minute cache)."""
+
+
 class AnthropicProvider(_SDKProvider):
     """Claude through the Messages API (non-streaming, with tools)."""
 
@@ -216,9 +220,15 @@ class AnthropicProvider(_SDKProvider):
                                            max_retries=retries)
 
     def query(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], max_tokens: int) -> ModelTurn:
-        request: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "messages": anthropic_messages(messages)}
+        wire = anthropic_messages(messages)
+        # prompt caching: the tools and the system prompt (one breakpoint after the system prompt),
+        # and the conversation so far (one on the newest block); each query then pays the cache-read
+        # price for everything the previous query sent, and the cache-write price for what is new
+        if wire:
+            wire[-1]["content"][-1] = {**wire[-1]["content"][-1], "cache_control": EPHEMERAL}
+        request: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "messages": wire}
         if system:
-            request["system"] = system
+            request["system"] = [{"type": "text", "text": system, "cache_control": EPHEMERAL}]
         if tools:
             request["tools"] = [t.anthropic() for t in tools]
         try:
