@@ -10,7 +10,7 @@ correct kernel, the share of a same-size device copy reached, and the issue's ta
                                   [--case-wall S] [--budget-s 540] [--run-timeout S]
     python bench/codegen_bench.py --device cpu --small          # this machine, well under 2 minutes
 
-Sources (cuda): the examples resnet50, decoder, diffusion, moe, and ``transformers``; with
+Sources (cuda): the examples decoder, resnet50, diffusion, moe, and ``transformers``; with
 --small: ``modules`` (tests/data/workloads/codegen_modules.py), the tiny_* examples, and
 ``transformers`` at small shapes when importable. Case names are ``source/Module/dtype/shape``;
 --cases keeps the cases whose name contains one of the patterns (a pattern with a ``/`` profiles
@@ -45,7 +45,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-GPU_SOURCES = ["resnet50", "decoder", "diffusion", "moe", "transformers"]
+# in this order: the cases run in turns over the sources, so a run cut short has each one's
+# biggest card; moe, whose profile is the slowest, last
+GPU_SOURCES = ["decoder", "transformers", "resnet50", "diffusion", "moe"]
+END_MARGIN_S = 30.0
+"""A case's wall limit leaves this much of the budget: a search stopped by its limit still waits
+for the evaluations in flight."""
 SMALL_SOURCES = ["modules_wide", "modules", "tiny_diffusion", "tiny_decoder", "transformers"]
 MODULES_WORKLOAD = ROOT / "tests" / "data" / "workloads" / "codegen_modules.py"
 # --small without --cases: the module table's classes at CPU-sized shapes (norms, rotary, gates,
@@ -60,7 +65,7 @@ repeats = {repeats}
 threads = {threads}
 
 [profile]
-ops = false
+ops = {ops}
 samples_per_card = 1
 max_sample_mib = {max_sample_mib}
 """
@@ -200,6 +205,12 @@ def _entries():
         return RotaryApplied(fn), [(B, cfg.num_attention_heads, S, hd), (B, cfg.num_key_value_heads, S, hd),
                                    ("cos", B, S, hd), ("sin", B, S, hd)]
 
+    def llama_rotary_mha():  # as many k heads as q heads (Llama-2-7B): both outputs one size
+        cfg = llama()
+        fn = _cls("transformers.models.llama.modeling_llama", "apply_rotary_pos_emb")
+        hd = cfg.hidden_size // cfg.num_attention_heads
+        return RotaryApplied(fn), [(B, cfg.num_attention_heads, S, hd)] * 2 + [("cos", B, S, hd), ("sin", B, S, hd)]
+
     def llama_gate():
         cfg = llama()
         act = _cls("transformers.activations", "ACT2FN")[cfg.hidden_act]
@@ -227,7 +238,8 @@ def _entries():
         return act, [(B, S, cfg.intermediate_size)]
 
     for name, build in [("gemma3_norm", gemma3_norm), ("gemma3_qnorm", gemma3_qnorm), ("gemma3_gate", gemma3_gate),
-                        ("llama_norm", llama_norm), ("llama_rotary", llama_rotary), ("llama_gate", llama_gate),
+                        ("llama_norm", llama_norm), ("llama_rotary", llama_rotary), ("llama_rotary_mha", llama_rotary_mha),
+                        ("llama_gate", llama_gate),
                         ("qwen3_qnorm", qwen3_qnorm), ("t5_norm", t5_norm), ("gpt2_gelu", gpt2_gelu),
                         ("clip_quick_gelu", clip_quick_gelu)]:
         add(name, build)
@@ -293,7 +305,7 @@ def transformers_available() -> bool:
     return True
 
 
-def same_size_copy_us(nbytes: int, device: str) -> float:
+def same_size_copy_us(nbytes: int, device: str, threads: int = 0) -> float:
     """Median time (µs) of a copy reading and writing as many bytes as the card moves (nbytes / 2
     each way), timed like the candidates: the floor a kernel can actually reach (on cuda, the
     approach of templates_bench.py)."""
@@ -305,6 +317,8 @@ def same_size_copy_us(nbytes: int, device: str) -> float:
 
     from forge_tui.timing import Timer
 
+    if threads:
+        torch.set_num_threads(threads)  # as many threads as eager and our kernels get
     n = max(16, nbytes // 2 // 16 * 16)
     src = torch.empty(n, dtype=torch.uint8)
     dst = torch.empty_like(src)
@@ -406,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, help="evaluations in flight (default 3 on cuda, 1 on cpu)")
     ap.add_argument("--threads", type=int, help="CPU threads of eager and our kernels on the cpu (default 1 with "
                     "--small: steadier on a small shared machine; 0: every core)")
+    ap.add_argument("--op-cards", action="store_true",
+                    help="also op cards made outside every module card whose program the generator expresses "
+                         "(ResNet's batch norms make no module card); profiles every op (slower)")
     ap.add_argument("--list", action="store_true", help="profile the sources and list the cases; search nothing")
     ap.add_argument("--large-mib", type=float, default=64.0,
                     help="a card moving at least this many MiB is a large shape (the 85%% of copy target)")
@@ -415,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     case_wall = args.case_wall or (20.0 if small else 60.0)
     budget = args.budget_s or (100.0 if small else 540.0)
     parallel = args.parallel or (3 if args.device == "cuda" else 1)
-    patterns = args.cases if args.cases else (SMALL_CASES if small else None)
+    patterns = args.cases or (SMALL_CASES if small and not args.sources else None)
     t_start = time.time()
     deadline = t_start + budget
 
@@ -423,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    faulthandler.dump_traceback_later(240, repeat=True)  # a stuck run shows where it is stuck
+    faulthandler.dump_traceback_later(budget + 30, repeat=True)  # a run stuck past its budget shows where
 
     from forge_tui.config import parse_config
     from forge_tui.search.events import EventBus, NodeAdded
@@ -448,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg_path = tmp / "forge.toml"
     warmup, repeats = (2, 10) if args.device == "cpu" else (3, 10)
     threads = args.threads if args.threads is not None else (1 if small else 0)
-    cfg_path.write_text(CONFIG.format(warmup=1 if small else warmup, repeats=5 if small else repeats, threads=threads,
+    cfg_path.write_text(CONFIG.format(ops="true" if args.op_cards else "false",
+                                      warmup=1 if small else warmup, repeats=5 if small else repeats, threads=threads,
                                       max_sample_mib=64.0 if small else 1200.0))
     report: dict = {
         "date": time.strftime("%Y-%m-%d"), "device": args.device,
@@ -490,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             spec = f"example:{source}"
         t0 = time.time()
-        log(f"{source}: profiling (module cards only)")
+        log(f"{source}: profiling" + ("" if args.op_cards else " (module cards only)"))
         try:
             ws, _ = profile_into_workspace(
                 spec, tmp / f"ws_{source}", device=args.device, config_path=cfg_path,
@@ -501,22 +519,25 @@ def main(argv: list[str] | None = None) -> int:
             save()
             continue
         served, refused = [], {}
+        op_refused = 0
         for card in ws.cards():
-            if card.kind != "module":
+            if card.kind != "module" and not (args.op_cards and not card.within):
                 continue
             k = kernel_or_reason(card)
-            if isinstance(k, str):
+            if not isinstance(k, str):
+                served.append(card)
+            elif card.kind == "module":
                 refused[f"{card.op_name} {card.shapes()} ({card.id})"] = k
             else:
-                served.append(card)
+                op_refused += 1
         served.sort(key=lambda c: -(c.total_us or 0.0))
         taken: set[str] = set()
         planned[source] = [(case_name(source, c, taken), ws, c) for c in served]
-        report["sources"][source] = {"profile_wall_s": time.time() - t0, "module_cards": len(served) + len(refused),
+        report["sources"][source] = {"profile_wall_s": time.time() - t0, "op_cards_refused": op_refused,
                                      "served": [n for n, _, _ in planned[source]]}
         report["not_served"][source] = refused
-        log(f"{source}: {len(served)} module cards the generator expresses, {len(refused)} it does not "
-            f"({time.time() - t0:.1f}s)")
+        log(f"{source}: {len(served)} cards the generator expresses, {len(refused)} module cards it does not"
+            + (f", {op_refused} op cards it does not" if args.op_cards else "") + f" ({time.time() - t0:.1f}s)")
         for what, why in refused.items():
             log(f"  not served: {what}: {why[:200]}")
         save()
@@ -544,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, ws, card in order:
             left = deadline - time.time()
-            wall = min(case_wall, left - 5.0)
+            wall = min(case_wall, left - min(END_MARGIN_S, budget / 10))
             if wall < args.min_case_wall:
                 report["skipped"][name] = f"budget: {left:.0f} s of {budget:.0f} s left"
                 log(f"{name}: skipped, {left:.0f} s of the {budget:.0f} s budget left (needs {args.min_case_wall:.0f})")
@@ -556,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
                           "floor_us": card.floor_us, "share": card.share, "wall_limit_s": wall}
             t0 = time.time()
             try:
-                case["copy_us"] = same_size_copy_us(card.bytes, args.device)
+                case["copy_us"] = same_size_copy_us(card.bytes, args.device, threads)
                 log(f"{name}: searching {card.id} with {case['family']} (eager {card.time_us or 0:.1f} µs in the "
                     f"profile, same-size copy {case['copy_us']:.1f} µs, {wall:.0f} s)")
                 cfg = parse_config(dict(base, search={
@@ -616,7 +637,7 @@ def print_table(report: dict) -> None:
     cuda = report["device"] == "cuda"
     print(f"\ncode generator bench, {report['device_name']}, torch {report['torch']}, {report['date']}: "
           f"{report['command']}")
-    head = (f"{'case':44s} {'family':11s} {'eager µs':>9s} {'compile µs':>10s} {'ours µs':>9s} {'vs eager [q1, q3]':>20s} "
+    head = (f"{'case':50s} {'family':11s} {'eager µs':>9s} {'compile µs':>10s} {'ours µs':>9s} {'vs eager [q1, q3]':>20s} "
             f"{'vs compile [q1, q3]':>20s} {'%copy':>6s} {'1st ok':>6s} {'evals':>5s}  targets")
     print(head)
     for name, c in report["cases"].items():
@@ -626,17 +647,17 @@ def print_table(report: dict) -> None:
             f"beats eager {mark(t.get('beats_eager'))}")
         if not b:
             why = c.get("error") or c.get("skipped_why") or "no passing candidate"
-            print(f"{name:44s} {str(c.get('family')):11s} {'-':>9s} {'-':>10s} {'-':>9s}  {why[:70]}  "
+            print(f"{name:50s} {str(c.get('family')):11s} {'-':>9s} {'-':>10s} {'-':>9s}  {why[:70]}  "
                   f"(1st ok {_fmt(c.get('first_correct'), 'd')}, {c.get('evals', 0)} evals; {tg})")
             continue
         sp = f"{b['speedup_vs_eager']:.2f}x [{_fmt(b['sp_q1'], '.2f')}, {_fmt(b['sp_q3'], '.2f')}]"
         spc = (f"{b['speedup_vs_compile']:.2f}x [{_fmt(b['spc_q1'], '.2f')}, {_fmt(b['spc_q3'], '.2f')}]"
                if b.get("speedup_vs_compile") else "-")
-        print(f"{name:44s} {str(c['family']):11s} {_fmt(b['eager_us'], '9.1f'):>9s} {_fmt(b['compile_us'], '10.1f'):>10s} "
+        print(f"{name:50s} {str(c['family']):11s} {_fmt(b['eager_us'], '9.1f'):>9s} {_fmt(b['compile_us'], '10.1f'):>10s} "
               f"{b['time_us']:9.1f} {sp:>20s} {spc:>20s} {_fmt(pct_copy(c), '5.0f'):>5s}% "
               f"{_fmt(c['first_correct'], '6d'):>6s} {c['evals']:5d}  {tg}")
     for name, why in report["skipped"].items():
-        print(f"{name:44s} skipped: {why}")
+        print(f"{name:50s} skipped: {why}")
     for source, info in report["sources"].items():
         if "served" not in info:
             print(f"source {source}: {info.get('skipped') or info.get('error')}")
