@@ -23,8 +23,18 @@ skipped with a line saying so. Writes $OUT/codegen.json (codegen_cpu.json on the
 case, so a run cut short keeps what it finished, and prints a table last.
 
 On the device machine (no package registry), the project's pure-Python dependencies travel as
-wheels: run ``../shared/device/wheels.sh`` here once, carry ``.whl``, and start the command with
-its install line (see that script's header); the script imports forge_tui from this checkout.
+wheels: run ``../shared/device/wheels.sh`` here once (it fills ./.whl), carry ``.whl``, and start
+the command with that script's install line; the script imports forge_tui from this checkout.
+One call of at most 10 minutes (carry [".whl"], timeout 600):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; set -o pipefail;
+    PYTHONUNBUFFERED=1 python3 bench/codegen_bench.py --sources decoder transformers diffusion \
+      --case-wall 40 --budget-s 530 2>&1 | tee $OUT/codegen.log
+
+(--list profiles and lists the cases without searching; the moe example's cards are HF RMSNorms
+that the hand-written rms_norm family serves, and its profile is the slowest; ResNet-50's batch
+norms make op cards, not module cards: --op-cards --sources resnet50 runs those.)
 
 Targets (issue 17, cuda): a correct kernel within the evaluations; at large shapes (the card moves
 at least --large-mib) at least 85% of a same-size copy; faster than torch.compile, or within 3% of
@@ -454,6 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.time() - t_start:6.1f}s] {msg}", flush=True)
 
+    def family_of(card) -> str | None:
+        """The family that serves the card: a hand-written one where it matches, else generated."""
+        _, m = match(card)
+        return m.family if m else None
+
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --device cpu (and --small on a CPU machine)", file=sys.stderr)
         return 2
@@ -530,7 +545,9 @@ def main(argv: list[str] | None = None) -> int:
                 refused[f"{card.op_name} {card.shapes()} ({card.id})"] = k
             else:
                 op_refused += 1
-        served.sort(key=lambda c: -(c.total_us or 0.0))
+        # the generated family's cards first (the hand-written families' were measured by
+        # templates_bench.py), then by time in the forward
+        served.sort(key=lambda c: (family_of(c) != "generated", -(c.total_us or 0.0)))
         taken: set[str] = set()
         planned[source] = [(case_name(source, c, taken), ws, c) for c in served]
         report["sources"][source] = {"profile_wall_s": time.time() - t0, "op_cards_refused": op_refused,
@@ -554,8 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{len(order)} cases: " + ", ".join(n for n, _, _ in order))
     if args.list:
         for name, _, card in order:
-            _, m = match(card)
-            print(f"{name:50s} {m.family if m else '-':12s} {card.id:32s} {card.shapes()[:60]:60s} "
+            print(f"{name:50s} {family_of(card) or '-':12s} {card.id:32s} {card.shapes()[:60]:60s} "
                   f"eager {card.time_us or 0:9.1f} µs x{card.calls}")
         return 0
     pools: dict[int, LocalEvalPool] = {}
@@ -571,8 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name}: skipped, {left:.0f} s of the {budget:.0f} s budget left (needs {args.min_case_wall:.0f})")
                 save()
                 continue
-            _, m = match(card)
-            case: dict = {"card": card.id, "family": m.family if m else None, "dtype": card.dtype,
+            case: dict = {"card": card.id, "family": family_of(card), "dtype": card.dtype,
                           "shapes": card.shapes(), "bytes": card.bytes, "eager_profile_us": card.time_us,
                           "floor_us": card.floor_us, "share": card.share, "wall_limit_s": wall}
             t0 = time.time()
