@@ -1,6 +1,6 @@
 """End to end on the bundled examples: profile, search, approve, bench (issue 15's targets).
 
-    python bench/e2e_bench.py [WORKLOAD ...] [--evals 6] [--workload-wall 60] [--budget-s 540]
+    python bench/e2e_bench.py [WORKLOAD ...] [--evals 8] [--top 4] [--workload-wall 45] [--budget-s 540]
     python bench/e2e_bench.py --device cpu --small          # the CPU-sized examples, a few evaluations each
 
 For each workload (default: diffusion decoder moe resnet50; `forge examples` lists them), in a process
@@ -25,6 +25,19 @@ leaves its rest to the next) and is killed at the end of its share plus --grace-
 search takes at most --search-fraction of what is left, and the torch.compile variants run only
 when --compile-reserve-s is left. Writes $OUT/e2e.json (or ./bench-out) after every workload and
 phase, so a run cut short keeps what finished; prints a table last.
+
+On the device machine (no package registry) the project's pure-Python dependencies travel as
+wheels: run ``../shared/device/wheels.sh`` here once (it fills ./.whl), carry ``.whl``, and start
+the command with that script's install line. One call of at most 10 minutes (carry [".whl"],
+timeout 600):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; set -o pipefail;
+    PYTHONUNBUFFERED=1 python3 bench/e2e_bench.py 2>&1 | tee $OUT/e2e.log
+
+The phase times it prints ("phases (s)") are what to tune --evals, --top, --workload-wall and
+--compile-reserve-s from; a workload named alone (``python3 bench/e2e_bench.py moe --budget-s 530``)
+gets the whole budget.
 """
 
 from __future__ import annotations
@@ -271,7 +284,7 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     (tmp / "search.toml").write_text(SEARCH_CONFIG.format(cpu_timing=cpu_timing, run_timeout=opts["run_timeout"]))
     left = lambda: deadline - time.time()  # noqa: E731
     d = rec.data
-    d.update(device=dev, gpu=torch.cuda.get_device_name() if dev == "cuda" else None)
+    d.update(device=dev, gpu=torch.cuda.get_device_name() if dev == "cuda" else None, torch=torch.__version__)
 
     t0 = time.time()
     rec.log(f"profiling ({left():.0f} s left for this workload)")
@@ -307,8 +320,11 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     bus.subscribe(on_event)
     # a card timed at more than the whole forward is an outlier of a busy machine (seen on a shared
     # CPU): it would take the whole budget, so it is left out, and said so
+    # (the search is then given the 500 cards of most potential gain by name: thousands of names, as
+    # the MoE has, would cost the search's prefix matching seconds)
     odd = [c for c in ws.cards() if (c.share or 0.0) > 1.0]
-    only = [c.id for c in ws.cards() if (c.share or 0.0) <= 1.0] if odd else None
+    only = [c.id for c in sorted(ws.cards(), key=lambda c: -CardBudget(c).potential)
+            if (c.share or 0.0) <= 1.0][:500] if odd else None
     for c in odd:
         d["notes"].append(f"not searched: {c.id}, profiled at {100 * (c.share or 0):.0f}% of the forward (an outlier)")
         rec.log(d["notes"][-1])
@@ -458,7 +474,10 @@ def _fmt_x(st: dict | None) -> str:
 
 def print_tables(report: dict[str, Any]) -> None:
     ws_ = report["workloads"]
-    print(f"\n{report['label']}, {report['date']}: {report['command']}")
+    gpus = sorted({w["gpu"] for w in ws_.values() if w.get("gpu")})
+    torches = sorted({w["torch"] for w in ws_.values() if w.get("torch")})
+    print(f"\n{report['label']}{', ' + ', '.join(gpus) if gpus else ''}, torch {', '.join(torches) or '?'}, "
+          f"{report['date']}: {report['command']}")
     print("times: median ± half the inter-quartile range; ratios: medians of paired runs; served: share of the "
           "forward of the cards served; %bound: eager+forge / bound; ovh: overhead of the runtime over eager, with "
           "nothing promoted and with every kernel installed but disabled (falling back)")
@@ -515,17 +534,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: diffusion decoder moe resnet50; with --small, the tiny_ ones)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda, or cpu with --small")
     ap.add_argument("--small", action="store_true", help="the CPU-sized examples with small budgets")
-    ap.add_argument("--evals", type=int, help="evaluations per workload (default 6; --small 3)")
-    ap.add_argument("--evals-per-card", type=int, help="default 3; --small 2")
-    ap.add_argument("--top", type=int, help="cards searched per workload, by share x headroom (default 3; --small 2)")
+    ap.add_argument("--evals", type=int, help="evaluations per workload (default 8; --small 3)")
+    ap.add_argument("--evals-per-card", type=int, help="default 2 (the families' first choice is often their best)")
+    ap.add_argument("--top", type=int, help="cards searched per workload, by share x headroom (default 4; --small 2)")
     ap.add_argument("--parallel", type=int, help="evaluations in flight (default 3; --small 1)")
-    ap.add_argument("--workload-wall", type=float, help="wall limit of one workload's search, s (default 60; --small 20)")
+    ap.add_argument("--workload-wall", type=float, help="wall limit of one workload's search, s (default 45; --small 20)")
     ap.add_argument("--budget-s", type=float, help="wall limit of the whole run, s (default 540; --small 170)")
     ap.add_argument("--grace-s", type=float, default=15.0, help="a workload is killed this long after its share ends")
-    ap.add_argument("--search-fraction", type=float, default=0.45,
+    ap.add_argument("--search-fraction", type=float, default=0.4,
                     help="the search takes at most this fraction of the workload's time left")
     ap.add_argument("--compile-reserve-s", type=float, help="time a workload must have left to run the "
-                    "torch.compile variants (default 60; --small 25)")
+                    "torch.compile variants (default 45; --small 25)")
     ap.add_argument("--no-compile", action="store_true", help="skip the two torch.compile variants")
     ap.add_argument("--repeats", type=int, help="timed forwards per variant (default 20; --small 10)")
     ap.add_argument("--overhead-repeats", type=int, help="forwards per variant for the overheads (default 30; --small 15)")
@@ -536,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "slow the forward")
     ap.add_argument("--all-kernels", action="store_true", help="as forge bench: use every promoted kernel, also "
                     "those measured slower or whose dispatch eats their gain")
-    ap.add_argument("--run-timeout", type=float, default=60.0, help="the evaluator's limit per phase, s")
+    ap.add_argument("--run-timeout", type=float, help="the evaluator's limit per phase, s (default 30; --small 60)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 
@@ -547,14 +566,14 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     def pick(v: Any, gpu: Any, cpu: Any) -> Any:
         return v if v is not None else (cpu if small else gpu)
 
-    return {"device": args.device or ("cpu" if small else "cuda"), "evals": pick(args.evals, 6, 3),
-            "evals_per_card": pick(args.evals_per_card, 3, 2), "top": pick(args.top, 3, 2),
-            "parallel": pick(args.parallel, 3, 1), "workload_wall": pick(args.workload_wall, 60.0, 20.0),
+    return {"device": args.device or ("cpu" if small else "cuda"), "evals": pick(args.evals, 8, 3),
+            "evals_per_card": pick(args.evals_per_card, 2, 2), "top": pick(args.top, 4, 2),
+            "parallel": pick(args.parallel, 3, 1), "workload_wall": pick(args.workload_wall, 45.0, 20.0),
             "budget_s": pick(args.budget_s, 540.0, 170.0), "grace_s": args.grace_s,
-            "search_fraction": args.search_fraction, "compile_reserve": pick(args.compile_reserve_s, 60.0, 25.0),
+            "search_fraction": args.search_fraction, "compile_reserve": pick(args.compile_reserve_s, 45.0, 25.0),
             "compile": not args.no_compile, "repeats": pick(args.repeats, 20, 10),
             "overhead_repeats": pick(args.overhead_repeats, 30, 15), "min_speedup": args.min_speedup,
-            "max_spread": pick(args.max_spread, 0.10, 10.0), "run_timeout": args.run_timeout,
+            "max_spread": pick(args.max_spread, 0.10, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50}
 
 
