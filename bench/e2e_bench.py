@@ -257,8 +257,9 @@ def bench_json(r: Any, ws: Any) -> dict[str, Any]:
     return out
 
 
-def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: Path, t_start: float) -> int:
-    tmp = Path(tempfile.mkdtemp(prefix=f"forge-e2e-{Path(name).stem}-"))
+def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: Path, t_start: float,
+                 tmp: Path) -> int:
+    tmp.mkdir(parents=True, exist_ok=True)
     try:
         return _run_workload(name, opts, deadline, Record(record_path, name, t_start), tmp)
     finally:
@@ -582,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         job = json.loads(Path(args.child).read_text())
         try:
-            return run_workload(job["name"], job["opts"], job["deadline"], Path(job["record"]), job["t_start"])
+            return run_workload(job["name"], job["opts"], job["deadline"], Path(job["record"]), job["t_start"],
+                                Path(job["tmp"]))
         except Exception as exc:  # noqa: BLE001 - recorded for the driver, which goes on with the next workload
             import traceback
 
@@ -624,8 +626,9 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.time() + share
         rec_path = tmp / f"{k}.json"
         job = tmp / f"{k}.job.json"
+        work = tmp / f"{k}-{Path(name).stem}"  # its workspace; removed here too, should it be killed
         job.write_text(json.dumps({"name": name, "opts": opts, "deadline": deadline, "record": str(rec_path),
-                                   "t_start": t_start}))
+                                   "t_start": t_start, "tmp": str(work)}))
         log(f"{name}: {share:.0f} s")
         t0 = time.time()
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(job)],
@@ -638,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(proc.pid, signal.SIGKILL)  # it and its evaluation workers, by its group id
             proc.wait()
             why = f"killed after {time.time() - t0:.0f} s (its share {share:.0f} s + {opts['grace_s']:.0f} s grace)"
+        shutil.rmtree(work, ignore_errors=True)
         w = json.loads(rec_path.read_text()) if rec_path.is_file() else {"workload": name}
         w["wall_s"] = round(time.time() - t0, 1)
         if why:
@@ -651,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = round(time.time() - t_start, 1)
     save()
     print_tables(report)
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nwritten: {out / 'e2e.json'}; wall {report['wall_s']:.0f} s")
     return 0
 
