@@ -49,6 +49,7 @@ def test_every_family_is_recognised(matched):
     assert FAMILIES <= set(matched), set(matched)
     kinds = {(m.family, c.kind) for cards in matched.values() for c, _, m in cards}
     assert ("rms_norm", "module") in kinds and ("elementwise", "module") in kinds  # fused gates and RMSNorm
+    assert ("batch_norm", "module") in kinds and ("batch_norm", "op") in kinds  # nn.BatchNorm2d: output alone
     logs = [m for c, f, m in matched["softmax"] if m.info["log"]]
     assert logs, "log_softmax"
 

@@ -457,9 +457,11 @@ class Recorder:
             if r is None:
                 return None
             refs.append(r)
-        if len(compute) < 2 and not _drops_outputs(frame.nodes, refs) and not getattr(frame.module, CARD_ATTR, False):
-            return None  # a single-op module that returns all its op's outputs is already an op card
-        program = {"nodes": frame.nodes, "outputs": refs}
+        program = _drops_scratch(frame.nodes, refs)
+        if program is None:
+            if len(compute) < 2 and not _drops_outputs(frame.nodes, refs) and not getattr(frame.module, CARD_ATTR, False):
+                return None  # a single-op module that returns all its op's outputs is already an op card
+            program = {"nodes": frame.nodes, "outputs": refs}
         target = f"module:{type(frame.module).__name__}"
         key = signature_key("module", target, program, frame.specs)
         bucket = self.buckets.get(key)
@@ -488,6 +490,35 @@ class Recorder:
 def _is_compute(func) -> bool:
     """An op that computes (not a view, not an allocation)."""
     return not is_view(func) and op_name(func) not in ALLOCATIONS
+
+
+SCRATCH_OUTPUTS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default", "aten.miopen_batch_norm.default"}
+"""Ops whose outputs after the first are scratch in inference: a batch norm's saved statistics
+(and cuDNN's reserve), which CUDA allocates and leaves unwritten in eval mode, so no kernel can be
+checked against them. A module that returns the first output alone (nn.BatchNorm2d) is a card,
+whose kernel writes that output only."""
+
+
+def _refs_nodes(value) -> bool:
+    if isinstance(value, dict):
+        return "$node" in value or any(_refs_nodes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_refs_nodes(v) for v in value)
+    return False
+
+
+def _drops_scratch(nodes: list, refs: list) -> dict | None:
+    """The program of a module that calls one SCRATCH_OUTPUTS op on its inputs and returns its
+    first output alone (the allocations PyTorch makes around it, which nothing reads, left out),
+    or None."""
+    idx = [i for i, n in enumerate(nodes) if n["op"] in SCRATCH_OUTPUTS]
+    if len(idx) != 1 or refs != [{"$node": idx[0], "out": 0}]:
+        return None
+    node = nodes[idx[0]]
+    others = [n for i, n in enumerate(nodes) if i != idx[0]]
+    if _refs_nodes([node["args"], node.get("kwargs", {})]) or any(_is_compute(resolve_op(n["op"])) for n in others):
+        return None
+    return {"nodes": [node], "outputs": [{"$node": 0, "out": 0}]}
 
 
 def _drops_outputs(nodes: list, refs: list) -> bool:

@@ -840,14 +840,18 @@ class BatchNorm(Family):
     name = "batch_norm"
 
     def match(self, card: Card) -> Match | None:
-        if card.kind != "op" or card.target not in BN_TARGETS:
+        nodes = card.program.get("nodes") or []
+        if len(nodes) != 1 or nodes[0]["op"] not in BN_TARGETS:
             return None
-        wi_, bi_, mi_, vi_, ti_, ei_ = BN_TARGETS[card.target]
-        a = card.program["nodes"][0]["args"]
+        if card.kind == "op":
+            if any(numel(o.shape) for o in card.outputs[1:]):
+                return None  # saved statistics would have to be written too
+        elif card.outputs and (card.program.get("outputs") != [{"$node": 0, "out": 0}] or len(card.outputs) != 1):
+            return None  # a module card (nn.BatchNorm2d) that returns the normalised output alone
+        wi_, bi_, mi_, vi_, ti_, ei_ = BN_TARGETS[nodes[0]["op"]]
+        a = nodes[0]["args"]
         if ti_ is not None and a[ti_] is not False:
             return None  # training mode
-        if any(numel(o.shape) for o in card.outputs[1:]):
-            return None  # saved statistics would have to be written too
         xi = input_index(a[0])
         idx = [input_index(a[k]) for k in (wi_, bi_, mi_, vi_)]
         if xi is None or idx[2] is None or idx[3] is None:
