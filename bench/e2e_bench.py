@@ -87,7 +87,7 @@ run_timeout_s = {run_timeout}
 random_sets = 3
 
 [search]
-min_gain = 0.001
+min_gain = {min_gain}
 floor_fraction = 0.97
 """
 
@@ -282,7 +282,9 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     # the CPU, whose tiny cards a busy machine would otherwise rank by noise
     (tmp / "profile.toml").write_text(PROFILE_CONFIG.format(cpu_timing=cpu_timing, warmup=1 if dev == "cuda" else 3,
                                                             repeats=5 if dev == "cuda" else 15))
-    (tmp / "search.toml").write_text(SEARCH_CONFIG.format(cpu_timing=cpu_timing, run_timeout=opts["run_timeout"]))
+    # min_gain 0 on the CPU: a forward timed while the machine was busy makes every share look tiny
+    (tmp / "search.toml").write_text(SEARCH_CONFIG.format(cpu_timing=cpu_timing, run_timeout=opts["run_timeout"],
+                                                          min_gain=0.001 if dev == "cuda" else 0.0))
     left = lambda: deadline - time.time()  # noqa: E731
     d = rec.data
     d.update(device=dev, gpu=torch.cuda.get_device_name() if dev == "cuda" else None, torch=torch.__version__)
@@ -293,8 +295,10 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
                                       progress=lambda m: None if "card" in m else rec.log(f"  {m}"))
     ws = session.workspace
     d["profile"] = {"forward_us": result.forward.to_json(), "cards": len(result.cards), "dtype": str(result.dtype),
-                    "device_name": result.device_name, "op_cover": result.coverage.get("op")}
-    rec.log(f"forward {result.forward.median / 1000:.2f} ms ({len(result.cards)} cards, {result.dtype})")
+                    "device_name": result.device_name, "op_cover": result.coverage.get("op"),
+                    "forward_noisy": result.forward_noisy}
+    rec.log(f"forward {result.forward.median / 1000:.2f} ms ({len(result.cards)} cards, {result.dtype})" +
+            (", NOISY: the machine was busy (shares are off)" if result.forward_noisy else ""))
     rec.phase("profile", t0)
 
     t0 = time.time()
@@ -460,7 +464,14 @@ def targets(w: dict[str, Any]) -> dict[str, str]:
     elif b:
         out["outputs agree"] = "pass"
     o = (w.get("overhead") or {}).get("nothing promoted")
-    out["overhead nothing promoted <= 1%"] = "n/a" if o is None else ("pass" if o["overhead"] <= 0.01 else "FAIL")
+    if o is None:
+        out["overhead nothing promoted <= 1%"] = "n/a"
+    elif o["overhead"] <= 0.01:
+        out["overhead nothing promoted <= 1%"] = "pass"
+    elif o["q1"] <= 0.01:
+        out["overhead nothing promoted <= 1%"] = f"unresolved (median {100 * o['overhead']:+.2f}%, q1 {100 * o['q1']:+.2f}%)"
+    else:
+        out["overhead nothing promoted <= 1%"] = "FAIL"
     return out
 
 
