@@ -255,6 +255,25 @@ def test_torch_compile_keeps_the_kernel_as_a_custom_op(promoted):
     assert any("forge.k_" in o for o in ops), ops
 
 
+def test_a_kernel_slower_than_torch_compile_is_left_out_of_compiled_models(promoted, tmp_path):
+    """Beating eager is not enough under torch.compile: a kernel whose evaluation measured it
+    slower than torch.compile's code for the card serves eager models only."""
+    import shutil
+
+    ws, norm, _ = promoted
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["entries"][norm.id]["evidence"].update(speedup_vs_eager=2.0, speedup_vs_compile=0.8)
+    path.write_text(json.dumps(data))
+    model = load_workload().get_model()
+    with apply(model, root, mode=Mode.TORCH_COMPILE) as applied:
+        assert norm.id not in applied.guards and "torch.compile" in applied.skipped[norm.id]
+    with apply(model, root) as applied:
+        assert norm.id in applied.guards
+
+
 def test_export_loads_in_a_fresh_process_and_checks_itself(promoted, tmp_path):
     ws, norm, sm = promoted
     out = tmp_path / "export"

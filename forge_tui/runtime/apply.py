@@ -250,6 +250,9 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     import torch
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        if not guard.status.active:  # switched off: the original at once, nothing checked
+            guard.board.fell_back(guard.status, "disabled")
+            return original(*args, **kwargs)
         if torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_leaves((args, kwargs))) \
                 or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters(recurse=False))):
             guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
@@ -436,6 +439,11 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         gain = entry.evidence.speedup_vs_eager
         if only_faster and gain is not None and gain <= 1.0:
             applied.skipped[card_id] = f"measured slower than eager ({gain:.3f}x)"
+            continue
+        vs_compile = entry.evidence.speedup_vs_compile
+        if only_faster and mode == Mode.TORCH_COMPILE and vs_compile is not None and vs_compile <= 1.0:
+            # torch.compile would fuse the card better than the kernel does
+            applied.skipped[card_id] = f"measured slower than torch.compile's own code for the card ({vs_compile:.3f}x)"
             continue
         try:
             guard = Guard(entry, folder, device, board, shadow_every, _consts(folder, entry, device),
