@@ -530,3 +530,21 @@ def test_a_split_index_folds_back(k, off, a):
     rr, cc = torch.arange(7).view(-1, 1), torch.arange(12).view(1, -1)
     assert torch.equal(torch.as_tensor(evaluate(split, {"r": rr, "c": cc})), a * (rr * 3 + cc + off))
     assert split == sp.scale(e, a)
+
+
+def test_the_card_pane_names_the_offline_kernel_or_why_none(table_ws):
+    """What the app's card pane says of a card: the family that serves it, else the generator's
+    one-line reason (the op it does not know)."""
+    from forge_tui.cards import TensorSpec
+    from forge_tui.ui.widgets.workload.card_detail import offline_line
+
+    gemma = next(c for c in table_ws.cards() if c.target == "module:GemmaRMSNorm")
+    assert offline_line(gemma) == "offline kernel: generated"
+    x = TensorSpec(shape=[4, 8], stride=[8, 1], dtype="float32", role="input")
+    mm = Card(id="mm-x", label="mm", kind="op", target="aten.mm.default", device="cpu",
+              inputs=[x, x.model_copy(update={"shape": [8, 4], "stride": [4, 1]})],
+              outputs=[x.model_copy(update={"shape": [4, 4], "stride": [4, 1], "role": "output"})],
+              program={"nodes": [{"op": "aten.mm.default", "args": [{"$in": 0}, {"$in": 1}], "kwargs": {},
+                                  "out": [[[4, 4], "float32"]]}], "outputs": [{"$node": 0, "out": 0}]})
+    line = offline_line(mm)
+    assert line.startswith("offline kernel: none (") and "mm is not a pointwise op" in line and "\n" not in line

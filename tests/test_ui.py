@@ -356,6 +356,9 @@ def test_op_table_sorts_filters_and_shows_the_card(profiled):
             assert shares == sorted(shares, reverse=True)
             detail = app.screen.query_one(CardDetail)
             assert table.cards[0].id in text_of(detail)
+            # which offline proposer serves the card, or in one line why none does
+            served = {c.id: text_of(detail) for c in table.cards[:1]}
+            assert "offline kernel: " in served[table.cards[0].id]
             await pilot.press("down")
             await pilot.pause()
             assert table.cards[1].id in text_of(detail)

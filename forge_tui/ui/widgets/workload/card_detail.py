@@ -27,11 +27,28 @@ def describe(card: Card) -> str:
         head = "-" if card.headroom is None else f"{card.headroom:.1f}x"
         lines.append(f"roofline floor {card.floor_us:.2f} µs   headroom {head}")
     lines.append(f"samples {len(card.samples)}" + (f"   flags {', '.join(card.flags)}" if card.flags else ""))
+    lines.append(offline_line(card))
     ops = [n["op"] for n in card.program.get("nodes", [])]
     if len(ops) > 1:
         lines.append("")
         lines.append("program: " + " -> ".join(o.removeprefix("aten.").removesuffix(".default") for o in ops))
     return lines[0] + "\n" + escape("\n".join(lines[1:]))
+
+
+def offline_line(card: Card) -> str:
+    """Which offline proposer serves the card (a template family, or the code generator), or the
+    one line that says why none does: the op or the access pattern."""
+    from ....templates.proposer import TemplateProposer
+    from ....templates.registry import match
+
+    try:
+        why = TemplateProposer().supports(card, "cuda" if card.device == "cuda" else "cpu")
+        if why is None:
+            _, m = match(card)
+            return f"offline kernel: {m.family if m is not None else '?'}"
+    except Exception as exc:  # noqa: BLE001 - the pane shows the rest of the card regardless
+        why = f"the check failed ({type(exc).__name__}: {exc})"
+    return f"offline kernel: none ({why})"
 
 
 class CardDetail(Static):
