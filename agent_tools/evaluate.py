@@ -221,7 +221,22 @@ def format_profile(r: EvalResult) -> str:
         for k in p.kernels:
             metrics = ", ".join(f"{name} {_value(v)}" for name, v in k.items() if name != "kernel" and v is not None)
             lines.append(f"  kernel {k.get('kernel', '?')}: {metrics}")
+    if p is not None:
+        lines += format_timeline((p.model_extra or {}).get("timeline"))
     return "\n".join(lines)
+
+
+def format_timeline(t: dict | None) -> list[str]:
+    """Nsight Systems' summary of the call (evaluator/nsys.py), or why there is none."""
+    if not t:
+        return []
+    if not t.get("available"):
+        return [f"Nsight Systems timeline unavailable: {t.get('reason') or 'no reason given'}"]
+    lines = [f"Nsight Systems timeline: {_value(t.get('launches_per_call'))} kernel launches a call"]
+    for k in t.get("kernels", []):
+        metrics = ", ".join(f"{name} {_value(v)}" for name, v in k.items() if name != "kernel" and v is not None)
+        lines.append(f"  kernel {k.get('kernel', '?')}: {metrics}")
+    return lines
 
 
 # ---- the tools --------------------------------------------------------------------------------

@@ -170,16 +170,21 @@ class Evaluator:
         return self._finish(result, t0)
 
     def profile(self, card: Card, build: BuildResult, timing: dict | None) -> dict:
-        from . import ncu
+        """Nsight Compute's report on one launch, and where nsys is installed the timeline summary
+        of the call (``timeline``: the kernels it launches, how often and how long)."""
+        from . import ncu, nsys
 
         if self.device != "cuda":
-            return ncu.unavailable("Nsight Compute profiles CUDA kernels; this is the cpu backend")
+            return ncu.unavailable("Nsight Compute and Nsight Systems profile CUDA kernels; this is the cpu backend")
         from .. import roofline
 
         ceil = roofline.ceilings("cuda")
         floor = timing["floor_us"] if timing else None
-        return ncu.profile(card.model_dump(mode="json"), str(build.library), str(self.store.root), floor_us=floor,
-                           bandwidth_Bps=ceil["bandwidth_Bps"])
+        card_json = card.model_dump(mode="json")
+        report = ncu.profile(card_json, str(build.library), str(self.store.root), floor_us=floor,
+                             bandwidth_Bps=ceil["bandwidth_Bps"])
+        report["timeline"] = nsys.timeline(card_json, str(build.library), str(self.store.root))
+        return report
 
     @staticmethod
     def _finish(result: dict, t0: float) -> EvalResult:

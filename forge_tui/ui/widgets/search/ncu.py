@@ -1,5 +1,6 @@
-"""The ncu report pane: Nsight Compute's parsed metrics for the node's launch, and where it stands
-against the card's roofline floor, as a bar (from the profile where there is one, else from timing)."""
+"""The ncu report pane: Nsight Compute's parsed metrics for the node's launch (and Nsight Systems'
+kernel launches where nsys is installed), and where it stands against the card's roofline floor, as a
+bar (from the profile where there is one, else from timing)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def metrics(detail: NodeDetail) -> tuple[list[str], float | None]:
     else:
         lines.append("Nsight Compute: " + (p.reason if p is not None and p.reason else
                                            "no profile for this node (the CPU backend, or ncu not run)"))
+    tl = (p.model_extra or {}).get("timeline") if p is not None else None
+    if tl and tl.get("available"):
+        lines.append(f"nsys: {tl.get('launches_per_call', 0):g} kernel launches a call")
+        for k in tl.get("kernels", [])[:4]:
+            lines.append(f"  {k.get('kernel', '?')[:40]:40s} x{k.get('launches_per_call', 0):g}  "
+                         f"{k.get('avg_us') or 0:.2f} µs avg")
     t = r.timing
     if t is not None and t.floor_us:
         lines.append(f"{'timed':20s} {t.candidate.median:10.2f} µs   floor {t.floor_us:.2f} µs")
