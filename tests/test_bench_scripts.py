@@ -29,13 +29,18 @@ def test_codegen_bench_small_gives_every_case_a_correct_kernel(tmp_path):
         assert case["family"] == "generated" and case["card"].startswith("mod-")
         assert 1 <= case["evals"] <= 2 and case["first_correct"] == 1, (name, case["nodes"])
         assert case["copy_us"] > 0 and case["bytes"] > 0
+        assert case["targets"]["correct"] is True
         best = case["best"]
-        assert best is not None and best["status"] == "passed", (name, case["nodes"])
+        if best is None:
+            # correct, but timed on a machine too busy to trust (CI runs two test workers on two
+            # cores): the evaluator claims no speedup, and neither does the script
+            assert {n["status"] for n in case["nodes"]} == {"noisy"}, (name, case["nodes"])
+            continue
+        assert best["status"] == "passed", (name, case["nodes"])
         for key in ("speedup_vs_eager", "sp_q1", "sp_q3", "eager_us", "time_us", "move"):
             assert best[key] is not None, (name, key)
         assert best["sp_q1"] <= best["speedup_vs_eager"] <= best["sp_q3"]
-        assert case["targets"]["correct"] is True
     # the per-evaluation lines and the table, its last lines
-    assert "n0001: passed" in run.stdout
+    assert "n0001: passed" in run.stdout or "n0001: noisy" in run.stdout
     table = run.stdout[run.stdout.index("code generator bench, cpu"):]
     assert all(name in table for name in report["cases"]) and "correct pass" in table
