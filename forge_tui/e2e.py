@@ -102,7 +102,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     notes: list[str] = []
     variants: dict[str, Any] = {"eager": model}
     forge_model = copy.deepcopy(model)
-    applied = apply(forge_model, ws, mode=Mode.INFERENCE, device=dev, only_faster=only_faster)
+    # no in-place trial: the bench times the whole forward both ways itself, interleaved
+    applied = apply(forge_model, ws, mode=Mode.INFERENCE, device=dev, only_faster=only_faster, trial_calls=0)
     notes.extend(f"not used {c}: {why}" for c, why in applied.skipped.items())
     variants["eager+forge"] = forge_model
     compiled_applied = None
@@ -155,8 +156,8 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
         others = [c for c in served if c != card]
         with_all = copy.deepcopy(model)
         without = copy.deepcopy(model)
-        a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster)
-        b = apply(without, ws, device=dev, cards=others, only_faster=only_faster) if others else None
+        a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
+        b = apply(without, ws, device=dev, cards=others, only_faster=only_faster, trial_calls=0) if others else None
         stats, _, _ = timer.time({"with": functools.partial(wl.run, with_all, inputs),
                                   "without": functools.partial(wl.run, without, inputs)})
         a.undo()

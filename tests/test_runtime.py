@@ -134,7 +134,11 @@ def test_a_kernel_error_disables_the_kernel_and_the_model_goes_on(promoted, monk
         st = {c["card"]: c for c in applied.status()["cards"]}
     for cid in (norm.id, sm.id):
         assert not st[cid]["active"] and "kernel error: forge_launch returned 7" in st[cid]["disabled_reason"]
-        assert st[cid]["served"] == 0 and st[cid]["fallbacks"] == {"kernel error": 1, "disabled": 2}
+        assert st[cid]["served"] == 0
+    assert st[norm.id]["fallbacks"] == {"kernel error": 1, "disabled": 2}
+    # once every op card of a scope is off, the scope is no longer intercepted (its ops stop
+    # passing through Python), so its later calls are not counted
+    assert st[sm.id]["fallbacks"] == {"kernel error": 1}
 
 
 def test_shadow_checks_disable_a_kernel_that_disagrees(promoted, monkeypatch):
@@ -199,7 +203,7 @@ def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
     assert manifest(ws).entries[sm.id].evidence.speedup_vs_eager < 1  # the double-precision softmax
     init = Guard.__init__
     monkeypatch.setattr(Guard, "__init__", _with_gain(init, 1e6))  # a call saves far more than dispatch costs
-    with torch.no_grad(), apply(model, ws) as applied:
+    with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:  # the dispatch rule alone
         assert "slower than eager" in applied.skipped[sm.id]
         for _ in range(Guard.DISPATCH_SAMPLES + 2):
             model(x)
@@ -207,12 +211,78 @@ def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
     assert st[norm.id]["active"] and st[norm.id]["dispatch_us"] > 0  # stated, and it pays
     assert st[norm.id]["served"] == Guard.DISPATCH_SAMPLES + 2
     monkeypatch.setattr(Guard, "__init__", _with_gain(init, 1e-3))
-    with torch.no_grad(), apply(model, ws) as applied:
+    with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:
         for _ in range(Guard.DISPATCH_SAMPLES + 2):
             torch.testing.assert_close(model(x), wl.get_model()(x))
         st = {c["card"]: c for c in applied.status()["cards"]}
     assert not st[norm.id]["active"] and "dispatch costs" in st[norm.id]["disabled_reason"]
     assert st[norm.id]["served"] == Guard.DISPATCH_SAMPLES and st[norm.id]["fallbacks"] == {"disabled": 2}
+
+
+@pytest.mark.parametrize("kernel_faster", [True, False])
+def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, monkeypatch, kernel_faster):
+    """The first calls of a module card alternate the kernel's path and PyTorch's, timed; the
+    kernel stays only if its median was lower. Op cards: their scope with and without the
+    interceptor. The timer is a stand-in (the test must not depend on this machine's load): it
+    gives each path a fixed time."""
+    from forge_tui.runtime.apply import Trial
+
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    fast, slow = (10_000, 50_000) if kernel_faster else (50_000, 10_000)
+
+    def fake_time(self, fn, with_kernel):
+        return fn(), fast if with_kernel else slow
+
+    monkeypatch.setattr(Trial, "time_call", fake_time)
+    with torch.no_grad(), apply(model, ws, trial_calls=3) as applied:
+        # the softmax card runs in double precision slower than eager: keep it for the trial
+        assert sm.id in applied.skipped
+        outs = [model(x) for _ in range(10)]
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    for out in outs:  # either path: eager's result
+        torch.testing.assert_close(out, wl.get_model()(x), rtol=1e-5, atol=1e-6)
+    t = st[norm.id]["trial"]
+    assert t["calls"] == 3 and t["kept"] is kernel_faster
+    assert (t["with_us"], t["without_us"]) == ((10.0, 50.0) if kernel_faster else (50.0, 10.0))
+    # 1 + 3 calls each way decide; then the kernel serves every call, or none
+    if kernel_faster:
+        assert st[norm.id]["active"] and st[norm.id]["served"] == 4 + 2
+    else:
+        assert not st[norm.id]["active"] and "slower in place" in st[norm.id]["disabled_reason"]
+        assert st[norm.id]["served"] == 4 and st[norm.id]["fallbacks"] == {"disabled": 2}
+    with torch.no_grad(), apply(model, ws, trial_calls=3, only_faster=False) as applied:
+        model(x)
+        assert applied.status()["cards"][0]["trial"] is None  # only_faster=False: no trial
+
+
+def test_an_op_card_scope_is_tried_with_and_without_the_interceptor(promoted, monkeypatch, tmp_path):
+    """A scope whose ops all pass through Python while intercepted: kept only if faster so."""
+    import shutil
+
+    from forge_tui.runtime.apply import Guard, Trial
+
+    ws, norm, sm = promoted
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["entries"][sm.id]["evidence"]["speedup_vs_eager"] = 2.0  # installed (the fixture's is slower)
+    path.write_text(json.dumps(data))
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    monkeypatch.setattr(Trial, "time_call", lambda self, fn, k: (fn(), 90_000 if k else 30_000))
+    monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e6))
+    with torch.no_grad(), apply(model, root, cards=[sm.id], trial_calls=2) as applied:
+        assert sm.id in applied.guards, applied.skipped
+        for _ in range(8):
+            torch.testing.assert_close(model(x), wl.get_model()(x), rtol=1e-5, atol=1e-6)
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    t = st[sm.id]["trial"]
+    assert t == {"with_us": 90.0, "without_us": 30.0, "calls": 2, "kept": False, "scope": "the model"}
+    assert not st[sm.id]["active"] and "with its ops intercepted" in st[sm.id]["disabled_reason"]
+    assert st[sm.id]["served"] == 3  # served only on its trial calls, then the model is not intercepted
 
 
 def _with_gain(init, gain_us):

@@ -57,6 +57,68 @@ def _spec_mismatch(t: "torch.Tensor", spec: tuple[Any, tuple[int, ...], tuple[in
     return None
 
 
+class Trial:
+    """The in-place check that a kernel pays where it runs: a site's first calls alternate between
+    the kernel's path and PyTorch's, each timed (the device synchronised on CUDA, so a call's time
+    is its latency: host work, launches and the kernels); once ``calls`` of each are timed (after
+    one untimed warm-up each), the kernel stays only if its median is lower. Timings in a model
+    include what isolation misses: cold caches, the guard, the allocator, the interpreter.
+
+    Both paths give correct results, so no call is wasted. Skipped (the kernel path runs untimed)
+    while torch.compile traces or a CUDA graph captures."""
+
+    def __init__(self, calls: int, device: str, decide: Callable[[float, float, int], None]) -> None:
+        self.calls = calls
+        self.device = device
+        self.decide = decide
+        self.samples: dict[bool, list[int]] = {True: [], False: []}
+        self.seen = {True: 0, False: 0}
+        self.done = calls <= 0
+        self._lock = threading.Lock()
+        self._next = True
+
+    def pending(self) -> bool:
+        if self.done:
+            return False
+        import torch
+
+        if torch.compiler.is_compiling():
+            return False
+        return not (self.device == "cuda" and torch.cuda.is_current_stream_capturing())
+
+    def time_call(self, fn: Callable[[], Any], with_kernel: bool) -> tuple[Any, int]:
+        """(fn's result, its wall time in ns, the device synchronised before and after)."""
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        out = fn()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return out, time.perf_counter_ns() - t0
+
+    def run(self, with_kernel: Callable[[], Any], without: Callable[[], Any]) -> Any:
+        with self._lock:
+            side = self._next
+            self._next = not side
+        out, ns = self.time_call(with_kernel if side else without, side)
+        decision = None
+        with self._lock:
+            if self.done:
+                return out
+            self.seen[side] += 1
+            if self.seen[side] > 1:  # the first call of each path is its warm-up
+                self.samples[side].append(ns)
+            if all(len(v) >= self.calls for v in self.samples.values()):
+                self.done = True
+                med = {k: sorted(v)[len(v) // 2] / 1000.0 for k, v in self.samples.items()}
+                decision = (med[True], med[False], self.calls)
+        if decision is not None:
+            self.decide(*decision)
+        return out
+
+
 class Guard:
     """One promoted card in one model: matches calls, runs its kernel, keeps its status."""
 
@@ -82,6 +144,8 @@ class Guard:
         self._lock = threading.Lock()
         self.only_faster = only_faster
         self._dispatch_ns: list[int] = []
+        self.trial: Trial | None = None
+        """Set by apply (trial_calls > 0 and only_faster): the in-place check of module cards."""
         ev = entry.evidence
         self.gain_us = (ev.eager_us - ev.time_us) if ev.eager_us is not None and ev.time_us is not None else None
         """What one call saves, by the evaluation's numbers (eager's time minus the kernel's)."""
@@ -115,6 +179,17 @@ class Guard:
             if self.only_faster and self.gain_us is not None and us >= self.gain_us:
                 self.board.disable(self.status, f"its dispatch costs {us:.1f} µs a call, more than the "
                                                 f"{max(self.gain_us, 0.0):.1f} µs it saves")
+
+    def decide(self, with_us: float, without_us: float, calls: int) -> None:
+        """The trial's verdict for this card."""
+        kept = with_us < without_us
+        self.status.trial = {"with_us": round(with_us, 2), "without_us": round(without_us, 2), "calls": calls,
+                             "kept": kept}
+        if not kept:
+            self.board.disable(self.status, f"slower in place: a call took {with_us:.1f} µs with the kernel and "
+                                            f"{without_us:.1f} µs without (median of {calls} each)")
+        else:
+            self.board.write()
 
     def reference(self, tensors: list["torch.Tensor"]) -> list["torch.Tensor"]:
         outs = run_program(self.sig.program, tensors, self.device)
@@ -266,6 +341,15 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             guard.board.fell_back(guard.status, "non-tensor arguments differ from the profiled call")
             return original(*args, **kwargs)
         tensors = module_inputs(module, args, kwargs, guard.consts)
+        trial = guard.trial
+        if op is None and trial is not None and trial.pending():
+            def with_kernel() -> Any:
+                served = guard.serve(tensors)
+                if served is None:
+                    return original(*args, **kwargs)
+                return served[0] if returns == "tensor" else tuple(served)
+
+            return trial.run(with_kernel, lambda: original(*args, **kwargs))
         if op is not None:
             why = guard.mismatch(tensors)
             if why or not guard.status.active:
@@ -414,13 +498,18 @@ class Applied:
 
 
 def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFERENCE, device: str | None = None,
-          cards: list[str] | None = None, shadow_every: int = 0, only_faster: bool = True) -> Applied:
+          cards: list[str] | None = None, shadow_every: int = 0, only_faster: bool = True,
+          trial_calls: int = 6) -> Applied:
     """Put the promoted kernels of ``source`` (a Workspace, its path, or an export folder) into
     ``model`` for the calls they match. Returns an ``Applied`` handle (a context manager).
 
-    ``only_faster`` (default): a kernel measured slower than eager is not used, and one whose
-    dispatch (measured on its first calls) costs more than it saves is switched off."""
+    ``only_faster`` (default): a kernel measured slower than eager is not used, one whose
+    dispatch (measured on its first calls) costs more than it saves is switched off, and (in
+    inference mode, ``trial_calls`` > 0) each card's first calls in this model are timed with the
+    kernel and without, ``trial_calls`` of each, and the kernel is switched off unless it was
+    faster there (see ``Trial``)."""
     mode = Mode(mode)
+    trial_calls = trial_calls if only_faster and mode == Mode.INFERENCE else 0
     folder, status_path = _resolve(source)
     man = Manifest.load(folder)
     if device is None:
@@ -451,6 +540,8 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         except KernelUnavailable as exc:
             applied.skipped[card_id] = str(exc)
             continue
+        if sig.kind == "module" and trial_calls > 0:
+            guard.trial = Trial(trial_calls, device, guard.decide)
         if sig.kind == "module":
             if sig.returns == "other":
                 applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
@@ -488,17 +579,44 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
             for g in guards:
                 table.setdefault(g.func, []).append(g)
             module = model.get_submodule(path) if path else model
-            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table))
+            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, path, trial_calls,
+                                                           device))
     board.write()
     return applied
 
 
-def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]]) -> Callable[..., Any]:
+def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]], scope: str,
+                  trial_calls: int, device: str) -> Callable[..., Any]:
     """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
-    does not serve goes on to the outer one)."""
+    does not serve goes on to the outer one). Every op of the scope then passes through Python, so
+    with ``trial_calls`` the scope's first calls are tried with the interceptor and without, and
+    the interceptor stays only if the scope ran faster with it; once every guard of the scope is
+    off, the scope runs as it was, not intercepted."""
+    guards = list({id(g.guard): g.guard for gs in table.values() for g in gs}.values())
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def decide(with_us: float, without_us: float, calls: int) -> None:
+        kept = with_us < without_us
+        for g in guards:
+            g.status.trial = {"with_us": round(with_us, 2), "without_us": round(without_us, 2), "calls": calls,
+                              "kept": kept, "scope": scope or "the model"}
+            if not kept:
+                g.board.disable(g.status, f"slower in place: the forward of {scope or 'the model'} took "
+                                          f"{with_us:.1f} µs with its ops intercepted and {without_us:.1f} µs without "
+                                          f"(median of {calls} each)")
+        if kept and guards:
+            guards[0].board.write()
+
+    trial = Trial(trial_calls, device, decide) if trial_calls > 0 else None
+
+    def intercepted(*args: Any, **kwargs: Any) -> Any:
         with interceptor(table):
             return original(*args, **kwargs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not any(g.status.active for g in guards):
+            return original(*args, **kwargs)
+        if trial is not None and trial.pending():
+            return trial.run(lambda: intercepted(*args, **kwargs), lambda: original(*args, **kwargs))
+        return intercepted(*args, **kwargs)
 
     return forward

@@ -34,12 +34,15 @@ class CardStatus:
     """The guard's own cost per served call (checks, descriptors, outputs; not the launch)."""
     sites: list[str] = field(default_factory=list)
     """Where it is installed: module paths, or "ops under <path>"."""
+    trial: dict[str, Any] | None = None
+    """The in-place trial (``runtime.apply``): median µs a call with the kernel and without, the
+    calls timed each way, and whether the kernel was kept."""
 
     def to_json(self) -> dict[str, Any]:
         return {"card": self.card, "kind": self.kind, "target": self.target, "active": self.active,
                 "disabled_reason": self.disabled_reason, "served": self.served,
                 "fallbacks": dict(self.fallbacks), "shadow_checks": self.shadow_checks,
-                "dispatch_us": self.dispatch_us, "sites": self.sites}
+                "dispatch_us": self.dispatch_us, "sites": self.sites, "trial": self.trial}
 
 
 class StatusBoard:
@@ -114,7 +117,9 @@ def format_status(data: dict[str, Any]) -> str:
         fb = ", ".join(f"{n} {why}" for why, n in sorted(c["fallbacks"].items(), key=lambda x: -x[1])) or "none"
         lines.append(f"  {c['card']} ({c['kind']} {c['target']}): {state}; served {c['served']}, "
                      f"fell back: {fb}" + (f"; {c['shadow_checks']} shadow checks" if c.get("shadow_checks") else "")
-                     + (f"; dispatch {c['dispatch_us']:.1f} µs a call" if c.get("dispatch_us") else ""))
+                     + (f"; dispatch {c['dispatch_us']:.1f} µs a call" if c.get("dispatch_us") else "")
+                     + (f"; in place {t['with_us']:.1f} µs a call with it, {t['without_us']:.1f} without"
+                        if (t := c.get("trial")) else ""))
         for s in c.get("sites", []):
             lines.append(f"      at {s}")
     if not data.get("cards"):
