@@ -153,7 +153,9 @@ def test_template_search_on_cpu(ws, matched):
     from forge_tui.search.runner import Search
 
     card, _, _ = matched["rms_norm"][0]
-    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "max_spread": 10.0, "max_slowdown": 100.0},
+    # one thread each (eager and the candidates): under CI's two workers on two cores, a two-thread
+    # eager shares its cores with the other worker and the paired ratios swing
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0},
                         "search": {"max_evals": 3, "parallel": 2, "min_gain": 0.0}})
     pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu")
     try:
