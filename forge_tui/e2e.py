@@ -1,7 +1,8 @@
 """``forge bench WORKLOAD -w WS``: the whole forward four ways (eager, eager + forge, torch.compile,
 torch.compile + forge), timed interleaved in one process with spread, outputs checked against
 eager. A kernel that makes the whole forward slower is switched off in the manifest: kernels are
-used only where they measured faster in the model, not only in isolation.
+used only where they measured faster in the model, not only in isolation. When torch.compile +
+forge runs slower than torch.compile, the kernels it served are switched off for compiled models.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _agree(got: Any, ref: Any) -> str | None:
 
 
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
-          warmup: int = 3, with_compile: bool = True, switch_off: bool = True, only_faster: bool = True) -> BenchResult:
+          warmup: int = 3, with_compile: bool = True, switch_off: bool = True, only_faster: bool = True,
+          compile_backend: str = "inductor") -> BenchResult:
     import torch
 
     from .workload import load_workload, resolve_device
@@ -108,10 +110,10 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     variants["eager+forge"] = forge_model
     compiled_applied = None
     if with_compile:
-        variants["compile"] = torch.compile(copy.deepcopy(model))
+        variants["compile"] = torch.compile(copy.deepcopy(model), backend=compile_backend)
         cf = copy.deepcopy(model)
         compiled_applied = apply(cf, ws, mode=Mode.TORCH_COMPILE, device=dev, only_faster=only_faster)
-        variants["compile+forge"] = torch.compile(cf)
+        variants["compile+forge"] = torch.compile(cf, backend=compile_backend)
     timer = Timer(dev, warmup=warmup, repeats=repeats, cold_l2=False)
     with torch.no_grad():
         ref = wl.run(model, inputs)
@@ -124,6 +126,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         switched: dict[str, str] = {}
         if switch_off:
             switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster)
+            if compiled_applied is not None:
+                switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, dev))
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
@@ -142,6 +146,28 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
         if served.get(card) and sp and share:
             saved += share * (1 - 1 / sp)
     return 1 / (1 - saved) if 0 < saved < 1 else None
+
+
+def _switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, stats: dict[str, Any],
+                              dev: str) -> dict[str, str]:
+    """torch.compile + forge never below torch.compile: when the compiled forward ran slower with
+    forge's kernels than without (beyond the spread of both), every kernel it served is switched
+    off for compiled models (eager models keep them). All at once: leaving each out in turn would
+    compile the model once a kernel."""
+    c, cf = stats.get("compile"), stats.get("compile+forge")
+    served = [s["card"] for s in compiled_applied.status()["cards"] if s["served"]]
+    if c is None or cf is None or not served or not c.q3 < cf.q1:
+        return {}
+    why = (f"the compiled forward ran {cf.median:.1f} µs with forge's kernels and {c.median:.1f} µs without "
+           f"(forge bench, {dev})")
+    for card in served:
+        man.entries[card].compile_disabled_reason = why
+    man.save(ws.root / "kernels")
+    with ws.git() as repo:
+        repo.commit_worktree(f"switch off {len(served)} kernel{'s' if len(served) > 1 else ''} under torch.compile",
+                             "\n".join(f"{card}: {why}" for card in served),
+                             {"Forge-Event": "switch-off", "Forge-Cards": ",".join(served)})
+    return {f"{card} (under torch.compile)": why for card in served}
 
 
 def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,

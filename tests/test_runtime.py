@@ -459,3 +459,42 @@ def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(
     with apply(model, ws, only_faster=False) as applied:
         assert norm.id in applied.skipped and "switched off" in applied.skipped[norm.id]
         assert norm.id not in applied.guards
+
+
+def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_without(promoted, monkeypatch,
+                                                                                         tmp_path):
+    """torch.compile + forge never below torch.compile: the module kernel made slow (5 ms a call)
+    inside a compiled model (aot_eager, to keep the test short) is switched off for compiled
+    models only; eager models keep it."""
+    import shutil
+    import time
+
+    from forge_tui.e2e import bench
+    from forge_tui.workspace import Workspace
+
+    src, norm, _ = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    real = CardKernel.__call__
+
+    def slow(self, inputs):
+        if len(self.out_specs) == 1 and len(inputs) == len(norm.inputs):
+            time.sleep(0.005)
+        return real(self, inputs)
+
+    monkeypatch.setattr(CardKernel, "__call__", slow)
+    r = bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
+    key = f"{norm.id} (under torch.compile)"
+    assert key in r.switched_off and "compiled forward" in r.switched_off[key]
+    man = manifest(ws)
+    assert man.entries[norm.id].compile_disabled_reason == r.switched_off[key]
+    # the slow kernel slowed the eager forward too, and was switched off there as well; the two
+    # switches are apart: with the eager one undone, eager models use it and compiled ones do not
+    man.entries[norm.id].enabled, man.entries[norm.id].disabled_reason = True, ""
+    man.save(ws.root / "kernels")
+    model = load_workload().get_model()
+    with apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+        assert "switched off under torch.compile" in applied.skipped[norm.id]
+    with apply(model, ws, only_faster=False) as applied:
+        assert norm.id in applied.guards
+

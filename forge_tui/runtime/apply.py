@@ -529,6 +529,9 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         if only_faster and gain is not None and gain <= 1.0:
             applied.skipped[card_id] = f"measured slower than eager ({gain:.3f}x)"
             continue
+        if mode == Mode.TORCH_COMPILE and entry.compile_disabled_reason:
+            applied.skipped[card_id] = f"switched off under torch.compile: {entry.compile_disabled_reason}"
+            continue
         vs_compile = entry.evidence.speedup_vs_compile
         if only_faster and mode == Mode.TORCH_COMPILE and vs_compile is not None and vs_compile <= 1.0:
             # torch.compile would fuse the card better than the kernel does

@@ -101,6 +101,9 @@ class Entry(BaseModel):
     enabled: bool = True
     disabled_reason: str = ""
     """Why the kernel is off (set by ``forge bench`` when it made the whole forward slower)."""
+    compile_disabled_reason: str = ""
+    """Why the kernel is off in torch.compile'd models only (set by ``forge bench`` when the
+    compiled forward ran slower with forge's kernels than without)."""
 
 
 class Rejection(BaseModel):
