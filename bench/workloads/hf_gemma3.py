@@ -1,0 +1,48 @@
+"""Bench workload: a model the team did not write, Hugging Face's Gemma-3 text decoder
+(``transformers.Gemma3ForCausalLM``) built from its configuration with random weights (nothing is
+downloaded), bf16, eager attention; the forward returns the logits. On CUDA: 4 layers at Gemma-3
+1B's widths (hidden 1152, 4 heads of 256, 1 kv head, MLP 6912), 4 sequences of 1024 tokens, a
+32768-token vocabulary; on the CPU a tiny one. Needs ``transformers``.
+
+    python bench/e2e_bench.py bench/workloads/hf_gemma3.py
+"""
+
+import torch
+
+DTYPE = torch.bfloat16
+
+
+class Logits(torch.nn.Module):
+    """The HF model with a plain-tensor forward: input ids in, logits out."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def _config(device: str):
+    from transformers import Gemma3TextConfig
+
+    big = device == "cuda"
+    return Gemma3TextConfig(
+        vocab_size=32768 if big else 512, hidden_size=1152 if big else 64, intermediate_size=6912 if big else 128,
+        num_hidden_layers=4 if big else 2, num_attention_heads=4, num_key_value_heads=1, head_dim=256 if big else 16,
+        max_position_embeddings=2048, sliding_window=512 if big else 8, attn_implementation="eager")
+
+
+def get_model(device="cpu"):
+    from transformers import Gemma3ForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Logits(Gemma3ForCausalLM(_config(device))).eval()
+
+
+def get_inputs(device="cpu"):
+    cfg = _config(device)
+    batch, seq = (4, 1024) if device == "cuda" else (2, 16)
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(device)]

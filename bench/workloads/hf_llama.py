@@ -1,0 +1,48 @@
+"""Bench workload: a model the team did not write, Hugging Face's Llama (``LlamaForCausalLM``,
+the code Llama 3, Qwen-style and many fine-tunes share) built from its configuration with random
+weights (nothing is downloaded), bf16, SDPA attention; the forward returns the logits. On CUDA: 4
+layers at Llama 3.2 1B's widths (hidden 2048, 32 heads of 64, 8 kv heads, MLP 8192), 4 sequences of
+1024 tokens, a 32768-token vocabulary; on the CPU a tiny one. Needs ``transformers``.
+
+    python bench/e2e_bench.py bench/workloads/hf_llama.py
+"""
+
+import torch
+
+DTYPE = torch.bfloat16
+
+
+class Logits(torch.nn.Module):
+    """The HF model with a plain-tensor forward: input ids in, logits out."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def _config(device: str):
+    from transformers import LlamaConfig
+
+    big = device == "cuda"
+    return LlamaConfig(
+        vocab_size=32768 if big else 512, hidden_size=2048 if big else 64, intermediate_size=8192 if big else 128,
+        num_hidden_layers=4 if big else 2, num_attention_heads=32 if big else 4, num_key_value_heads=8 if big else 2,
+        max_position_embeddings=2048, attn_implementation="sdpa")
+
+
+def get_model(device="cpu"):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Logits(LlamaForCausalLM(_config(device))).eval()
+
+
+def get_inputs(device="cpu"):
+    cfg = _config(device)
+    batch, seq = (4, 1024) if device == "cuda" else (2, 16)
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(device)]
