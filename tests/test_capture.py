@@ -207,3 +207,24 @@ def test_profiled_cards_carry_the_bytes_of_their_inputs_and_outputs(profiled):
     card = next(c for c in result.cards if c.target == "aten._softmax.default")
     assert [s.shape for s in card.inputs] == [[16, 512]] and [s.shape for s in card.outputs] == [[16, 512]]
     assert card.bytes == 2 * 16 * 512 * 4
+
+
+def test_a_card_timed_longer_than_the_whole_forward_is_flagged(tmp_path, fast_cfg, monkeypatch):
+    """A card cannot take more than the forward: when a disturbed timing says it does (a busy
+    machine once made one 1037% of the forward), the card is flagged and the profile warns."""
+    from forge_tui.profiler import run as run_mod
+
+    real = run_mod.QuietTimer.time
+
+    def slow_softmax(self, name, fn):
+        stats, noisy = real(self, name, fn)
+        if name == "_softmax":
+            stats = stats.__class__.from_samples([s * 0 + 1e6 for s in [stats.median] * 3])  # 1 s a call
+        return stats, noisy
+
+    monkeypatch.setattr(run_mod.QuietTimer, "time", slow_softmax)
+    result = profile_workload(load_workload("example:kb_softmax"), "cpu", None, fast_cfg, TensorStore(tmp_path))
+    sm = next(c for c in result.cards if c.target == "aten._softmax.default")
+    assert sm.share > 1 and "share_over_forward" in sm.flags
+    assert any(w.startswith(f"{sm.id}: timed at") and "more than all of it" in w for w in result.warnings)
+    assert all("share_over_forward" not in c.flags for c in result.cards if c.share is not None and c.share <= 1)

@@ -108,6 +108,13 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
             progress(f"timing card {i}/{len(buckets)}: {b.target}")
             cards.append(_make_card(b, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings,
                                     within=_within(b, rec.buckets)))
+    for card in cards:
+        if card.share is not None and card.share > 1.0:
+            # a card cannot take longer than the whole forward: its time or the forward's is wrong
+            card.flags = sorted({*card.flags, "share_over_forward"})
+            warnings.append(f"{card.id}: timed at {100 * card.share:.0f}% of the forward, more than all of it: its "
+                            f"time ({card.time_us:.1f} µs x {card.calls} calls) or the forward's "
+                            f"({fwd_stats.median:.1f} µs) was disturbed; profile again on a quiet machine")
     cards.sort(key=lambda c: (-(c.share or 0.0), c.id))
     return ProfileResult(
         cards=cards, forward=fwd_stats, device=device, device_name=ceil["device_name"],
