@@ -742,6 +742,23 @@ class Lowering:
             value = ConstVal(value, (), dtype, where)
         return pointwise("where", [a["mask"], value, a["self"]], dtype, where)
 
+    def _outer(self, x, y, meta, where, base):
+        """A matrix product over an inner dimension of 1 is an outer product, x[..., m, 1] *
+        y[..., 1, n] broadcast: one product an element, rounded once at the output dtype, as eager's
+        (the frequencies of every rotary embedding: inv_freq @ positions)."""
+        if not isinstance(x, Val) or not isinstance(y, Val) or len(x.shape) < 2 or len(y.shape) < 2:
+            raise Unsupported(f"{where}: {base} of non-matrix operands")
+        if x.shape[-1] != 1 or y.shape[-2] != 1:
+            raise Unsupported(f"{where}: {base} over an inner dimension of {x.shape[-1]} (a matrix product; only an "
+                              "inner dimension of 1, an outer product, is pointwise)")
+        return pointwise("mul", [x, y], self._out(meta)[1], where)
+
+    def op_mm(self, a, meta, where, base):
+        return self._outer(a["self"], a["mat2"], meta, where, base)
+
+    def op_bmm(self, a, meta, where, base):
+        return self._outer(a["self"], a["mat2"], meta, where, base)
+
     def op_addcmul(self, a, meta, where, base):
         dtype = self._out(meta)[1]
         prod = pointwise("mul", [a["tensor1"], a["tensor2"]], "float32", where)

@@ -274,6 +274,22 @@ class VarMean(nn.Module):
         return torch.rsqrt(v + 1e-5), m * 2.0
 
 
+class RopeFrequencies(nn.Module):
+    """Llama's rotary embedding (HF): the frequencies as inv_freq @ positions, an outer product
+    (a bmm over an inner dimension of 1), then cat, cos and sin, cast to the activations' dtype."""
+
+    def __init__(self, dim=D, base=10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x, position_ids):
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        freqs = (inv @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
@@ -307,8 +323,9 @@ class Model(nn.Module):
         self.transposed = TransposedMul()
         self.half_chain = HalfCastChain()
         self.var_mean = VarMean()
+        self.rope = RopeFrequencies()
 
-    def forward(self, x, q, cos, sin, img, keep, mask, scores, xh, yh):
+    def forward(self, x, q, cos, sin, img, keep, mask, scores, xh, yh, pos):
         bf = x.to(torch.bfloat16)
         return [
             self.gemma_norm(x), self.gemma_norm_bf16(bf), self.hf_norm(x), self.q_norm(x.view(B, S, NH, D)),
@@ -318,7 +335,7 @@ class Model(nn.Module):
             self.masked_scale(x, x[:, 0], x[0], mask), self.group_norm(img), self.gn_silu(img),
             self.masked_softmax(scores), self.lse(x), self.l2(x), self.standardize(x), self.quant(x),
             self.minmax(x), self.dyt(x), self.add_norm(x, x * 0.5), self.se_row(x), self.transposed(scores, scores * 2.0),
-            self.half_chain(xh, yh), self.var_mean(x),
+            self.half_chain(xh, yh), self.var_mean(x), *self.rope(bf, pos),
         ]
 
 
@@ -337,5 +354,6 @@ def get_inputs():
     return [torch.randn(rows, H, generator=g), torch.randn(B, NH, S, D, generator=g), emb.cos(), emb.sin(),
             torch.randn(2, 8, 4, 4, generator=g), torch.rand(rows, generator=g) < 0.8,
             torch.rand(rows, H, generator=g) < 0.3, torch.randn(B, NH, S, S, generator=g),
-            torch.randn(rows, H, generator=g).half(), torch.randn(rows, H, generator=g).half()]
+            torch.randn(rows, H, generator=g).half(), torch.randn(rows, H, generator=g).half(),
+            torch.arange(S)[None, :].expand(B, S).contiguous()]
 
