@@ -9,18 +9,9 @@ layers at Llama 3.2 1B's widths (hidden 2048, 32 heads of 64, 8 kv heads, MLP 81
 
 import torch
 
+from forge_tui.examples._hf_parts import Logits, token_inputs
+
 DTYPE = torch.bfloat16
-
-
-class Logits(torch.nn.Module):
-    """The HF model with a plain-tensor forward: input ids in, logits out."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
 
 
 def _config(device: str):
@@ -42,7 +33,4 @@ def get_model(device="cpu"):
 
 
 def get_inputs(device="cpu"):
-    cfg = _config(device)
-    batch, seq = (4, 1024) if device == "cuda" else (2, 16)
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(device)]
+    return token_inputs(_config(device).vocab_size, device)
