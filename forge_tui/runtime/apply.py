@@ -119,6 +119,21 @@ class Trial:
         return out
 
 
+def _verdict(guards: list["Guard"], with_us: float, without_us: float, calls: int, subject: str, with_what: str,
+             **extra: Any) -> None:
+    """A trial's outcome on the guards it decides for: recorded in their status, and each switched
+    off unless the with-kernel side was faster."""
+    kept = with_us < without_us
+    for g in guards:
+        g.status.trial = {"with_us": round(with_us, 2), "without_us": round(without_us, 2), "calls": calls,
+                          "kept": kept, **extra}
+        if not kept:
+            g.board.disable(g.status, f"slower in place: {subject} took {with_us:.1f} µs with {with_what} and "
+                                      f"{without_us:.1f} µs without (median of {calls} each)")
+    if kept and guards:
+        guards[0].board.write()
+
+
 class Guard:
     """One promoted card in one model: matches calls, runs its kernel, keeps its status."""
 
@@ -182,14 +197,7 @@ class Guard:
 
     def decide(self, with_us: float, without_us: float, calls: int) -> None:
         """The trial's verdict for this card."""
-        kept = with_us < without_us
-        self.status.trial = {"with_us": round(with_us, 2), "without_us": round(without_us, 2), "calls": calls,
-                             "kept": kept}
-        if not kept:
-            self.board.disable(self.status, f"slower in place: a call took {with_us:.1f} µs with the kernel and "
-                                            f"{without_us:.1f} µs without (median of {calls} each)")
-        else:
-            self.board.write()
+        _verdict([self], with_us, without_us, calls, "a call", "the kernel")
 
     def reference(self, tensors: list["torch.Tensor"]) -> list["torch.Tensor"]:
         outs = run_program(self.sig.program, tensors, self.device)
@@ -598,16 +606,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
     guards = list({id(g.guard): g.guard for gs in table.values() for g in gs}.values())
 
     def decide(with_us: float, without_us: float, calls: int) -> None:
-        kept = with_us < without_us
-        for g in guards:
-            g.status.trial = {"with_us": round(with_us, 2), "without_us": round(without_us, 2), "calls": calls,
-                              "kept": kept, "scope": scope or "the model"}
-            if not kept:
-                g.board.disable(g.status, f"slower in place: the forward of {scope or 'the model'} took "
-                                          f"{with_us:.1f} µs with its ops intercepted and {without_us:.1f} µs without "
-                                          f"(median of {calls} each)")
-        if kept and guards:
-            guards[0].board.write()
+        _verdict(guards, with_us, without_us, calls, f"the forward of {scope or 'the model'}", "its ops intercepted",
+                 scope=scope or "the model")
 
     trial = Trial(trial_calls, device, decide) if trial_calls > 0 else None
 
