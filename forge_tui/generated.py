@@ -239,7 +239,7 @@ def _search_and_promote(ws: "Workspace", card: "Card", config: Path | None, *, p
     session = Session.open(ws.root, config).with_search_settings(max_evals=max_evals, evals_per_card=max_evals)
     progress(f"searching {card.id} ({max_evals} evaluations at most)")
     with session.search(proposer=proposer, backend=session.profiled_backend(), cards=[card.id]) as search:
-        summary = search.run(resume=session.has_search())
+        summary = search.run(resume=True)  # continues what is recorded, else starts fresh
     if summary.git_failure:
         raise ForgeError(f"the search failed: {summary.git_failure}")
     try:  # the best passed kernel, faster than eager or not: the rule decides

@@ -3,7 +3,7 @@ on it (the proposer, the evaluation pool, the search), built the same way for bo
 
     session = Session.open("workspaces/demo")
     with session.search(proposer="auto", bus=bus) as search:
-        summary = search.run(resume=session.has_search())
+        summary = search.run(resume=True)   # continue what is recorded, else start
 """
 
 from __future__ import annotations
@@ -78,10 +78,6 @@ class Session:
                        list(self.notes))
 
     # ---- what works on it ----------------------------------------------------------------------
-    def backend(self, override: str | None = None) -> str | None:
-        """The evaluator backend: the override, else the configuration's (auto: cuda where a GPU is)."""
-        return override or None
-
     def profiled_backend(self) -> str | None:
         """The backend matching the device the workspace was profiled on (cpu), else None."""
         return "cpu" if self.workspace.meta.get("device") == "cpu" else None
@@ -122,12 +118,12 @@ class Session:
     def evaluator(self, backend: str | None = None) -> "Evaluator":
         from .evaluator import Evaluator
 
-        return Evaluator(self.workspace.store, self.workspace.cache, self.config, backend=self.backend(backend))
+        return Evaluator(self.workspace.store, self.workspace.cache, self.config, backend=backend or None)
 
     def pool(self, backend: str | None = None) -> "LocalEvalPool":
         from .search.pool import LocalEvalPool
 
-        return LocalEvalPool(self.workspace.store, self.workspace.cache, self.config, backend=self.backend(backend))
+        return LocalEvalPool(self.workspace.store, self.workspace.cache, self.config, backend=backend or None)
 
     def has_search(self) -> bool:
         """Anything recorded by an earlier search (damaged records too: never start over them)."""

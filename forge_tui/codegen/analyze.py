@@ -339,7 +339,6 @@ class Ctx:
         self.leaves = [LeafVal(k, s.shape, s.stride, s.dtype) for k, s in enumerate(card.inputs)]
         self.views: set[int] = set()  # nodes whose outputs are views
         self.viewed: set[tuple] = set()  # bases a view was taken of
-        self.base_of: dict[int, tuple] = {}
 
     def ref(self, r: dict) -> Val:
         if "$in" in r:
@@ -858,7 +857,7 @@ class Lowering:
 
     def op_arange(self, a, meta, where, base):
         shape, dtype = self._out(meta)
-        start = a.get("start", 0) if "start" in a else 0
+        start = a.get("start", 0)
         step = a.get("step", 1) or 1
         if not (isinstance(start, int) and isinstance(step, int)) or step < 1:
             raise Unsupported(f"{where}: arange with non-integer or negative steps")
@@ -871,9 +870,6 @@ class Lowering:
         return TriVal(a["self"], int(a.get("diagonal") or 0), False, where)
 
     # ---- views -----------------------------------------------------------------------------------
-    def _view_of(self, a, v: Val) -> Val:
-        return v
-
     def op_view(self, a, meta, where, base):
         if _dtype_arg(a.get("dtype")) is not None:
             raise Unsupported(f"{where}: a view as another dtype")
@@ -913,8 +909,6 @@ class Lowering:
 
     def op_squeeze(self, a, meta, where, base):
         dims = a.get("dim")
-        if dims is None and "dim" not in a:
-            dims = None
         if isinstance(dims, int):
             dims = [dims]
         return squeeze(a["self"], dims, where)
@@ -1305,16 +1299,12 @@ def analyze(card: Card) -> Kernel:
         raise Unsupported("every output is empty")
     n = sizes.pop()
     shape = next(list(s.shape) for s in card.outputs if numel(s.shape) == n)
-    best = None
     # the widest cut that keeps every access linear in c (the whole output when nothing
     # broadcasts); else the last dimension alone
     for k in range(max(len(shape), 1)):
         cols = numel(shape[k:])
         kern = build(card, outs, n // cols, cols)
-        if best is None or k == len(shape) - 1:
-            best = kern
         offsets = [nd.attr[1] for nd in kern.loads() if nd.varying] + [o.offset for o in kern.outputs]
         if all(_linear_in_c(e) for e in offsets):
             return kern
-    assert best is not None
-    return best
+    return kern  # the last cut tried: the last dimension alone

@@ -5,14 +5,9 @@ against eager without compiling anything; the emitters' C is checked by compilin
 
 from __future__ import annotations
 
+from ..tensorstore import span
 from .index import evaluate
 from .ir import BOOL_OPS, FLOAT_OPS, INT_OPS, Kernel
-
-
-def _storage(t):
-    """A flat view of every element ``t`` reaches (offsets relative to its first element)."""
-    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
-    return t.as_strided((max(span, 0),), (1,), t.storage_offset())
 
 
 def run_kernel(kern: Kernel, inputs: list, outputs: list) -> None:
@@ -39,7 +34,7 @@ def run_kernel(kern: Kernel, inputs: list, outputs: list) -> None:
         a = [value(x) for x in node.args]
         if node.op == "load":
             k, off = node.attr
-            st = _storage(inputs[k])
+            st = span(inputs[k])
             v = st[idx(off)]
             v = v.float() if node.kind == "f" else v.to(torch.int64) if node.kind == "i" else v.bool()
         elif node.op == "const":
@@ -68,10 +63,9 @@ def run_kernel(kern: Kernel, inputs: list, outputs: list) -> None:
                     v = torch.where(body.isnan().any(1, keepdim=True), float("nan"), v)
                 reds[node.attr] = v
         elif node.op == "cast":
-            src = kern.nodes[node.args[0]]
             x = a[0]
             if node.kind == "f":
-                v = x.float() if src.kind != "b" else x.float()
+                v = x.float()
             elif node.kind == "b":
                 v = x != 0
             else:
@@ -99,7 +93,7 @@ def run_kernel(kern: Kernel, inputs: list, outputs: list) -> None:
     for o in kern.outputs:
         v = value(o.node)
         t = outputs[o.index]
-        st = _storage(t)
+        st = span(t)
         if o.per_row:
             off = idx(o.offset).expand(kern.rows, 1)
             v = v.expand(kern.rows, 1)

@@ -16,8 +16,7 @@ def offline_kernels(cards: list[Card], device: DeviceProps | None = None) -> dic
     out: dict[str, str] = {}
     for card in cards:
         backend = "cuda" if card.device == "cuda" else "cpu"
-        if prop.supports(card, backend) is None:
-            _, m = match(card)
-            if m is not None:
-                out[card.id] = m.family
+        fam, m = match(card)
+        if fam is not None and m is not None and prop.has_point(fam, m, backend):
+            out[card.id] = m.family
     return out

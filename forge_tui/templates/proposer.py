@@ -42,7 +42,7 @@ class TemplateProposer:
             why = kernel_or_reason(card)
             return (f"no template family serves {card.target}, nor the generator: {why} (left to the LLM agent)"
                     if isinstance(why, str) else f"no template family serves {card.target} (left to the LLM agent)")
-        if not self._valid_points(fam, m, backend, self.device, limit=1):
+        if not self.has_point(fam, m, backend):
             return f"the {fam.name} templates have no valid configuration for this shape"
         return None
 
@@ -50,10 +50,14 @@ class TemplateProposer:
         """The source of the family's first choice for the card (what the root's first template child
         is), or None where no family serves it: the LLM agent starts from it."""
         fam, m = match(card)
-        if fam is None or m is None or not self._valid_points(fam, m, backend, self.device, limit=1):
+        if fam is None or m is None or not self.has_point(fam, m, backend):
             return None
         p = fam.initial(m, backend, self.device)
         return fam.render(m, p, backend, self.device) if fam.valid(m, p, backend, self.device) else None
+
+    def has_point(self, fam: Family, m: Match, backend: str) -> bool:
+        """Whether the family has a valid configuration for the matched card on this backend."""
+        return bool(self._valid_points(fam, m, backend, self.device, limit=1))
 
     @staticmethod
     def _valid_points(fam: Family, m: Match, backend: str, device: DeviceProps, limit: int | None = None) -> list[dict]:

@@ -131,9 +131,10 @@ class Backend:
         from ..session import Session
 
         session = Session.open(self.root, config).with_search_settings(**settings)
-        resume = session.has_search()  # damaged records too: never start over them
         with session.search(proposer=proposer, backend=session.profiled_backend(), cards=cards, bus=bus) as search:
-            yield search, resume, session.notes[-1]
+            # resume=True: run() continues whatever is recorded (damaged records too, never started
+            # over) and starts fresh where nothing is
+            yield search, True, session.notes[-1]
 
     def profile(self, workload: str, *, device: str | None, dtype: str | None, config: Path | None,
                 progress: Callable[[str], None]) -> None:

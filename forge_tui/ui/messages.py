@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from ..promotion import Request
     from ..runtime.manifest import Entry
     from .backend import BenchOutcome, NodeDetail
-    from .state import SearchState
 
 
 class SearchEventPosted(Message):
@@ -25,15 +24,6 @@ class SearchEventPosted(Message):
     def __init__(self, event: SearchEvent) -> None:
         super().__init__()
         self.event = event
-
-
-class StateChanged(Message):
-    """The search state the panes show changed (live events folded in, or a replay step)."""
-
-    def __init__(self, state: "SearchState", replay: bool = False) -> None:
-        super().__init__()
-        self.state = state
-        self.replay = replay
 
 
 class Progress(Message):

@@ -21,7 +21,6 @@ from ..search.events import (
     SearchEvent,
     SearchStarted,
     SearchStopped,
-    StoreDamaged,
 )
 
 ROOT = "root"
@@ -94,8 +93,6 @@ class SearchState:
     events: int = 0
     progress: list[tuple[int, str, float]] = field(default_factory=list)
     """(evaluation number, card, the card's best speedup after it): best speedup over evaluations."""
-    lines: list[str] = field(default_factory=list)
-    """One line per persistent event and per damaged record, for the event log."""
 
     @property
     def running(self) -> bool:
@@ -116,8 +113,6 @@ class SearchState:
     def apply(self, e: SearchEvent) -> None:
         """Fold one event in (an event of a kind it does not know is only counted)."""
         self.events += 1
-        if e.persistent:
-            self.lines.append(e.line())
         if isinstance(e, SearchStarted):
             self.started, self.stopped = e, None
             self.runs += 1
@@ -174,8 +169,6 @@ class SearchState:
             self.max_evals = e.max_evals or self.max_evals
             self.cost_usd = max(self.cost_usd, e.cost_usd)
             self.wall_s = e.wall_s
-        elif isinstance(e, StoreDamaged):
-            self.lines.append(e.line())
         elif isinstance(e, AgentStep):
             pass  # the transcript pane reads the committed transcript; the log shows a step
 

@@ -100,15 +100,20 @@ class Generated(Family):
         return out
 
     def _vecs(self, k: Kernel) -> list[int]:
-        acc = self._vec_accesses(k)
-        widths = []
-        for v in (8, 4, 2):
-            if k.cols % v:
-                continue
-            ok = [dt for off, dt in acc if vec_ok(off, v)]
-            if ok and all(v * ITEMSIZE[dt] <= 16 for dt in ok):
-                widths.append(v)
-        return widths + [1]
+        """The vector widths every access of the kernel allows (computed once a kernel: the search
+        asks for every configuration it considers)."""
+        hit = k.memo.get("vecs")
+        if hit is None:
+            acc = self._vec_accesses(k)
+            widths = []
+            for v in (8, 4, 2):
+                if k.cols % v:
+                    continue
+                ok = [dt for off, dt in acc if vec_ok(off, v)]
+                if ok and all(v * ITEMSIZE[dt] <= 16 for dt in ok):
+                    widths.append(v)
+            hit = k.memo["vecs"] = widths + [1]
+        return list(hit)
 
     def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         k = self._k(m)
