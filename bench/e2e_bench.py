@@ -525,7 +525,7 @@ def print_tables(report: dict[str, Any]) -> None:
                       f"{v['eager_card_us']:8.1f} ({v['eager_ops']} ops) | {pc['eager_op_launch_us']:6.1f}")
             else:
                 print(f"  {name:15s} {cid:42s} {v.get('note')}")
-        for cid, why in ((w.get("bench_eager") or {}).get("switched_off") or {}).items():
+        for cid, why in ((w.get("bench_first") or {}).get("switched_off") or {}).items():
             print(f"  {name:15s} switched off {cid}: {why}")
         for note in w.get("notes", []):
             print(f"  {name:15s} note: {note}")

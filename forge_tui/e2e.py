@@ -14,6 +14,7 @@ from typing import Any
 
 from .compare import compare
 from .errors import ForgeError
+from .program import tensor_leaves
 from .runtime.apply import Mode, apply
 from .runtime.manifest import Manifest
 from .timing import Stats, Timer, paired_ratio
@@ -57,20 +58,8 @@ class BenchResult:
         return "\n".join(lines)
 
 
-def _outputs(out: Any) -> list[Any]:
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for x in out for t in _outputs(x)]
-    if isinstance(out, dict):
-        return [t for x in out.values() for t in _outputs(x)]
-    return []
-
-
 def _agree(got: Any, ref: Any) -> str | None:
-    a, b = _outputs(got), _outputs(ref)
+    a, b = tensor_leaves(got), tensor_leaves(ref)
     if len(a) != len(b):
         return f"{len(a)} outputs where eager has {len(b)}"
     for i, (x, y) in enumerate(zip(a, b)):

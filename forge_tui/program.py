@@ -204,3 +204,16 @@ def compile_source(program: dict, n_inputs: int) -> Callable:
     namespace: dict = {"torch": torch, "_flat": flatten_outputs}
     exec(program_source(program, n_inputs), namespace)  # noqa: S102 - our own generated code
     return namespace["reference"]
+
+
+def tensor_leaves(obj: Any) -> list[Any]:
+    """The tensors in a nest of lists, tuples and dicts, in order (a module's arguments or outputs)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in tensor_leaves(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in tensor_leaves(x)]
+    return []

@@ -125,13 +125,6 @@ class Session:
 
         return LocalEvalPool(self.workspace.store, self.workspace.cache, self.config, backend=backend or None)
 
-    def has_search(self) -> bool:
-        """Anything recorded by an earlier search (damaged records too: never start over them)."""
-        from .search.store import SearchStore
-
-        with self.workspace.git() as repo:
-            return SearchStore(repo).load().recorded
-
     def discard_search(self) -> int:
         from .search.store import SearchStore
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cards import TensorSpec
-from ..program import Unencodable, encode, flatten_outputs, resolve_op
+from ..program import Unencodable, encode, flatten_outputs, resolve_op, tensor_leaves
 from ..tensorstore import pack
 from .cost import op_flops, tensor_read_bytes, tensor_write_bytes
 
@@ -47,21 +47,6 @@ def is_rng(func, args, kwargs) -> bool:
         p = kwargs.get("dropout_p", args[3] if len(args) > 3 and isinstance(args[3], float) else 0.0)
         return bool(p and p > 0)
     return True
-
-
-def _tensor_leaves(obj) -> list:
-    import torch
-
-    out: list = []
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            out.extend(_tensor_leaves(x))
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            out.extend(_tensor_leaves(x))
-    return out
 
 
 def call_arguments(args: Any, kwargs: Any) -> Any:
@@ -248,7 +233,7 @@ class Recorder:
         import torch
 
         name = op_name(func)
-        in_tensors = _tensor_leaves((args, kwargs))
+        in_tensors = tensor_leaves((args, kwargs))
         # Decide before running: in-place ops change their inputs.
         op_card = self.opt.ops
         reason = None
@@ -361,7 +346,7 @@ class Recorder:
             self.busy = True
             try:
                 frame = _Frame(module=module, path=path, refs=self._WeakIdKeyDictionary(), tensors=[], specs=[])
-                for t in _tensor_leaves((args, kwargs)):
+                for t in tensor_leaves((args, kwargs)):
                     if t not in frame.refs:
                         frame.refs[t] = {"$in": len(frame.tensors)}
                         frame.tensors.append(t)
@@ -450,7 +435,7 @@ class Recorder:
         compute = [f for f in funcs if _is_compute(f)]
         if frame.invalid or not compute or (frame.rng and self.opt.skip_rng):
             return None
-        outs = _tensor_leaves(output)
+        outs = tensor_leaves(output)
         refs = []
         for t in outs:
             r = frame.refs.get(t)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..compare import compare
 from ..errors import ForgeError
-from ..program import encode, resolve_op, run_program
+from ..program import encode, resolve_op, run_program, tensor_leaves
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .status import STATUS_FILE, CardStatus, StatusBoard
@@ -242,18 +242,6 @@ class Guard:
 
 
 # ---- module cards ------------------------------------------------------------------------------
-def _tensor_leaves(obj: Any) -> list["torch.Tensor"]:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _tensor_leaves(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _tensor_leaves(x)]
-    return []
-
-
 def _all_tensors(args: Any) -> bool:
     import torch
 
@@ -278,7 +266,7 @@ def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: lis
     then the module's own parameters and buffers (each tensor once), then the card's constants."""
     seen: set[int] = set()
     out: list["torch.Tensor"] = []
-    for t in (args if not kwargs and _all_tensors(args) else _tensor_leaves((args, kwargs))):
+    for t in (args if not kwargs and _all_tensors(args) else tensor_leaves((args, kwargs))):
         if id(t) not in seen:
             seen.add(id(t))
             out.append(t)
@@ -336,8 +324,8 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         if not guard.status.active:  # switched off: the original at once, nothing checked
             guard.board.fell_back(guard.status, "disabled")
             return original(*args, **kwargs)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_leaves((args, kwargs))) \
-                or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters(recurse=False))):
+        if torch.is_grad_enabled() and (any(t.requires_grad for t in tensor_leaves((args, kwargs)))
+                                        or any(p is not None and p.requires_grad for p in module._parameters.values())):
             guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
             return original(*args, **kwargs)
         if tensors_only is not None:  # the profiled call passed tensors only: no encoding needed
@@ -384,7 +372,6 @@ class OpGuard:
         self.func = resolve_op(node["op"])
         self.args, self.kwargs = node["args"], node.get("kwargs", {})
         out_meta = node.get("out")
-        self.n_returns = len(guard.sig.outputs)
         self.single = not isinstance(out_meta, list) or len(out_meta) == 1
 
     def try_serve(self, args: Any, kwargs: Any) -> tuple[Any, str | None]:
@@ -545,18 +532,25 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
             # torch.compile would fuse the card better than the kernel does
             applied.skipped[card_id] = f"measured slower than torch.compile's own code for the card ({vs_compile:.3f}x)"
             continue
+        # what the signature alone rules out, before the kernel's files are read
+        if sig.kind == "module" and sig.returns == "other":
+            applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
+            continue
+        if sig.kind != "module" and mode == Mode.TORCH_COMPILE:
+            applied.skipped[card_id] = "op cards serve eager models (in torch_compile mode, module cards only)"
+            continue
+        if sig.kind != "module" and "mutates" in sig.flags:
+            applied.skipped[card_id] = "in-place ops are not served"
+            continue
         try:
             guard = Guard(entry, folder, device, board, shadow_every, _consts(folder, entry, device),
                           only_faster)
         except KernelUnavailable as exc:
             applied.skipped[card_id] = str(exc)
             continue
-        if sig.kind == "module" and trial_calls > 0:
-            guard.trial = Trial(trial_calls, device, guard.decide)
         if sig.kind == "module":
-            if sig.returns == "other":
-                applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
-                continue
+            if trial_calls > 0:
+                guard.trial = Trial(trial_calls, device, guard.decide)
             installed = 0
             for path in sig.module_paths:
                 try:
@@ -572,12 +566,6 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
             else:
                 applied.skipped[card_id] = "none of its modules is in this model: " + ", ".join(sig.module_paths[:3])
         else:
-            if mode == Mode.TORCH_COMPILE:
-                applied.skipped[card_id] = "op cards serve eager models (in torch_compile mode, module cards only)"
-                continue
-            if "mutates" in sig.flags:
-                applied.skipped[card_id] = "in-place ops are not served"
-                continue
             og = OpGuard(guard)
             for path in sig.module_paths or [""]:
                 ops.setdefault(path, []).append(og)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_outputs, card_scalars, current_arch
+from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_outputs, card_scalars, current_arch, workspace_for
 from .manifest import Build, Entry, sha256_file
 
 if TYPE_CHECKING:
@@ -77,8 +77,6 @@ class CardKernel:
 
     def __call__(self, inputs: list["torch.Tensor"]) -> list["torch.Tensor"]:
         import torch
-
-        from ..kernel_abi import workspace_for
 
         t0 = time.perf_counter_ns()
         outs = alloc_outputs(self.out_specs, self.device)
