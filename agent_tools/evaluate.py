@@ -218,11 +218,9 @@ def format_profile(r: EvalResult) -> str:
                     "shared_bytes_per_block", "dram_bytes"):
             if extra.get(key) is not None:
                 lines.append(f"  {key}: {_value(extra[key])}")
-        for k in p.kernels:
-            metrics = ", ".join(f"{name} {_value(v)}" for name, v in k.items() if name != "kernel" and v is not None)
-            lines.append(f"  kernel {k.get('kernel', '?')}: {metrics}")
+        lines += _kernel_lines(p.kernels)
     if p is not None:
-        lines += format_timeline((p.model_extra or {}).get("timeline"))
+        lines += format_timeline(p.timeline)
     return "\n".join(lines)
 
 
@@ -232,11 +230,15 @@ def format_timeline(t: dict | None) -> list[str]:
         return []
     if not t.get("available"):
         return [f"Nsight Systems timeline unavailable: {t.get('reason') or 'no reason given'}"]
-    lines = [f"Nsight Systems timeline: {_value(t.get('launches_per_call'))} kernel launches a call"]
-    for k in t.get("kernels", []):
-        metrics = ", ".join(f"{name} {_value(v)}" for name, v in k.items() if name != "kernel" and v is not None)
-        lines.append(f"  kernel {k.get('kernel', '?')}: {metrics}")
-    return lines
+    return [f"Nsight Systems timeline: {_value(t.get('launches_per_call'))} kernel launches a call",
+            *_kernel_lines(t.get("kernels", []))]
+
+
+def _kernel_lines(kernels: list[dict[str, Any]]) -> list[str]:
+    """One line a kernel: its name, then every metric it has."""
+    return [f"  kernel {k.get('kernel', '?')}: "
+            + ", ".join(f"{name} {_value(v)}" for name, v in k.items() if name != "kernel" and v is not None)
+            for k in kernels]
 
 
 # ---- the tools --------------------------------------------------------------------------------

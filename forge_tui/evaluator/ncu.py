@@ -96,24 +96,38 @@ def summarise(kernels: list[dict[str, Any]], floor_us: float | None, bandwidth_B
     return out
 
 
+def write_request(folder: Path, card_json: dict, library: str, store_root: str) -> Path:
+    """The driver's request (``_drive``: the card, the candidate's library, the tensor store)."""
+    req = Path(folder) / "request.json"
+    req.write_text(json.dumps({"card": card_json, "library": library, "store": store_root}))
+    return req
+
+
+def run_tool(cmd: list[str], what: str, timeout_s: float, cwd: str | None = None) -> "subprocess.CompletedProcess[str] | str":
+    """Run a profiler's command: its completed process, or the one-line reason it failed."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired:
+        return f"{what} did not finish within {timeout_s:.0f} s"
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return f"{what} exited with status {proc.returncode}: {' | '.join(tail)}"
+    return proc
+
+
 def profile(card_json: dict, library: str, store_root: str, *, floor_us: float | None = None,
             bandwidth_Bps: float | None = None, timeout_s: float = 300.0) -> dict:
     exe = shutil.which("ncu")
     if exe is None:
         return unavailable("ncu (Nsight Compute) is not on PATH")
     with tempfile.TemporaryDirectory(prefix="forge-ncu-") as tmp:
-        req = Path(tmp) / "request.json"
-        req.write_text(json.dumps({"card": card_json, "library": library, "store": store_root}))
+        req = write_request(Path(tmp), card_json, library, store_root)
         cmd = [exe, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/", "--csv", "--page", "raw",
                "--metrics", ",".join(METRICS.values()), sys.executable, "-m", "forge_tui.evaluator.ncu", str(req)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        except subprocess.TimeoutExpired:
-            return unavailable(f"ncu did not finish within {timeout_s:.0f} s")
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return unavailable(f"ncu exited with status {proc.returncode}: {' | '.join(tail)}")
+        proc = run_tool(cmd, "ncu", timeout_s)
+        if isinstance(proc, str):
+            return unavailable(proc)
         result = summarise(parse_csv(proc.stdout), floor_us, bandwidth_Bps)
         result["raw_csv"] = "\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith('"'))
         return result

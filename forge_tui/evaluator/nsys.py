@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from .ncu import run_tool, write_request
 
 CALLS = 2
 """Calls the driver makes (a warm-up and the measured one): launches a call = instances / CALLS."""
@@ -63,27 +62,21 @@ def timeline(card_json: dict, library: str, store_root: str, *, timeout_s: float
     if exe is None:
         return unavailable("nsys (Nsight Systems) is not on PATH")
     with tempfile.TemporaryDirectory(prefix="forge-nsys-") as tmp:
-        req = Path(tmp) / "request.json"
-        req.write_text(json.dumps({"card": card_json, "library": library, "store": store_root}))
+        req = write_request(Path(tmp), card_json, library, store_root)
         rep = Path(tmp) / "timeline"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         steps = [
             [exe, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true",
              "-o", str(rep), sys.executable, "-m", "forge_tui.evaluator.ncu", str(req)],
             [exe, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export=true",
              str(rep) + ".nsys-rep"],
         ]
-        proc = None
+        out = ""
         for cmd in steps:
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=tmp)
-            except subprocess.TimeoutExpired:
-                return unavailable(f"nsys {cmd[1]} did not finish within {timeout_s:.0f} s")
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                return unavailable(f"nsys {cmd[1]} exited with status {proc.returncode}: {' | '.join(tail)}")
-        assert proc is not None
-        kernels = parse_kern_sum(proc.stdout)
+            proc = run_tool(cmd, f"nsys {cmd[1]}", timeout_s, cwd=tmp)
+            if isinstance(proc, str):
+                return unavailable(proc)
+            out = proc.stdout
+        kernels = parse_kern_sum(out)
         if not kernels:
             return unavailable("nsys recorded no kernel launch (the candidate launched nothing on the GPU?)")
         return {"available": True, "reason": "", "kernels": kernels,

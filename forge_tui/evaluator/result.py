@@ -144,6 +144,8 @@ class ProfileReport(_Part):
     fraction_of_floor: float | None = None
     kernels: list[dict[str, Any]] = Field(default_factory=list)
     raw_csv: str | None = None
+    timeline: dict[str, Any] | None = None
+    """Nsight Systems' summary of the call where nsys is installed (evaluator/nsys.py), or why not."""
 
 
 class EvalResult(_Part):

@@ -30,7 +30,7 @@ def metrics(detail: NodeDetail) -> tuple[list[str], float | None]:
     else:
         lines.append("Nsight Compute: " + (p.reason if p is not None and p.reason else
                                            "no profile for this node (the CPU backend, or ncu not run)"))
-    tl = (p.model_extra or {}).get("timeline") if p is not None else None
+    tl = p.timeline if p is not None else None
     if tl and tl.get("available"):
         lines.append(f"nsys: {tl.get('launches_per_call', 0):g} kernel launches a call")
         for k in tl.get("kernels", [])[:4]:
