@@ -167,21 +167,21 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
     if not served:
         return {}
     out: dict[str, str] = {}
+    with_all = copy.deepcopy(model)  # the same for every card left out: built once
+    a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
     for card in served:
         others = [c for c in served if c != card]
-        with_all = copy.deepcopy(model)
         without = copy.deepcopy(model)
-        a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
         b = apply(without, ws, device=dev, cards=others, only_faster=only_faster, trial_calls=0) if others else None
         stats, _, _ = timer.time({"with": functools.partial(wl.run, with_all, inputs),
                                   "without": functools.partial(wl.run, without, inputs)})
-        a.undo()
         if b is not None:
             b.undo()
         w, wo = stats["with"], stats["without"]
         if wo.q3 < w.q1:  # faster without it, beyond the spread of both
             out[card] = (f"the forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs without "
                          f"(forge bench, {dev})")
+    a.undo()
     if out:
         for card, why in out.items():
             man.entries[card].enabled = False

@@ -39,8 +39,7 @@ class ApprovalsScreen(ForgeScreen):
     def on_mount(self) -> None:
         self.query_one(EvidenceView).show(None, "reading the promotion requests ...")
         self.forge.requests_stale.subscribe(self, lambda _: self.action_reload())
-        self.action_reload()
-        self.query_one(RequestQueue).focus()
+        self.query_one(RequestQueue).focus()  # the first read: on_screen_resume, which follows the mount
 
     def on_screen_resume(self) -> None:
         self.action_reload()
