@@ -404,6 +404,10 @@ __device__ __forceinline__ void pivot_add(const Vec<T, VEC>& raw, float pivot, f
     pivot_add<VEC>(v, pivot, s1, s2);
 }
 
+/* max(x, 0) that keeps a NaN (fmaxf(NaN, 0) is 0: a group holding a NaN or an inf would get a
+   finite rstd where PyTorch's is NaN). */
+__device__ __forceinline__ float clamp0(float x) { return x < 0.f ? 0.f : x; }
+
 /* Chan's parallel merge of (count, mean, M2). */
 __device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float n2, float mean2, float m22) {
     if (n2 == 0.f) return;
@@ -431,7 +435,7 @@ __device__ __forceinline__ void block_welford(float cnt, float pivot, float s1, 
     __shared__ float sn[32], smean[32], sm2[32];
     n = cnt;
     mean = cnt > 0.f ? pivot + s1 / cnt : 0.f;
-    m2 = cnt > 0.f ? fmaxf(s2 - s1 * s1 / cnt, 0.f) : 0.f;
+    m2 = cnt > 0.f ? clamp0(s2 - s1 * s1 / cnt) : 0.f;
     welford_warp(n, mean, m2);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) { sn[w] = n; smean[w] = mean; sm2[w] = m2; }
@@ -449,7 +453,7 @@ __device__ __forceinline__ void block_welford(float cnt, float pivot, float s1, 
 template <typename TS>
 __device__ __forceinline__ void publish_stats(float n, float mean, float m2, float eps, float* stat, bool write,
                                               TS* __restrict__ mean_out, TS* __restrict__ rstd_out, int64_t g) {
-    const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+    const float rstd = rsqrtf(clamp0(m2 / n) + eps);
     stat[0] = mean;
     stat[1] = rstd;
     if (write) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
@@ -529,7 +533,7 @@ __global__ void __launch_bounds__(THREADS) gn_apply(const TX* __restrict__ x, co
         }
         welford_warp(n, mean, m2);
         if (threadIdx.x == 0) {
-            const float rstd = rsqrtf(fmaxf(m2 / n, 0.f) + eps);
+            const float rstd = rsqrtf(clamp0(m2 / n) + eps);
             stat[0] = mean;
             stat[1] = rstd;
             if (part == 0 && c % cpg == 0) { mean_out[g] = from_f<TS>(mean); rstd_out[g] = from_f<TS>(rstd); }
