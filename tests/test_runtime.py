@@ -317,6 +317,11 @@ def test_torch_compile_keeps_the_kernel_as_a_custom_op(promoted):
             compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
             got = compiled(x)
             got2 = compiled(x)
+            # new input tensors each call, as a model's layers pass them: no recompiling (the
+            # guard's inputs compared by identity with id() made dynamo recompile every call)
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                for _ in range(3):
+                    torch.testing.assert_close(compiled(x.clone()), expected)
             st = {c["card"]: c for c in applied.status()["cards"]}
             graph = torch._dynamo.explain(model)(x)
     torch.testing.assert_close(got, expected)

@@ -264,17 +264,16 @@ def _call_arguments(args: Any, kwargs: Any) -> Any:
 def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: list["torch.Tensor"]) -> list["torch.Tensor"]:
     """The card's inputs for one call, in the order the profiler recorded them: the call's tensors,
     then the module's own parameters and buffers (each tensor once), then the card's constants."""
-    seen: set[int] = set()
+    # each tensor once, compared by identity with ``is``: not id(), which torch.compile guards on
+    # as the object's identity, recompiling the forward for every new input tensor
     out: list["torch.Tensor"] = []
     for t in (args if not kwargs and _all_tensors(args) else tensor_leaves((args, kwargs))):
-        if id(t) not in seen:
-            seen.add(id(t))
+        if not any(t is u for u in out):
             out.append(t)
     # what named_parameters/named_buffers(recurse=False) yield, in their order, without their
     # generators (this runs on every served call)
     for p in (*module._parameters.values(), *module._buffers.values()):
-        if p is not None and id(p) not in seen:
-            seen.add(id(p))
+        if p is not None and not any(p is u for u in out):
             out.append(p)
     return out + consts
 
