@@ -276,9 +276,11 @@ def cmd_bench(args) -> int:
     r = bench(args.workload, args.workspace, device=args.device, dtype=parse_dtype(args.dtype), repeats=args.repeats,
               with_compile=not args.no_compile, switch_off=not args.keep_slower, only_faster=not args.all_kernels)
     print(json.dumps(r.to_json(), indent=1) if args.json else r.table())
-    bad = {k: v for k, v in r.outputs_agree.items() if v}
+    from .e2e import CHECKED_AGAINST
+
+    bad = r.forge_mismatches()
     for k, v in bad.items():
-        print(f"forge: error: {k} does not match eager: {v}", file=sys.stderr)
+        print(f"forge: error: {k} does not match {CHECKED_AGAINST.get(k, 'eager')}: {v}", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -46,3 +46,62 @@ def test_e2e_bench_small_on_one_workload(tmp_path):
     assert {"eager+forge >= 1.0x", "eager+forge >= 1.25x", "compile+forge >= compile", ">= 90% of bound",
             "overhead nothing promoted <= 1%"} <= set(t)
     assert "targets" in r.stdout and "tiny_decoder" in r.stdout.splitlines()[-1] or "written:" in r.stdout
+
+
+# ---- how the bench judges whole-model outputs -----------------------------------------------------
+def _routed(x, w):
+    """A top-1 router: a last-bit difference in the scores sends a token to the other expert."""
+    import torch
+
+    pick = (x @ w).argmax(-1, keepdim=True)
+    return torch.where(pick == 0, x * 2.0, -x)
+
+
+def test_a_routing_flip_that_eager_shares_in_kind_agrees_against_fp32():
+    """A variant outside the element tolerance only because a few tokens took another route agrees
+    when it is as accurate as eager against the model in fp32; a variant that is wrong does not."""
+    import torch
+
+    from forge_tui.e2e import _judge_outputs
+
+    g = torch.Generator().manual_seed(0)
+    x32 = torch.randn(4096, 8, generator=g)
+    w = torch.randn(8, 2, generator=g)
+    # make a few scores near-ties, so that bf16 rounding decides the route
+    s = x32 @ w
+    x32[:64] += ((s[:64, 1] - s[:64, 0]) / (w[:, 0] - w[:, 1]).pow(2).sum()).unsqueeze(-1) * (w[:, 0] - w[:, 1])
+    ref32 = _routed(x32, w)
+    eager = _routed(x32.bfloat16(), w.bfloat16())
+    # the variant rounds the scores another way: the same accuracy, some near-ties routed otherwise
+    x_other = (x32 * (1 + 2 ** -9)).bfloat16()
+    flipped = _routed(x_other, w.bfloat16())
+    wrong = eager * 1.5
+    calls = []
+
+    def fp32():
+        calls.append(1)
+        return ref32
+
+    agree, acc = _judge_outputs({"eager+forge": flipped, "other": wrong}, eager, fp32)
+    assert acc["eager+forge"]["outside"], "the flip must miss the element tolerance, else this tests nothing"
+    assert agree["eager+forge"] is None, acc
+    assert acc["eager+forge"]["error"] <= 1.1 * acc["eager+forge"]["baseline_error"]
+    assert agree["other"] and "fp32" in agree["other"]
+    assert len(calls) == 1, "the fp32 model runs once, however many variants need it"
+    # nothing outside the tolerance: fp32 is never run
+    calls.clear()
+    agree, acc = _judge_outputs({"eager+forge": eager.clone()}, eager, fp32)
+    assert agree == {"eager+forge": None} and acc == {} and not calls
+
+
+def test_compile_plus_forge_is_held_to_compile_not_eager():
+    import torch
+
+    from forge_tui.e2e import _judge_outputs
+
+    eager = torch.randn(1000)
+    compiled = eager + 0.5  # torch.compile's own difference: not forge's
+    agree, _ = _judge_outputs({"compile": compiled, "compile+forge": compiled.clone()}, eager, lambda: None)
+    assert agree["compile"] is not None and agree["compile+forge"] is None
+    agree, _ = _judge_outputs({"compile": compiled, "compile+forge": compiled * 3}, eager, lambda: None)
+    assert agree["compile+forge"] and "compile has" not in agree["compile+forge"]
