@@ -105,3 +105,24 @@ def test_compile_plus_forge_is_held_to_compile_not_eager():
     assert agree["compile"] is not None and agree["compile+forge"] is None
     agree, _ = _judge_outputs({"compile": compiled, "compile+forge": compiled * 3}, eager, lambda: None)
     assert agree["compile+forge"] and "compile has" not in agree["compile+forge"]
+
+
+def test_compile_plus_forge_less_accurate_than_compile_but_not_than_eager_agrees():
+    """torch.compile + forge is held to the less accurate of torch.compile and eager against fp32:
+    never worse than eager, which is the bar a user's model already meets."""
+    import torch
+
+    from forge_tui.e2e import _judge_outputs
+
+    g = torch.Generator().manual_seed(1)
+    truth = torch.randn(20000, generator=g)
+    eager = truth + 0.2 * torch.randn(20000, generator=g)
+    compiled = truth + 0.01 * torch.randn(20000, generator=g)
+    between = truth + 0.1 * torch.randn(20000, generator=g)
+    worse = truth + 0.4 * torch.randn(20000, generator=g)
+    outs = {"compile": compiled, "compile+forge": between}
+    agree, acc = _judge_outputs(outs, eager, lambda: truth)
+    assert acc["compile+forge"]["outside"] and agree["compile+forge"] is None, acc
+    assert acc["compile+forge"]["baseline"] == "eager"
+    agree, acc = _judge_outputs({"compile": compiled, "compile+forge": worse}, eager, lambda: truth)
+    assert agree["compile+forge"] is not None

@@ -505,3 +505,55 @@ def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_
     with apply(model, ws, only_faster=False) as applied:
         assert norm.id in applied.guards
 
+
+
+def test_op_cards_sharing_an_intercepted_scope_are_left_out_together():
+    """Leaving out one op card of a scope leaves the scope intercepted: the switch-off tries the
+    scope's op cards as one unit; module cards stay units of their own."""
+    from types import SimpleNamespace
+
+    from forge_tui.e2e import switch_off_units
+
+    def entry(kind, paths):
+        return SimpleNamespace(signature=SimpleNamespace(kind=kind, module_paths=paths))
+
+    man = SimpleNamespace(entries={
+        "norm": entry("module", ["layers.0.norm"]), "add": entry("op", ["layers.0"]),
+        "clone": entry("op", ["layers.0", "layers.1"]), "cat": entry("op", ["layers.1"]),
+        "top": entry("op", []), "top2": entry("op", [""]), "mlp": entry("op", ["layers.0.mlp"])})
+    units = switch_off_units(man, ["norm", "add", "cat", "clone", "top", "top2", "mlp"])
+    assert sorted(sorted(u) for u in units) == [["add", "cat", "clone"], ["mlp"], ["norm"], ["top", "top2"]]
+
+
+def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, monkeypatch, tmp_path):
+    """Never slower than eager: when no unit left out alone makes the forward measurably faster
+    but the kernels left, together, run slower than eager, they are all switched off. The timer is
+    a stand-in that reports exactly that (no dependence on this machine's load)."""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.timing import Stats
+    from forge_tui.workspace import Workspace
+
+    src, norm, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+
+    class Timer:
+        def __init__(self, *a, **k):
+            pass
+
+        def time(self, fns):
+            slow = set(fns) == {"eager", "forge"}
+            raw = {}
+            for name, fn in fns.items():
+                fn()
+                us = 200.0 if slow and name == "forge" else 100.0
+                raw[name] = [us, us + 1, us + 2]
+            return {n: Stats.from_samples(v) for n, v in raw.items()}, raw, 0.0
+
+    monkeypatch.setattr(e2e, "Timer", Timer)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, only_faster=False)
+    assert set(r.switched_off) == {norm.id, sm.id}, r.switched_off
+    assert all("kernels left" in why and "in eager" in why for why in r.switched_off.values())
+    assert not any(e.enabled for e in manifest(ws).entries.values())
