@@ -216,7 +216,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         if switch_off:
             switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster)
             if compiled_applied is not None:
-                switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, dev))
+                switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
@@ -238,17 +238,21 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
 
 
 def _switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, stats: dict[str, Any],
-                              dev: str) -> dict[str, str]:
+                              raw: dict[str, list[float]], dev: str) -> dict[str, str]:
     """torch.compile + forge never below torch.compile: when the compiled forward ran slower with
-    forge's kernels than without (beyond the spread of both), every kernel it served is switched
-    off for compiled models (eager models keep them). All at once: leaving each out in turn would
-    compile the model once a kernel."""
+    forge's kernels than without (the paired ratio's upper quartile below 1: slower in at least
+    three of four interleaved pairs), every kernel it served is switched off for compiled models
+    (eager models keep them). All at once: leaving each out in turn would compile the model once a
+    kernel."""
     c, cf = stats.get("compile"), stats.get("compile+forge")
     served = [s["card"] for s in compiled_applied.status()["cards"] if s["served"]]
-    if c is None or cf is None or not served or not c.q3 < cf.q1:
+    if c is None or cf is None or not served:
         return {}
-    why = (f"the compiled forward ran {cf.median:.1f} µs with forge's kernels and {c.median:.1f} µs without "
-           f"(forge bench, {dev})")
+    ratio = paired_ratio(raw["compile"], raw["compile+forge"])
+    if not ratio.q3 < 1.0:
+        return {}
+    why = (f"the compiled forward ran {cf.median:.1f} µs with forge's kernels and {c.median:.1f} µs without, "
+           f"{ratio.median:.3f}x [{ratio.q1:.3f}, {ratio.q3:.3f}] paired (forge bench, {dev})")
     for card in served:
         man.entries[card].compile_disabled_reason = why
     man.save(ws.root / "kernels")

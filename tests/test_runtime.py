@@ -507,6 +507,38 @@ def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_
 
 
 
+def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_compile(promoted, monkeypatch, tmp_path):
+    """The compiled forward 5% slower with forge in every interleaved pair, its quartiles
+    overlapping without: the paired ratio decides (a stand-in timer; nothing depends on load)."""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.timing import Stats
+    from forge_tui.workspace import Workspace
+
+    src, norm, _ = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    base = [100.0, 120.0, 140.0, 160.0, 180.0]
+
+    class Timer:
+        def __init__(self, *a, **k):
+            pass
+
+        def time(self, fns):
+            raw = {}
+            for name, fn in fns.items():
+                fn()
+                raw[name] = [v * 1.05 for v in base] if name == "compile+forge" else list(base)
+            return {n: Stats.from_samples(v) for n, v in raw.items()}, raw, 0.0
+
+    monkeypatch.setattr(e2e, "Timer", Timer)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
+    assert r.times["compile"].q3 > r.times["compile+forge"].q1  # overlapping quartiles
+    key = f"{norm.id} (under torch.compile)"
+    assert key in r.switched_off and "0.952x" in r.switched_off[key], r.switched_off
+    assert norm.id not in r.switched_off  # eager + forge was level with eager: kept there
+
 def test_op_cards_sharing_an_intercepted_scope_are_left_out_together():
     """Leaving out one op card of a scope leaves the scope intercepted: the switch-off tries the
     scope's op cards as one unit; module cards stay units of their own."""
