@@ -589,3 +589,88 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
     assert set(r.switched_off) == {norm.id, sm.id}, r.switched_off
     assert all("kernels left" in why and "in eager" in why for why in r.switched_off.values())
     assert not any(e.enabled for e in manifest(ws).entries.values())
+
+
+def test_an_op_card_scope_intercepts_its_own_calls_not_its_childrens(promoted, monkeypatch):
+    """The softmax is called in the top module's own forward: its card records that module as its
+    scope ("direct"), and the runtime intercepts the top module's own ops only; the RMSNorm child
+    runs outside the interception (a decoder layer's `add` must not send the whole attention and
+    MLP through Python). The count of ops the interceptor sees is the behaviour under test."""
+    from forge_tui.runtime import apply as apply_mod
+
+    ws, norm, sm = promoted
+    assert "direct" in sm.flags and sm.module_paths == [""], (sm.flags, sm.module_paths)
+    seen: list[str] = []
+    real = apply_mod._interceptor_class
+
+    def counting():
+        base = real()
+
+        class Counting(base):  # type: ignore[misc, valid-type]
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(str(func))
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+        return Counting
+
+    monkeypatch.setattr(apply_mod, "_interceptor_class", counting)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+            got = model(x)
+            st = {c["card"]: c for c in applied.status()["cards"]}
+    torch.testing.assert_close(got, expected)
+    assert st[sm.id]["served"] == 1
+    assert seen == ["aten._softmax.default"], seen  # none of the norm's pow, mean, rsqrt, mul ...
+    assert "forward" not in model.norm.__dict__  # undone
+
+
+def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
+    """A scope inside a scope: the inner module's own op is served under the inner scope, the outer
+    module's under the outer, and neither sees the other's (the child wrapper leaves the outer
+    interception before the inner one starts)."""
+    from types import SimpleNamespace
+
+    from forge_tui.runtime import apply as apply_mod
+
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x) * 2
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Inner(), Inner()])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x) + 1
+            return x
+
+    model = Outer()
+    children = apply_mod.called_children(model)
+    assert children == list(model.blocks)  # the ModuleList is a container: its items are called
+    seen: dict[int, list[str]] = {}
+
+    class Mode(torch.utils._python_dispatch.TorchDispatchMode):
+        def __init__(self, table, owner=None):
+            super().__init__()
+            self.forge_owner = owner
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.setdefault(id(self.forge_owner), []).append(str(func).split(".")[1])
+            return func(*args, **(kwargs or {}))
+
+    outer_owner, inner_owner = object(), object()
+    for m, owner in ((model, outer_owner), (model.blocks[0], inner_owner)):
+        table = {"any": [SimpleNamespace(guard=SimpleNamespace(status=SimpleNamespace(active=True)))]}
+        m.forward = apply_mod._intercepting(m.forward, Mode, table, "s", 0, "cpu", owner)
+    for child in children:
+        child.forward = apply_mod._outside_scope(child.forward, outer_owner)
+    x = torch.randn(4)
+    with torch.no_grad():
+        model(x)
+    assert seen[id(outer_owner)] == ["add", "add"], seen
+    assert seen[id(inner_owner)] == ["tanh", "mul"], seen

@@ -200,11 +200,15 @@ class Recorder:
         self.skipped: dict[str, int] = {"views": 0, "rng": 0, "param_copies": 0, "allocations": 0, "no_tensor_output": 0}
         self._module_samples: dict[tuple, int] = {}
         self._handles: list = []
+        self._scopes: list[str] = []
+        """The paths of the modules whose forward is running, innermost last: an op card records the
+        innermost as its scope, the module whose own forward made the call (not a child's)."""
         self._WeakIdKeyDictionary = WeakIdKeyDictionary
 
     # ---- public -------------------------------------------------------------------------------
     def run(self, fn):
         mode = _make_mode_class()(self)
+        self._install_scope_hooks()
         if self.opt.modules:
             self._install_hooks()
         try:
@@ -215,6 +219,7 @@ class Recorder:
                 h.remove()
             self._handles.clear()
             self.frame = None
+            self._scopes.clear()
 
     # ---- ops ----------------------------------------------------------------------------------
     def _within_budget(self, tensors) -> bool:
@@ -304,7 +309,9 @@ class Recorder:
             program["outputs"] = [{"$node": 0, "out": j} for j, t in enumerate(flat_out)
                                   if isinstance(t, torch.Tensor)][:len(out_tensors)]
             specs = [spec_of(t, s.role) for t, s in zip(uniq, specs)]
-            flags = set()
+            # "direct": module_paths name the module whose own forward makes the call, so the
+            # runtime intercepts that module's own ops and not its children's
+            flags = {"direct"}
             if func._schema.is_mutable:
                 flags.add("mutates")
             if name in DYNAMIC_SHAPE or (name == "where" and len(args) == 1):
@@ -322,8 +329,11 @@ class Recorder:
             self.frame.op_keys.append(bucket.key)
         else:
             bucket.outside += 1
-        if self.frame is not None and self.frame.path not in bucket.module_paths:
-            bucket.module_paths.append(self.frame.path)
+        if self.frame is not None:
+            if self.frame.path not in bucket.module_paths:
+                bucket.module_paths.append(self.frame.path)
+        elif self._scopes and self._scopes[-1] not in bucket.module_paths:
+            bucket.module_paths.append(self._scopes[-1])
         if len(bucket.samples) < self.opt.samples_per_card:
             if sample_in is not None and self._within_budget(out_tensors):
                 bucket.samples.append((sample_in, [pack(t) for t in out_tensors]))
@@ -332,6 +342,25 @@ class Recorder:
         return out
 
     # ---- modules ------------------------------------------------------------------------------
+    def _install_scope_hooks(self) -> None:
+        """Every module's path on ``_scopes`` while its forward runs (popped on an exception too)."""
+        for path, mod in self.model.named_modules():
+            self._handles.append(mod.register_forward_pre_hook(self._push_scope(path)))
+            self._handles.append(mod.register_forward_hook(self._pop_scope(path), always_call=True))
+
+    def _push_scope(self, path: str):
+        def hook(module, args):
+            self._scopes.append(path)
+
+        return hook
+
+    def _pop_scope(self, path: str):
+        def hook(module, args, output):
+            if self._scopes and self._scopes[-1] == path:
+                self._scopes.pop()
+
+        return hook
+
     def _install_hooks(self) -> None:
         for path, mod in self.model.named_modules():
             if any(True for _ in mod.children()):

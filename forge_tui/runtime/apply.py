@@ -404,9 +404,11 @@ def _interceptor_class() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Interceptor(TorchDispatchMode):  # type: ignore[misc]
-        def __init__(self, table: dict[Any, list[OpGuard]]) -> None:
+        def __init__(self, table: dict[Any, list[OpGuard]], owner: object = None) -> None:
             super().__init__()
             self.table = table
+            self.forge_owner = owner
+            """The scope that pushed this mode (its children's forwards pop it: ``_outside_scope``)."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
@@ -572,21 +574,61 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
             applied.guards[card_id] = guard
     if ops:
         Interceptor = _interceptor_class()
+        outside: list[tuple[Any, object]] = []
         for path, guards in ops.items():
             table: dict[Any, list[OpGuard]] = {}
             for g in guards:
                 table.setdefault(g.func, []).append(g)
             module = model.get_submodule(path) if path else model
+            owner = object()
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, path, trial_calls,
-                                                           device))
+                                                           device, owner))
+            if all("direct" in g.guard.sig.flags for g in guards):
+                # the cards were captured from this module's own calls: its children run unintercepted
+                outside.extend((child, owner) for child in called_children(module))
+        # after every scope's own wrapper, so that a child that is a scope too leaves its parent's
+        # interception before it starts its own
+        for child, owner in outside:
+            applied._replace_forward(child, _outside_scope(child.forward, owner))
     board.write()
     return applied
 
 
+def called_children(module: "torch.nn.Module") -> list["torch.nn.Module"]:
+    """The submodules ``module``'s forward calls directly: its children, and the items of its
+    ModuleList and ModuleDict children (containers, never called themselves)."""
+    import torch
+
+    out: list[torch.nn.Module] = []
+    for child in module.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            out.extend(called_children(child))
+        else:
+            out.append(child)
+    return out
+
+
+def _outside_scope(original: Callable[..., Any], owner: object) -> Callable[..., Any]:
+    """A child's forward that runs outside its parent scope's interception: an op card captured
+    from the parent's own calls never matches a child's, and every op intercepted costs a trip
+    through Python (the whole of a decoder layer's attention and MLP, for an ``add`` between
+    them)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_get_current_dispatch_mode(), "forge_owner", None) is owner:
+            with _pop_mode_temporarily():
+                return original(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    return forward
+
+
 def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]], scope: str,
-                  trial_calls: int, device: str) -> Callable[..., Any]:
+                  trial_calls: int, device: str, owner: object = None) -> Callable[..., Any]:
     """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
-    does not serve goes on to the outer one). Every op of the scope then passes through Python, so
+    does not serve goes on to the outer one, unless the outer scope's cards were captured from its
+    own calls and its children run outside it). Every op of the scope then passes through Python, so
     with ``trial_calls`` the scope's first calls are tried with the interceptor and without, and
     the interceptor stays only if the scope ran faster with it; once every guard of the scope is
     off, the scope runs as it was, not intercepted."""
@@ -599,7 +641,7 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
     trial = Trial(trial_calls, device, decide) if trial_calls > 0 else None
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
-        with interceptor(table):
+        with interceptor(table, owner):
             return original(*args, **kwargs)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
