@@ -298,3 +298,24 @@ def test_a_correct_candidate_timed_on_a_busy_machine_is_noisy_with_no_speedup(ca
     assert r.timing is not None and not r.timing.quiet and r.failure is None
     assert any("the machine is busy" in reason for reason in r.timing.noisy_reasons)
     assert r.reason.startswith("correct, but the machine was too busy to trust the timing")
+
+
+def test_a_nan_where_the_reference_is_inf_is_not_the_nan_poison_on_special_sets():
+    """The second run's poison is NaN. On the special-value sets NaN and ±inf stand for each other
+    (which one an op gives for an infinite input is an accident of its implementation), so a NaN
+    written where the reference holds inf is not "never written" there (seen on the H200: a group
+    norm whose group holds an inf, eager's mean inf and the kernel's NaN). A NaN where the reference
+    is finite still is; and outside the special sets nothing changes."""
+    import torch
+
+    from forge_tui.evaluator.checks import Evaluation
+
+    nan, inf = float("nan"), float("inf")
+    o = torch.tensor([nan, nan, 1.0, nan])
+    e = torch.tensor([inf, -inf, 1.0, 2.0])
+    assert Evaluation._unwritten(o, e, 1, "position") == 1  # only the last: finite reference
+    assert Evaluation._unwritten(o, e, 1) == 3
+    assert Evaluation._unwritten(o, e, None, "position") == 1
+    # the first run's finite poison is caught wherever the reference is something else
+    p0 = torch.tensor([-1.2345e4, -1.2345e4, 1.0, 2.0])
+    assert Evaluation._unwritten(p0, e, 0, "position") == 2

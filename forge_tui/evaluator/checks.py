@@ -263,7 +263,7 @@ class Evaluation:
         for k, (o, e) in enumerate(zip(outs, expected)):
             mismatch = compare(o, e, k, scale=_rms(e), nonfinite=nonfinite)
             if mismatch is not None:
-                unwritten = self._unwritten(o, e, poison)
+                unwritten = self._unwritten(o, e, poison, nonfinite)
                 if unwritten:
                     raise CandidateFailure("unwritten", f"{where}: output {k}: {unwritten} of {o.numel()} elements "
                                            "were never written (still hold the poison the evaluator filled in)")
@@ -305,9 +305,12 @@ class Evaluation:
         return self._spot
 
     @staticmethod
-    def _unwritten(o, e, which: int | None = None) -> int:
+    def _unwritten(o, e, which: int | None = None, nonfinite: str = "exact") -> int:
         """Elements still holding the poison (``which``, or either) where the reference holds
-        something else."""
+        something else. With ``nonfinite="position"`` (the special-value sets, where NaN and ±inf
+        stand for each other), a NaN where the reference holds ±inf is a value the candidate may
+        have written, not the NaN poison: the first run's finite poison is what catches those
+        elements left unwritten."""
         import torch
 
         if o.dtype == torch.bool:
@@ -315,7 +318,10 @@ class Evaluation:
         hit = None
         for k in ((0, 1) if which is None else (which,)):
             p = POISON_FLOAT[k] if o.is_floating_point() else POISON_INT[k]
-            h = (torch.isnan(o) & ~torch.isnan(e)) if o.is_floating_point() and math.isnan(p) else (o == p) & (e != p)
+            if o.is_floating_point() and math.isnan(p):
+                h = torch.isnan(o) & (torch.isfinite(e) if nonfinite == "position" else ~torch.isnan(e))
+            else:
+                h = (o == p) & (e != p)
             hit = h if hit is None else hit | h
         return int(hit.sum()) if hit is not None else 0
 
@@ -334,7 +340,7 @@ class Evaluation:
         self.check_outputs(name, self.acc.inputs, outs, expected, nonfinite, poison=0)
         first = [o.clone() for o in outs]
         self.call(1, name + " (second run)")
-        unwritten = [self._unwritten(o, e, 1) for o, e in zip(outs, expected)]
+        unwritten = [self._unwritten(o, e, 1, nonfinite) for o, e in zip(outs, expected)]
         if any(unwritten):
             k = next(i for i, n in enumerate(unwritten) if n)
             raise CandidateFailure("unwritten", f"{name} (second run): output {k}: {unwritten[k]} of {outs[k].numel()} "
