@@ -286,6 +286,20 @@ def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
     return units
 
 
+def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_faster: bool, base: Any, model: Any,
+                  cards: list[str], names: tuple[str, str]) -> tuple[Stats, Stats]:
+    """``base``'s forward and that of a copy of ``model`` serving ``cards``, timed interleaved
+    (named ``names`` to the timer)."""
+    other = copy.deepcopy(model)
+    applied = apply(other, ws, device=dev, cards=cards, only_faster=only_faster, trial_calls=0)
+    try:
+        stats, _, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
+                                  names[1]: functools.partial(wl.run, other, inputs)})
+    finally:
+        applied.undo()
+    return stats[names[0]], stats[names[1]]
+
+
 def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,
                        timer: Timer, only_faster: bool) -> dict[str, str]:
     """Leave each unit of served kernels (``switch_off_units``) out in turn; one whose absence
@@ -300,13 +314,8 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
     with_all = copy.deepcopy(model)  # the same for every unit left out: built once
     a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
     for unit in units if len(units) > 1 else []:
-        others = [c for c in served if c not in unit]
-        without = copy.deepcopy(model)
-        b = apply(without, ws, device=dev, cards=others, only_faster=only_faster, trial_calls=0)
-        stats, _, _ = timer.time({"with": functools.partial(wl.run, with_all, inputs),
-                                  "without": functools.partial(wl.run, without, inputs)})
-        b.undo()
-        w, wo = stats["with"], stats["without"]
+        w, wo = _time_against(wl, inputs, ws, dev, timer, only_faster, with_all, model,
+                              [c for c in served if c not in unit], ("with", "without"))
         if wo.q3 < w.q1:  # faster without it, beyond the spread of both
             together = f" (with {', '.join(c for c in unit)}: they share an intercepted scope)" if len(unit) > 1 else ""
             for card in unit:
@@ -315,12 +324,7 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
     a.undo()
     left = [c for c in served if c not in out]
     if left:
-        rest = copy.deepcopy(model)
-        r = apply(rest, ws, device=dev, cards=left, only_faster=only_faster, trial_calls=0)
-        stats, _, _ = timer.time({"eager": functools.partial(wl.run, model, inputs),
-                                  "forge": functools.partial(wl.run, rest, inputs)})
-        r.undo()
-        e, f = stats["eager"], stats["forge"]
+        e, f = _time_against(wl, inputs, ws, dev, timer, only_faster, model, model, left, ("eager", "forge"))
         if e.q3 < f.q1:  # the kernels left, together, still make the forward slower
             for card in left:
                 out[card] = (f"the forward ran {f.median:.1f} µs with the {len(left)} kernels left and "

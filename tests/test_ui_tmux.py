@@ -37,15 +37,17 @@ class Tmux:
             self.run("send-keys", "-t", "app", k)
             time.sleep(0.3)
 
-    def wait_for(self, *texts: str, timeout: float = 60.0) -> str:
+    def wait_for(self, *texts: str, timeout: float = 60.0, every: bool = False) -> str:
+        """The screen once one of ``texts`` is on it (all of them with ``every``: a screen is
+        drawn in pieces, and a loaded machine can be caught between two)."""
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
             screen = self.screen()
-            if any(t in screen for t in texts):
+            if (all if every else any)(t in screen for t in texts):
                 return screen
             time.sleep(0.2)
-        raise AssertionError(f"none of {texts} on the screen after {timeout} s:\n{screen}")
+        raise AssertionError(f"{'not all' if every else 'none'} of {texts} on the screen after {timeout} s:\n{screen}")
 
 
 def test_forge_tui_in_tmux(tmp_path):
@@ -60,13 +62,11 @@ def test_forge_tui_in_tmux(tmp_path):
     tmux = Tmux(f"forge-test-{os.getpid()}")
     tmux.run("new-session", "-d", "-s", "app", "-x", "80", "-y", "24", cmd)
     try:
-        screen = tmux.wait_for("g searches kernels", timeout=60)
-        assert "1 Workload" in screen and "7 Describe" in screen and "mod-RMSNorm" in screen
+        tmux.wait_for("g searches kernels", "1 Workload", "7 Describe", "mod-RMSNorm", timeout=60, every=True)
         tmux.keys("g")
-        screen = tmux.wait_for("beat eager", "searches further", timeout=180)
+        tmux.wait_for("beat eager", "searches further", timeout=180)
         tmux.keys("2")
-        screen = tmux.wait_for("n0001", timeout=20)
-        assert "root eager reference" in screen and "★ n0" in screen
+        tmux.wait_for("n0001", "root eager reference", "★ n0", timeout=20, every=True)
         tmux.keys("q")
         tmux.wait_for("forge-tui exited with 0", timeout=30)
     finally:
