@@ -674,3 +674,29 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
         model(x)
     assert seen[id(outer_owner)] == ["add", "add"], seen
     assert seen[id(inner_owner)] == ["tanh", "mul"], seen
+
+
+def test_an_op_card_call_checks_its_tensors_once(promoted, monkeypatch):
+    """The op guard matches the call's tensors against the card, then serves them without a second
+    check (the hot path of every op card call)."""
+    from forge_tui.runtime.apply import Guard
+
+    ws, norm, sm = promoted
+    calls = []
+    real = Guard.mismatch
+
+    def counting(self, tensors):
+        calls.append(self.entry.card)
+        return real(self, tensors)
+
+    monkeypatch.setattr(Guard, "mismatch", counting)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+        model(x)
+        st = {c["card"]: c for c in applied.status()["cards"]}
+        # a call the card does not match is still checked, and falls back with the reason
+        model(torch.randn(8, 256))
+        st2 = {c["card"]: c for c in applied.status()["cards"]}
+    assert st[sm.id]["served"] == 1 and calls[:1] == [sm.id] and len(calls) == 2, calls
+    assert st2[sm.id]["served"] == 1 and sum(st2[sm.id]["fallbacks"].values()) == 1, st2[sm.id]
