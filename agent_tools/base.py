@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Generic, Iterable,
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from forge_tui.agent.messages import ToolCall, ToolResult, ToolSpec
+from forge_tui.kernel_abi import SOURCE_NAMES
 
 if TYPE_CHECKING:
     from forge_tui.cards import Card
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 MAX_RESULT_CHARS = 30_000
 """A tool's answer is cut to this many characters (with a note) before the model sees it."""
-SOURCE_NAMES = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
 
 
 class ToolError(Exception):
@@ -76,7 +76,7 @@ class ToolEnv:
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         if not self.source_name:
-            self.source_name = SOURCE_NAMES.get(self.backend, "candidate.cpp")
+            self.source_name = SOURCE_NAMES.get(self.backend, SOURCE_NAMES["cpu"])
         self.read_only = frozenset(_norm(p) for p in self.read_only)
 
 

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from forge_tui.evaluator.report import format_result
 from forge_tui.evaluator.result import BuildReport, Diagnostic, EvalResult, Finding
+from forge_tui.kernel_abi import SOURCE_NAMES
 
 from .base import Params, Submission, Tool, ToolEnv, ToolError
 from .files import read_text
@@ -81,7 +82,7 @@ def _source_line(lines: Sequence[str], line: int | None, column: int | None = No
 
 
 def _is_candidate_file(name: str) -> bool:
-    return name in ("candidate.cu", "candidate.cpp")  # what the builder names the source it compiles
+    return name in SOURCE_NAMES.values()  # what the builder names the source it compiles
 
 
 def format_diagnostics(diags: Sequence[Diagnostic], source: str, file: str) -> list[str]:

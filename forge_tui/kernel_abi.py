@@ -12,6 +12,10 @@ if TYPE_CHECKING:
 
     from .cards import TensorSpec
 
+SOURCE_NAMES = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
+"""The file a candidate's source is kept in, per backend: where the builder compiles it, in a search
+node's commit and in the agent's working directory."""
+
 HEADER_DIR = Path(__file__).resolve().parent / "abi"
 HEADER = HEADER_DIR / "forge_kernel.h"
 MAX_DIMS = 8

@@ -15,11 +15,9 @@ from pathlib import Path
 from .cards import Card, id_matches
 from .errors import ForgeError
 from .evaluator.result import EvalResult, load_result
-from .kernel_abi import current_arch
+from .kernel_abi import SOURCE_NAMES, current_arch
 from .runtime.manifest import KERNELS_DIR, Build, Entry, Evidence, Manifest, Rejection, Signature, now, sha256_file
 from .workspace import Workspace
-
-SOURCE_NAME = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
 
 
 @dataclass
@@ -106,7 +104,7 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
             result = load_result(store.read(rec.commit, "result.json"))
             if result is None or not result.passed:
                 continue
-            src_name = SOURCE_NAME.get(result.backend, "candidate.cu")
+            src_name = SOURCE_NAMES.get(result.backend, SOURCE_NAMES["cuda"])
             raw = store.read(rec.commit, src_name)
             if raw is None:
                 continue

@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..kernel_abi import HEADER, HEADER_DIR, default_cuda_arch
+from ..kernel_abi import HEADER, HEADER_DIR, SOURCE_NAMES, default_cuda_arch
 from .diagnostics import Diagnostic, parse, resources
 
-SUFFIX = {"cuda": ".cu", "cpu": ".cpp"}
+SUFFIX = {backend: Path(name).suffix for backend, name in SOURCE_NAMES.items()}
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Builder:
             folder.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=folder, prefix="build-"))
             try:
-                src = tmp / f"candidate{SUFFIX[self.backend]}"
+                src = tmp / SOURCE_NAMES[self.backend]
                 src.write_text(source)
                 out = tmp / "candidate.so"
                 cmd = [self.compiler, *self.flags(), "-o", str(out), str(src)]

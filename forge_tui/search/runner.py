@@ -22,6 +22,7 @@ from ..config import ForgeConfig
 from ..errors import ForgeError, WorkspaceError
 from ..evaluator.result import EvalResult, load_result
 from ..gitrepo import RefConflict, short_ref
+from ..kernel_abi import SOURCE_NAMES
 from ..program import program_source
 from ..workspace import Workspace
 from .budget import CardBudget, pick
@@ -34,7 +35,6 @@ from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
 from .uct import select
 
-SOURCE_NAME = {"cuda": "candidate.cu", "cpu": "candidate.cpp"}
 INELIGIBLE_FLAGS = {"dynamic_shape": "its output shape depends on the data",
                     "replay_failed": "its reference could not be replayed",
                     "reference_mismatch": "its reference does not reproduce the captured output"}
@@ -253,10 +253,10 @@ class Search:
     def _source(self, card_id: str, node: Node) -> str | None:
         key = (card_id, node.id)
         if key not in self.sources:
-            name = "reference.py" if node.id == ROOT else SOURCE_NAME.get(self.backend, "candidate.cu")
+            name = "reference.py" if node.id == ROOT else SOURCE_NAMES.get(self.backend, SOURCE_NAMES["cuda"])
             data = self._read(card_id, node, name)
             if data is None and node.id != ROOT:
-                data = self._read(card_id, node, SOURCE_NAME["cuda" if self.backend == "cpu" else "cpu"])
+                data = self._read(card_id, node, SOURCE_NAMES["cuda" if self.backend == "cpu" else "cpu"])
             self.sources[key] = data.decode(errors="replace") if data is not None else None
         return self.sources[key]
 
@@ -356,7 +356,7 @@ class Search:
         rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.status, speedup,
                          proposal.move, str(proposal.proposer or getattr(self.proposer, "name", "?")), proposal.cost_usd,
                          result.reason, "", conversation)
-        files = {SOURCE_NAME.get(self.backend, "candidate.cu"): proposal.source.encode(),
+        files = {SOURCE_NAMES.get(self.backend, SOURCE_NAMES["cuda"]): proposal.source.encode(),
                  "result.json": result.to_json().encode(),
                  "node.json": json.dumps({"card": card.id, "node": node_id, "parent": parent.id, "move": proposal.move,
                                           "proposer": rec.proposer, "meta": proposal.meta,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from ..kernel_abi import SOURCE_NAMES as CANDIDATE_NAMES
+
 if TYPE_CHECKING:
     from ..cards import Card
     from ..evaluator.result import EvalResult
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from ..search.events import EventBus, SearchEvent
     from ..search.runner import Search
 
-SOURCE_NAMES = ("candidate.cu", "candidate.cpp", "reference.py")
+SOURCE_NAMES = (*CANDIDATE_NAMES.values(), "reference.py")
 
 
 @dataclass
