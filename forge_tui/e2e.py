@@ -16,6 +16,7 @@ from typing import Any
 from .compare import compare
 from .errors import ForgeError
 from .program import tensor_leaves
+from .promotion import commit_manifest, kernels, kernels_dir
 from .runtime.apply import Mode, apply
 from .runtime.manifest import Manifest
 from .timing import Stats, Timer, paired_ratio
@@ -187,7 +188,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     wl = load_workload(workload_spec)
     model, inputs = wl.build(dev, dtype)
     model.eval()
-    folder = ws.root / "kernels"
+    folder = kernels_dir(ws)
     man = Manifest.load(folder)
     if not man.entries:
         raise ForgeError(f"{ws.root} has no promoted kernels (forge approve promotes them)")
@@ -255,11 +256,8 @@ def _switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, sta
            f"{ratio.median:.3f}x [{ratio.q1:.3f}, {ratio.q3:.3f}] paired (forge bench, {dev})")
     for card in served:
         man.entries[card].compile_disabled_reason = why
-    man.save(ws.root / "kernels")
-    with ws.git() as repo:
-        repo.commit_worktree(f"switch off {len(served)} kernel{'s' if len(served) > 1 else ''} under torch.compile",
-                             "\n".join(f"{card}: {why}" for card in served),
-                             {"Forge-Event": "switch-off", "Forge-Cards": ",".join(served)})
+    commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(served))} under torch.compile",
+                    [f"{card}: {why}" for card in served], served)
     return {f"{card} (under torch.compile)": why for card in served}
 
 
@@ -333,9 +331,6 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
         for card, why in out.items():
             man.entries[card].enabled = False
             man.entries[card].disabled_reason = why
-        man.save(ws.root / "kernels")
-        with ws.git() as repo:
-            repo.commit_worktree(f"switch off {len(out)} kernel{'s' if len(out) > 1 else ''} slower end to end",
-                                 "\n".join(f"{c}: {w}" for c, w in out.items()),
-                                 {"Forge-Event": "switch-off", "Forge-Cards": ",".join(out)})
+        commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(out))} slower end to end",
+                        [f"{c}: {w}" for c, w in out.items()], list(out))
     return out

@@ -66,6 +66,23 @@ def kernels_dir(ws: Workspace) -> Path:
     return ws.root / KERNELS_DIR
 
 
+def commit_manifest(ws: Workspace, man: Manifest, event: str, subject: str, lines: list[str], cards: list[str],
+                    who: str | None = None) -> None:
+    """Save the manifest and commit the workspace: one commit a decision, its subject, a line a
+    card, and the trailers the history reads (Forge-Event, Forge-Cards, Forge-By)."""
+    man.save(kernels_dir(ws))
+    trailers = {"Forge-Event": event, "Forge-Cards": ",".join(cards)}
+    if who is not None:
+        trailers["Forge-By"] = who
+    with ws.git() as repo:
+        repo.commit_worktree(subject, "\n".join(lines), trailers)
+
+
+def kernels(n: int) -> str:
+    """'1 kernel', '2 kernels'."""
+    return f"{n} kernel{'s' if n > 1 else ''}"
+
+
 def manifest(ws: Workspace) -> Manifest:
     return Manifest.load(kernels_dir(ws))
 
@@ -174,13 +191,9 @@ def approve(ws: Workspace, cards: list[str] | None = None, *, by: str | None = N
         except ForgeError as err:
             left.append((req, str(err)))
     if done:
-        man.save(kernels_dir(ws))
-        with ws.git() as repo:
-            repo.commit_worktree(f"approve {len(done)} kernel{'s' if len(done) > 1 else ''}",
-                                 "\n".join(f"{e.card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager"
-                                           for e in done),
-                                 {"Forge-Event": "approve", "Forge-Cards": ",".join(e.card for e in done),
-                                  "Forge-By": who})
+        commit_manifest(ws, man, "approve", f"approve {kernels(len(done))}",
+                        [f"{e.card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager" for e in done],
+                        [e.card for e in done], who)
     return done, left
 
 
@@ -221,10 +234,7 @@ def promote_kernel(ws: Workspace, card_id: str, source: str, result: EvalResult,
     man = manifest(ws)
     who = by or _user()
     entry = _install(ws, man, card, source, result.backend, evidence_of("direct", "", None, result, ""), who)
-    man.save(kernels_dir(ws))
-    with ws.git() as repo:
-        repo.commit_worktree(f"approve {card.id}", f"promoted directly by {who}",
-                             {"Forge-Event": "approve", "Forge-Cards": card.id, "Forge-By": who})
+    commit_manifest(ws, man, "approve", f"approve {card.id}", [f"promoted directly by {who}"], [card.id], who)
     return entry
 
 
@@ -236,11 +246,8 @@ def reject(ws: Workspace, cards: list[str], *, by: str | None = None, reason: st
     who = by or _user()
     out = [Rejection(card=r.card.id, node=r.node, by=who, at=now(), reason=reason) for r in pending]
     man.rejected.extend(out)
-    man.save(kernels_dir(ws))
-    with ws.git() as repo:
-        repo.commit_worktree(f"reject {len(out)} kernel{'s' if len(out) > 1 else ''}",
-                             "\n".join(f"{r.card}: {r.node}" + (f" ({reason})" if reason else "") for r in out),
-                             {"Forge-Event": "reject", "Forge-Cards": ",".join(r.card for r in out), "Forge-By": who})
+    commit_manifest(ws, man, "reject", f"reject {kernels(len(out))}",
+                    [f"{r.card}: {r.node}" + (f" ({reason})" if reason else "") for r in out], [r.card for r in out], who)
     return out
 
 
