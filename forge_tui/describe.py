@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .config import ForgeConfig
-from .errors import ConfigError, ForgeError
+from .errors import ForgeError
 
 if TYPE_CHECKING:
     from agent_tools.reference import ReferenceReport
@@ -114,18 +114,12 @@ class Draft:
 def _agent_parts(config: ForgeConfig, provider: "Provider | None",
                  environ: Mapping[str, str]) -> tuple["Provider", Any, Callable[[str], str]]:
     """(the provider, its price, the redaction) as ``build_agent`` makes them."""
-    from .agent import resolve
-    from .agent.pricing import price_for
-    from .agent.providers import make_provider, redact
+    from .agent import agent_parts
 
-    cfg, why = resolve(config.agent, environ)
-    if cfg is None and provider is None:
-        raise ConfigError(f"writing a reference from a description needs the LLM agent, which is not available: {why}")
-    cfg = cfg or config.agent.model_copy(update={"provider": "openai-compatible"})
-    price = price_for(cfg)
-    prov = provider if provider is not None else make_provider(cfg, environ)
-    names = [cfg.api_key_env] if cfg.api_key_env else []
-    return prov, price, lambda text: redact(text, environ, names)
+    _, prov, price, redact = agent_parts(
+        config, environ, provider,
+        "writing a reference from a description needs the LLM agent, which is not available")
+    return prov, price, redact
 
 
 def check_agent(config: ForgeConfig, environ: Mapping[str, str] = os.environ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..config import AgentConfig, ForgeConfig
 
@@ -30,6 +30,26 @@ def resolve(cfg: AgentConfig, environ: Mapping[str, str] = os.environ) -> tuple[
     return None, "no LLM API key in the environment (ANTHROPIC_API_KEY or OPENAI_API_KEY)"
 
 
+def agent_parts(config: ForgeConfig, environ: Mapping[str, str], provider: Any = None,
+                unavailable: str = "the LLM agent is not available") -> tuple[Any, Any, Any, Callable[[str], str]]:
+    """(the resolved agent configuration, the provider, its price, the redaction of secrets): what
+    every use of the LLM builds first. ConfigError, ``unavailable: why``, when there is no provider
+    (no key, an OpenAI-compatible provider without a URL); ``provider`` replaces the configured
+    one (tests, replays)."""
+    from ..errors import ConfigError
+    from .pricing import price_for
+    from .providers import make_provider, redact
+
+    cfg, why = resolve(config.agent, environ)
+    if cfg is None and provider is None:
+        raise ConfigError(f"{unavailable}: {why}")
+    cfg = cfg or config.agent.model_copy(update={"provider": "openai-compatible"})
+    price = price_for(cfg)
+    prov = provider if provider is not None else make_provider(cfg, environ)
+    names = [cfg.api_key_env] if cfg.api_key_env else []
+    return cfg, prov, price, lambda text: redact(text, environ, names)
+
+
 def build_agent(config: ForgeConfig, workspace_root: Path, *, environ: Mapping[str, str] = os.environ,
                 template: "TemplateProposer | None" = None, provider: Any = None) -> "AgentProposer":
     """The agent for a workspace; ConfigError (naming the cause) when it cannot be built: no key,
@@ -37,23 +57,14 @@ def build_agent(config: ForgeConfig, workspace_root: Path, *, environ: Mapping[s
     the configuration names (tests, replays)."""
     import json
 
-    from ..errors import ConfigError
     from ..templates.device import detect_device
-    from .pricing import price_for
     from .proposer import AgentProposer
-    from .providers import make_provider, redact
 
-    cfg, why = resolve(config.agent, environ)
-    if cfg is None and provider is None:
-        raise ConfigError(f"the LLM agent is not available: {why}")
-    cfg = cfg or config.agent.model_copy(update={"provider": "openai-compatible"})
-    price = price_for(cfg)
-    prov = provider if provider is not None else make_provider(cfg, environ)
+    cfg, prov, price, redact = agent_parts(config, environ, provider)
     try:
         profile = json.loads((workspace_root / "profile.json").read_text())
     except (OSError, ValueError):
         profile = {}
-    names = [cfg.api_key_env] if cfg.api_key_env else []
     return AgentProposer(config.model_copy(update={"agent": cfg}), prov, price,
                          workdir_root=workspace_root / ".forge" / "agent", profile=profile, gpu=detect_device(),
-                         template=template, redact=lambda text: redact(text, environ, names))
+                         template=template, redact=redact)
