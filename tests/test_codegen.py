@@ -138,6 +138,29 @@ def test_moves_are_one_axis_and_every_backend_has_points(table_ws):
     assert GEN.initial(m, "cuda")["vec"] == 8  # 16-byte accesses of bf16
 
 
+
+def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows():
+    """The "waves" grid launches min(groups, SMs x resident blocks), resident blocks capped at 32:
+    valid() counts them the same way, so a waves grid the emitter would launch differently from
+    "rows" is not refused (with 32 threads a block, 2048 a SM would hold 64 without the cap)."""
+    import dataclasses
+    import re
+
+    from forge_tui.templates.device import H200
+
+    card = card_of(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), torch.randn(4096, 64))
+    m = GEN.match(card)
+    assert GEN._k(m).rows == 4096
+    p = {**GEN.initial(m, "cuda"), "tpr": 4, "rpb": 8, "vec": 4, "cache": "none", "grid": "waves"}  # 512 groups
+    for sms, launches_fewer in ((10, True), (16, False)):  # 320 blocks at once; 512, all of them
+        dev = dataclasses.replace(H200, sms=sms)
+        src = GEN.render(m, p, "cuda", dev) if GEN.valid(m, p, "cuda", dev) else None
+        assert (src is not None) == launches_fewer, sms
+        if src is not None:
+            grid = int(re.search(r"<<<\s*(\d+)", src).group(1))
+            assert grid == sms * 32 < 512, (grid, sms)
+
+
 # ---- refusals ------------------------------------------------------------------------------------
 def captured(fn, *inputs) -> tuple[Card, list]:
     """The module card of ``fn`` as a leaf module (a card even for one op), and its captured

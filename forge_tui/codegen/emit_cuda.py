@@ -87,6 +87,12 @@ def _aligned(kern: Kernel, vec: int, vec_loads: list, vec_outs: list) -> str:
     return " && ".join(sorted(set(conds))) or "true"
 
 
+
+def resident_blocks(threads: int, device: DeviceProps) -> int:
+    """Blocks of ``threads`` an SM holds at once, as the "waves" grid counts them (at most 32,
+    the hardware's limit of resident blocks)."""
+    return max(1, min(32, device.max_threads_per_sm // threads))
+
 def emit_cuda(kern: Kernel, params: dict, card, device: DeviceProps = DEFAULT_DEVICE) -> str:
     if kern.reductions:
         return _rows(kern, params, card, device)
@@ -325,8 +331,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     decls = [ind + d for d in w.row_decls()]
     params_c, args_c = _args(kern, w)
     groups = -(-kern.rows // rpb)
-    blocks_per_sm = max(1, min(32, device.max_threads_per_sm // (tpr * rpb)))
-    grid = groups if p.get("grid", "rows") == "rows" else min(groups, device.sms * blocks_per_sm)
+    grid = groups if p.get("grid", "rows") == "rows" else min(groups, device.sms * resident_blocks(tpr * rpb, device))
     nv = -(-cols // (tpr * vec))
     nv1 = -(-cols // tpr)
     smem = off

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from ...cards import Card
 from ...codegen import Unsupported, analyze
 from ...codegen.emit_cpu import emit_cpu
-from ...codegen.emit_cuda import cached_loads, emit_cuda, smem_bytes, vec_ok
+from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, vec_ok
 from ...codegen.index import Index
 from ...codegen.ir import ITEMSIZE, Kernel
 from ..base import Family, Match, header
@@ -141,7 +141,7 @@ class Generated(Family):
         if tpr * vec > 2 * _pow2_ceil(k.cols) and tpr > 4:
             return False
         groups = -(-k.rows // rpb)
-        if p["grid"] == "waves" and groups <= device.sms * max(1, device.max_threads_per_sm // (tpr * rpb)):
+        if p["grid"] == "waves" and groups <= device.sms * resident_blocks(tpr * rpb, device):
             return False  # a wave holds every group: the same launch as "rows"
         cached = cached_loads(k)
         if cache == "regs":
