@@ -118,6 +118,30 @@ def stash_bytes(bps: int, device: DeviceProps) -> int:
 
 RING_MAX_CHUNKS = 64  # mbarriers a ring mode block keeps (cuda_common.RING_MAX_CHUNKS)
 
+CLUSTER_MODES = ("ring", "stash", "cluster")
+"""The row families' modes that launch thread-block clusters: sm_90 and later (DeviceProps.clusters)."""
+CLUSTER_AXES = ("cl", "bps", "load")
+"""The axes that only the cluster modes have."""
+
+
+def cluster_axes(ax: dict[str, list], device: DeviceProps) -> dict[str, list]:
+    """A row family's axes as ``device`` can run them: without thread-block clusters, neither the
+    cluster modes nor the axes only they have."""
+    if not device.clusters:
+        ax["mode"] = [mode for mode in ax["mode"] if mode not in CLUSTER_MODES]
+        for k in CLUSTER_AXES:
+            ax.pop(k, None)
+    return ax
+
+
+def cluster_mode_ok(p: dict, device: DeviceProps) -> bool:
+    """False for a cluster mode on a device without clusters, and for a cluster or stash mode in
+    clusters over 8 blocks (non-portable sizes: only the ring's launch opts in)."""
+    mode = p.get("mode")
+    if mode in CLUSTER_MODES and not device.clusters:
+        return False
+    return not (mode in ("cluster", "stash") and p["cl"] > 8)
+
 
 def ring_stash(seg: int, itemsize: int, chunk: int, bps: int, device: DeviceProps) -> int:
     """Elements of a ring mode block's segment kept in shared memory, in whole chunks of ``chunk``

@@ -40,7 +40,9 @@ from ..base import (
     ITEMSIZE,
     Family,
     Match,
+    cluster_axes,
     cluster_fits,
+    cluster_mode_ok,
     header,
     input_index,
     numel,
@@ -63,7 +65,6 @@ BN_TARGETS = {  # op -> index of (weight, bias, running_mean, running_var), trai
     "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4, None, 6),
     "aten.cudnn_batch_norm.default": (1, 2, 3, 4, 5, 7),
 }
-CLUSTER_MODES = ("ring", "stash", "cluster")  # thread-block clusters: sm_90 and later (DeviceProps.clusters)
 
 
 class GroupNorm(Family):
@@ -97,21 +98,15 @@ class GroupNorm(Family):
                                "chunk": [2048, 4096, 8192, 16384, 32768, 65536],
                                "threads": [128, 256, 512, 1024], "vec": self._vecs(m), "order": ["reverse", "forward"],
                                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [2, 4, 8, 16, 32], "load": ["bulk", "thread"]}
-        if not device.clusters:  # no cluster modes, nor the axes that only they have
-            ax["mode"] = [mode for mode in ax["mode"] if mode not in CLUSTER_MODES]
-            for k in ("cl", "bps", "load"):
-                del ax[k]
-        return ax
+        return cluster_axes(ax, device)
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
             return True
         if p["vec"] not in self._vecs(m):
             return False
-        if p.get("mode") in CLUSTER_MODES and not device.clusters:
+        if not cluster_mode_ok(p, device):
             return False
-        if p.get("mode") in ("cluster", "stash") and p["cl"] > 8:
-            return False  # clusters over 8 blocks (non-portable) only where the launch opts in
         if p.get("mode") == "cluster":
             return cluster_fits(m.info["group_len"], p["cl"], p["threads"], p["vec"])
         if p.get("mode") == "ring":

@@ -43,7 +43,9 @@ from ..base import (
     ITEMSIZE,
     Family,
     Match,
+    cluster_axes,
     cluster_fits,
+    cluster_mode_ok,
     header,
     numel,
     ring_cap,
@@ -61,7 +63,6 @@ from ..cuda_common import COMMON as CUDA_COMMON
 from ..device import DEFAULT_DEVICE, DeviceProps
 
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
-CLUSTER_MODES = ("ring", "stash", "cluster")  # thread-block clusters: sm_90 and later (DeviceProps.clusters)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -121,11 +122,7 @@ class Softmax(Family):
         ax: dict[str, list] = {"mode": modes, "tpr": [32, 64, 128, 256, 512, 1024], "rpb": [1, 2, 4, 8],
                                "vec": self._vecs(m), "segs": [2, 4, 8, 16, 32, 64, 128], "order": ["reverse", "forward"],
                                "cl": [2, 4, 8, 16], "bps": [1, 2, 4], "ahead": [4, 8, 16, 32], "load": ["bulk", "thread"]}
-        if not device.clusters:  # no cluster modes, nor the axes that only they have
-            ax["mode"] = [mode for mode in modes if mode not in CLUSTER_MODES]
-            for k in ("cl", "bps", "load"):
-                del ax[k]
-        return ax
+        return cluster_axes(ax, device)
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         if backend == "cpu":
@@ -135,10 +132,8 @@ class Softmax(Family):
             return False
         if p["vec"] not in self._vecs(m):
             return False
-        if p["mode"] in CLUSTER_MODES and not device.clusters:
+        if not cluster_mode_ok(p, device):
             return False
-        if p["mode"] in ("cluster", "stash") and p["cl"] > 8:
-            return False  # clusters over 8 blocks (non-portable) only where the launch opts in
         if p["mode"] == "ring":
             itemsize = ITEMSIZE[m.info["tin"]]
             if p["rpb"] != 1 or cols % (p["cl"] * p["vec"]) or (cols // p["cl"] * itemsize) % 16 \
