@@ -22,6 +22,16 @@ MAX_DIMS = 8
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4, "int32": 5,
                "int16": 6, "int8": 7, "uint8": 8, "bool": 9}
 SCALAR_INT, SCALAR_FLOAT, SCALAR_BOOL, SCALAR_NONE = 0, 1, 2, 3
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+            "uint8": 1, "bool": 1}
+"""Bytes an element, for each dtype of the ABI."""
+CUDA_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+              "int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
+              "bool": "bool"}
+"""The C type of an element in generated and template CUDA code."""
+CPU_CTYPE = {**CUDA_CTYPE, "float16": "fhalf", "bfloat16": "fbf16"}
+"""The C++ type of an element in generated and template cpu code (fhalf and fbf16: cpu_common's
+16-bit storage types)."""
 
 
 class ForgeTensor(ctypes.Structure):

@@ -3,13 +3,10 @@ candidate makes on its arguments."""
 
 from __future__ import annotations
 
+from ..kernel_abi import CPU_CTYPE, CUDA_CTYPE
 from .index import Index, to_c
 from .ir import BOOL_OPS, FLOAT_OPS, INT_OPS, Kernel, Node, c_float
 
-CPU_TYPES = {"float32": "float", "float16": "fhalf", "bfloat16": "fbf16", "int64": "int64_t", "int32": "int32_t",
-             "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
-CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int64": "int64_t",
-              "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
 VALUE_TYPE = {"f": "float", "i": "int64_t", "b": "bool"}
 
 # Scalar helpers, written once for both backends (FG is the function qualifier).
@@ -45,7 +42,7 @@ class NodeWriter:
     def __init__(self, kern: Kernel, backend: str) -> None:
         self.k = kern
         self.backend = backend
-        self.types = CUDA_TYPES if backend == "cuda" else CPU_TYPES
+        self.types = CUDA_CTYPE if backend == "cuda" else CPU_CTYPE
         self.row_offsets: dict[Index, str] = {}
 
     # ---- offsets -----------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ whole waves walking the row groups.
 
 from __future__ import annotations
 
+from ..kernel_abi import ITEMSIZE
 from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
 from .emit_common import HELPERS, NodeWriter, check_inputs
 from .index import Index
-from .ir import ITEMSIZE, Kernel
+from .ir import Kernel
 
 PRELUDE = COMMON + r'''
 #define FG __device__ __forceinline__

@@ -24,8 +24,6 @@ from .index import Index
 
 FLOATS = ("float32", "float16", "bfloat16")
 INTS = ("int64", "int32", "int16", "int8", "uint8")
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
-            "bool": 1}
 
 
 def kind(dtype: str) -> str:

@@ -9,15 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cards import Card
+from ..kernel_abi import CUDA_CTYPE
 from .device import DEFAULT_DEVICE, DeviceProps
 
 HEADER_RE = re.compile(r"^// forge-template: (\{.*\})$", re.M)
-CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
-         "int64": "int64_t", "int32": "int32_t", "bool": "bool", "uint8": "uint8_t", "int8": "int8_t"}
-CPU_CTYPE = {"float32": "float", "float16": "fhalf", "bfloat16": "fbf16", "float64": "double",
-             "int64": "int64_t", "int32": "int32_t", "bool": "bool", "uint8": "uint8_t", "int8": "int8_t"}
+CTYPE = CUDA_CTYPE
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
 
 
 @dataclass

@@ -8,7 +8,8 @@ per-row scale); same-shape inputs are read with 16-byte vectors.
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Family, Match, header, numel, vec_widths
+from ...kernel_abi import CPU_CTYPE, ITEMSIZE
+from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, numel, vec_widths
 from ..device import DEFAULT_DEVICE, DeviceProps
 
 UNARY = {

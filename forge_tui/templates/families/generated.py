@@ -21,7 +21,8 @@ from ...codegen import Unsupported, analyze
 from ...codegen.emit_cpu import emit_cpu
 from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, vec_ok
 from ...codegen.index import Index
-from ...codegen.ir import ITEMSIZE, Kernel
+from ...codegen.ir import Kernel
+from ...kernel_abi import ITEMSIZE
 from ..base import Family, Match, header
 from ..device import DEFAULT_DEVICE, DeviceProps
 

@@ -33,11 +33,10 @@ batch_norm (running statistics, training=False): one pass, per-channel scale and
 from __future__ import annotations
 
 from ...cards import Card
+from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ..base import (
-    CPU_CTYPE,
     CTYPE,
     FLOAT_DTYPES,
-    ITEMSIZE,
     Family,
     Match,
     cluster_axes,

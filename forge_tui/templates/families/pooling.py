@@ -4,7 +4,8 @@ or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Family, Match, header, input_index, numel
+from ...kernel_abi import CPU_CTYPE, ITEMSIZE
+from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, input_index, numel
 from ..device import DEFAULT_DEVICE, DeviceProps
 
 

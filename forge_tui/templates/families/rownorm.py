@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 from ...cards import Card
-from ..base import CPU_CTYPE, CTYPE, FLOAT_DTYPES, ITEMSIZE, Family, Match, header, input_index, numel, vec_widths
+from ...kernel_abi import CPU_CTYPE, ITEMSIZE
+from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, input_index, numel, vec_widths
 from ..cpu_common import COMMON as CPU_COMMON
 from ..cuda_common import COMMON as CUDA_COMMON
 from ..device import DEFAULT_DEVICE, DeviceProps

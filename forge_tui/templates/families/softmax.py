@@ -36,11 +36,10 @@ CUDA modes:
 from __future__ import annotations
 
 from ...cards import Card
+from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ..base import (
-    CPU_CTYPE,
     CTYPE,
     FLOAT_DTYPES,
-    ITEMSIZE,
     Family,
     Match,
     cluster_axes,
