@@ -126,3 +126,26 @@ def test_compile_plus_forge_less_accurate_than_compile_but_not_than_eager_agrees
     assert acc["compile+forge"]["baseline"] == "eager"
     agree, acc = _judge_outputs({"compile": compiled, "compile+forge": worse}, eager, lambda: truth)
     assert agree["compile+forge"] is not None
+
+
+def test_the_fp32_judgement_never_excuses_wrong_indices_or_an_overflowed_baseline():
+    """Only rounding in floating outputs is judged against fp32: a wrong integer output stays a
+    mismatch (outputs of token ids alone have no floating error to compare), and an eager output
+    whose own error is not finite (an overflow) vouches for nothing."""
+    import torch
+
+    from forge_tui.e2e import _judge_outputs
+
+    ids = torch.tensor([1, 2, 3, 4])
+    agree, _ = _judge_outputs({"eager+forge": torch.tensor([4, 3, 2, 1])}, ids, lambda: ids)
+    assert agree["eager+forge"] is not None
+    # mixed: the floats within rounding of fp32, the indices wrong
+    x = torch.randn(1000)
+    agree, _ = _judge_outputs({"eager+forge": (x + 1.0, torch.tensor([4, 3, 2, 1]))}, (x, ids), lambda: (x, ids))
+    assert agree["eager+forge"] is not None
+    # eager overflowed where fp32 did not: its error is inf, and an all-NaN variant must not pass
+    truth = torch.randn(1000)
+    eager = truth.clone()
+    eager[0] = float("inf")
+    agree, acc = _judge_outputs({"eager+forge": torch.full((1000,), float("nan"))}, eager, lambda: truth)
+    assert agree["eager+forge"] is not None, acc
