@@ -138,7 +138,6 @@ def test_moves_are_one_axis_and_every_backend_has_points(table_ws):
     assert GEN.initial(m, "cuda")["vec"] == 8  # 16-byte accesses of bf16
 
 
-
 def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows():
     """The "waves" grid launches min(groups, SMs x resident blocks), resident blocks capped at 32:
     valid() counts them the same way, so a waves grid the emitter would launch differently from

@@ -76,7 +76,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 
 def probe_source(card) -> str:
     """The byte-moving probe for this card: every input read, every output written."""
-    from forge_tui.templates.base import ITEMSIZE
+    from forge_tui.kernel_abi import ITEMSIZE
 
     na = [s.numel * ITEMSIZE.get(s.dtype, 4) // 16 for s in card.inputs]
     nb = [o.numel * ITEMSIZE.get(o.dtype, 4) // 16 for o in card.outputs]
@@ -130,7 +130,7 @@ def self_test() -> int:
 
     from forge_tui.cards import TensorSpec
     from forge_tui.evaluator.build import Builder
-    from forge_tui.templates.base import ITEMSIZE
+    from forge_tui.kernel_abi import ITEMSIZE
 
     def spec(shape, dtype, role="input"):
         stride, acc = [], 1

@@ -17,10 +17,11 @@ from typing import Any
 
 from ..cards import Card
 from ..evaluator.report import format_result
-from ..kernel_abi import HEADER, card_scalars
+from ..kernel_abi import HEADER, SOURCE_NAMES, card_scalars
 from ..search.proposer import NodeView, ProposalContext
 
-EXT = {"cuda": ".cu", "cpu": ".cpp"}
+EXT = {backend: Path(name).suffix for backend, name in SOURCE_NAMES.items()}
+"""The suffix of the sources the agent is shown (parent, best, siblings, template), as its candidate's."""
 LANGUAGE = {"cuda": "CUDA C++, built with nvcc", "cpu": "C++17 with OpenMP, built with g++ -O3 -march=native"}
 
 
@@ -148,7 +149,8 @@ def prepare_workdir(workdir: Path, ctx: ProposalContext, template_source: str | 
         path = workdir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    (workdir / f"candidate{ext}").write_text(candidate)
-    names = sorted([*files, "forge_kernel.h", f"candidate{ext}"])
+    candidate_name = SOURCE_NAMES.get(ctx.backend, SOURCE_NAMES["cuda"])
+    (workdir / candidate_name).write_text(candidate)
+    names = sorted([*files, "forge_kernel.h", candidate_name])
     return Prepared(files=names, read_only=set(files) | {"forge_kernel.h"}, parent_section=parent_section,
                     siblings_section=siblings_section, template_section=template_section)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..cards import Card
 from ..config import ForgeConfig
+from ..kernel_abi import SOURCE_NAMES
 from ..search.ledger import Ledger
 from ..search.proposer import Proposal, ProposalContext, ProposerFailure
 from .context import EXT, LANGUAGE, card_summary, lineage_summary, machine_summary, prepare_workdir, prompt_text, render
@@ -89,8 +90,7 @@ class AgentProposer:
             return None
         conv = f"{_safe(ctx.card.id)}.{ctx.parent.id}.{uuid.uuid4().hex[:8]}"
         workdir = self.root / conv
-        ext = EXT[ctx.backend]
-        source_name = f"candidate{ext}"
+        source_name = SOURCE_NAMES[ctx.backend]
         template_source = None
         if self.template is not None:
             try:
@@ -104,7 +104,7 @@ class AgentProposer:
         transcript.add("start", conversation=conv, card=ctx.card.id, parent=ctx.parent.id, backend=ctx.backend,
                        provider=self.provider.name, model=self.provider.model, limits=limits.__dict__,
                        price=self.price.model_dump())
-        system = render("system.md", source_name=source_name, language=LANGUAGE[ctx.backend], ext=ext,
+        system = render("system.md", source_name=source_name, language=LANGUAGE[ctx.backend], ext=EXT[ctx.backend],
                         rules=prompt_text("rules.md").strip(),
                         limits=(f"{limits.tool_calls} tool calls, {limits.tokens} tokens, {limits.wall_s:.0f} s and "
                                 f"${limits.cost_usd:.2f} for this conversation"))

@@ -88,11 +88,11 @@ def _aligned(kern: Kernel, vec: int, vec_loads: list, vec_outs: list) -> str:
     return " && ".join(sorted(set(conds))) or "true"
 
 
-
 def resident_blocks(threads: int, device: DeviceProps) -> int:
     """Blocks of ``threads`` an SM holds at once, as the "waves" grid counts them (at most 32,
     the hardware's limit of resident blocks)."""
     return max(1, min(32, device.max_threads_per_sm // threads))
+
 
 def emit_cuda(kern: Kernel, params: dict, card, device: DeviceProps = DEFAULT_DEVICE) -> str:
     if kern.reductions:

@@ -18,8 +18,6 @@ from pathlib import Path
 from ..kernel_abi import HEADER, HEADER_DIR, SOURCE_NAMES, default_cuda_arch
 from .diagnostics import Diagnostic, parse, resources
 
-SUFFIX = {backend: Path(name).suffix for backend, name in SOURCE_NAMES.items()}
-
 
 @dataclass
 class BuildResult:
@@ -62,7 +60,7 @@ class Builder:
 
     def __init__(self, backend: str, cache_dir: Path, *, arch: str | None = None, timeout_s: float = 120.0,
                  parallel: int = 0) -> None:
-        if backend not in SUFFIX:
+        if backend not in SOURCE_NAMES:
             raise ValueError(f"unknown backend {backend!r}")
         self.backend = backend
         self.cache_dir = Path(cache_dir).absolute() / "builds"

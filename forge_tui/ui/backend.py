@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ..search.events import EventBus, SearchEvent
     from ..search.runner import Search
 
-SOURCE_NAMES = (*CANDIDATE_NAMES.values(), "reference.py")
+VIEWABLE_SOURCES = (*CANDIDATE_NAMES.values(), "reference.py")
+"""The node's files the app shows as its source, in this order of preference."""
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Backend:
                 except ValueError:
                     pass
             name = ""
-            for name in SOURCE_NAMES:
+            for name in VIEWABLE_SOURCES:
                 raw = store.read(commit, name)
                 if raw is not None:
                     out.source, out.language = raw.decode(errors="replace"), language_of(name)

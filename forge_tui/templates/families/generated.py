@@ -21,14 +21,13 @@ from ...codegen import Unsupported, analyze
 from ...codegen.emit_cpu import emit_cpu
 from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, vec_ok
 from ...codegen.index import Index
-from ...codegen.ir import Kernel
+from ...codegen.ir import FLOATS, Kernel
 from ...kernel_abi import ITEMSIZE
 from ..base import Family, Match, header
 from ..device import DEFAULT_DEVICE, DeviceProps
 
 TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 RPBS = [1, 2, 4, 8, 16, 32, 64]
-FLOATS = ("float32", "float16", "bfloat16")
 
 
 def _pow2_ceil(n: int) -> int:
