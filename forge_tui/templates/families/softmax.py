@@ -455,8 +455,11 @@ __global__ void __launch_bounds__(TPR * RPB) softmax_regs(const TI* __restrict__
     }
 }
 
-/* Running (max, sum) merged across threads. A -inf partial contributes nothing. */
+/* Running (max, sum) merged across threads. A -inf partial contributes nothing; a NaN partial (a
+   NaN seen in the row) makes the merge NaN: eager's softmax of a row holding a NaN is all NaN, and
+   the "nothing seen yet" -inf would otherwise drop it. */
 __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+    if (m != m || m2 != m2) { m = s = NAN; return; }
     if (m2 == -INFINITY) return;
     if (m == -INFINITY) { m = m2; s = s2; return; }
     const float M = fmaxf(m, m2);
@@ -466,9 +469,12 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 
 template <int VEC>
 __device__ __forceinline__ void ms_add(float& m, float& s, const float (&v)[VEC]) {
+    if (m != m) return;  /* a NaN seen: the row's result is NaN whatever follows */
     float vm = v[0];
+    bool nan = v[0] != v[0];
 #pragma unroll
-    for (int j = 1; j < VEC; ++j) vm = fmaxf(vm, v[j]);
+    for (int j = 1; j < VEC; ++j) { vm = fmaxf(vm, v[j]); nan |= v[j] != v[j]; }
+    if (nan) { m = s = NAN; return; }
     if (vm == -INFINITY) return;
     if (vm > m) { s = (m == -INFINITY) ? 0.f : s * __expf(m - vm); m = vm; }
 #pragma unroll
