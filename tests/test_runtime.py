@@ -666,7 +666,7 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
     outer_owner, inner_owner = object(), object()
     for m, owner in ((model, outer_owner), (model.blocks[0], inner_owner)):
         table = {"any": [SimpleNamespace(guard=SimpleNamespace(status=SimpleNamespace(active=True)))]}
-        m.forward = apply_mod._intercepting(m.forward, Mode, table, "s", 0, "cpu", owner)
+        m.forward = apply_mod._intercepting(m.forward, Mode, table, None, owner)
     for child in children:
         child.forward = apply_mod._outside_scope(child.forward, outer_owner)
     x = torch.randn(4)
@@ -700,3 +700,97 @@ def test_an_op_card_call_checks_its_tensors_once(promoted, monkeypatch):
         st2 = {c["card"]: c for c in applied.status()["cards"]}
     assert st[sm.id]["served"] == 1 and calls[:1] == [sm.id] and len(calls) == 2, calls
     assert st2[sm.id]["served"] == 1 and sum(st2[sm.id]["fallbacks"].values()) == 1, st2[sm.id]
+
+
+def _edited_copy(src, tmp_path, card_id, **signature):
+    """A copy of the promoted workspace with fields of one card's manifest signature replaced."""
+    import shutil
+
+    from forge_tui.workspace import Workspace
+
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    path = ws.root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["entries"][card_id]["signature"].update(signature)
+    path.write_text(json.dumps(data))
+    return ws
+
+
+def test_an_op_card_scope_missing_from_the_model_is_skipped_not_fatal(promoted, tmp_path):
+    """A workspace profiled on a deeper model names scopes this one lacks: those are skipped, the
+    card serves where its scopes exist, and a card with none of them says so."""
+    src, norm, sm = promoted
+    ws = _edited_copy(src, tmp_path, sm.id, module_paths=["layers.31", ""])
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+        model(x)
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert st[sm.id]["served"] == 1 and st[sm.id]["sites"] == ["ops under the model"]
+    ws2 = _edited_copy(src, tmp_path / "b", sm.id, module_paths=["layers.31"])
+    with apply(model, ws2, cards=[sm.id], only_faster=False) as applied:
+        assert sm.id not in applied.guards and "none of its modules" in applied.skipped[sm.id]
+
+
+def test_apply_that_fails_part_way_leaves_the_model_as_it_was(promoted, monkeypatch):
+    """The module card is installed before the op card's scope; a failure there undoes it."""
+    from forge_tui.runtime import apply as apply_mod
+
+    ws, norm, sm = promoted
+
+    def broken():
+        raise RuntimeError("no dispatch modes here")
+
+    monkeypatch.setattr(apply_mod, "_interceptor_class", broken)
+    model = load_workload().get_model()
+    with pytest.raises(RuntimeError, match="no dispatch modes"):
+        apply(model, ws, only_faster=False)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_workspace_profiled_before_direct_scopes_keeps_its_children_intercepted(promoted, tmp_path, monkeypatch):
+    """Cards without the "direct" flag were captured with the whole subtree as their scope: the
+    runtime keeps intercepting the children for them (the norm's ops pass the interceptor)."""
+    from forge_tui.runtime import apply as apply_mod
+
+    src, norm, sm = promoted
+    ws = _edited_copy(src, tmp_path, sm.id, flags=[f for f in sm.flags if f != "direct"])
+    seen: list[str] = []
+    real = apply_mod._interceptor_class
+
+    def counting():
+        base = real()
+
+        class Counting(base):  # type: ignore[misc, valid-type]
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(str(func))
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+        return Counting
+
+    monkeypatch.setattr(apply_mod, "_interceptor_class", counting)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False):
+        model(x)
+    assert "aten._softmax.default" in seen and any("rsqrt" in s for s in seen), seen
+
+
+def test_scopes_serving_the_same_cards_share_one_trial():
+    """The decoder's `add` in each layer: one trial pools their calls (one noisy layer must not
+    switch the card off everywhere); scopes serving other cards have their own."""
+    from types import SimpleNamespace
+
+    from forge_tui.runtime.apply import _scope_trial
+
+    def og(card):
+        return SimpleNamespace(guard=SimpleNamespace(entry=SimpleNamespace(card=card)))
+
+    add, clone = og("add"), og("clone")
+    trials: dict = {}
+    t0 = _scope_trial(trials, [add], "layers.0", 6, "cpu")
+    t1 = _scope_trial(trials, [add], "layers.1", 6, "cpu")
+    t2 = _scope_trial(trials, [add, clone], "layers.0.self_attn", 6, "cpu")
+    assert t0 is t1 and t2 is not t0 and len(trials) == 2
+    assert _scope_trial(trials, [add], "layers.2", 0, "cpu") is None

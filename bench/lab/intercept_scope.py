@@ -76,7 +76,7 @@ def main() -> int:
         outside = []
         for layer in layers:
             owner = object()
-            layer.forward = rt._intercepting(layer.forward, interceptor(kind), table, "layer", 0, args.device, owner)
+            layer.forward = rt._intercepting(layer.forward, interceptor(kind), table, None, owner)
             if kind == "own calls":
                 outside.extend((c, owner) for c in rt.called_children(layer))
         for child, owner in outside:

@@ -270,12 +270,20 @@ def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: lis
     # as the object's identity, recompiling the forward for every new input tensor
     out: list["torch.Tensor"] = []
     for t in (args if not kwargs and _all_tensors(args) else tensor_leaves((args, kwargs))):
-        if not any(t is u for u in out):
+        for u in out:
+            if u is t:
+                break
+        else:
             out.append(t)
     # what named_parameters/named_buffers(recurse=False) yield, in their order, without their
     # generators (this runs on every served call)
     for p in (*module._parameters.values(), *module._buffers.values()):
-        if p is not None and not any(p is u for u in out):
+        if p is None:
+            continue
+        for u in out:
+            if u is p:
+                break
+        else:
             out.append(p)
     return out + consts
 
@@ -377,6 +385,8 @@ class OpGuard:
 
     def try_serve(self, args: Any, kwargs: Any) -> tuple[Any, str | None]:
         """(the op's result, None) when the kernel served the call; (None, why not) otherwise."""
+        if not self.guard.status.active:  # switched off: nothing to match
+            return None, "disabled"
         t0 = time.perf_counter_ns()
         uniq: list[Any] = []
         index: dict[int, int] = {}
@@ -516,7 +526,21 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         device = p.device.type if p is not None else "cpu"
     board = StatusBoard(status_path)
     applied = Applied(model, board)
-    ops: dict[str, list[OpGuard]] = {}
+    try:  # a failure part way leaves the model as it was
+        _install(applied, model, man, folder, device, mode, cards, shadow_every, only_faster, trial_calls)
+    except BaseException:
+        applied.undo()
+        raise
+    board.write()
+    return applied
+
+
+def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: Path, device: str, mode: Mode,
+             cards: list[str] | None, shadow_every: int, only_faster: bool, trial_calls: int) -> None:
+    """What ``apply`` installs: a guard per card it can serve, in the modules the card names."""
+    board = applied.board
+    ops: dict[str, tuple[Any, list[OpGuard]]] = {}
+    """Scope path -> (its module, the op guards it serves)."""
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
             continue
@@ -572,20 +596,28 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         else:
             og = OpGuard(guard)
             for path in sig.module_paths or [""]:
-                ops.setdefault(path, []).append(og)
+                try:
+                    module = model.get_submodule(path) if path else model
+                except AttributeError:  # profiled on another (deeper) model
+                    continue
+                ops.setdefault(path, (module, []))[1].append(og)
                 guard.status.sites.append(f"ops under {path or 'the model'}")
-            applied.guards[card_id] = guard
+            if guard.status.sites:
+                applied.guards[card_id] = guard
+            else:
+                applied.skipped[card_id] = "none of its modules is in this model: " + ", ".join(sig.module_paths[:3])
     if ops:
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []
-        for path, guards in ops.items():
+        trials: dict[tuple[str, ...], Trial] = {}
+        for path, (module, guards) in ops.items():
             table: dict[Any, list[OpGuard]] = {}
             for g in guards:
                 table.setdefault(g.func, []).append(g)
-            module = model.get_submodule(path) if path else model
             owner = object()
-            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, path, trial_calls,
-                                                           device, owner))
+            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table,
+                                                           _scope_trial(trials, guards, path, trial_calls, device),
+                                                           owner))
             if all("direct" in g.guard.sig.flags for g in guards):
                 # the cards were captured from this module's own calls: its children run unintercepted
                 outside.extend((child, owner) for child in called_children(module))
@@ -593,8 +625,6 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         # interception before it starts its own
         for child, owner in outside:
             applied._replace_forward(child, _outside_scope(child.forward, owner))
-    board.write()
-    return applied
 
 
 def called_children(module: "torch.nn.Module") -> list["torch.nn.Module"]:
@@ -627,21 +657,33 @@ def _outside_scope(original: Callable[..., Any], owner: object) -> Callable[...,
     return forward
 
 
-def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]], scope: str,
-                  trial_calls: int, device: str, owner: object = None) -> Callable[..., Any]:
+def _scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard], path: str, trial_calls: int,
+                 device: str) -> Trial | None:
+    """The in-place trial of a scope's interception, one for every scope serving the same cards
+    (the decoder's `add` in each of its layers): their calls pool into one verdict, so one noisy
+    layer does not switch a card off in all of them."""
+    if trial_calls <= 0:
+        return None
+    served = list({id(g.guard): g.guard for g in guards}.values())
+    key = tuple(sorted(g.entry.card for g in served))
+    if key not in trials:
+        def decide(with_us: float, without_us: float, calls: int) -> None:
+            _verdict(served, with_us, without_us, calls, f"the forward of {path or 'the model'} (and the scopes "
+                     "serving the same cards)", "its ops intercepted", scope=path or "the model")
+
+        trials[key] = Trial(trial_calls, device, decide)
+    return trials[key]
+
+
+def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]],
+                  trial: Trial | None = None, owner: object = None) -> Callable[..., Any]:
     """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
     does not serve goes on to the outer one, unless the outer scope's cards were captured from its
     own calls and its children run outside it). Every op of the scope then passes through Python, so
-    with ``trial_calls`` the scope's first calls are tried with the interceptor and without, and
-    the interceptor stays only if the scope ran faster with it; once every guard of the scope is
-    off, the scope runs as it was, not intercepted."""
+    with a ``trial`` the scope's first calls are tried with the interceptor and without, and the
+    interceptor stays only if the scope ran faster with it; once every guard of the scope is off,
+    the scope runs as it was, not intercepted."""
     guards = list({id(g.guard): g.guard for gs in table.values() for g in gs}.values())
-
-    def decide(with_us: float, without_us: float, calls: int) -> None:
-        _verdict(guards, with_us, without_us, calls, f"the forward of {scope or 'the model'}", "its ops intercepted",
-                 scope=scope or "the model")
-
-    trial = Trial(trial_calls, device, decide) if trial_calls > 0 else None
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
         with interceptor(table, owner):
