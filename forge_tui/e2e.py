@@ -233,7 +233,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         stats, raw, _ = timer.time(fns)
         switched: dict[str, str] = {}
         if switch_off:
-            switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster)
+            switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
             if compiled_applied is not None:
                 switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
@@ -303,45 +303,54 @@ def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
 
 
 def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_faster: bool, base: Any, model: Any,
-                  cards: list[str], names: tuple[str, str]) -> tuple[Stats, Stats]:
+                  cards: list[str], names: tuple[str, str]) -> tuple[Stats, Stats, Stats]:
     """``base``'s forward and that of a copy of ``model`` serving ``cards``, timed interleaved
-    (named ``names`` to the timer)."""
+    (named ``names`` to the timer), and their paired ratio base / other."""
     other = copy.deepcopy(model)
     applied = apply(other, ws, device=dev, cards=cards, only_faster=only_faster, trial_calls=0)
     try:
-        stats, _, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
-                                  names[1]: functools.partial(wl.run, other, inputs)})
+        stats, raw, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
+                                    names[1]: functools.partial(wl.run, other, inputs)})
     finally:
         applied.undo()
-    return stats[names[0]], stats[names[1]]
+    return stats[names[0]], stats[names[1]], paired_ratio(raw[names[0]], raw[names[1]])
 
 
 def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,
-                       timer: Timer, only_faster: bool) -> dict[str, str]:
+                       timer: Timer, only_faster: bool, stats: dict[str, Stats],
+                       raw: dict[str, list[float]]) -> dict[str, str]:
     """Leave each unit of served kernels (``switch_off_units``) out in turn; one whose absence
     makes the forward faster (by more than the spread of the measurement) is switched off in the
-    manifest, with the numbers. Then the kernels left are timed together against eager: if the
-    forward is still slower with them, they are all switched off (never slower than eager)."""
+    manifest, with the numbers. Then the kernels left, together, against eager: if the forward is
+    still slower with them in at least three of four paired runs (the bench's own "below 1.0x"),
+    they are all switched off. ``stats`` and ``raw``: the bench's timing of "eager" and
+    "eager+forge", which stands for that check when no unit was switched off."""
     served = [c["card"] for c in applied.status()["cards"] if c["served"]]
     if not served:
         return {}
     out: dict[str, str] = {}
     units = switch_off_units(man, served)
-    with_all = copy.deepcopy(model)  # the same for every unit left out: built once
-    a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
-    for unit in units if len(units) > 1 else []:
-        w, wo = _time_against(wl, inputs, ws, dev, timer, only_faster, with_all, model,
-                              [c for c in served if c not in unit], ("with", "without"))
-        if wo.q3 < w.q1:  # faster without it, beyond the spread of both
-            together = f" (with {', '.join(c for c in unit)}: they share an intercepted scope)" if len(unit) > 1 else ""
-            for card in unit:
-                out[card] = (f"the forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs without"
-                             f"{together} (forge bench, {dev})")
-    a.undo()
+    if len(units) > 1:
+        with_all = copy.deepcopy(model)  # the same for every unit left out: built once
+        a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
+        for unit in units:
+            w, wo, _ = _time_against(wl, inputs, ws, dev, timer, only_faster, with_all, model,
+                                     [c for c in served if c not in unit], ("with", "without"))
+            if wo.q3 < w.q1:  # faster without it, beyond the spread of both
+                together = (f" (with {', '.join(c for c in unit)}: they share an intercepted scope)"
+                            if len(unit) > 1 else "")
+                for card in unit:
+                    out[card] = (f"the forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs without"
+                                 f"{together} (forge bench, {dev})")
+        a.undo()
     left = [c for c in served if c not in out]
     if left:
-        e, f = _time_against(wl, inputs, ws, dev, timer, only_faster, model, model, left, ("eager", "forge"))
-        if e.q3 < f.q1:  # the kernels left, together, still make the forward slower
+        if out:
+            e, f, ratio = _time_against(wl, inputs, ws, dev, timer, only_faster, model, model, left,
+                                        ("eager", "forge"))
+        else:  # the bench timed exactly these already
+            e, f, ratio = stats["eager"], stats["eager+forge"], paired_ratio(raw["eager"], raw["eager+forge"])
+        if ratio.q3 < 1.0:  # the kernels left, together, still make the forward slower
             for card in left:
                 out[card] = (f"the forward ran {f.median:.1f} µs with the {len(left)} kernels left and "
                              f"{e.median:.1f} µs in eager (forge bench, {dev})")
