@@ -1,21 +1,23 @@
-"""Answers: what does an op card's interceptor cost a forward when its scope is the whole model
-(how op cards outside leaf modules were served before 469bfaa) against when it is the module whose
-own forward makes the call, its children running outside it (since)? Counts the ops that pass
-through the interceptor per forward and times the forward three ways, interleaved: eager, the
-decoder's layers intercepted with their whole subtree, and only the layers' own calls. The table
-never matches (a pure pass-through), so the numbers are the interception's cost alone.
+"""Answers: what does an op card's interceptor cost a forward when its scope covers a module's
+whole subtree (how op cards outside leaf modules were served before 469bfaa, when the subtree was
+the whole model) against when it is the module whose own forward makes the call, its children
+running outside it (since)? Counts the ops that pass through the interceptor per forward and times
+the forward three ways, interleaved: eager, each decoder layer intercepted with its whole subtree,
+and only the layers' own calls. The subtree variant wraps the layers, not the whole model (the
+embedding, rotary, final norm and head stay out), so it understates the old cost. The table never
+matches (a pure pass-through), so the numbers are the interception's cost alone.
 
     python bench/lab/intercept_scope.py [--device cpu|cuda] [--repeats 30]
 
 cpu uses tiny_decoder; cuda the bundled decoder. Prints a table; JSON to $OUT if set.
 
-Answer on the 2-core development machine (2026-12-01, torch 2.13.0+cpu, one thread): tiny_decoder's
-forward sends 188 ops through the interceptor with the whole subtree, and 4 (the two layers'
-residual adds) with the layers' own calls. Against eager, paired: 0.344-0.370x with the whole
-subtree, 0.80-0.81x with the own calls. What the own calls still cost on a 1 ms CPU forward is the
-mode's entry per layer call, its pop and push around each of the 8 child calls, and the 4 ops: about
-5 µs an op under a warm mode, 3 µs a pop; the first op under each new mode type is slow (warm-up).
-Not yet run on the H200.
+Answer on the 2-core development machine (2026-12-01, torch 2.13.0+cpu, one thread, four runs):
+tiny_decoder's forward sends 188 ops through the interceptor with the layers' subtrees, and 4 (the
+two layers' residual adds) with their own calls. Against eager, paired medians: 0.34-0.38x with the
+subtrees, 0.79-0.84x with the own calls. What the own calls still cost on a 1 ms CPU forward is the
+mode's entry per layer call, its pop and push around each of the 8 child calls, and the 4 ops
+(measured apart, in a loop: about 5 µs an op under a warm mode and 3 µs a pop and push; the first op
+under each new mode type is far slower, a warm-up). Not yet run on the H200.
 """
 
 from __future__ import annotations
