@@ -309,8 +309,10 @@ class Evaluation:
         """Elements still holding the poison (``which``, or either) where the reference holds
         something else. With ``nonfinite="position"`` (the special-value sets, where NaN and ±inf
         stand for each other), a NaN where the reference holds ±inf is a value the candidate may
-        have written, not the NaN poison: the first run's finite poison is what catches those
-        elements left unwritten."""
+        have written, not the NaN poison. Elements there left unwritten in both runs still hold the
+        first run's finite poison, which that run's check catches; one skipped in the second run
+        only is caught by the comparison of the two runs, unless the first wrote NaN there, a value
+        the position rule accepts anyway."""
         import torch
 
         if o.dtype == torch.bool:
