@@ -507,19 +507,11 @@ def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_
 
 
 
-def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_compile(promoted, monkeypatch, tmp_path):
-    """The compiled forward 5% slower with forge in every interleaved pair, its quartiles
-    overlapping without: the paired ratio decides (a stand-in timer; nothing depends on load)."""
-    import shutil
-
+def _stand_in_timer(monkeypatch, samples):
+    """The bench's Timer replaced: each callable runs once (the kernels serve, so they are counted)
+    and its samples are ``samples(name)`` (nothing depends on this machine's load)."""
     from forge_tui import e2e
     from forge_tui.timing import Stats
-    from forge_tui.workspace import Workspace
-
-    src, norm, _ = promoted
-    shutil.copytree(src.root, tmp_path / "ws")
-    ws = Workspace.open(tmp_path / "ws")
-    base = [100.0, 120.0, 140.0, 160.0, 180.0]
 
     class Timer:
         def __init__(self, *a, **k):
@@ -529,10 +521,26 @@ def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_comp
             raw = {}
             for name, fn in fns.items():
                 fn()
-                raw[name] = [v * 1.05 for v in base] if name == "compile+forge" else list(base)
+                raw[name] = samples(name)
             return {n: Stats.from_samples(v) for n, v in raw.items()}, raw, 0.0
 
     monkeypatch.setattr(e2e, "Timer", Timer)
+
+
+def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_compile(promoted, monkeypatch, tmp_path):
+    """The compiled forward 5% slower with forge in every interleaved pair, its quartiles
+    overlapping without: the paired ratio decides (a stand-in timer; nothing depends on load)."""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.workspace import Workspace
+
+    src, norm, _ = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    base = [100.0, 120.0, 140.0, 160.0, 180.0]
+
+    _stand_in_timer(monkeypatch, lambda name: [v * 1.05 for v in base] if name == "compile+forge" else list(base))
     r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
     assert r.times["compile"].q3 > r.times["compile+forge"].q1  # overlapping quartiles
     key = f"{norm.id} (under torch.compile)"
@@ -564,41 +572,27 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
     import shutil
 
     from forge_tui import e2e
-    from forge_tui.timing import Stats
     from forge_tui.workspace import Workspace
 
     src, norm, sm = promoted
     shutil.copytree(src.root, tmp_path / "ws")
     ws = Workspace.open(tmp_path / "ws")
 
-    class Timer:
-        def __init__(self, *a, **k):
-            pass
+    def samples(name):
+        us = 200.0 if name in ("eager+forge", "forge") else 100.0
+        return [us, us + 1, us + 2]
 
-        def time(self, fns):
-            raw = {}
-            for name, fn in fns.items():
-                fn()
-                us = 200.0 if name in ("eager+forge", "forge") else 100.0
-                raw[name] = [us, us + 1, us + 2]
-            return {n: Stats.from_samples(v) for n, v in raw.items()}, raw, 0.0
-
-    monkeypatch.setattr(e2e, "Timer", Timer)
+    _stand_in_timer(monkeypatch, samples)
     r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, only_faster=False)
     assert set(r.switched_off) == {norm.id, sm.id}, r.switched_off
     assert all("kernels left" in why and "in eager" in why for why in r.switched_off.values())
     assert not any(e.enabled for e in manifest(ws).entries.values())
 
 
-def test_an_op_card_scope_intercepts_its_own_calls_not_its_childrens(promoted, monkeypatch):
-    """The softmax is called in the top module's own forward: its card records that module as its
-    scope ("direct"), and the runtime intercepts the top module's own ops only; the RMSNorm child
-    runs outside the interception (a decoder layer's `add` must not send the whole attention and
-    MLP through Python). The count of ops the interceptor sees is the behaviour under test."""
+def _count_intercepted(monkeypatch) -> list[str]:
+    """The ops the runtime's interceptor sees from now on (its class wrapped to record them)."""
     from forge_tui.runtime import apply as apply_mod
 
-    ws, norm, sm = promoted
-    assert "direct" in sm.flags and sm.module_paths == [""], (sm.flags, sm.module_paths)
     seen: list[str] = []
     real = apply_mod._interceptor_class
 
@@ -613,6 +607,17 @@ def test_an_op_card_scope_intercepts_its_own_calls_not_its_childrens(promoted, m
         return Counting
 
     monkeypatch.setattr(apply_mod, "_interceptor_class", counting)
+    return seen
+
+
+def test_an_op_card_scope_intercepts_its_own_calls_not_its_childrens(promoted, monkeypatch):
+    """The softmax is called in the top module's own forward: its card records that module as its
+    scope ("direct"), and the runtime intercepts the top module's own ops only; the RMSNorm child
+    runs outside the interception (a decoder layer's `add` must not send the whole attention and
+    MLP through Python). The count of ops the interceptor sees is the behaviour under test."""
+    ws, norm, sm = promoted
+    assert "direct" in sm.flags and sm.module_paths == [""], (sm.flags, sm.module_paths)
+    seen = _count_intercepted(monkeypatch)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     with torch.no_grad():
@@ -751,24 +756,9 @@ def test_apply_that_fails_part_way_leaves_the_model_as_it_was(promoted, monkeypa
 def test_a_workspace_profiled_before_direct_scopes_keeps_its_children_intercepted(promoted, tmp_path, monkeypatch):
     """Cards without the "direct" flag were captured with the whole subtree as their scope: the
     runtime keeps intercepting the children for them (the norm's ops pass the interceptor)."""
-    from forge_tui.runtime import apply as apply_mod
-
     src, norm, sm = promoted
     ws = _edited_copy(src, tmp_path, sm.id, flags=[f for f in sm.flags if f != "direct"])
-    seen: list[str] = []
-    real = apply_mod._interceptor_class
-
-    def counting():
-        base = real()
-
-        class Counting(base):  # type: ignore[misc, valid-type]
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen.append(str(func))
-                return super().__torch_dispatch__(func, types, args, kwargs)
-
-        return Counting
-
-    monkeypatch.setattr(apply_mod, "_interceptor_class", counting)
+    seen = _count_intercepted(monkeypatch)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False):
