@@ -88,6 +88,17 @@ def _aligned(kern: Kernel, vec: int, vec_loads: list, vec_outs: list) -> str:
     return " && ".join(sorted(set(conds))) or "true"
 
 
+
+def _launcher(kern: Kernel, card, launches: str) -> str:
+    """forge_launch: the inputs checked against the card, then ``launches`` on the caller's stream
+    (``s``), then the launch error, if any."""
+    return f"""FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    {check_inputs(kern, card.inputs, card.outputs)}
+    cudaStream_t s = (cudaStream_t)stream;
+{launches}    return (int)cudaGetLastError();
+}}"""
+
 def resident_blocks(threads: int, device: DeviceProps) -> int:
     """Blocks of ``threads`` an SM holds at once, as the "waves" grid counts them (at most 32,
     the hardware's limit of resident blocks)."""
@@ -165,14 +176,9 @@ __global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{
     }}
 }}
 
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    {check_inputs(kern, card.inputs, card.outputs)}
-    cudaStream_t s = (cudaStream_t)stream;
-    if ({aligned}) fg_kernel<{vec}><<<{grid}, {threads}, 0, s>>>({args_c});
+{_launcher(kern, card, f"""    if ({aligned}) fg_kernel<{vec}><<<{grid}, {threads}, 0, s>>>({args_c});
     else fg_kernel<1><<<{grid1}, {threads}, 0, s>>>({args_c});
-    return (int)cudaGetLastError();
-}}
+""")}
 '''
 
 
@@ -367,12 +373,7 @@ __global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
     }}
 }}
 
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    {check_inputs(kern, card.inputs, card.outputs)}
-    cudaStream_t s = (cudaStream_t)stream;
-{setattr_}    if ({aligned}) fg_kernel<{vec}, {nv}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
+{_launcher(kern, card, f"""{setattr_}    if ({aligned}) fg_kernel<{vec}, {nv}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
     else fg_kernel<1, {nv1}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
-    return (int)cudaGetLastError();
-}}
+""")}
 '''
