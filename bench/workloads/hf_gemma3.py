@@ -9,7 +9,7 @@ downloaded), bf16, eager attention; the forward returns the logits. On CUDA: 4 l
 
 import torch
 
-from forge_tui.examples._hf_parts import Logits, token_inputs
+from forge_tui.examples._hf_parts import causal_lm, token_inputs
 
 DTYPE = torch.bfloat16
 
@@ -27,9 +27,7 @@ def _config(device: str):
 def get_model(device="cpu"):
     from transformers import Gemma3ForCausalLM
 
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Logits(Gemma3ForCausalLM(_config(device))).eval()
+    return causal_lm(Gemma3ForCausalLM, _config(device), device)
 
 
 def get_inputs(device="cpu"):

@@ -9,7 +9,7 @@ layers at Llama 3.2 1B's widths (hidden 2048, 32 heads of 64, 8 kv heads, MLP 81
 
 import torch
 
-from forge_tui.examples._hf_parts import Logits, token_inputs
+from forge_tui.examples._hf_parts import causal_lm, token_inputs
 
 DTYPE = torch.bfloat16
 
@@ -27,9 +27,7 @@ def _config(device: str):
 def get_model(device="cpu"):
     from transformers import LlamaForCausalLM
 
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Logits(LlamaForCausalLM(_config(device))).eval()
+    return causal_lm(LlamaForCausalLM, _config(device), device)
 
 
 def get_inputs(device="cpu"):

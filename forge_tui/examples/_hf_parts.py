@@ -16,6 +16,13 @@ class Logits(torch.nn.Module):
         return self.model(input_ids=input_ids, use_cache=False).logits
 
 
+def causal_lm(model_cls: type, config, device: str) -> Logits:
+    """``model_cls(config)`` with seeded random weights, built on ``device``, in eval mode, as Logits."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Logits(model_cls(config)).eval()
+
+
 def token_inputs(vocab: int, device: str) -> list[torch.Tensor]:
     """4 sequences of 1024 random token ids on CUDA, 2 of 16 elsewhere (seeded)."""
     batch, seq = (4, 1024) if device == "cuda" else (2, 16)
