@@ -217,3 +217,45 @@ def tensor_leaves(obj: Any) -> list[Any]:
     if isinstance(obj, dict):
         return [t for x in obj.values() for t in tensor_leaves(x)]
     return []
+
+
+
+def run_program_float64(program: dict, inputs: list, device: str | None = None) -> list:
+    """The program with each op computed in float64 and its result rounded once to the dtype
+    eager gives it: the program's own roundings at op boundaries stay (a cast to fp16 is part of
+    what it computes), the error inside one op's kernel goes. The evaluator's arbiter where a
+    candidate and eager disagree. An op that mutates its arguments, or whose float64 run fails
+    (no float64 kernel on the device), keeps eager's result."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    def wide(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64:
+            return v.double()
+        if isinstance(v, torch.dtype) and v.is_floating_point:
+            return torch.float64
+        return v
+
+    def rounded(plain: Any, exact: Any) -> Any:
+        if isinstance(plain, torch.Tensor) and plain.is_floating_point() and isinstance(exact, torch.Tensor) \
+                and exact.shape == plain.shape:
+            return exact.to(plain.dtype)
+        if isinstance(plain, (list, tuple)) and isinstance(exact, (list, tuple)) and len(plain) == len(exact):
+            return type(plain)(rounded(p, x) for p, x in zip(plain, exact))
+        return plain
+
+    class Widen(TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            plain = func(*args, **kwargs)
+            if func._schema.is_mutable:
+                return plain
+            try:
+                exact = func(*tree_map(wide, args), **tree_map(wide, kwargs))
+            except Exception:  # noqa: BLE001 - no float64 kernel: eager's result stands
+                return plain
+            return rounded(plain, exact)
+
+    with Widen():
+        return run_program(program, [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs], device)

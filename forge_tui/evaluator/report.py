@@ -27,7 +27,9 @@ def format_result(r: EvalResult) -> str:
             lines.append(f"    {d}")
     c = r.correctness
     if c:
-        sets = ", ".join(f"{s.name} ({s.determinism}{', degenerate' if s.degenerate else ''})" for s in c.sets)
+        sets = ", ".join(f"{s.name} ({s.determinism}{', degenerate' if s.degenerate else ''}"
+                         f"{f', {s.eager_off} elements where eager is off the float64 result' if s.eager_off else ''})"
+                         for s in c.sets)
         lines.append(f"  correct on: {sets}")
     t = r.timing
     if t:

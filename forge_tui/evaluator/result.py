@@ -74,6 +74,9 @@ class InputSetResult(_Part):
     ok: bool = True
     determinism: str = "bitwise"
     degenerate: bool = False
+    eager_off: int = 0
+    """Elements where the candidate missed eager's output and was accepted because eager missed
+    the program's float64 result there and the candidate did not (the evaluator's arbiter)."""
 
 
 class Correctness(_Part):
