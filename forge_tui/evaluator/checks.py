@@ -299,13 +299,14 @@ class Evaluation:
     def eager_is_off(self, k: int, ins: list, o, e, expected: list, nonfinite: str = "exact") -> int:
         """Where a candidate's output ``o`` misses eager's ``e``, is eager the one that is off? The
         number of elements where the candidate misses eager when, at every one of them, both are
-        finite, the candidate is within tolerance of the program's float64 truth (each op exact,
-        rounded to its eager dtype: ``run_program_float64``) and eager is not;
+        finite, and the candidate is within tolerance of the program's float64 truth (each op exact,
+        rounded to its eager dtype: ``run_program_float64``) and closer to it than eager is;
         0 otherwise (any other miss, or no truth). The H200 showed why: eager's fp16 group norm of a
         channels-last input of magnitude 1e-4 is off the float64 truth by 0.0043 in tens of its
         8.4M elements, where float32 formulas stay within 0.0003, and every correct kernel for the
-        card was rejected. A candidate gains nothing here unless it is closer to the exact result
-        than eager, element by element."""
+        card was rejected (eager's own error there is spread: a candidate near the truth misses eager
+        also where eager is just inside the tolerance, on the other side). A candidate gains nothing
+        here unless it is closer to the exact result than eager, element by element."""
         import torch
 
         if not o.is_floating_point() or o.dtype == torch.float64 or not e.numel():
@@ -321,8 +322,8 @@ class Evaluation:
         n = int(miss.sum())
         if not n or compare(torch.where(miss, e, o), e, k, scale=s, nonfinite=nonfinite) is not None:
             return 0  # no finite miss, or misses of another kind remain
-        tol_t = at * s + r * t.abs()
-        right = ((a - t).abs() <= tol_t) & ((x - t).abs() > tol_t)
+        err_a, err_x = (a - t).abs(), (x - t).abs()
+        right = (err_a <= at * s + r * t.abs()) & (err_a < err_x)
         return n if bool(right[miss].all()) else 0
 
     SPOT_ELEMENTS = 1 << 16

@@ -75,8 +75,8 @@ class InputSetResult(_Part):
     determinism: str = "bitwise"
     degenerate: bool = False
     eager_off: int = 0
-    """Elements where the candidate missed eager's output and was accepted because eager missed
-    the program's float64 result there and the candidate did not (the evaluator's arbiter)."""
+    """Elements where the candidate missed eager's output and was accepted because it met the
+    program's float64 result there and was closer to it than eager (the evaluator's arbiter)."""
 
 
 class Correctness(_Part):
