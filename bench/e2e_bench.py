@@ -417,12 +417,24 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             rec.log(f"bench: {'four ways' if with_compile else 'eager and eager + forge'}, interleaved "
                     f"({left():.0f} s left)")
             r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=with_compile, switch_off=False,
-                      only_faster=opts["only_faster"])
+                      only_faster=opts["only_faster"], graphs=opts.get("graphs", False))
             d["bench"] = bench_json(r, ws)
             d["bench_kind"] = "four ways" if with_compile else "eager only, after the switch-off"
             show(r)
 
         rec.attempt("bench four ways" if with_compile else "bench again", bench_final)
+
+    def timeline() -> None:
+        sys.path.insert(0, str(ROOT / "bench" / "lab"))
+        from inplace_timeline import describe
+        from inplace_timeline import timeline as profile_timeline
+
+        d["timeline"] = t = profile_timeline(spec, ws, dev)
+        for line in describe(t):
+            rec.log(f"  {line}")
+
+    if promoted and opts.get("timeline") and dev == "cuda" and left() > 10:
+        rec.attempt("timeline", timeline)
     d["done"] = True
     rec.save()
     return 0
@@ -455,6 +467,9 @@ def targets(w: dict[str, Any]) -> dict[str, str]:
         out["eager+forge >= 1.0x"] = _at_least(sp, 1.0, never_below=True)
     if name in SPEEDUP_TARGET:
         out[f"eager+forge >= {SPEEDUP_TARGET[name]}x"] = _at_least(sp, SPEEDUP_TARGET[name])
+        spg = (b.get("speedups") or {}).get("graphs: forge/eager")
+        if spg is not None:  # with --graphs: the host's launch cost out of both
+            out[f"in CUDA graphs, eager+forge >= {SPEEDUP_TARGET[name]}x eager"] = _at_least(spg, SPEEDUP_TARGET[name])
     out["compile+forge >= compile"] = _at_least(spc, 1.0, never_below=True)
     if b.get("beats_compile_in_isolation"):
         out["compile+forge >= 1.05x compile"] = _at_least(spc, 1.05)
@@ -523,6 +538,14 @@ def print_tables(report: dict[str, Any]) -> None:
               f"{_fmt_ms(t.get('compile+forge')):>12s} {_fmt_x(sp.get('eager+forge')):>11s} "
               f"{_fmt_x(sp.get('compile+forge/compile')):>11s} {agree_s:>8s} {share:>7s} {bound:>7s} {of_bound:>7s} "
               f"{ovh_none:>9s} {ovh_fb:>10s}")
+    graphed = {n: w for n, w in ws_.items() if "graphs: forge/eager" in ((w.get("bench") or {}).get("speedups") or {})}
+    if graphed:
+        print("\nin CUDA graphs (each forward captured once and replayed: the host's launch cost out of both)")
+        print(f"{'workload':15s} {'eager ms':>12s} {'+forge ms':>12s} {'forge/eager':>11s} {'q1 - q3':>15s}")
+        for name, w in graphed.items():
+            t, g = w["bench"]["times_us"], w["bench"]["speedups"]["graphs: forge/eager"]
+            print(f"{name:15s} {_fmt_ms(t.get('eager (graph)')):>12s} {_fmt_ms(t.get('eager+forge (graph)')):>12s} "
+                  f"{_fmt_x(g):>11s} {g['q1']:7.3f}-{g['q3']:.3f}")
     print("\nper served kernel: host µs a call (guard + launch) | the guard alone | eager's ops for the card | "
           "one eager op's launch")
     for name, w in ws_.items():
@@ -577,6 +600,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--all-kernels", action="store_true", help="as forge bench: use every promoted kernel, also "
                     "those measured slower or whose dispatch eats their gain")
     ap.add_argument("--run-timeout", type=float, help="the evaluator's limit per phase, s (default 30; --small 60)")
+    ap.add_argument("--graphs", action="store_true", help="cuda: the final bench also times eager and eager + forge "
+                    "each captured in a CUDA graph (the host's launch cost out of both)")
+    ap.add_argument("--timeline", action="store_true", help="cuda: after the bench, profile eager and eager + forge "
+                    "with torch.profiler: wall, GPU busy time and the kernels forge removed and added, per forward "
+                    "(bench/lab/inplace_timeline.py)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 
@@ -596,7 +624,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "overhead_repeats": pick(args.overhead_repeats, 30, 15), "min_speedup": args.min_speedup,
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
-            "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50}
+            "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
+            "timeline": getattr(args, "timeline", False), "graphs": getattr(args, "graphs", False)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -274,7 +274,8 @@ def cmd_bench(args) -> int:
     from .workload import parse_dtype
 
     r = bench(args.workload, args.workspace, device=args.device, dtype=parse_dtype(args.dtype), repeats=args.repeats,
-              with_compile=not args.no_compile, switch_off=not args.keep_slower, only_faster=not args.all_kernels)
+              with_compile=not args.no_compile, switch_off=not args.keep_slower, only_faster=not args.all_kernels,
+              graphs=args.graphs)
     print(json.dumps(r.to_json(), indent=1) if args.json else r.table())
     from .e2e import CHECKED_AGAINST
 
@@ -380,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-slower", action="store_true", help="do not switch off kernels that slow the forward")
     sp.add_argument("--all-kernels", action="store_true",
                     help="use every promoted kernel, also those measured slower or whose dispatch eats their gain")
+    sp.add_argument("--graphs", action="store_true", help="cuda: also eager and eager + forge each captured in a "
+                    "CUDA graph, which takes the host's launch cost out of both")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_bench)
 

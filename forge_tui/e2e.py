@@ -67,6 +67,9 @@ class BenchResult:
                          f"{(f'{sp.median:.3f}x' if sp else '-'):>9s}  {said}")
         if "compile+forge/compile" in self.speedups:
             lines.append(f"torch.compile + forge vs torch.compile: {self.speedups['compile+forge/compile'].median:.3f}x")
+        g = self.speedups.get("graphs: forge/eager")
+        if g:
+            lines.append(f"in CUDA graphs, eager + forge vs eager: {g.median:.3f}x [{g.q1:.3f}, {g.q3:.3f}]")
         if self.bound:
             sp = self.speedups.get("eager+forge")
             got = f"{sp.median:.3f}x, {100 * (sp.median - 1) / (self.bound - 1):.0f}% of the way" if sp and self.bound > 1 else "-"
@@ -193,9 +196,43 @@ def _judge_outputs(outs: dict[str, Any], ref: Any, fp32: Any) -> tuple[dict[str,
     return agree, accuracy
 
 
+GRAPH_VARIANTS = ("eager (graph)", "eager+forge (graph)")
+"""With ``graphs``: eager and eager + forge, each forward captured once in a CUDA graph and replayed."""
+GRAPH_DEVICES = ("cuda",)
+
+
+def cuda_graphed(run: Any, warmup: int = 3) -> tuple[Any, Any]:
+    """(replay, the graph's output): ``run``'s forward captured in a CUDA graph (after ``warmup``
+    calls on a side stream, as torch.cuda.graphs asks), replayed on the same input tensors. The
+    host's work (Python, dispatch, forge's guards) happens once, at capture: a replay launches the
+    recorded kernels alone, so what is left is the device's time. Raises ForgeError when the
+    forward cannot be captured (it synchronises with the host, for one)."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - reported as the reason the variant is missing
+        raise ForgeError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+    return graph.replay, out
+
+
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
           warmup: int = 3, with_compile: bool = True, switch_off: bool = True, only_faster: bool = True,
-          compile_backend: str = "inductor") -> BenchResult:
+          compile_backend: str = "inductor", graphs: bool = False) -> BenchResult:
+    """The whole forward timed four ways (see the module's docstring). ``graphs`` (cuda): also
+    eager and eager + forge captured in CUDA graphs (``GRAPH_VARIANTS``), which take the host's
+    launch cost out of both: the ratio between them is what the kernels save on the device. The
+    switch-off is decided on the forwards as the model runs them, not on the graphs."""
     import torch
 
     from .workload import load_workload, resolve_device
@@ -227,9 +264,27 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     with torch.no_grad():
         ref = wl.run(model, inputs)
         outs = {name: wl.run(m, inputs) for name, m in variants.items() if name != "eager"}
+        fns = {name: (lambda m=m: wl.run(m, inputs)) for name, m in variants.items()}
+        if graphs and dev not in GRAPH_DEVICES:
+            notes.append("CUDA graphs: not on this device")
+        elif graphs:
+            for name, m in zip(GRAPH_VARIANTS, (model, forge_model)):
+                try:
+                    replay, outs[name] = cuda_graphed(functools.partial(wl.run, m, inputs))
+                except ForgeError as exc:
+                    notes.append(f"{name}: the forward could not be captured in a CUDA graph: {exc}")
+                    break
+                fns[name] = replay
+            else:
+                # replayed since capture: the outputs compared are the graphs' own
+                for name in GRAPH_VARIANTS:
+                    fns[name]()
+        if not all(name in fns for name in GRAPH_VARIANTS):
+            for name in GRAPH_VARIANTS:
+                fns.pop(name, None)
+                outs.pop(name, None)
         agree, accuracy = _judge_outputs(outs, ref, lambda: _run_fp32(wl, model, inputs))
         del outs
-        fns = {name: (lambda m=m: wl.run(m, inputs)) for name, m in variants.items()}
         stats, raw, _ = timer.time(fns)
         switched: dict[str, str] = {}
         if switch_off:
@@ -239,6 +294,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
+    if GRAPH_VARIANTS[1] in raw:
+        speedups["graphs: forge/eager"] = paired_ratio(raw[GRAPH_VARIANTS[0]], raw[GRAPH_VARIANTS[1]])
     served = {c["card"]: c["served"] for c in applied.status()["cards"]}
     applied.undo()
     if compiled_applied is not None:

@@ -589,6 +589,49 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
     assert not any(e.enabled for e in manifest(ws).entries.values())
 
 
+def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted, monkeypatch, tmp_path):
+    """--graphs: eager and eager + forge, each captured once and replayed, timed with the others
+    and judged against eager; a forward that cannot be captured leaves both out, with the reason.
+    (The capture itself needs CUDA: a stand-in replays the forward on the CPU.)"""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.errors import ForgeError
+    from forge_tui.workspace import Workspace
+
+    src, norm, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
+    assert "CUDA graphs: not on this device" in r.notes and "eager (graph)" not in r.times
+
+    captured = []
+
+    def stand_in(run, warmup=3):
+        captured.append(run)
+        return run, run()
+
+    monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
+    samples = {"eager (graph)": 100.0, "eager+forge (graph)": 80.0}
+    _stand_in_timer(monkeypatch, lambda name: [samples.get(name, 150.0)] * 3)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, only_faster=False,
+                  graphs=True)
+    assert len(captured) == 2
+    assert set(e2e.GRAPH_VARIANTS) <= set(r.times)
+    assert r.outputs_agree["eager+forge (graph)"] is None
+    assert abs(r.speedups["graphs: forge/eager"].median - 1.25) < 0.01
+    assert "in CUDA graphs, eager + forge vs eager: 1.25" in r.table()
+
+    def refuses(run, warmup=3):
+        raise ForgeError("RuntimeError: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(e2e, "cuda_graphed", refuses)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
+    assert not set(e2e.GRAPH_VARIANTS) & set(r.times) and "graphs: forge/eager" not in r.speedups
+    assert any("could not be captured in a CUDA graph: RuntimeError: operation not permitted" in n for n in r.notes)
+
+
 def _count_intercepted(monkeypatch) -> list[str]:
     """The ops the runtime's interceptor sees from now on (its class wrapped to record them)."""
     from forge_tui.runtime import apply as apply_mod
