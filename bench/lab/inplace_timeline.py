@@ -1,0 +1,144 @@
+"""Asks: where does eager + forge lose the bound that the served cards' isolated speedups imply?
+Three answers are possible: the host cannot keep the GPU fed (the GPU idles between kernels), our
+kernels run slower in the model than in isolation, or the profile's shares overstate what the cards
+cost in the model. Runs the workload's forward under torch.profiler, eager and with the workspace's
+promoted kernels applied (after their in-place trials), and reports per forward: the wall time,
+the GPU's busy time (the union of its kernels' intervals), the sum of kernel times, and the kernels
+that differ between the two (eager's kernels that forge removed, forge's that it added) with their
+times in place.
+
+    python bench/e2e_bench.py diffusion --timeline     # after the bench, on cuda
+    python bench/lab/inplace_timeline.py WORKLOAD WORKSPACE [--forwards 10]
+
+e2e_bench.py calls ``timeline``; the JSON goes in the workload's record ("timeline").
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def _profile(run: Any, forwards: int, device: str) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(forwards):
+            run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e6 / forwards
+    kernels: dict[str, list[float]] = defaultdict(list)
+    intervals = []
+    for e in prof.events():
+        if device == "cuda" and str(e.device_type).endswith("CUDA"):
+            a, b = e.time_range.start, e.time_range.end
+            intervals.append((a, b))
+            kernels[e.name].append(b - a)
+    summed = sum(sum(v) for v in kernels.values())
+    return {"wall_us": wall, "busy_us": _busy_us(intervals) / forwards, "kernel_sum_us": summed / forwards,
+            "kernels": {k: {"calls": len(v) / forwards, "us": sum(v) / forwards} for k, v in kernels.items()}}
+
+
+def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 16) -> dict[str, Any]:
+    """The two variants' profiles and the kernels that differ between them (per forward, µs)."""
+    import torch
+
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
+    wl = load_workload(spec)
+    model, inputs = wl.build(device)
+    model.eval()
+    forged = copy.deepcopy(model)
+    applied = apply(forged, ws, device=device, trial_calls=0)  # as the bench applies them: no in-place trial
+    out: dict[str, Any] = {"forwards": forwards}
+    try:
+        with torch.no_grad():
+            for _ in range(warmup):  # caches and allocator warm
+                wl.run(model, inputs)
+                wl.run(forged, inputs)
+            out["eager"] = _profile(lambda: wl.run(model, inputs), forwards, device)
+            out["eager+forge"] = _profile(lambda: wl.run(forged, inputs), forwards, device)
+        out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
+    finally:
+        applied.undo()
+    e, f = out["eager"]["kernels"], out["eager+forge"]["kernels"]
+    removed = {k: v for k, v in e.items() if k not in f or f[k]["calls"] < v["calls"]}
+    added = {k: v for k, v in f.items() if k not in e or e[k]["calls"] < v["calls"]}
+
+    def part(d: dict, other: dict, k: str) -> float:
+        v = d[k]
+        o = other.get(k)
+        if o is None:
+            return v["us"]
+        # only the calls the other variant does not make, at this variant's mean time a call
+        return (v["calls"] - o["calls"]) * v["us"] / max(v["calls"], 1e-9)
+
+    out["removed_us"] = sum(part(e, f, k) for k in removed)
+    out["added_us"] = sum(part(f, e, k) for k in added)
+    out["removed"] = sorted(((k, round(part(e, f, k), 2)) for k in removed), key=lambda x: -x[1])[:12]
+    out["added"] = sorted(((k, round(part(f, e, k), 2)) for k in added), key=lambda x: -x[1])[:12]
+    for v in ("eager", "eager+forge"):
+        out[v].pop("kernels")  # the differences above are what answers the question
+    return out
+
+
+def describe(t: dict[str, Any]) -> list[str]:
+    e, f = t["eager"], t["eager+forge"]
+    lines = [f"{'variant':12s} {'wall µs':>10s} {'GPU busy µs':>12s} {'kernels µs':>11s} {'idle':>6s}"]
+    for name, v in (("eager", e), ("eager+forge", f)):
+        idle = 1 - v["busy_us"] / v["wall_us"] if v["wall_us"] else 0.0
+        lines.append(f"{name:12s} {v['wall_us']:10.1f} {v['busy_us']:12.1f} {v['kernel_sum_us']:11.1f} {100 * idle:5.1f}%")
+    lines.append(f"kernels forge removed: {t['removed_us']:.1f} µs a forward; added: {t['added_us']:.1f} µs "
+                 f"(in place, GPU time saved {t['removed_us'] - t['added_us']:.1f} µs)")
+    for k, us in t["removed"][:6]:
+        lines.append(f"  - {us:9.1f} µs  {k[:110]}")
+    for k, us in t["added"][:6]:
+        lines.append(f"  + {us:9.1f} µs  {k[:110]}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workload")
+    ap.add_argument("workspace")
+    ap.add_argument("--forwards", type=int, default=10)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    from forge_tui.workspace import Workspace
+
+    t = timeline(args.workload, Workspace.open(Path(args.workspace)), args.device, args.forwards)
+    print("\n".join(describe(t)))
+    print(json.dumps(t, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
