@@ -12,6 +12,12 @@ evaluator's tolerance against the float64 truth, and the same for the float32 fo
     python bench/lab/gn_tiny_probe.py [--device cuda|cpu] [--configs 3] [--example NAME]
 
 Prints a table; JSON to $OUT if set.
+
+Answer on the H200 (2026-12-01, torch 2.11.0+cu130, docs/runs/data/2026-12-01-s2/): eager. On the
+tiny set of the card (fp16, magnitude 1e-4, channels-last strides) eager misses the float64 result
+in 32-36 of 8.4M elements, max error 0.0043; the float32 formulas (x - mean) * rstd * w + b and
+a * x + b stay within 0.00024-0.0003. With the evaluator's arbiter (4be67d3, ac3f386) the generated
+kernels pass, 32 elements accepted where eager is off.
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ two layers' residual adds) with their own calls. Against eager, paired medians: 
 subtrees, 0.79-0.84x with the own calls. What the own calls still cost on a 1 ms CPU forward is the
 mode's entry per layer call, its pop and push around each of the 8 child calls, and the 4 ops
 (measured apart, in a loop: about 5 µs an op under a warm mode and 3 µs a pop and push; the first op
-under each new mode type is far slower, a warm-up). Not yet run on the H200.
+under each new mode type is far slower, a warm-up).
+
+Answer on the H200 (2026-12-01, torch 2.11.0+cu130, the bundled decoder): 800 ops a forward through
+the interceptor with the layers' subtrees, 16 with their own calls; paired against eager, 0.579x
+[0.565, 0.629] with the subtrees and 0.967x [0.941, 0.994] with the own calls (18.2 ms forward).
 """
 
 from __future__ import annotations
