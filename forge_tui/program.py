@@ -224,8 +224,11 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
     """The program with each op computed in float64 and its result rounded once to the dtype
     eager gives it: the program's own roundings at op boundaries stay (a cast to fp16 is part of
     what it computes), the error inside one op's kernel goes. The evaluator's arbiter where a
-    candidate and eager disagree. An op that mutates its arguments, or whose float64 run fails
-    (no float64 kernel on the device), keeps eager's result."""
+    candidate and eager disagree. An op that mutates its arguments or returns a view of one keeps
+    eager's result (computed on the widened values flowing in: a view stays a view of them, and an
+    in-place op writes through it). Raises ``NoFloat64Result`` where an op has no float64 kernel on
+    the device, or where its float64 result is finite where eager's is not or the reverse (an op
+    whose result depends on the dtype, as ``nan_to_num``'s default replacement of inf does)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_map
@@ -245,17 +248,32 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
             return type(plain)(rounded(p, x) for p, x in zip(plain, exact))
         return plain
 
+    def same_finiteness(plain: Any, exact: Any) -> bool:
+        if isinstance(plain, torch.Tensor) and plain.is_floating_point() and isinstance(exact, torch.Tensor):
+            return bool(torch.equal(torch.isfinite(plain), torch.isfinite(exact)))
+        if isinstance(plain, (list, tuple)) and isinstance(exact, (list, tuple)):
+            return all(same_finiteness(p, x) for p, x in zip(plain, exact))
+        return True
+
     class Widen(TorchDispatchMode):  # type: ignore[misc]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             plain = func(*args, **kwargs)
-            if func._schema.is_mutable:
-                return plain
+            schema = func._schema
+            if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+                return plain  # in place, or a view: it must stay one
             try:
-                exact = func(*tree_map(wide, args), **tree_map(wide, kwargs))
-            except Exception:  # noqa: BLE001 - no float64 kernel: eager's result stands
-                return plain
-            return rounded(plain, exact)
+                exact = rounded(plain, func(*tree_map(wide, args), **tree_map(wide, kwargs)))
+            except Exception as exc:  # noqa: BLE001 - no float64 kernel for this op here
+                raise NoFloat64Result(f"{func}: {type(exc).__name__}") from None
+            if not same_finiteness(plain, exact):
+                raise NoFloat64Result(f"{func}: its float64 result is finite where eager's is not, or the reverse")
+            return exact
 
+    copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
     with Widen():
-        return run_program(program, [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs], device)
+        return run_program(program, copies, device)
+
+
+class NoFloat64Result(Exception):
+    """The program has no float64 result to arbitrate with (``run_program_float64``)."""

@@ -111,3 +111,77 @@ def test_non_finite_misses_and_missing_truth_are_never_excused():
     cand_nan = cand.clone()
     cand_nan[9] = float("nan")
     assert _off(_Judge([truth]), cand_nan, eager_off) == 0
+
+
+VIEW_THEN_FILL = {"nodes": [
+    {"op": "aten.mul.Tensor", "args": [{"$in": 0}, 3.0], "kwargs": {}, "out": [[[4, 8], "float16"]]},
+    {"op": "aten.select.int", "args": [{"$node": 0, "out": 0}, 1, 0], "kwargs": {}, "out": [[[4], "float16"]]},
+    {"op": "aten.fill_.Scalar", "args": [{"$node": 1, "out": 0}, 0.0], "kwargs": {}, "out": [[[4], "float16"]]},
+], "outputs": [{"$node": 0, "out": 0}]}
+
+NAN_TO_NUM = {"nodes": [
+    {"op": "aten.nan_to_num.default", "args": [{"$in": 0}], "kwargs": {}, "out": [[[8], "float16"]]},
+], "outputs": [{"$node": 0, "out": 0}]}
+
+
+def test_views_stay_views_and_in_place_writes_reach_what_they_view():
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).half()
+    got = run_program_float64(VIEW_THEN_FILL, [x])[0]
+    assert torch.equal(got, run_program(VIEW_THEN_FILL, [x])[0])
+    assert float(got[:, 0].abs().max()) == 0.0  # the fill through the view is in the result
+
+
+def test_an_op_whose_float64_result_differs_in_kind_gives_no_arbiter():
+    from forge_tui.program import NoFloat64Result
+
+    x = torch.tensor([1.0, float("inf")] * 4, dtype=torch.float16)
+    # nan_to_num replaces inf by the dtype's largest value: finite in fp16, inf again once float64's
+    # largest is rounded back
+    try:
+        run_program_float64(NAN_TO_NUM, [x])
+    except NoFloat64Result:
+        return
+    raise AssertionError("a float64 result that is inf where eager's is finite was used")
+
+
+class _Checker(_Judge):
+    """Evaluation.check_outputs' collaborators, with a chosen float64 truth."""
+
+    def __init__(self, truth, flags=()):
+        super().__init__(truth)
+        self.eager_off = {}
+        self.device = "cpu"
+        self.card = type("C", (), {"flags": list(flags), "program": ADD_SUB})()
+
+    def eager_is_off(self, *a, **k):
+        return Evaluation.eager_is_off(self, *a, **k)
+
+    @staticmethod
+    def _unwritten(o, e, which=None, nonfinite="exact"):
+        return 0
+
+
+def test_check_outputs_arbitrates_only_on_the_evaluators_own_inputs():
+    import pytest
+
+    from forge_tui.evaluator.checks import CandidateFailure
+
+    truth, eager = _sets()
+    eager_off = eager.clone()
+    eager_off[[3, 500]] += 0.5
+    cand = truth.half()
+    judge = _Checker([truth])
+    Evaluation.check_outputs(judge, "random-0", [], [cand], [eager_off], pristine=[torch.zeros(1)])
+    assert judge.eager_off == {"random-0": 2}
+    with pytest.raises(CandidateFailure, match="outside tolerance"):  # a timed call: its inputs are not trusted
+        Evaluation.check_outputs(judge, "timed run 1", [], [cand], [eager_off])
+
+
+def test_cards_that_mutate_their_inputs_get_no_arbiter():
+    judge = _Checker(None, flags=["mutates"])
+    judge._truth_cache = None
+    x = torch.full((64,), 1e-4, dtype=torch.float16)
+    assert Evaluation._truth(judge, [x], [x]) is None
+    judge = _Checker(None)
+    judge._truth_cache = None
+    assert Evaluation._truth(judge, [x], [x]) is not None
