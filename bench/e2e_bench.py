@@ -412,7 +412,7 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         d["notes"].append(f"torch.compile variants skipped: {left():.0f} s left, {opts['compile_reserve']:.0f} asked")
         rec.log(d["notes"][-1])
     first = d.get("bench_first") or {}
-    if promoted and (with_compile or first.get("switched_off")):
+    if promoted and (with_compile or first.get("switched_off") or opts.get("graphs")):
         def bench_final() -> None:
             rec.log(f"bench: {'four ways' if with_compile else 'eager and eager + forge'}, interleaved "
                     f"({left():.0f} s left)")

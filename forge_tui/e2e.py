@@ -95,7 +95,7 @@ def _agree(got: Any, ref: Any, ref_name: str = "eager") -> str | None:
     return None
 
 
-CHECKED_AGAINST = {"compile+forge": "compile"}
+CHECKED_AGAINST = {"compile+forge": "compile", "eager+forge (graph)": "eager (graph)"}
 """What each variant's outputs are checked against (eager where not named): torch.compile's own
 rounding is not forge's to answer for, so torch.compile + forge is held to torch.compile."""
 
@@ -206,24 +206,51 @@ def cuda_graphed(run: Any, warmup: int = 3) -> tuple[Any, Any]:
     calls on a side stream, as torch.cuda.graphs asks), replayed on the same input tensors. The
     host's work (Python, dispatch, forge's guards) happens once, at capture: a replay launches the
     recorded kernels alone, so what is left is the device's time. Raises ForgeError when the
-    forward cannot be captured (it synchronises with the host, for one)."""
+    forward cannot be captured (it synchronises with the host, for one), with the forward's own
+    error where ending the capture raised over it; the caller's stream is current again."""
     import torch
 
+    caller = torch.cuda.current_stream()
     try:
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        side.wait_stream(caller)
         with torch.cuda.stream(side):
             for _ in range(warmup):
                 run()
-        torch.cuda.current_stream().wait_stream(side)
+        caller.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = run()
         graph.replay()
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - reported as the reason the variant is missing
-        raise ForgeError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+        cause = exc.__context__ if exc.__context__ is not None else exc  # what failed inside the capture
+        text = str(cause).splitlines()[0][:300] if str(cause) else ""
+        raise ForgeError(f"{type(cause).__name__}: {text}") from exc
+    finally:
+        torch.cuda.set_stream(caller)  # a capture that failed to end leaves its stream current
     return graph.replay, out
+
+
+def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer, ref: Any, notes: list[str],
+                    model: Any) -> tuple[dict[str, Stats], dict[str, list[float]], dict[str, str | None],
+                                         dict[str, dict[str, Any]]]:
+    """Eager and eager + forge, each captured in a CUDA graph, timed interleaved with each other;
+    eager's graph judged against eager, forge's against eager's graph. Nothing where either
+    capture fails (the reason in ``notes``)."""
+    fns: dict[str, Any] = {}
+    outs: dict[str, Any] = {}
+    for name, m in zip(GRAPH_VARIANTS, models):
+        try:
+            fns[name], outs[name] = cuda_graphed(functools.partial(wl.run, m, inputs))
+        except ForgeError as exc:
+            notes.append(f"{name}: the forward could not be captured in a CUDA graph: {exc}")
+            return {}, {}, {}, {}
+    for fn in fns.values():
+        fn()  # the outputs judged are the graphs' own, from a replay
+    agree, accuracy = _judge_outputs(outs, ref, lambda: _run_fp32(wl, model, inputs))
+    stats, raw, _ = timer.time(fns)
+    return stats, raw, agree, accuracy
 
 
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
@@ -231,8 +258,9 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
           compile_backend: str = "inductor", graphs: bool = False) -> BenchResult:
     """The whole forward timed four ways (see the module's docstring). ``graphs`` (cuda): also
     eager and eager + forge captured in CUDA graphs (``GRAPH_VARIANTS``), which take the host's
-    launch cost out of both: the ratio between them is what the kernels save on the device. The
-    switch-off is decided on the forwards as the model runs them, not on the graphs."""
+    launch cost out of both: the ratio between them (paired, timed apart from the four ways, after
+    them) is what the kernels save on the device. The graphs serve the kernels applied before the
+    switch-off, which is decided on the forwards as the model runs them."""
     import torch
 
     from .workload import load_workload, resolve_device
@@ -254,6 +282,18 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     applied = apply(forge_model, ws, mode=Mode.INFERENCE, device=dev, only_faster=only_faster, trial_calls=0)
     notes.extend(f"not used {c}: {why}" for c, why in applied.skipped.items())
     variants["eager+forge"] = forge_model
+    graph_models: tuple[Any, Any] | None = None
+    graph_applied = None
+    if graphs and dev not in GRAPH_DEVICES:
+        notes.append("CUDA graphs: not on this device")
+    elif graphs:
+        # applied now, before the switch-off below rules on the op-by-op forward; the host cost of
+        # a served call is not paid in a graph, so no kernel is switched off for its dispatch
+        gm = copy.deepcopy(model)
+        graph_applied = apply(gm, ws, mode=Mode.INFERENCE, device=dev, only_faster=only_faster, trial_calls=0)
+        for g in graph_applied.guards.values():
+            g.only_faster = False
+        graph_models = (model, gm)
     compiled_applied = None
     if with_compile:
         variants["compile"] = torch.compile(copy.deepcopy(model), backend=compile_backend)
@@ -261,28 +301,11 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         compiled_applied = apply(cf, ws, mode=Mode.TORCH_COMPILE, device=dev, only_faster=only_faster)
         variants["compile+forge"] = torch.compile(cf, backend=compile_backend)
     timer = Timer(dev, warmup=warmup, repeats=repeats, cold_l2=False)
+    raw_graphs: Stats | None = None
     with torch.no_grad():
         ref = wl.run(model, inputs)
         outs = {name: wl.run(m, inputs) for name, m in variants.items() if name != "eager"}
         fns = {name: (lambda m=m: wl.run(m, inputs)) for name, m in variants.items()}
-        if graphs and dev not in GRAPH_DEVICES:
-            notes.append("CUDA graphs: not on this device")
-        elif graphs:
-            for name, m in zip(GRAPH_VARIANTS, (model, forge_model)):
-                try:
-                    replay, outs[name] = cuda_graphed(functools.partial(wl.run, m, inputs))
-                except ForgeError as exc:
-                    notes.append(f"{name}: the forward could not be captured in a CUDA graph: {exc}")
-                    break
-                fns[name] = replay
-            else:
-                # replayed since capture: the outputs compared are the graphs' own
-                for name in GRAPH_VARIANTS:
-                    fns[name]()
-        if not all(name in fns for name in GRAPH_VARIANTS):
-            for name in GRAPH_VARIANTS:
-                fns.pop(name, None)
-                outs.pop(name, None)
         agree, accuracy = _judge_outputs(outs, ref, lambda: _run_fp32(wl, model, inputs))
         del outs
         stats, raw, _ = timer.time(fns)
@@ -291,15 +314,24 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
             switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
             if compiled_applied is not None:
                 switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
+        if graph_models is not None:  # last: a failed capture cannot disturb the numbers above
+            g_stats, g_raw, g_agree, g_acc = _graph_variants(wl, inputs, graph_models, timer, ref, notes, model)
+            stats.update(g_stats)
+            agree.update(g_agree)
+            accuracy.update(g_acc)
+            if g_raw:
+                raw_graphs = paired_ratio(g_raw[GRAPH_VARIANTS[0]], g_raw[GRAPH_VARIANTS[1]])
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
-    if GRAPH_VARIANTS[1] in raw:
-        speedups["graphs: forge/eager"] = paired_ratio(raw[GRAPH_VARIANTS[0]], raw[GRAPH_VARIANTS[1]])
+    if raw_graphs is not None:
+        speedups["graphs: forge/eager"] = raw_graphs
     served = {c["card"]: c["served"] for c in applied.status()["cards"]}
     applied.undo()
     if compiled_applied is not None:
         compiled_applied.undo()
+    if graph_applied is not None:
+        graph_applied.undo()
     return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy)
 
 

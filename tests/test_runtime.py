@@ -590,9 +590,11 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
 
 
 def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted, monkeypatch, tmp_path):
-    """--graphs: eager and eager + forge, each captured once and replayed, timed with the others
-    and judged against eager; a forward that cannot be captured leaves both out, with the reason.
-    (The capture itself needs CUDA: a stand-in replays the forward on the CPU.)"""
+    """--graphs: eager and eager + forge, each captured once and replayed, timed against each
+    other after the four ways, eager's graph judged against eager and forge's against eager's
+    graph; forge's graph serves the kernels even where the op-by-op switch-off turns them off; a
+    capture that fails leaves both out, with the reason. (The capture needs CUDA: a stand-in
+    replays the forward on the CPU.)"""
     import shutil
 
     from forge_tui import e2e
@@ -608,27 +610,45 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
     captured = []
 
     def stand_in(run, warmup=3):
-        captured.append(run)
+        captured.append("forward" in run.args[0].norm.__dict__)  # is forge's kernel in the captured model?
         return run, run()
 
     monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
-    samples = {"eager (graph)": 100.0, "eager+forge (graph)": 80.0}
+    samples = {"eager (graph)": 100.0, "eager+forge (graph)": 80.0, "eager": 100.0, "eager+forge": 200.0,
+               "with": 200.0, "without": 100.0, "forge": 200.0}
     _stand_in_timer(monkeypatch, lambda name: [samples.get(name, 150.0)] * 3)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, only_faster=False,
-                  graphs=True)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, only_faster=False, graphs=True)
     assert len(captured) == 2
-    assert set(e2e.GRAPH_VARIANTS) <= set(r.times)
+    assert captured == [False, True]  # eager's graph: the model as it is; forge's: the kernels applied
+    assert set(r.switched_off) == {norm.id, sm.id}  # op by op, slower: switched off ...
+    assert set(e2e.GRAPH_VARIANTS) <= set(r.times)  # ... and still in forge's graph
     assert r.outputs_agree["eager+forge (graph)"] is None
     assert abs(r.speedups["graphs: forge/eager"].median - 1.25) < 0.01
-    assert "in CUDA graphs, eager + forge vs eager: 1.25" in r.table()
+    assert "in CUDA graphs, eager + forge vs eager: 1.250x" in r.table()
 
-    def refuses(run, warmup=3):
-        raise ForgeError("RuntimeError: operation not permitted when stream is capturing")
+    def wrong_graph(run, warmup=3):
+        out = run()
+        return run, (out * 2 if "forward" in run.args[0].norm.__dict__ else out)
 
-    monkeypatch.setattr(e2e, "cuda_graphed", refuses)
+    monkeypatch.setattr(e2e, "cuda_graphed", wrong_graph)
+    shutil.copytree(src.root, tmp_path / "ws2")  # the kernels not switched off
+    ws = Workspace.open(tmp_path / "ws2")
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
+    assert r.outputs_agree["eager+forge (graph)"] and "eager+forge (graph)" in r.forge_mismatches()
+
+    calls = []
+
+    def refuses_second(run, warmup=3):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ForgeError("RuntimeError: operation not permitted when stream is capturing")
+        return run, run()
+
+    monkeypatch.setattr(e2e, "cuda_graphed", refuses_second)
     r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
     assert not set(e2e.GRAPH_VARIANTS) & set(r.times) and "graphs: forge/eager" not in r.speedups
+    assert not set(e2e.GRAPH_VARIANTS) & set(r.outputs_agree)
     assert any("could not be captured in a CUDA graph: RuntimeError: operation not permitted" in n for n in r.notes)
 
 

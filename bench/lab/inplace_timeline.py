@@ -2,10 +2,10 @@
 Three answers are possible: the host cannot keep the GPU fed (the GPU idles between kernels), our
 kernels run slower in the model than in isolation, or the profile's shares overstate what the cards
 cost in the model. Runs the workload's forward under torch.profiler, eager and with the workspace's
-promoted kernels applied (after their in-place trials), and reports per forward: the wall time,
-the GPU's busy time (the union of its kernels' intervals), the sum of kernel times, and the kernels
-that differ between the two (eager's kernels that forge removed, forge's that it added) with their
-times in place.
+promoted kernels applied (as forge bench applies them, without the in-place trial), and reports
+per forward: the wall time, the GPU's busy time (the union of its kernels' intervals), the sum of
+kernel times, and the kernels that differ between the two (eager's kernels that forge removed,
+forge's that it added) with their times in place.
 
     python bench/e2e_bench.py diffusion --timeline     # after the bench, on cuda
     python bench/lab/inplace_timeline.py WORKLOAD WORKSPACE [--forwards 10]
