@@ -262,6 +262,8 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
             schema = func._schema
             if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
                 return plain  # in place, or a view: it must stay one
+            if _dtype_dependent(func, schema, args, kwargs):
+                raise NoFloat64Result(f"{func}: what it computes depends on the dtype")
             try:
                 exact = rounded(plain, func(*tree_map(wide, args), **tree_map(wide, kwargs)))
             except Exception as exc:  # noqa: BLE001 - no float64 kernel for this op here
@@ -273,6 +275,25 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
     copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
     with Widen():
         return run_program(program, copies, device)
+
+
+DTYPE_DEPENDENT_OPS = ("nan_to_num",)
+"""Ops whose result depends on the dtype beyond rounding (nan_to_num replaces inf by the dtype's
+largest value)."""
+
+
+def _dtype_dependent(func: Any, schema: Any, args: Any, kwargs: dict) -> bool:
+    """Would the op compute something else in float64 than in its eager dtype? Named ops, and an
+    epsilon left to its default (``eps=None``: rms_norm then takes the dtype's machine epsilon,
+    1.2e-7 for fp32, bf16 and fp16 alike, 2.2e-16 for float64)."""
+    if schema.name.split("::")[-1].lstrip("_") in DTYPE_DEPENDENT_OPS:
+        return True
+    for k, arg in enumerate(schema.arguments):
+        if "eps" in arg.name:
+            value = args[k] if k < len(args) else kwargs.get(arg.name, arg.default_value if arg.has_default_value() else None)
+            if value is None:
+                return True
+    return False
 
 
 class NoFloat64Result(Exception):

@@ -185,3 +185,29 @@ def test_cards_that_mutate_their_inputs_get_no_arbiter():
     judge = _Checker(None)
     judge._truth_cache = None
     assert Evaluation._truth(judge, [x], [x]) is not None
+
+
+def test_ops_whose_result_depends_on_the_dtype_give_no_float64_result():
+    from forge_tui.program import _dtype_dependent
+
+    rms = torch.ops.aten._fused_rms_norm.default  # one op on CUDA: eps=None means the dtype's epsilon
+    x, w = torch.randn(4, 8).half(), torch.ones(8).half()
+    assert _dtype_dependent(rms, rms._schema, (x, [8], w, None), {})
+    assert not _dtype_dependent(rms, rms._schema, (x, [8], w, 1e-6), {})
+    ntn = torch.ops.aten.nan_to_num.default
+    assert _dtype_dependent(ntn, ntn._schema, (x,), {})
+    mean = torch.ops.aten.mean.dim
+    assert not _dtype_dependent(mean, mean._schema, (x, [-1], True), {})
+
+
+def test_a_float64_run_that_fails_otherwise_means_no_arbiter(monkeypatch):
+    from forge_tui.evaluator import checks
+
+    def fails(*a, **k):
+        raise RuntimeError("a shape that depends on the values")
+
+    monkeypatch.setattr(checks, "run_program_float64", fails)
+    judge = _Checker(None)
+    judge._truth_cache = None
+    x = torch.full((64,), 1e-4, dtype=torch.float16)
+    assert Evaluation._truth(judge, [x], [x]) is None
