@@ -138,13 +138,18 @@ class Timer:
             torch.cuda.synchronize()
         samples: dict[str, list[float]] = {name: [] for name in fns}
         names = list(fns)
-        # each round in its own order, drawn from a fixed seed: in a fixed order (or one rotated by
-        # a place a round) a variant nearly always follows the same one (on the H200, two copies of
-        # the same ResNet-50 forward timed first and second measured 1.057x apart, and "nothing
-        # promoted" up to 3.4% faster than the eager it followed)
+        # rounds in pairs: an order drawn from a fixed seed, then the same order reversed, so that
+        # over every two rounds each variant runs before and after each other one equally often and
+        # first as often as last. In a fixed order (or one rotated a place a round) a variant nearly
+        # always followed the same one: on the H200, two copies of the same ResNet-50 forward timed
+        # first and second measured 1.057x apart, and "nothing promoted" up to 3.4% faster than
+        # the eager it followed.
         order = random.Random(ORDER_SEED)
         for i in range(self.repeats):
-            order.shuffle(names)
+            if i % 2 == 0:
+                order.shuffle(names)
+            else:
+                names.reverse()
             for name in list(names):
                 fn = fns[name]
                 if before_each is not None:
