@@ -625,7 +625,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
-            "timeline": getattr(args, "timeline", False), "graphs": getattr(args, "graphs", False)}
+            "timeline": args.timeline, "graphs": args.graphs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -301,7 +301,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         compiled_applied = apply(cf, ws, mode=Mode.TORCH_COMPILE, device=dev, only_faster=only_faster)
         variants["compile+forge"] = torch.compile(cf, backend=compile_backend)
     timer = Timer(dev, warmup=warmup, repeats=repeats, cold_l2=False)
-    raw_graphs: Stats | None = None
+    graph_ratio: Stats | None = None
     with torch.no_grad():
         ref = wl.run(model, inputs)
         outs = {name: wl.run(m, inputs) for name, m in variants.items() if name != "eager"}
@@ -320,12 +320,12 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
             agree.update(g_agree)
             accuracy.update(g_acc)
             if g_raw:
-                raw_graphs = paired_ratio(g_raw[GRAPH_VARIANTS[0]], g_raw[GRAPH_VARIANTS[1]])
+                graph_ratio = paired_ratio(g_raw[GRAPH_VARIANTS[0]], g_raw[GRAPH_VARIANTS[1]])
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
-    if raw_graphs is not None:
-        speedups["graphs: forge/eager"] = raw_graphs
+    if graph_ratio is not None:
+        speedups["graphs: forge/eager"] = graph_ratio
     served = {c["card"]: c["served"] for c in applied.status()["cards"]}
     applied.undo()
     if compiled_applied is not None:

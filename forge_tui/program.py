@@ -219,7 +219,6 @@ def tensor_leaves(obj: Any) -> list[Any]:
     return []
 
 
-
 def run_program_float64(program: dict, inputs: list, device: str | None = None) -> list:
     """The program with each op computed in float64 and its result rounded once to the dtype
     eager gives it: the program's own roundings at op boundaries stay (a cast to fp16 is part of
@@ -240,20 +239,18 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
             return torch.float64
         return v
 
-    def rounded(plain: Any, exact: Any) -> Any:
+    def rounded(plain: Any, exact: Any, func: Any) -> Any:
+        """``exact`` rounded to ``plain``'s dtypes; NoFloat64Result where one is finite and the
+        other is not (an op whose result depends on the dtype)."""
         if isinstance(plain, torch.Tensor) and plain.is_floating_point() and isinstance(exact, torch.Tensor) \
                 and exact.shape == plain.shape:
-            return exact.to(plain.dtype)
+            out = exact.to(plain.dtype)
+            if not torch.equal(torch.isfinite(plain), torch.isfinite(out)):
+                raise NoFloat64Result(f"{func}: its float64 result is finite where eager's is not, or the reverse")
+            return out
         if isinstance(plain, (list, tuple)) and isinstance(exact, (list, tuple)) and len(plain) == len(exact):
-            return type(plain)(rounded(p, x) for p, x in zip(plain, exact))
+            return type(plain)(rounded(p, x, func) for p, x in zip(plain, exact))
         return plain
-
-    def same_finiteness(plain: Any, exact: Any) -> bool:
-        if isinstance(plain, torch.Tensor) and plain.is_floating_point() and isinstance(exact, torch.Tensor):
-            return bool(torch.equal(torch.isfinite(plain), torch.isfinite(exact)))
-        if isinstance(plain, (list, tuple)) and isinstance(exact, (list, tuple)):
-            return all(same_finiteness(p, x) for p, x in zip(plain, exact))
-        return True
 
     class Widen(TorchDispatchMode):  # type: ignore[misc]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -262,15 +259,13 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
             schema = func._schema
             if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
                 return plain  # in place, or a view: it must stay one
-            if _dtype_dependent(func, schema, args, kwargs):
+            if _dtype_dependent(func, args, kwargs):
                 raise NoFloat64Result(f"{func}: what it computes depends on the dtype")
             try:
-                exact = rounded(plain, func(*tree_map(wide, args), **tree_map(wide, kwargs)))
+                exact = func(*tree_map(wide, args), **tree_map(wide, kwargs))
             except Exception as exc:  # noqa: BLE001 - no float64 kernel for this op here
                 raise NoFloat64Result(f"{func}: {type(exc).__name__}") from None
-            if not same_finiteness(plain, exact):
-                raise NoFloat64Result(f"{func}: its float64 result is finite where eager's is not, or the reverse")
-            return exact
+            return rounded(plain, exact, func)
 
     copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
     with Widen():
@@ -282,10 +277,11 @@ DTYPE_DEPENDENT_OPS = ("nan_to_num",)
 largest value)."""
 
 
-def _dtype_dependent(func: Any, schema: Any, args: Any, kwargs: dict) -> bool:
+def _dtype_dependent(func: Any, args: Any, kwargs: dict) -> bool:
     """Would the op compute something else in float64 than in its eager dtype? Named ops, and an
     epsilon left to its default (``eps=None``: rms_norm then takes the dtype's machine epsilon,
     1.2e-7 for fp32, bf16 and fp16 alike, 2.2e-16 for float64)."""
+    schema = func._schema
     if schema.name.split("::")[-1].lstrip("_") in DTYPE_DEPENDENT_OPS:
         return True
     for k, arg in enumerate(schema.arguments):

@@ -192,12 +192,12 @@ def test_ops_whose_result_depends_on_the_dtype_give_no_float64_result():
 
     rms = torch.ops.aten._fused_rms_norm.default  # one op on CUDA: eps=None means the dtype's epsilon
     x, w = torch.randn(4, 8).half(), torch.ones(8).half()
-    assert _dtype_dependent(rms, rms._schema, (x, [8], w, None), {})
-    assert not _dtype_dependent(rms, rms._schema, (x, [8], w, 1e-6), {})
+    assert _dtype_dependent(rms, (x, [8], w, None), {})
+    assert not _dtype_dependent(rms, (x, [8], w, 1e-6), {})
     ntn = torch.ops.aten.nan_to_num.default
-    assert _dtype_dependent(ntn, ntn._schema, (x,), {})
+    assert _dtype_dependent(ntn, (x,), {})
     mean = torch.ops.aten.mean.dim
-    assert not _dtype_dependent(mean, mean._schema, (x, [-1], True), {})
+    assert not _dtype_dependent(mean, (x, [-1], True), {})
 
 
 def test_a_float64_run_that_fails_otherwise_means_no_arbiter(monkeypatch):
@@ -211,3 +211,19 @@ def test_a_float64_run_that_fails_otherwise_means_no_arbiter(monkeypatch):
     judge._truth_cache = None
     x = torch.full((64,), 1e-4, dtype=torch.float16)
     assert Evaluation._truth(judge, [x], [x]) is None
+
+
+def test_a_float64_result_finite_where_eager_is_not_gives_no_arbiter(monkeypatch):
+    """The check behind the named list: an op not named, whose float64 result is finite where
+    eager's is not, is refused all the same."""
+    from forge_tui import program
+    from forge_tui.program import NoFloat64Result
+
+    monkeypatch.setattr(program, "DTYPE_DEPENDENT_OPS", ())
+    x = torch.tensor([1.0, float("inf")] * 4, dtype=torch.float16)
+    try:
+        run_program_float64(NAN_TO_NUM, [x])
+    except NoFloat64Result as exc:
+        assert "finite" in str(exc)
+        return
+    raise AssertionError("a float64 result that is inf where eager's is finite was used")
