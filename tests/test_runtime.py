@@ -124,7 +124,7 @@ def test_a_kernel_error_disables_the_kernel_and_the_model_goes_on(promoted, monk
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
 
-    def broken(self, inputs):
+    def broken(self, inputs, timed=False):
         raise KernelError("forge_launch returned 7")
 
     monkeypatch.setattr(CardKernel, "__call__", broken)
@@ -147,8 +147,8 @@ def test_shadow_checks_disable_a_kernel_that_disagrees(promoted, monkeypatch):
     model, x = wl.get_model(), wl.get_inputs()[0]
     real = CardKernel.__call__
 
-    def off_by_a_bit(self, inputs):
-        return [o + 1e-2 for o in real(self, inputs)]
+    def off_by_a_bit(self, inputs, timed=False):
+        return [o + 1e-2 for o in real(self, inputs, timed)]
 
     monkeypatch.setattr(CardKernel, "__call__", off_by_a_bit)
     with torch.no_grad(), apply(model, ws, cards=[norm.id], shadow_every=2, only_faster=False) as applied:
@@ -449,11 +449,11 @@ def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(
     assert "eager+forge" in out and "agree" in out
     real = CardKernel.__call__
 
-    def slow(self, inputs):
+    def slow(self, inputs, timed=False):
         if self.out_specs[0].shape == list(norm.outputs[0].shape) and len(self.out_specs) == 1 and \
                 len(inputs) == len(norm.inputs):
             time.sleep(0.005)
-        return real(self, inputs)
+        return real(self, inputs, timed)
 
     monkeypatch.setattr(CardKernel, "__call__", slow)
     from forge_tui.e2e import bench
@@ -484,10 +484,10 @@ def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_
     ws = Workspace.open(tmp_path / "ws")
     real = CardKernel.__call__
 
-    def slow(self, inputs):
+    def slow(self, inputs, timed=False):
         if len(self.out_specs) == 1 and len(inputs) == len(norm.inputs):
             time.sleep(0.005)
-        return real(self, inputs)
+        return real(self, inputs, timed)
 
     monkeypatch.setattr(CardKernel, "__call__", slow)
     r = bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
@@ -846,3 +846,140 @@ def test_scopes_serving_the_same_cards_share_one_trial():
     t2 = _scope_trial(trials, [add, clone], "layers.0.self_attn", 6, "cpu")
     assert t0 is t1 and t2 is not t0 and len(trials) == 2
     assert _scope_trial(trials, [add], "layers.2", 0, "cpu") is None
+
+
+# ---- the served call's fast paths ----------------------------------------------------------------
+def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
+    """The guard fixes every shape, stride and scalar the size depends on, so the runtime asks
+    once, and every call still gets a workspace of that size."""
+    import shutil
+
+    from forge_tui.kernel_abi import Library
+    from forge_tui.workspace import Workspace
+
+    src, _, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    code = (CPU / "softmax_workspace.cpp").read_text()
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(ws.card(sm.id), code)
+    assert r.correct, r.reason
+    promote_kernel(ws, sm.id, code, r, by="test")
+    asked, given = [], []
+    real_size, real_call = Library.workspace_bytes, Library.call_raw
+
+    def size(self, *a):
+        asked.append(1)
+        return real_size(self, *a)
+
+    def call(self, *a):
+        given.append(a[-1].numel())
+        a[-1].zero_()  # the candidate refuses a workspace that still holds its last call's marker
+        return real_call(self, *a)
+
+    monkeypatch.setattr(Library, "workspace_bytes", size)
+    monkeypatch.setattr(Library, "call_raw", call)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+            outs = [model(x) for _ in range(4)]
+            st = applied.status()["cards"][0]
+    assert st["served"] == 4 and st["active"], st
+    assert len(asked) == 1 and len(given) == 4 and len(set(given)) == 1 and given[0] > 0
+    for o in outs:
+        torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_outputs_are_allocated_with_the_cards_strides():
+    """Like an input only where that input is dense (empty_like keeps its strides); contiguous,
+    channels-last and a non-dense layout each come out with exactly the card's strides."""
+    from forge_tui.cards import TensorSpec
+    from forge_tui.runtime.kernel import _allocator
+
+    x = torch.randn(2, 3, 4, 5)
+    strided = x[:, :, :, ::2]
+    cases = [  # (output spec, input specs, the inputs)
+        ((2, 3, 4, 5), (60, 20, 5, 1), [x]),
+        ((2, 3, 4, 5), (60, 1, 15, 3), [x]),  # channels-last from a contiguous input
+        ((2, 3, 4, 3), tuple(strided.stride()), [strided]),  # matches the input, which is not dense
+        ((2, 3, 4, 5), (60, 1, 15, 3), [x.contiguous(memory_format=torch.channels_last)]),
+    ]
+    for shape, stride, inputs in cases:
+        out = TensorSpec(shape=list(shape), stride=list(stride), dtype="float32", role="output")
+        ins = [TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype="float32") for t in inputs]
+        k = CardKernel.__new__(CardKernel)
+        k.device, k._empty = "cpu", [_allocator(out, ins)]
+        (got,) = k._outputs(inputs)
+        assert (tuple(got.shape), got.stride(), got.dtype) == (shape, stride, torch.float32)
+    # the dense matches are allocated like their input
+    assert _allocator(TensorSpec(shape=[2, 3, 4, 5], stride=[60, 20, 5, 1], dtype="float32"),
+                      [TensorSpec(shape=[2, 3, 4, 5], stride=[60, 20, 5, 1], dtype="float32")])[0] == 0
+
+
+def test_an_op_calls_fast_match_never_accepts_what_the_encoding_refuses():
+    """Op cards with plain arguments match a call without encoding it; over random profiled
+    calls and calls, that match accepts exactly the calls the encoding accepts (with the same
+    distinct tensors) among plain values, and never one it refuses."""
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from forge_tui.program import encode
+    from forge_tui.runtime.apply import OpGuard, _flat_pattern
+
+    a, b = torch.zeros(2), torch.ones(2)
+    pool = [a, b, -1, 0, 1, 2, True, False, None, 1.0, 0.5, float("nan"), float("inf"), "mean", [0, 1], (0, 1),
+            [1.0, True], torch.Size([0, 1]), np.int64(1), torch.float32, [a], (0, 1, 2)]
+    value = st.one_of(st.sampled_from([a, b]), st.sampled_from(range(len(pool))).map(lambda i: pool[i]))
+
+    def encoded(args, kwargs):
+        uniq, index = [], {}
+
+        def ref(t):
+            if id(t) not in index:
+                index[id(t)] = len(uniq)
+                uniq.append(t)
+            return {"$in": index[id(t)]}
+
+        return encode(list(args), ref), encode(dict(kwargs), ref), uniq
+
+    seen = {"fast": 0}
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(st.lists(value, max_size=4), st.dictionaries(st.sampled_from(["dim", "keepdim"]), value, max_size=2),
+           st.data())
+    def check(prof_args, prof_kwargs, data):
+        # the call: the profiled one with some values swapped (a tensor for the other one, often)
+        swap = value
+        args = [data.draw(swap) if data.draw(st.booleans()) else v for v in prof_args]
+        if data.draw(st.booleans()):
+            args = data.draw(st.lists(swap, max_size=4))
+        kwargs = {k: data.draw(swap) if data.draw(st.booleans()) else v for k, v in prof_kwargs.items()}
+        try:
+            rec_args, rec_kwargs, _ = encoded(prof_args, prof_kwargs)
+        except Exception:  # noqa: BLE001 - not a call a card records
+            return
+        flat = _flat_pattern(rec_args, rec_kwargs)
+        if flat is None:
+            return
+        og = OpGuard.__new__(OpGuard)
+        og.args, og.kwargs, og._flat = rec_args, rec_kwargs, flat
+        fast = og._match_flat(args, kwargs)
+        try:
+            enc_args, enc_kwargs, uniq = encoded(args, kwargs)
+            accepted = (enc_args, enc_kwargs) == (rec_args, rec_kwargs)
+        except Exception:  # noqa: BLE001 - unencodable: refused
+            accepted = False
+        if fast is not None:
+            seen["fast"] += 1
+            assert accepted and len(fast) == len(uniq) and all(x is y for x, y in zip(fast, uniq))
+        elif accepted:  # refused by the fast match: only for values it leaves to the encoding
+            plain = (type(None), bool, int, float, str)
+            assert not all(type(v) in plain or isinstance(v, torch.Tensor)
+                           or (type(v) in (list, tuple) and all(type(x) in plain for x in v))
+                           for v in [*args, *kwargs.values()])
+
+    check()
+    assert seen["fast"] > 20  # the fast match did serve calls

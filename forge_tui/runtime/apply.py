@@ -168,11 +168,23 @@ class Guard:
     def mismatch(self, tensors: list["torch.Tensor"]) -> str | None:
         if len(tensors) != len(self.sig.inputs):
             return f"{len(tensors)} tensors where the card has {len(self.sig.inputs)}"
+        on_cuda = self.device == "cuda"
+        for t, (dtype, shape, stride) in zip(tensors, self._specs):
+            # the common case in one expression; the reason is worked out only for a miss
+            if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \
+                    (t.stride() != stride and t.numel() > 1):
+                break
+        else:
+            return None
         for k, (t, spec) in enumerate(zip(tensors, self._specs)):
             why = _spec_mismatch(t, spec, self.device)
             if why:
                 return f"input {k}: {why}"
         return None
+
+    def timing(self) -> bool:
+        """Whether calls are still timed for the guard's own cost (its first calls only)."""
+        return len(self._dispatch_ns) < self.DISPATCH_SAMPLES
 
     def kernel(self) -> CardKernel | None:
         if self._kernel is None and self.status.active:
@@ -206,40 +218,47 @@ class Guard:
     def serve(self, tensors: list["torch.Tensor"], checked_at: int | None = None) -> list["torch.Tensor"] | None:
         """The kernel's outputs for these inputs, or None: the caller runs PyTorch (the reason is
         counted). ``checked_at``: the caller has matched the tensors against the card already,
-        starting at that perf_counter_ns (the guard's cost is counted from there)."""
-        if not self.status.active:
-            self.board.fell_back(self.status, "disabled")
+        starting at that perf_counter_ns (the guard's cost is counted from there; 0 when the
+        caller did not time it)."""
+        status = self.status
+        if not status.active:
+            self.board.fell_back(status, "disabled")
             return None
-        t0 = time.perf_counter_ns() if checked_at is None else checked_at
-        why = self.mismatch(tensors) if checked_at is None else None
-        if why:
-            self.board.fell_back(self.status, why)
-            return None
-        k = self.kernel()
+        # the guard's own cost is timed on the first calls only (see _account_dispatch)
+        timed = self.timing()
+        t0 = (checked_at or time.perf_counter_ns()) if timed else 0
+        if checked_at is None:
+            why = self.mismatch(tensors)
+            if why:
+                self.board.fell_back(status, why)
+                return None
+        k = self._kernel if self._kernel is not None else self.kernel()
         if k is None:
-            self.board.fell_back(self.status, "disabled")
+            self.board.fell_back(status, "disabled")
             return None
         try:
-            t1 = time.perf_counter_ns()
-            outs = k(tensors)
+            t1 = time.perf_counter_ns() if timed else 0
+            outs = k(tensors, timed)
         except (KernelError, RuntimeError, ValueError) as exc:
-            self.board.disable(self.status, f"kernel error: {exc}")
-            self.board.fell_back(self.status, "kernel error")
+            self.board.disable(status, f"kernel error: {exc}")
+            self.board.fell_back(status, "kernel error")
             return None
-        self._account_dispatch((t1 - t0) + k.last_host_ns)
-        with self._lock:
-            self._calls += 1
-            shadow = self.shadow_every > 0 and self._calls % self.shadow_every == 0
-        if shadow:
-            expected = self.reference(tensors)
-            self.status.shadow_checks += 1
-            for i, (o, e) in enumerate(zip(outs, expected)):
-                m = compare(o, e, i)
-                if m is not None:
-                    self.board.disable(self.status, f"shadow check: {m}")
-                    self.board.fell_back(self.status, "shadow check mismatch")
-                    return expected
-        self.board.served(self.status)
+        if timed:
+            self._account_dispatch((t1 - t0) + k.last_host_ns)
+        if self.shadow_every > 0:
+            with self._lock:
+                self._calls += 1
+                shadow = self._calls % self.shadow_every == 0
+            if shadow:
+                expected = self.reference(tensors)
+                status.shadow_checks += 1
+                for i, (o, e) in enumerate(zip(outs, expected)):
+                    m = compare(o, e, i)
+                    if m is not None:
+                        self.board.disable(status, f"shadow check: {m}")
+                        self.board.fell_back(status, "shadow check mismatch")
+                        return expected
+        self.board.served(status)
         return outs
 
 
@@ -277,15 +296,18 @@ def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: lis
             out.append(t)
     # what named_parameters/named_buffers(recurse=False) yield, in their order, without their
     # generators (this runs on every served call)
-    for p in (*module._parameters.values(), *module._buffers.values()):
-        if p is None:
-            continue
-        for u in out:
-            if u is p:
-                break
-        else:
-            out.append(p)
-    return out + consts
+    for group in (module._parameters, module._buffers):
+        for p in group.values():
+            if p is None:
+                continue
+            for u in out:
+                if u is p:
+                    break
+            else:
+                out.append(p)
+    if consts:
+        out.extend(consts)
+    return out
 
 
 _CUSTOM_OPS: dict[str, Any] = {}
@@ -328,6 +350,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         tensors_only = len(call_args[0])
 
     import torch
+    from torch import Tensor
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not guard.status.active:  # switched off: the original at once, nothing checked
@@ -338,7 +361,12 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
             return original(*args, **kwargs)
         if tensors_only is not None:  # the profiled call passed tensors only: no encoding needed
-            same = not kwargs and len(args) == tensors_only and _all_tensors(args)
+            same = not kwargs and len(args) == tensors_only
+            if same:
+                for t in args:
+                    if not isinstance(t, Tensor):
+                        same = False
+                        break
         else:
             recorded = call_args if call_args is not None else [[{"$t": i} for i in range(len(args))], {}]
             same = _call_arguments(args, kwargs) == recorded
@@ -383,34 +411,109 @@ class OpGuard:
         out_meta = node.get("out")
         self.single = not isinstance(out_meta, list) or len(out_meta) == 1
 
+        self._flat = _flat_pattern(self.args, self.kwargs)
+
+    def _match_flat(self, args: Any, kwargs: Any) -> list[Any] | None:
+        """The call's distinct tensors when it is the profiled call, matched without encoding it;
+        None when the card's arguments are not flat (see ``_flat_pattern``) or the call is not a
+        plain match, and the encoding path decides (and says why)."""
+        assert self._flat is not None
+        slots, kw = self._flat
+        if len(args) != len(slots) or len(kwargs) != len(kw):
+            return None
+        import torch
+
+        uniq: list[Any] = []
+        for a, (k, value) in zip(args, slots):
+            if k >= 0:
+                if not isinstance(a, torch.Tensor):
+                    return None
+                if k == len(uniq):
+                    for u in uniq:  # a new input: not a tensor seen already
+                        if u is a:
+                            return None
+                    uniq.append(a)
+                elif k > len(uniq) or uniq[k] is not a:
+                    return None
+            elif not _plain_equal(a, value):
+                return None
+        for key, value in kw.items():
+            if key not in kwargs or not _plain_equal(kwargs[key], value):
+                return None
+        return uniq
+
     def try_serve(self, args: Any, kwargs: Any) -> tuple[Any, str | None]:
         """(the op's result, None) when the kernel served the call; (None, why not) otherwise."""
-        if not self.guard.status.active:  # switched off: nothing to match
+        guard = self.guard
+        if not guard.status.active:  # switched off: nothing to match
             return None, "disabled"
-        t0 = time.perf_counter_ns()
-        uniq: list[Any] = []
-        index: dict[int, int] = {}
+        t0 = time.perf_counter_ns() if guard.timing() else 0
+        uniq = self._match_flat(args, kwargs) if self._flat is not None else None
+        if uniq is not None:
+            why = guard.mismatch(uniq)
+            if why:
+                return None, why
+        else:
+            uniq = []
+            index: dict[int, int] = {}
 
-        def ref(t: Any) -> dict[str, int]:
-            k = index.get(id(t))
-            if k is None:
-                k = index[id(t)] = len(uniq)
-                uniq.append(t)
-            return {"$in": k}
+            def ref(t: Any) -> dict[str, int]:
+                k = index.get(id(t))
+                if k is None:
+                    k = index[id(t)] = len(uniq)
+                    uniq.append(t)
+                return {"$in": k}
 
-        try:
-            enc_args, enc_kwargs = encode(list(args), ref), encode(dict(kwargs), ref)
-        except Exception:  # noqa: BLE001 - no JSON form: not the profiled call
-            return None, "arguments differ"
-        why = self.guard.mismatch(uniq)
-        if why:
-            return None, why
-        if enc_args != self.args or enc_kwargs != self.kwargs:
-            return None, "arguments differ"
-        outs = self.guard.serve(uniq, checked_at=t0)
+            try:
+                enc_args, enc_kwargs = encode(list(args), ref), encode(dict(kwargs), ref)
+            except Exception:  # noqa: BLE001 - no JSON form: not the profiled call
+                return None, "arguments differ"
+            why = guard.mismatch(uniq)
+            if why:
+                return None, why
+            if enc_args != self.args or enc_kwargs != self.kwargs:
+                return None, "arguments differ"
+        outs = guard.serve(uniq, checked_at=t0)
         if outs is None:
             return None, ""  # counted by serve
         return (outs[0] if self.single else tuple(outs)), None
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain_value(v: Any) -> bool:
+    """A recorded argument that a call's value can be compared with directly: None, a bool, int,
+    string, a finite float (encode tags the others), or a list of them."""
+    if isinstance(v, list):
+        return all(type(x) in _PLAIN for x in v)
+    return type(v) in _PLAIN
+
+
+def _plain_equal(a: Any, recorded: Any) -> bool:
+    """What ``encode(a) == recorded`` says for a recorded plain value, without encoding ``a``;
+    a call's value of any other type (a tensor, a NumPy number) is not a match here."""
+    if isinstance(recorded, list):
+        return type(a) in (list, tuple) and len(a) == len(recorded) and \
+            all(type(x) in _PLAIN and x == r for x, r in zip(a, recorded))
+    return type(a) in _PLAIN and a == recorded
+
+
+def _flat_pattern(args: Any, kwargs: Any) -> tuple[list[tuple[int, Any]], dict[str, Any]] | None:
+    """The recorded arguments as slots, when every positional one is a tensor reference or a plain
+    value and every keyword one a plain value: (per position, (its input index, or -1 and the
+    value)), the keyword values. None for anything else (tagged values, nested tensors)."""
+    slots: list[tuple[int, Any]] = []
+    for a in args:
+        if isinstance(a, dict) and set(a) == {"$in"}:
+            slots.append((int(a["$in"]), None))
+        elif _plain_value(a):
+            slots.append((-1, a))
+        else:
+            return None
+    if not all(_plain_value(v) for v in kwargs.values()):
+        return None
+    return slots, dict(kwargs)
 
 
 def _interceptor_class() -> type:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_outputs, card_scalars, current_arch, workspace_for
+from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_workspace, card_scalars, current_arch
 from .manifest import Build, Entry, sha256_file
 
 if TYPE_CHECKING:
@@ -72,30 +72,107 @@ class CardKernel:
         self._n = (len(sig.inputs), len(sig.outputs), len(scalars))
         self._scalars = scalars
         self._lock = threading.Lock()
-        self.last_host_ns = 0
-        """Host time of the last call spent on anything but the launch (outputs, descriptors)."""
-
-    def __call__(self, inputs: list["torch.Tensor"]) -> list["torch.Tensor"]:
+        self._ws_bytes: int | None = None
+        """The workspace the kernel asks for, asked once: the guard fixes every shape, stride and
+        scalar it depends on, and forge_workspace_bytes may not read the data pointers."""
         import torch
 
-        t0 = time.perf_counter_ns()
-        outs = alloc_outputs(self.out_specs, self.device)
-        stream = torch.cuda.current_stream().cuda_stream if self.device == "cuda" else None
+        self._empty = [_allocator(s, sig.inputs) for s in self.out_specs]
+        """How each output is allocated: like the input it matches where there is one (the
+        cheapest call), else torch.empty where the card's strides are contiguous, else
+        empty_strided."""
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream = raw if device == "cuda" else None
+        """The current stream's handle without building a Stream object (what inductor calls)."""
+        self.last_host_ns = 0
+        """Host time of the last timed call spent on anything but the launch (outputs, descriptors)."""
+
+    def _outputs(self, inputs: list["torch.Tensor"]) -> list["torch.Tensor"]:
+        import torch
+
+        device = inputs[0].device if inputs else self.device
+        outs = []
+        for like, make, shape, dtype in self._empty:
+            if like >= 0:
+                outs.append(torch.empty_like(inputs[like]))
+                continue
+            try:
+                outs.append(make(*shape, dtype=dtype, device=device))
+            except RuntimeError:  # strides PyTorch cannot make: the card's shape, contiguous
+                outs.append(torch.empty(shape[0], dtype=dtype, device=device))
+        return outs
+
+    def _stream(self, inputs: list["torch.Tensor"]) -> int | None:
+        if self.device != "cuda":
+            return None
+        if self._raw_stream is not None:
+            index = inputs[0].get_device() if inputs else -1
+            if index >= 0:
+                return int(self._raw_stream(index))
+        import torch
+
+        return int(torch.cuda.current_stream().cuda_stream)
+
+    def __call__(self, inputs: list["torch.Tensor"], timed: bool = False) -> list["torch.Tensor"]:
+        """The kernel's outputs for inputs the guard has matched. ``timed``: record in
+        ``last_host_ns`` the host time spent before the launch."""
+        t0 = time.perf_counter_ns() if timed else 0
+        outs = self._outputs(inputs)
+        stream = self._stream(inputs)
         n_in, n_out, n_sc = self._n
         with self._lock:
+            ins_d, outs_d = self._ins, self._outs
             for i, t in enumerate(inputs):
-                self._ins[i].data = t.data_ptr()
+                ins_d[i].data = t.data_ptr()
             for i, t in enumerate(outs):
-                self._outs[i].data = t.data_ptr()
+                outs_d[i].data = t.data_ptr()
             ws = None
             if self.lib.needs_workspace:
-                try:
-                    ws = workspace_for(self.lib, inputs, outs, self._scalars, self.device)
-                except ValueError as exc:
-                    raise KernelError(str(exc)) from None
-            t1 = time.perf_counter_ns()
-            rc = self.lib.call_raw(self._ins, n_in, self._outs, n_out, self._scs, n_sc, stream, ws)
-            self.last_host_ns = t1 - t0
+                if self._ws_bytes is None:
+                    try:
+                        self._ws_bytes = self.lib.workspace_bytes(inputs, outs, self._scalars)
+                    except ValueError as exc:
+                        raise KernelError(str(exc)) from None
+                ws = alloc_workspace(self._ws_bytes, str(outs[0].device) if outs else self.device)
+            if timed:
+                self.last_host_ns = time.perf_counter_ns() - t0
+            rc = self.lib.call_raw(ins_d, n_in, outs_d, n_out, self._scs, n_sc, stream, ws)
         if rc != 0:
             raise KernelError(f"forge_launch returned {rc}")
         return outs
+
+
+def _contiguous(shape: list[int]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
+def _dense(shape: list[int], stride: list[int]) -> bool:
+    """Whether a layout covers its storage exactly once (what empty_like keeps)."""
+    acc = 1
+    for n, st in sorted(zip(shape, stride), key=lambda d: d[1]):
+        if n == 1:
+            continue
+        if st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def _allocator(out: "TensorSpec", inputs: list["TensorSpec"]) -> tuple[int, Any, tuple[Any, ...], Any]:
+    """(the input whose empty_like gives this output, or -1; else the factory, its size arguments,
+    the dtype). The guard has matched every input's dtype, shape and strides to the card's, and
+    empty_like keeps the strides of a dense input."""
+    import torch
+
+    for k, sp in enumerate(inputs):
+        if (sp.dtype, list(sp.shape), list(sp.stride)) == (out.dtype, list(out.shape), list(out.stride)) and \
+                _dense(list(sp.shape), list(sp.stride)):
+            return k, None, (), None
+    dtype = getattr(torch, out.dtype)
+    if list(out.stride) == _contiguous(list(out.shape)):
+        return -1, torch.empty, (tuple(out.shape),), dtype
+    return -1, torch.empty_strided, (tuple(out.shape), tuple(out.stride)), dtype
