@@ -372,10 +372,10 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
 
     def bench_eager() -> None:
         nonlocal served
-        rec.log("bench: eager and eager + forge" +
+        rec.log("bench: eager and eager + forge" + (" and their CUDA graphs" if opts.get("graphs") else "") +
                 (" (switching off kernels slower in the model)" if opts["switch_off"] else ""))
         r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=False, switch_off=opts["switch_off"],
-                  only_faster=opts["only_faster"])
+                  only_faster=opts["only_faster"], graphs=opts.get("graphs", False))
         d["bench_first"] = d["bench"] = bench_json(r, ws)
         d["bench_kind"] = "eager only, before the switch-off"
         served = [c for c, n in r.served.items() if n and c not in r.switched_off]
@@ -600,8 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--all-kernels", action="store_true", help="as forge bench: use every promoted kernel, also "
                     "those measured slower or whose dispatch eats their gain")
     ap.add_argument("--run-timeout", type=float, help="the evaluator's limit per phase, s (default 30; --small 60)")
-    ap.add_argument("--graphs", action="store_true", help="cuda: the final bench also times eager and eager + forge "
-                    "each captured in a CUDA graph (the host's launch cost out of both)")
+    ap.add_argument("--graphs", action="store_true", help="cuda: both benches also time eager and eager + forge "
+                    "each captured in a CUDA graph (the host's launch cost out of both); the first switches off "
+                    "kernels that slow the graphed forward, for mode='cuda_graph' only")
     ap.add_argument("--timeline", action="store_true", help="cuda: after the bench, profile eager and eager + forge "
                     "with torch.profiler: wall, GPU busy time and the kernels forge removed and added, per forward "
                     "(bench/lab/inplace_timeline.py)")

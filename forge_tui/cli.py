@@ -259,6 +259,10 @@ def cmd_status(args) -> int:
         print(f"no promoted kernels in {ws.root} (forge approve promotes them)")
     for card, e in sorted(man.entries.items()):
         state = "on" if e.enabled else f"switched off: {e.disabled_reason}"
+        if e.compile_disabled_reason:
+            state += f"; under torch.compile off: {e.compile_disabled_reason}"
+        if e.graph_disabled_reason:
+            state += f"; in CUDA graphs off: {e.graph_disabled_reason}"
         print(f"{card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager, approved by {e.approved_by} "
               f"at {e.approved_at}; {state}")
     live = read_status(ws.root)
@@ -382,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--all-kernels", action="store_true",
                     help="use every promoted kernel, also those measured slower or whose dispatch eats their gain")
     sp.add_argument("--graphs", action="store_true", help="cuda: also eager and eager + forge each captured in a "
-                    "CUDA graph, which takes the host's launch cost out of both")
+                    "CUDA graph, which takes the host's launch cost out of both; kernels that slow the graphed "
+                    "forward are switched off for mode='cuda_graph' only")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_bench)
 

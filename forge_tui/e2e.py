@@ -234,10 +234,10 @@ def cuda_graphed(run: Any, warmup: int = 3) -> tuple[Any, Any]:
 
 def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer, ref: Any, notes: list[str],
                     model: Any) -> tuple[dict[str, Stats], dict[str, list[float]], dict[str, str | None],
-                                         dict[str, dict[str, Any]]]:
+                                         dict[str, dict[str, Any]], dict[str, Any]]:
     """Eager and eager + forge, each captured in a CUDA graph, timed interleaved with each other;
-    eager's graph judged against eager, forge's against eager's graph. Nothing where either
-    capture fails (the reason in ``notes``)."""
+    eager's graph judged against eager, forge's against eager's graph. Also returns the replays.
+    Nothing where either capture fails (the reason in ``notes``)."""
     fns: dict[str, Any] = {}
     outs: dict[str, Any] = {}
     for name, m in zip(GRAPH_VARIANTS, models):
@@ -245,12 +245,12 @@ def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer,
             fns[name], outs[name] = cuda_graphed(functools.partial(wl.run, m, inputs))
         except ForgeError as exc:
             notes.append(f"{name}: the forward could not be captured in a CUDA graph: {exc}")
-            return {}, {}, {}, {}
+            return {}, {}, {}, {}, {}
     for fn in fns.values():
         fn()  # the outputs judged are the graphs' own, from a replay
     agree, accuracy = _judge_outputs(outs, ref, lambda: _run_fp32(wl, model, inputs))
     stats, raw, _ = timer.time(fns)
-    return stats, raw, agree, accuracy
+    return stats, raw, agree, accuracy, fns
 
 
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
@@ -259,8 +259,9 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     """The whole forward timed four ways (see the module's docstring). ``graphs`` (cuda): also
     eager and eager + forge captured in CUDA graphs (``GRAPH_VARIANTS``), which take the host's
     launch cost out of both: the ratio between them (paired, timed apart from the four ways, after
-    them) is what the kernels save on the device. The graphs serve the kernels applied before the
-    switch-off, which is decided on the forwards as the model runs them."""
+    them) is what the kernels save on the device. The graphed model gets the kernels as
+    ``Mode.CUDA_GRAPH`` gives them, and with ``switch_off`` their verdict in graphs is decided on
+    graphed forwards (``_switch_off_in_graphs``), apart from the op-by-op one."""
     import torch
 
     from .workload import load_workload, resolve_device
@@ -287,12 +288,11 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     if graphs and dev not in GRAPH_DEVICES:
         notes.append("CUDA graphs: not on this device")
     elif graphs:
-        # applied now, before the switch-off below rules on the op-by-op forward; the host cost of
-        # a served call is not paid in a graph, so no kernel is switched off for its dispatch
+        # the kernels as a captured model gets them: by their verdict in graphs, not op by op
         gm = copy.deepcopy(model)
-        graph_applied = apply(gm, ws, mode=Mode.INFERENCE, device=dev, only_faster=only_faster, trial_calls=0)
-        for g in graph_applied.guards.values():
-            g.only_faster = False
+        graph_applied = apply(gm, ws, mode=Mode.CUDA_GRAPH, device=dev, only_faster=only_faster)
+        notes.extend(f"not used in CUDA graphs {c}: {why}" for c, why in graph_applied.skipped.items()
+                     if "in CUDA graphs" in why)
         graph_models = (model, gm)
     compiled_applied = None
     if with_compile:
@@ -314,13 +314,17 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
             switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
             if compiled_applied is not None:
                 switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
-        if graph_models is not None:  # last: a failed capture cannot disturb the numbers above
-            g_stats, g_raw, g_agree, g_acc = _graph_variants(wl, inputs, graph_models, timer, ref, notes, model)
+        if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
+            g_stats, g_raw, g_agree, g_acc, g_fns = _graph_variants(wl, inputs, graph_models, timer, ref, notes, model)
             stats.update(g_stats)
             agree.update(g_agree)
             accuracy.update(g_acc)
             if g_raw:
                 graph_ratio = paired_ratio(g_raw[GRAPH_VARIANTS[0]], g_raw[GRAPH_VARIANTS[1]])
+                if switch_off:
+                    switched.update(_switch_off_in_graphs(wl, model, inputs, ws, man, graph_applied, timer,
+                                                          only_faster, g_stats, g_raw, g_fns, notes))
+            del g_fns
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
@@ -450,3 +454,70 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
         commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(out))} slower end to end",
                         [f"{c}: {w}" for c, w in out.items()], list(out))
     return out
+
+
+def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, graph_applied: Any, timer: Timer,
+                          only_faster: bool, stats: dict[str, Stats], raw: dict[str, list[float]],
+                          fns: dict[str, Any], notes: list[str]) -> dict[str, str]:
+    """``_switch_off_slower`` for models captured in CUDA graphs: each unit of the kernels the
+    graphed model served left out in turn (a graph captured without it, timed interleaved with the
+    graph of them all), then the kernels left against eager's graph. What it switches off is
+    switched off in graphs only (``Entry.graph_disabled_reason``); the op-by-op verdict stands."""
+    served = [c["card"] for c in graph_applied.status()["cards"] if c["served"]]
+    if not served:
+        return {}
+    eager_name, forge_name = GRAPH_VARIANTS
+
+    def graphed(cards: list[str]) -> Any:
+        m = copy.deepcopy(model)
+        a = apply(m, ws, mode=Mode.CUDA_GRAPH, cards=cards, only_faster=only_faster)
+        try:
+            return cuda_graphed(functools.partial(wl.run, m, inputs))[0], a
+        except ForgeError as exc:
+            a.undo()
+            notes.append(f"CUDA graphs: a forward serving {len(cards)} of the kernels could not be captured: {exc}")
+            return None, None
+
+    out: dict[str, str] = {}
+    units = switch_off_units(man, served)
+    if len(units) > 1:
+        for unit in units:
+            fn, a = graphed([c for c in served if c not in unit])
+            if fn is None:
+                continue
+            try:
+                st, _, _ = timer.time({"with": fns[forge_name], "without": fn})
+            finally:
+                a.undo()
+                del fn
+            w, wo = st["with"], st["without"]
+            if wo.q3 < w.q1:  # faster without it, beyond the spread of both
+                together = f" (with {', '.join(unit)}: they share an intercepted scope)" if len(unit) > 1 else ""
+                for card in unit:
+                    out[card] = (f"the graphed forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs "
+                                 f"without{together} (forge bench --graphs)")
+    left = [c for c in served if c not in out]
+    if left:
+        if out:
+            fn, a = graphed(left)
+            if fn is None:
+                ratio = None
+            else:
+                try:
+                    st, r, _ = timer.time({"eager": fns[eager_name], "forge": fn})
+                finally:
+                    a.undo()
+                    del fn
+                e, f, ratio = st["eager"], st["forge"], paired_ratio(r["eager"], r["forge"])
+        else:  # the bench timed exactly these already
+            e, f, ratio = stats[eager_name], stats[forge_name], paired_ratio(raw[eager_name], raw[forge_name])
+        if ratio is not None and ratio.q3 < 1.0:
+            for card in left:
+                out[card] = (f"the graphed forward ran {f.median:.1f} µs with the {len(left)} kernels left and "
+                             f"{e.median:.1f} µs in eager's graph (forge bench --graphs)")
+    if out:
+        for card, why in out.items():
+            man.entries[card].graph_disabled_reason = why
+        commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(out))} in CUDA graphs",
+                        [f"{c}: {w}" for c, w in out.items()], list(out))
+    return {f"{card} (in CUDA graphs)": why for card, why in out.items()}

@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 class Mode(str, enum.Enum):
     INFERENCE = "inference"
     TORCH_COMPILE = "torch_compile"
+    CUDA_GRAPH = "cuda_graph"
+    """For a model the caller captures in a CUDA graph: a graph replays the kernels alone, so what
+    a call costs the host does not count. Kernels are chosen by their verdict in graphs
+    (``Entry.graph_disabled_reason``), not by the op-by-op one, none is switched off for its
+    dispatch cost, and there is no in-place trial (it synchronises, which a capture forbids)."""
 
 
 # ---- guards ------------------------------------------------------------------------------------
@@ -619,7 +624,9 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
     dispatch (measured on its first calls) costs more than it saves is switched off, and (in
     inference mode, ``trial_calls`` > 0) each card's first calls in this model are timed with the
     kernel and without, ``trial_calls`` of each, and the kernel is switched off unless it was
-    faster there (see ``Trial``)."""
+    faster there (see ``Trial``). ``mode``: ``inference`` (the op-by-op forward), ``torch_compile``
+    (module cards as custom ops, for a model compiled after this), ``cuda_graph`` (for a model
+    captured in a CUDA graph after this: see ``Mode.CUDA_GRAPH``)."""
     mode = Mode(mode)
     trial_calls = trial_calls if only_faster and mode == Mode.INFERENCE else 0
     folder, status_path = _resolve(source)
@@ -647,7 +654,11 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
             continue
-        if not entry.enabled:
+        if mode == Mode.CUDA_GRAPH:
+            if entry.graph_disabled_reason:
+                applied.skipped[card_id] = f"switched off in CUDA graphs: {entry.graph_disabled_reason}"
+                continue
+        elif not entry.enabled:
             applied.skipped[card_id] = f"switched off: {entry.disabled_reason}"
             continue
         sig = entry.signature
@@ -674,8 +685,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             applied.skipped[card_id] = "in-place ops are not served"
             continue
         try:
+            # in a graph the host's cost of a call is paid once, at capture: no dispatch rule
             guard = Guard(entry, folder, device, board, shadow_every, _consts(folder, entry, device),
-                          only_faster)
+                          only_faster and mode != Mode.CUDA_GRAPH)
         except KernelUnavailable as exc:
             applied.skipped[card_id] = str(exc)
             continue

@@ -104,6 +104,10 @@ class Entry(BaseModel):
     compile_disabled_reason: str = ""
     """Why the kernel is off in torch.compile'd models only (set by ``forge bench`` when the
     compiled forward ran slower with forge's kernels than without)."""
+    graph_disabled_reason: str = ""
+    """Why the kernel is off in models captured in CUDA graphs (``Mode.CUDA_GRAPH``; set by
+    ``forge bench --graphs`` when the graphed forward ran slower with it). Only this verdict counts
+    there: ``enabled`` is the op-by-op forward's, where the host's cost of each call decides."""
 
 
 class Rejection(BaseModel):
