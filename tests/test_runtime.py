@@ -1053,3 +1053,58 @@ def test_an_op_calls_fast_match_never_accepts_what_the_encoding_refuses():
 
     check()
     assert seen["fast"] > 20  # the fast match did serve calls
+
+
+@pytest.fixture(scope="module")
+def layer_norm_ws(tmp_path_factory):
+    """nn.LayerNorm as a leaf module: its one op, native_layer_norm, is an op card scoped to it
+    (the module returns the first of the op's three outputs), promoted after a real evaluation."""
+    root = tmp_path_factory.mktemp("leaf")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace(HERE / "data" / "workloads" / "layernorm.py", root / "ws", device="cpu",
+                                   config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == "aten.native_layer_norm.default")
+    assert card.module_paths == ["norm"]
+    src = (CPU / "layernorm_twopass.cpp").read_text()
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    return ws, card
+
+
+def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_interceptor(layer_norm_ws, monkeypatch):
+    """nn.LayerNorm's forward is one op, served: after two calls under the interceptor, its calls
+    go to the card's guard directly (nothing dispatched through the interceptor), and still agree
+    with eager. A changed attribute (eps), gradients or autocast send the call back through the
+    interceptor, which judges it as before."""
+    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    ws, card = layer_norm_ws
+    seen = _count_intercepted(monkeypatch)
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, only_faster=False) as applied:
+            outs = [model(x) for _ in range(5)]
+            assert seen == ["aten.native_layer_norm.default"] * 2  # the two calls it learned from
+            assert applied.status()["cards"][0]["served"] == 5
+            model.norm.eps = 1e-3  # not the call the card was profiled with: through the interceptor
+            changed = model(x)
+            assert len(seen) == 3 and applied.status()["cards"][0]["fallbacks"] == {"arguments differ": 1}
+            model.norm.eps = 1e-5
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(x)
+            assert len(seen) == 4
+    for o in outs:
+        torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(changed, torch.nn.functional.layer_norm(x, (256,), model.norm.weight, model.norm.bias,
+                                                                       1e-3))
+    with apply(model, ws, only_faster=False) as applied:
+        y = x.clone().requires_grad_()
+        for _ in range(3):
+            out = model(y)
+        assert out.grad_fn is not None  # the learned path never serves a call that needs gradients
+    assert "forward" not in model.norm.__dict__

@@ -447,8 +447,9 @@ class OpGuard:
                 return None
         return uniq
 
-    def try_serve(self, args: Any, kwargs: Any) -> tuple[Any, str | None]:
-        """(the op's result, None) when the kernel served the call; (None, why not) otherwise."""
+    def try_serve(self, args: Any, kwargs: Any, served_inputs: list[Any] | None = None) -> tuple[Any, str | None]:
+        """(the op's result, None) when the kernel served the call; (None, why not) otherwise.
+        ``served_inputs``: a list that receives the call's distinct tensors when it is served."""
         guard = self.guard
         if not guard.status.active:  # switched off: nothing to match
             return None, "disabled"
@@ -481,6 +482,8 @@ class OpGuard:
         outs = guard.serve(uniq, checked_at=t0)
         if outs is None:
             return None, ""  # counted by serve
+        if served_inputs is not None:
+            served_inputs.extend(uniq)
         return (outs[0] if self.single else tuple(outs)), None
 
 
@@ -530,21 +533,31 @@ def _interceptor_class() -> type:
             self.table = table
             self.forge_owner = owner
             """The scope that pushed this mode (its children's forwards pop it: ``_outside_scope``)."""
+            self.record: list[tuple[Any, OpGuard | None, list[Any], Any]] | None = None
+            """When a list: every op dispatched, as (op, the card that served it or None, the
+            distinct tensors it served, the result) (``_LeafSite`` learns from it)."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             guards = self.table.get(func)
+            record = self.record
             if guards:
                 misses: list[tuple[OpGuard, str]] = []
                 for g in guards:
-                    out, why = g.try_serve(args, kwargs)
+                    uniq: list[Any] | None = [] if record is not None else None
+                    out, why = g.try_serve(args, kwargs, uniq)
                     if why is None:
+                        if record is not None:
+                            record.append((func, g, uniq or [], out))
                         return out
                     misses.append((g, why))
                 for g, why in misses:  # no card served the call: each says why not
                     if why:
                         g.guard.board.fell_back(g.guard.status, why)
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if record is not None:
+                record.append((func, None, [], out))
+            return out
 
     return Interceptor
 
@@ -730,9 +743,10 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             for g in guards:
                 table.setdefault(g.func, []).append(g)
             owner = object()
+            leaf = _LeafSites(module, device) if path and not called_children(module) else None
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table,
                                                            _scope_trial(trials, guards, path, trial_calls, device),
-                                                           owner))
+                                                           owner, leaf))
             if all("direct" in g.guard.sig.flags for g in guards):
                 # the cards were captured from this module's own calls: its children run unintercepted
                 outside.extend((child, owner) for child in called_children(module))
@@ -791,16 +805,30 @@ def _scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard], pa
 
 
 def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]],
-                  trial: Trial | None = None, owner: object = None) -> Callable[..., Any]:
+                  trial: Trial | None = None, owner: object = None, leaf: "_LeafSites | None" = None) -> Callable[..., Any]:
     """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
     does not serve goes on to the outer one, unless the outer scope's cards were captured from its
     own calls and its children run outside it). Every op of the scope then passes through Python, so
     with a ``trial`` the scope's first calls are tried with the interceptor and without, and the
     interceptor stays only if the scope ran faster with it; once every guard of the scope is off,
-    the scope runs as it was, not intercepted."""
+    the scope runs as it was, not intercepted. A leaf module (``leaf``) whose forward is one served
+    op is called, once learned, without the interceptor (see ``_LeafSites``)."""
     guards = list({id(g.guard): g.guard for gs in table.values() for g in gs}.values())
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
+        if leaf is not None:
+            out = leaf.serve(args, kwargs)
+            if out is _FELL_BACK:
+                return original(*args, **kwargs)
+            if out is not _NOT_SERVED:
+                return out
+            if leaf.learning():
+                mode = interceptor(table, owner)
+                mode.record = []
+                with mode:
+                    ret = original(*args, **kwargs)
+                leaf.observe(args, kwargs, mode.record, ret)
+                return ret
         with interceptor(table, owner):
             return original(*args, **kwargs)
 
@@ -812,3 +840,116 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
         return intercepted(*args, **kwargs)
 
     return forward
+
+
+_NOT_SERVED = object()
+_FELL_BACK = object()
+_PLAIN_ATTR = (type(None), bool, int, float, str)
+
+
+class _LeafSites:
+    """What an op card's scope learns when it is a leaf module whose forward is that one op: the
+    module's call then goes straight to the card's guard, without entering the interceptor (its
+    entry and the op's trip through Python cost a call more host time than the kernel's own
+    dispatch; nn.GroupNorm and nn.LayerNorm are such modules).
+
+    Learned from the calls themselves, under the interceptor: a site is a forward that passed
+    tensors only, dispatched exactly one op, which a card served, every one of whose tensors was
+    one of the call's or the module's own (parameters, buffers), and returned one of its outputs.
+    The same site seen on ``LEARN_CALLS`` calls in a row is learned. A learned call is served only
+    when the module's plain attributes (eps, num_groups, training...) are still those it was
+    learned with, gradients and autocast are off, and the guard matches the tensors; anything else
+    goes through the interceptor, as before. After ``GIVE_UP`` calls that teach nothing, the scope
+    stops learning."""
+
+    LEARN_CALLS = 2
+    GIVE_UP = 8
+
+    def __init__(self, module: Any, device: str) -> None:
+        self.module = module
+        self.device = device
+        self.sites: list[tuple[OpGuard, tuple[int, ...], int, int, tuple[tuple[str, Any], ...]]] = []
+        """(the card, the op's tensors as indices into the call's, the output returned (-1: the
+        op's only one), the call's tensor count, the module's plain attributes)."""
+        self._candidate: Any = None
+        self._seen = 0
+        self._useless = 0
+
+    def learning(self) -> bool:
+        return self._useless < self.GIVE_UP
+
+    def _attrs(self) -> tuple[tuple[str, Any], ...]:
+        out = []
+        for k, v in self.module.__dict__.items():
+            if type(v) in _PLAIN_ATTR or (type(v) is tuple and all(type(x) in _PLAIN_ATTR for x in v)):
+                out.append((k, v))
+        return tuple(out)
+
+    def _tensors(self, args: Any) -> list[Any]:
+        m = self.module
+        return [*args, *(p for p in m._parameters.values() if p is not None),
+                *(b for b in m._buffers.values() if b is not None)]
+
+    def observe(self, args: Any, kwargs: Any, record: list[Any], ret: Any) -> None:
+        """One call under the interceptor (``record``: what it dispatched, ``ret``: what the
+        forward returned)."""
+        import torch
+
+        site = None
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args) and len(record) == 1 and \
+                record[0][1] is not None:
+            _, og, uniq, out = record[0]
+            outs = [out] if og.single else list(out)
+            ret_at = next((j for j, o in enumerate(outs) if o is ret), None)
+            tensors = self._tensors(args)
+            where = [next((i for i, t in enumerate(tensors) if t is u), -1) for u in uniq]
+            if ret_at is not None and -1 not in where:
+                site = (og, tuple(where), -1 if og.single else ret_at, len(args), self._attrs())
+        if site is None:
+            self._useless += 1
+            self._candidate, self._seen = None, 0
+            return
+        if site in self.sites:
+            return
+        if site == self._candidate:
+            self._seen += 1
+        else:
+            self._candidate, self._seen = site, 1
+        if self._seen >= self.LEARN_CALLS:
+            self.sites.append(site)
+            self._candidate, self._seen = None, 0
+
+    def serve(self, args: Any, kwargs: Any) -> Any:
+        """The forward's result from a learned site; _NOT_SERVED when no site matches (the caller
+        intercepts), _FELL_BACK when the matching site's kernel failed (the caller runs PyTorch)."""
+        if not self.sites or kwargs:
+            return _NOT_SERVED
+        import torch
+
+        if torch.is_autocast_enabled(self.device):
+            return _NOT_SERVED
+        tensors = None
+        for og, where, ret_at, n_args, attrs in self.sites:
+            if len(args) != n_args:
+                continue
+            if tensors is None:
+                tensors = self._tensors(args)
+                for t in tensors:
+                    if not isinstance(t, torch.Tensor):
+                        return _NOT_SERVED
+                if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                    return _NOT_SERVED
+            d = self.module.__dict__
+            if any(d.get(k, _NOT_SERVED) != v for k, v in attrs):
+                continue
+            if max(where, default=-1) >= len(tensors):
+                continue
+            inputs = [tensors[i] for i in where]
+            guard = og.guard
+            if not guard.status.active or guard.mismatch(inputs):
+                continue
+            outs = guard.serve(inputs, checked_at=time.perf_counter_ns() if guard.timing() else 0)
+            if outs is None:
+                return _FELL_BACK  # counted by serve (a kernel error): the caller runs PyTorch
+            return outs[0] if ret_at < 0 else outs[ret_at]
+        return _NOT_SERVED
