@@ -255,13 +255,14 @@ def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer,
 
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
           warmup: int = 3, with_compile: bool = True, switch_off: bool = True, only_faster: bool = True,
-          compile_backend: str = "inductor", graphs: bool = False) -> BenchResult:
+          compile_backend: str = "inductor", graphs: bool = False, switch_off_compile: bool | None = None) -> BenchResult:
     """The whole forward timed four ways (see the module's docstring). ``graphs`` (cuda): also
     eager and eager + forge captured in CUDA graphs (``GRAPH_VARIANTS``), which take the host's
     launch cost out of both: the ratio between them (paired, timed apart from the four ways, after
     them) is what the kernels save on the device. The graphed model gets the kernels as
     ``Mode.CUDA_GRAPH`` gives them, and with ``switch_off`` their verdict in graphs is decided on
-    graphed forwards (``_switch_off_in_graphs``), apart from the op-by-op one."""
+    graphed forwards (``_switch_off_in_graphs``), apart from the op-by-op one.
+    ``switch_off_compile``: the torch.compile verdict alone on or off (default: as ``switch_off``)."""
     import torch
 
     from .workload import load_workload, resolve_device
@@ -312,8 +313,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         switched: dict[str, str] = {}
         if switch_off:
             switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
-            if compiled_applied is not None:
-                switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
+        if (switch_off if switch_off_compile is None else switch_off_compile) and compiled_applied is not None:
+            switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
         if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
             g_stats, g_raw, g_agree, g_acc, g_fns = _graph_variants(wl, inputs, graph_models, timer, ref, notes, model)
             stats.update(g_stats)

@@ -546,6 +546,14 @@ def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_comp
     key = f"{norm.id} (under torch.compile)"
     assert key in r.switched_off and "0.952x" in r.switched_off[key], r.switched_off
     assert norm.id not in r.switched_off  # eager + forge was level with eager: kept there
+    # the torch.compile verdict alone (e2e_bench's final four ways): nothing off op by op
+    shutil.copytree(src.root, tmp_path / "ws2")
+    ws2 = Workspace.open(tmp_path / "ws2")
+    _stand_in_timer(monkeypatch, lambda name: [200.0] * 5 if name == "eager+forge" else
+                    [v * 1.05 for v in base] if name == "compile+forge" else list(base))
+    r = e2e.bench(WORKLOAD, ws2, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
+                  switch_off=False, switch_off_compile=True)
+    assert key in r.switched_off and not [k for k in r.switched_off if "torch.compile" not in k], r.switched_off
 
 def test_op_cards_sharing_an_intercepted_scope_are_left_out_together():
     """Leaving out one op card of a scope leaves the scope intercepted: the switch-off tries the
