@@ -226,10 +226,33 @@ def cuda_graphed(run: Any, warmup: int = 3) -> tuple[Any, Any]:
     except Exception as exc:  # noqa: BLE001 - reported as the reason the variant is missing
         cause = exc.__context__ if exc.__context__ is not None else exc  # what failed inside the capture
         text = str(cause).splitlines()[0][:300] if str(cause) else ""
+        torch.cuda.set_stream(caller)
+        _end_failed_capture()
         raise ForgeError(f"{type(cause).__name__}: {text}") from exc
     finally:
         torch.cuda.set_stream(caller)  # a capture that failed to end leaves its stream current
     return graph.replay, out
+
+
+def _end_failed_capture() -> None:
+    """Put the CUDA generator back out of capture after a capture that failed: PyTorch ends its
+    capture state only when a capture ends well (CUDAGraph::capture_end throws before the
+    generator's epilogue), so every later random op in the process raised "Offset increment
+    outside graph capture encountered unexpectedly" (the MoE example's model could not even be
+    built again after its forward failed to capture). A capture that succeeds runs the prologue
+    and the epilogue on the default generator, which ends that state."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            buf = torch.zeros(1, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                buf.add_(1)
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - nothing more to do: the caller reports the first failure
+        pass
 
 
 def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer, ref: Any, notes: list[str],
