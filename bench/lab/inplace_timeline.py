@@ -95,6 +95,7 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
             out["eager"] = _profile(lambda: wl.run(model, inputs), forwards, device)
             out["eager+forge"] = _profile(lambda: wl.run(forged, inputs), forwards, device)
         out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
+        out["disabled"] = {c: g.status.disabled_reason for c, g in applied.guards.items() if not g.status.active}
     finally:
         applied.undo()
     e, f = out["eager"]["kernels"], out["eager+forge"]["kernels"]
@@ -130,6 +131,8 @@ def describe(t: dict[str, Any]) -> list[str]:
         lines.append(f"  - {us:9.1f} µs  {k[:110]}")
     for k, us in t["added"][:6]:
         lines.append(f"  + {us:9.1f} µs  {k[:110]}")
+    for card, why in (t.get("disabled") or {}).items():
+        lines.append(f"  disabled before the profile: {card}: {why}")
     return lines
 
 
