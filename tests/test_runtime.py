@@ -1116,3 +1116,18 @@ def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_inte
             out = model(y)
         assert out.grad_fn is not None  # the learned path never serves a call that needs gradients
     assert "forward" not in model.norm.__dict__
+
+    class Caching(torch.nn.LayerNorm):  # a forward with a side effect no dispatch mode sees
+        def forward(self, x):
+            self.last = super().forward(x)
+            return self.last
+
+    caching = Caching(256)
+    caching.load_state_dict(model.norm.state_dict())
+    model.norm = caching
+    del seen[:]
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for _ in range(4):
+            out = model(x)
+            assert caching.last is out  # never skipped: the attribute it rebinds keeps it from being learned
+        assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 4

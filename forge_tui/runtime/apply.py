@@ -856,10 +856,10 @@ class _LeafSites:
     Learned from the calls themselves, under the interceptor: a site is a forward that passed
     tensors only, dispatched exactly one op, which a card served, every one of whose tensors was
     one of the call's or the module's own (parameters, buffers), and returned one of its outputs.
-    The same site seen on ``LEARN_CALLS`` calls in a row is learned. A learned call is served only
-    when the module's plain attributes (eps, num_groups, training...) are still those it was
-    learned with, gradients and autocast are off, and the guard matches the tensors; anything else
-    goes through the interceptor, as before. After ``GIVE_UP`` calls that teach nothing, the scope
+    The same site (attributes included: ``_attrs``) seen on ``LEARN_CALLS`` calls in a row is
+    learned. A learned call is served only when the module's attributes are still those it was
+    learned with (plain values equal, the others the same objects), gradients and autocast are off,
+    and the guard matches the tensors; anything else goes through the interceptor, as before. After ``GIVE_UP`` calls that teach nothing, the scope
     stops learning."""
 
     LEARN_CALLS = 2
@@ -868,9 +868,9 @@ class _LeafSites:
     def __init__(self, module: Any, device: str) -> None:
         self.module = module
         self.device = device
-        self.sites: list[tuple[OpGuard, tuple[int, ...], int, int, tuple[tuple[str, Any], ...]]] = []
+        self.sites: list[tuple[OpGuard, tuple[int, ...], int, int, tuple[tuple[str, Any, bool], ...]]] = []
         """(the card, the op's tensors as indices into the call's, the output returned (-1: the
-        op's only one), the call's tensor count, the module's plain attributes)."""
+        op's only one), the call's tensor count, the module's attributes: ``_attrs``)."""
         self._candidate: Any = None
         self._seen = 0
         self._useless = 0
@@ -878,11 +878,16 @@ class _LeafSites:
     def learning(self) -> bool:
         return self._useless < self.GIVE_UP
 
-    def _attrs(self) -> tuple[tuple[str, Any], ...]:
+    def _attrs(self) -> tuple[tuple[str, Any, bool], ...]:
+        """The module's attributes as (name, value, False) for plain values (eps, num_groups,
+        training) and (name, id, True) for the rest: a forward that rebinds an attribute on each call
+        (a counter, a cached output) never shows the same site twice, and is not learned."""
         out = []
         for k, v in self.module.__dict__.items():
             if type(v) in _PLAIN_ATTR or (type(v) is tuple and all(type(x) in _PLAIN_ATTR for x in v)):
-                out.append((k, v))
+                out.append((k, v, False))
+            else:
+                out.append((k, id(v), True))
         return tuple(out)
 
     def _tensors(self, args: Any) -> list[Any]:
@@ -940,7 +945,8 @@ class _LeafSites:
                 if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
                     return _NOT_SERVED
             d = self.module.__dict__
-            if any(d.get(k, _NOT_SERVED) != v for k, v in attrs):
+            if len(d) != len(attrs) or any((id(d.get(k)) if by_id else d.get(k, _NOT_SERVED)) != v
+                                           for k, v, by_id in attrs):
                 continue
             if max(where, default=-1) >= len(tensors):
                 continue
