@@ -346,7 +346,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
             if g_raw:
                 graph_ratio = paired_ratio(g_raw[GRAPH_VARIANTS[0]], g_raw[GRAPH_VARIANTS[1]])
                 if switch_off:
-                    switched.update(_switch_off_in_graphs(wl, model, inputs, ws, man, graph_applied, timer,
+                    switched.update(_switch_off_in_graphs(wl, model, inputs, ws, man, graph_applied, dev, timer,
                                                           only_faster, g_stats, g_raw, g_fns, notes))
             del g_fns
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
@@ -480,8 +480,8 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
     return out
 
 
-def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, graph_applied: Any, timer: Timer,
-                          only_faster: bool, stats: dict[str, Stats], raw: dict[str, list[float]],
+def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, graph_applied: Any, dev: str,
+                          timer: Timer, only_faster: bool, stats: dict[str, Stats], raw: dict[str, list[float]],
                           fns: dict[str, Any], notes: list[str]) -> dict[str, str]:
     """``_switch_off_slower`` for models captured in CUDA graphs: each unit of the kernels the
     graphed model served left out in turn (a graph captured without it, timed interleaved with the
@@ -494,7 +494,7 @@ def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manife
 
     def graphed(cards: list[str]) -> Any:
         m = copy.deepcopy(model)
-        a = apply(m, ws, mode=Mode.CUDA_GRAPH, cards=cards, only_faster=only_faster)
+        a = apply(m, ws, mode=Mode.CUDA_GRAPH, device=dev, cards=cards, only_faster=only_faster)
         try:
             return cuda_graphed(functools.partial(wl.run, m, inputs))[0], a
         except ForgeError as exc:

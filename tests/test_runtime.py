@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from forge_tui.cli import main
 from forge_tui.config import parse_config
@@ -1118,6 +1120,8 @@ def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_inte
     assert "forward" not in model.norm.__dict__
 
     class Caching(torch.nn.LayerNorm):  # a forward with a side effect no dispatch mode sees
+        forge_direct = True  # it says (wrongly) that it reads and writes nothing else
+
         def forward(self, x):
             self.last = super().forward(x)
             return self.last
@@ -1131,3 +1135,143 @@ def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_inte
             out = model(x)
             assert caching.last is out  # never skipped: the attribute it rebinds keeps it from being learned
         assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 4
+
+
+EPS = [1e-5]
+
+
+class _GlobalEps(torch.nn.LayerNorm):
+    """A layer norm whose forward reads a global: no module attribute says the call changed."""
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, EPS[0])
+
+
+def _layer_norm_model():
+    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    return wl.get_model(), wl.get_inputs()[0]
+
+
+def test_only_forwards_that_read_nothing_else_are_learned(layer_norm_ws, monkeypatch):
+    """A subclass that overrides nn.LayerNorm's forward may read what no attribute shows (here a
+    global eps): it is never learned, and a changed global reaches PyTorch, not the card."""
+    ws, _ = layer_norm_ws
+    seen = _count_intercepted(monkeypatch)
+    model, x = _layer_norm_model()
+    norm = _GlobalEps(256)
+    norm.load_state_dict(model.norm.state_dict())
+    model.norm = norm
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for _ in range(3):
+            model(x)
+        assert len(seen) == 3 and applied.status()["cards"][0]["served"] == 3  # all through the interceptor
+        EPS[0] = 1e-1
+        try:
+            out = model(x)
+        finally:
+            EPS[0] = 1e-5
+        assert applied.status()["cards"][0]["fallbacks"] == {"arguments differ": 1}
+    torch.testing.assert_close(out, torch.nn.functional.layer_norm(x, (256,), norm.weight, norm.bias, 1e-1))
+
+
+@pytest.fixture(scope="module")
+def square_ws(tmp_path_factory):
+    """tests/data/workloads/leaf_mul.py: `m(x, x)`, its `mul` card of one input promoted."""
+    root = tmp_path_factory.mktemp("square")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace(HERE / "data" / "workloads" / "leaf_mul.py", root / "ws", device="cpu",
+                                   config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == "aten.mul.Tensor")
+    assert card.module_paths == ["m"]
+    src = (CPU / "square.cpp").read_text()
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    return ws
+
+
+def test_a_learned_call_with_the_same_tensor_twice_does_not_serve_two_tensors(square_ws, monkeypatch):
+    """Learned from `m(x, x)` (the card squares its one input), the call `m(x, y)` is another call:
+    it goes to the interceptor, which runs PyTorch's `x * y`."""
+    spec = importlib.util.spec_from_file_location("leaf_mul", HERE / "data" / "workloads" / "leaf_mul.py")
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    seen = _count_intercepted(monkeypatch)
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    y = torch.randn_like(x)
+    with torch.no_grad(), apply(model, square_ws, only_faster=False) as applied:
+        for _ in range(3):
+            torch.testing.assert_close(model.m(x, x), x * x)
+        assert len(seen) == 2  # learned
+        out = model.m(x, y)
+        st = applied.status()["cards"][0]
+        assert st["served"] == 3 and st["fallbacks"] == {"2 tensors where the card has 1": 1}
+    torch.testing.assert_close(out, x * y)
+
+
+class _PlusOne(TorchFunctionMode):
+    """A user's mode that changes what layer_norm returns (as a fake-quantisation mode would)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + 1 if func is torch.nn.functional.layer_norm else out
+
+
+def test_a_learned_call_under_a_mode_or_transform_goes_through_pytorch(layer_norm_ws):
+    """After it is learned, a call under a __torch_function__ mode, under vmap or with a forward-AD
+    dual tensor is not served directly: each reaches PyTorch's dispatch, the result is what eager
+    gives under the same mode or transform, and the kernel stays active (handed vmap's batched
+    tensor, which has no storage, it would fail and be disabled)."""
+    import torch.autograd.forward_ad as fwAD
+
+    ws, _ = layer_norm_ws
+    model, x = _layer_norm_model()
+    xs, tangent = torch.randn(4, 16, 256), torch.randn_like(x)
+    with torch.no_grad():
+        with _PlusOne():
+            ref_mode = model(x)
+        ref_vmap = torch.vmap(model)(xs)
+        with fwAD.dual_level():
+            ref_tangent = fwAD.unpack_dual(model(fwAD.make_dual(x, tangent))).tangent
+        with apply(model, ws, only_faster=False) as applied:
+            for _ in range(3):
+                model(x)
+            served = applied.status()["cards"][0]["served"]
+            with _PlusOne():
+                got_mode = model(x)
+            got_vmap = torch.vmap(model)(xs)
+            with fwAD.dual_level():
+                got_tangent = fwAD.unpack_dual(model(fwAD.make_dual(x, tangent))).tangent
+            st = applied.status()["cards"][0]
+            assert st["served"] <= served + 2 and st["active"], st  # nothing disabled the kernel
+    torch.testing.assert_close(got_mode, ref_mode)
+    torch.testing.assert_close(got_vmap, ref_vmap)
+    assert got_tangent is not None
+    torch.testing.assert_close(got_tangent, ref_tangent)
+
+
+def test_a_module_card_under_a_mode_runs_the_original_forward(promoted):
+    """The RMSNorm module card's kernel would skip what a __torch_function__ mode does to the
+    forward's ops: under a mode the original forward runs, and the fallback says why."""
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    seen: list[Any] = []
+
+    class Watching(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        with Watching():
+            out = model(x)
+        st = {c["card"]: c for c in applied.status()["cards"]}[norm.id]
+    assert st["served"] == 0 and st["fallbacks"] == {"a transform, mode or tensor subclass is active": 1}
+    assert torch.rsqrt in seen  # the RMSNorm's own ops ran, under the mode
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))

@@ -44,7 +44,8 @@ class Mode(str, enum.Enum):
     """For a model the caller captures in a CUDA graph: a graph replays the kernels alone, so what
     a call costs the host does not count. Kernels are chosen by their verdict in graphs
     (``Entry.graph_disabled_reason``), not by the op-by-op one, none is switched off for its
-    dispatch cost, and there is no in-place trial (it synchronises, which a capture forbids)."""
+    dispatch cost, and there are no in-place trial and no shadow checks (they synchronise, which a
+    capture forbids)."""
 
 
 # ---- guards ------------------------------------------------------------------------------------
@@ -348,6 +349,7 @@ def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Ten
 def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
                     call_args: Any, returns: str) -> Callable[..., Any]:
     op = _custom_op(guard) if mode == Mode.TORCH_COMPILE else None
+    device = guard.device
     tensors_only: int | None = None
     """How many positional tensors the profiled call passed, when it passed nothing else."""
     if call_args is not None and len(call_args) == 2 and call_args[1] == {} and \
@@ -379,6 +381,9 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             guard.board.fell_back(guard.status, "non-tensor arguments differ from the profiled call")
             return original(*args, **kwargs)
         tensors = module_inputs(module, args, kwargs, guard.consts)
+        if op is None and not (_plain_context(device) and _plain_tensors(tensors)):
+            guard.board.fell_back(guard.status, "a transform, mode or tensor subclass is active")
+            return original(*args, **kwargs)
         trial = guard.trial
         if op is None and trial is not None and trial.pending():
             def with_kernel() -> Any:
@@ -699,8 +704,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             continue
         try:
             # in a graph the host's cost of a call is paid once, at capture: no dispatch rule
-            guard = Guard(entry, folder, device, board, shadow_every, _consts(folder, entry, device),
-                          only_faster and mode != Mode.CUDA_GRAPH)
+            guard = Guard(entry, folder, device, board, 0 if mode == Mode.CUDA_GRAPH else shadow_every,
+                          _consts(folder, entry, device), only_faster and mode != Mode.CUDA_GRAPH)
         except KernelUnavailable as exc:
             applied.skipped[card_id] = str(exc)
             continue
@@ -743,7 +748,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             for g in guards:
                 table.setdefault(g.func, []).append(g)
             owner = object()
-            leaf = _LeafSites(module, device) if path and not called_children(module) else None
+            leaf = _LeafSites(module, device) if path and _direct_leaf(module) else None
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table,
                                                            _scope_trial(trials, guards, path, trial_calls, device),
                                                            owner, leaf))
@@ -844,7 +849,46 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
 
 _NOT_SERVED = object()
 _FELL_BACK = object()
+
+DIRECT_ATTR = "forge_direct"
+"""A module class that sets this attribute true declares that its forward reads nothing but its
+call's tensors and its own attributes (no config object changed in place, no global), as the
+``torch.nn`` modules' own forwards do: its op card may then be learned (``_LeafSites``)."""
+
+
+def _direct_leaf(module: Any) -> bool:
+    """A leaf module whose forward is ``torch.nn``'s own (nn.LayerNorm, nn.GroupNorm, nn.SiLU...),
+    or whose class opts in with ``DIRECT_ATTR``; not one whose forward something replaced (a
+    module card's)."""
+    if called_children(module) or "forward" in module.__dict__:
+        return False
+    fwd = getattr(type(module), "forward", None)
+    return bool(getattr(type(module), DIRECT_ATTR, False)) or \
+        (getattr(fwd, "__module__", "") or "").startswith("torch.nn.modules.")
+
+
+def _plain_context(device: str) -> bool:
+    """No transform or mode is active that a direct kernel call would skip, where PyTorch's own
+    dispatch would honour it: autocast, a ``__torch_function__`` mode, a functorch transform (vmap,
+    grad), a forward-mode AD level."""
+    import torch
+    from torch.autograd import forward_ad
+
+    return not (torch.is_autocast_enabled(device) or torch._C._len_torch_function_stack()
+                or torch._C._functorch.peek_interpreter_stack() is not None or forward_ad._current_level >= 0)
+
+
+def _plain_tensors(tensors: list[Any]) -> bool:
+    """Every one a plain tensor or parameter (a subclass may override what its ops do)."""
+    import torch
+
+    return all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
 _PLAIN_ATTR = (type(None), bool, int, float, str)
+
+
+def _aliases(tensors: list[Any]) -> tuple[int, ...]:
+    """For each tensor, the first position of the same tensor: which arguments are one tensor."""
+    return tuple(next(i for i, u in enumerate(tensors) if u is t) for t in tensors)
 
 
 class _LeafSites:
@@ -858,8 +902,11 @@ class _LeafSites:
     one of the call's or the module's own (parameters, buffers), and returned one of its outputs.
     The same site (attributes included: ``_attrs``) seen on ``LEARN_CALLS`` calls in a row is
     learned. A learned call is served only when the module's attributes are still those it was
-    learned with (plain values equal, the others the same objects), gradients and autocast are off,
-    and the guard matches the tensors; anything else goes through the interceptor, as before. After ``GIVE_UP`` calls that teach nothing, the scope
+    learned with (plain values equal, the others the same objects), the same arguments are one
+    tensor as then, the tensors are plain, gradients are off, no transform or mode is active
+    (``_plain_context``) and the guard matches the tensors; anything else goes through the
+    interceptor, as before. Only modules whose forward reads nothing else are learned
+    (``_direct_leaf``): ``torch.nn``'s own, or a class that says so with ``DIRECT_ATTR``. After ``GIVE_UP`` calls that teach nothing, the scope
     stops learning."""
 
     LEARN_CALLS = 2
@@ -868,9 +915,11 @@ class _LeafSites:
     def __init__(self, module: Any, device: str) -> None:
         self.module = module
         self.device = device
-        self.sites: list[tuple[OpGuard, tuple[int, ...], int, int, tuple[tuple[str, Any, bool], ...]]] = []
+        self.sites: list[tuple[OpGuard, tuple[int, ...], int, int, tuple[tuple[str, Any, bool], ...],
+                               tuple[int, ...]]] = []
         """(the card, the op's tensors as indices into the call's, the output returned (-1: the
-        op's only one), the call's tensor count, the module's attributes: ``_attrs``)."""
+        op's only one), the call's tensor count, the module's attributes (``_attrs``), which of the
+        call's tensors are the same tensor (``_aliases``))."""
         self._candidate: Any = None
         self._seen = 0
         self._useless = 0
@@ -909,7 +958,7 @@ class _LeafSites:
             tensors = self._tensors(args)
             where = [next((i for i, t in enumerate(tensors) if t is u), -1) for u in uniq]
             if ret_at is not None and -1 not in where:
-                site = (og, tuple(where), -1 if og.single else ret_at, len(args), self._attrs())
+                site = (og, tuple(where), -1 if og.single else ret_at, len(args), self._attrs(), _aliases(tensors))
         if site is None:
             self._useless += 1
             self._candidate, self._seen = None, 0
@@ -931,19 +980,22 @@ class _LeafSites:
             return _NOT_SERVED
         import torch
 
-        if torch.is_autocast_enabled(self.device):
+        if not _plain_context(self.device):
             return _NOT_SERVED
         tensors = None
-        for og, where, ret_at, n_args, attrs in self.sites:
+        aliases = None
+        for og, where, ret_at, n_args, attrs, site_aliases in self.sites:
             if len(args) != n_args:
                 continue
             if tensors is None:
                 tensors = self._tensors(args)
-                for t in tensors:
-                    if not isinstance(t, torch.Tensor):
-                        return _NOT_SERVED
+                if not _plain_tensors(tensors):
+                    return _NOT_SERVED
                 if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
                     return _NOT_SERVED
+                aliases = _aliases(tensors)
+            if aliases != site_aliases:  # the same tensor passed twice, or no longer
+                continue
             d = self.module.__dict__
             if len(d) != len(attrs) or any((id(d.get(k)) if by_id else d.get(k, _NOT_SERVED)) != v
                                            for k, v, by_id in attrs):
