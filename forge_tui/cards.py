@@ -60,17 +60,18 @@ class Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str
-    kind: Literal["op", "module"]
+    kind: Literal["op", "module", "chain"]
     target: str
-    """'aten._softmax.default' for ops; 'module:RMSNorm' for leaf modules."""
+    """'aten._softmax.default' for ops; 'module:RMSNorm' for leaf modules; 'chain:mul+add+_softmax'
+    for a chain of ops a module's own forward calls one after another."""
     label: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     program: dict[str, Any]
     module_paths: list[str] = []
     within: list[str] = []
-    """Op cards: the module cards whose forwards made every call of this one (it is nested in
-    them: their kernels serve it); empty when some call was made elsewhere."""
+    """Op cards: the module or chain cards whose forwards (or chains) made every call of this one
+    (it is nested in them: their kernels serve it); empty when some call was made elsewhere."""
     call_args: Any = None
     """Module cards: the forward's arguments, tensors replaced by {"$t": k} (None: not recorded)."""
     returns: str = "tensor"
@@ -97,7 +98,7 @@ class Card(BaseModel):
     @property
     def op_name(self) -> str:
         """'_softmax' for 'aten._softmax.default'; 'RMSNorm' for 'module:RMSNorm'."""
-        if self.kind == "module":
+        if self.kind in ("module", "chain"):
             return self.target.split(":", 1)[1]
         parts = self.target.split(".")
         return parts[1] if len(parts) > 1 else self.target

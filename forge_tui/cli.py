@@ -38,8 +38,9 @@ def cmd_profile(args) -> int:
             (", NOT TRUSTWORTHY: the machine was busy)" if result.forward_noisy else ")")
     print(render(result.cards, title=title, limit=args.limit), end="")
     cov = result.coverage
-    print(f"{len(result.cards)} cards ({sum(c.kind == 'op' for c in result.cards)} op, "
-          f"{sum(c.kind == 'module' for c in result.cards)} module); op cards cover {100 * cov['op']:.0f}% "
+    kinds = {k: sum(c.kind == k for c in result.cards) for k in ("op", "module", "chain")}
+    print(f"{len(result.cards)} cards ({kinds['op']} op, {kinds['module']} module, {kinds['chain']} chain); "
+          f"op cards cover {100 * cov['op']:.0f}% "
           f"of the forward; skipped calls: " + ", ".join(f"{k} {v}" for k, v in result.skipped.items() if v))
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -319,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("cards", help="print a workspace's op table")
     sp.add_argument("workspace", type=Path)
-    sp.add_argument("--kind", choices=["op", "module"])
+    sp.add_argument("--kind", choices=["op", "module", "chain"])
     sp.add_argument("--limit", type=int, default=None)
     sp.set_defaults(func=cmd_cards)
 

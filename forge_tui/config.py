@@ -54,6 +54,10 @@ class ProfileConfig(_Section):
     """Cards at the single-op (aten) granularity."""
     modules: bool = True
     """Cards for leaf nn.Modules (an RMSNorm written as six tensor ops becomes one card)."""
+    chains: bool = True
+    """Chain cards: pointwise, cast and reduction ops a module's own forward calls one after
+    another, each on an output of the one before (an attention's scale, mask, fp32 softmax and
+    cast), one card for the code generator to fuse."""
     skip_views: bool = True
     skip_rng: bool = True
     skip_param_copies: bool = True

@@ -17,8 +17,8 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def ordered(cards: list[Card]) -> list[tuple[Card, bool]]:
-    """The cards in their order, each op card nested in a module card of the list moved right under
-    the first such module card; (card, nested)."""
+    """The cards in their order, each op card nested in a module or chain card of the list moved
+    right under the first such card; (card, nested)."""
     present = {c.id for c in cards}
     children: dict[str, list[Card]] = {}
     for c in cards:
@@ -36,10 +36,12 @@ def ordered(cards: list[Card]) -> list[tuple[Card, bool]]:
 
 
 def offline_share(cards: list[Card], served: dict[str, str]) -> dict[str, float]:
-    """The share of the forward served by offline kernels: module cards with one, plus op cards
-    with one that are not nested in a served module card (nested ones are counted through it)."""
+    """The share of the forward served by offline kernels: module and chain cards with one, plus
+    op cards with one that are not nested in a served module or chain card (nested ones are
+    counted through it)."""
     by_id = {c.id: c for c in cards}
     module = sum(c.share or 0.0 for c in cards if c.kind == "module" and c.id in served)
+    chain = sum(c.share or 0.0 for c in cards if c.kind == "chain" and c.id in served)
     op = 0.0
     for c in cards:
         if c.kind != "op" or c.id not in served:
@@ -48,7 +50,7 @@ def offline_share(cards: list[Card], served: dict[str, str]) -> dict[str, float]
         if parents and all(p.id in served for p in parents):
             continue
         op += c.share or 0.0
-    return {"total": module + op, "module": module, "op": op}
+    return {"total": module + chain + op, "module": module, "chain": chain, "op": op}
 
 
 def served_by(cards: list[Card]) -> dict[str, str]:
@@ -108,11 +110,13 @@ def render(cards: list[Card], title: str = "", width: int = 200, limit: int | No
     if limit is not None and len(cards) > limit:
         text += f"... {len(cards) - limit} more cards\n"
     if any(r["nested"] for r in shown):
-        text += f"{NESTED}an op card nested in the module card above it (every call made inside its forward)\n"
+        text += f"{NESTED}an op card nested in the module or chain card above it (every call made inside it)\n"
     if served and any(c.share is not None for c in cards):
         s = offline_share(cards, served)
         text += (f"offline kernels (templates, generator) serve {100 * s['total']:.1f}% of the forward: "
-                 f"module cards {100 * s['module']:.1f}%, op cards outside them {100 * s['op']:.1f}%\n")
+                 f"module cards {100 * s['module']:.1f}%, " +
+                 (f"chain cards {100 * s['chain']:.1f}%, " if s["chain"] else "") +
+                 f"op cards outside them {100 * s['op']:.1f}%\n")
     if any("noisy_timing" in r["flags"] for r in shown):
         text += "? timed while the machine was busy: not trustworthy (profile again on a quiet machine)\n"
     return text

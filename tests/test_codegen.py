@@ -511,10 +511,12 @@ def test_op_cards_nest_under_their_module_card_and_are_not_searched_apart(tmp_pa
     ws, _ = profile_into_workspace(tmp_path / "nested.py", tmp_path / "ws", device="cpu", config_path=cfg)
     cards = ws.cards()
     module = next(c for c in cards if c.kind == "module")
-    inner = [c for c in cards if c.kind == "op" and c.within]
-    outer = [c for c in cards if c.kind == "op" and not c.within]
+    chain = next(c for c in cards if c.kind == "chain")  # the model's own tanh, then the add
+    inner = [c for c in cards if c.kind == "op" and module.id in c.within]
+    outer = [c for c in cards if c.kind == "op" and module.id not in c.within]
     assert {c.op_name for c in inner} >= {"pow", "mean", "rsqrt"} and all(c.within == [module.id] for c in inner)
-    assert {c.op_name for c in outer} >= {"tanh"}  # made outside the module
+    assert {c.op_name for c in outer} == {"tanh", "add"}  # made outside the module, each in the chain
+    assert all(c.within == [chain.id] for c in outer) and chain.target == "chain:tanh+add"
     text = render(cards)
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if module.id in line)

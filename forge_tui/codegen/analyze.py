@@ -562,6 +562,28 @@ BINARY = {"mul", "maximum", "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "g
 IDENTITY_VIEWS = {"alias", "detach", "lift_fresh", "_conj", "view_as"}
 
 
+CHAIN_LEFT_OUT = {"mm", "bmm", "cat", "split", "split_with_sizes", "unbind", "full", "full_like", "zeros", "ones",
+                  "zeros_like", "ones_like", "arange", "scalar_tensor", "fill", "copy", "clone", "contiguous",
+                  "lift_fresh_copy", "triu", "tril"}
+"""Ops the generator lowers that no chain of ops starts or continues with: products, joins and
+splits, allocations, copies (a chain is the pointwise, cast and reduction ops between them)."""
+
+
+def chains_op(name: str) -> bool:
+    """Whether the aten op ``name`` (``aten.mul.Tensor``) may be a link of a chain card: a
+    pointwise op, a cast or a reduction the generator lowers, not in place, not a view."""
+    parts = name.split(".")
+    base = parts[1] if len(parts) > 1 else name
+    if base.endswith("_") or base in CHAIN_LEFT_OUT:
+        return False
+    return base in UNARY or base in BINARY or (hasattr(Lowering, "op_" + base) and not _is_view_op(base))
+
+
+def _is_view_op(base: str) -> bool:
+    return base in IDENTITY_VIEWS or base in {"view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "permute",
+                                              "transpose", "t", "unsqueeze", "squeeze", "slice", "narrow", "select"}
+
+
 def _vals(xs) -> list[Val]:
     return [x for x in xs if isinstance(x, Val)]
 

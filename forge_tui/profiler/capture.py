@@ -157,6 +157,24 @@ class _Frame:
     """The op buckets of the calls made inside this frame, one entry a call."""
 
 
+@dataclass
+class _Chain:
+    """Ops a module's own forward calls one after another, each taking an output of one before
+    it (``scores * scale + mask``, then a softmax in fp32, then a cast): a chain card once two or
+    more are linked. Its inputs are the tensors from outside the chain, in order."""
+
+    path: str
+    refs: Any  # WeakIdKeyDictionary: tensor -> ref
+    tensors: list
+    specs: list[TensorSpec]
+    sample_inputs: list | None
+    nodes: list = field(default_factory=list)
+    outs: list = field(default_factory=list)
+    """Each node's tensor outputs (held until the chain closes: the last one is its output)."""
+    op_keys: list[str] = field(default_factory=list)
+    flops: int = 0
+
+
 class CaptureOptions:
     def __init__(self, cfg) -> None:
         self.ops = cfg.ops
@@ -164,6 +182,7 @@ class CaptureOptions:
         self.skip_views = cfg.skip_views
         self.skip_rng = cfg.skip_rng
         self.skip_param_copies = cfg.skip_param_copies
+        self.chains = cfg.chains
         self.samples_per_card = cfg.samples_per_card
         self.max_sample_bytes = int(cfg.max_sample_mib * (1 << 20))
 
@@ -204,6 +223,8 @@ class Recorder:
         """The paths of the modules whose forward is running, innermost last: an op card records the
         innermost as its scope, the module whose own forward made the call (not a child's)."""
         self._WeakIdKeyDictionary = WeakIdKeyDictionary
+        self._chains: dict[str, _Chain] = {}
+        """The open chain of each module whose own forward is running (``_chain_step``)."""
 
     # ---- public -------------------------------------------------------------------------------
     def run(self, fn):
@@ -219,6 +240,8 @@ class Recorder:
                 h.remove()
             self._handles.clear()
             self.frame = None
+            for path in list(self._chains):
+                self._close_chain(path)
             self._scopes.clear()
 
     # ---- ops ----------------------------------------------------------------------------------
@@ -287,6 +310,9 @@ class Recorder:
 
         if self.frame is not None:
             self._frame_node(func, args, kwargs, out, flat_out, in_tensors, out_tensors)
+        elif self.opt.chains:
+            self._chain_step(func, args, kwargs, out, flat_out, in_tensors, out_tensors,
+                             key if op_card and reason is None and out_tensors else None)
         if in_tensors and all(t in self.params for t in in_tensors):
             for t in out_tensors:  # a copy or view of parameters is parameter-derived too
                 self.params[t] = "derived"
@@ -341,15 +367,111 @@ class Recorder:
                 bucket.skipped_samples += 1
         return out
 
+    # ---- chains -------------------------------------------------------------------------------
+    def _chain_step(self, func, args, kwargs, out, flat_out, in_tensors, out_tensors, op_key: str | None) -> None:
+        """An op a module's own forward made (no leaf module's frame open): it extends that
+        module's open chain when it is a link (``chains_op``) taking one of the chain's tensors;
+        one that takes a chain tensor and is no link closes the chain; a link taking none closes
+        it and starts the next. Ops touching no chain tensor and no link leave it open."""
+        from ..codegen.analyze import chains_op
+
+        path = self._scopes[-1] if self._scopes else ""
+        chain = self._chains.get(path)
+        touches = chain is not None and any(chain.refs.get(t, {}).get("$node") is not None for t in in_tensors)
+        link = op_key is not None and chains_op(str(func)) and bool(in_tensors)
+        if not link:
+            if touches:
+                self._close_chain(path)
+            return
+        if chain is not None and not touches:
+            self._close_chain(path)
+            chain = None
+        if chain is None:
+            chain = self._chains[path] = _Chain(path=path, refs=self._WeakIdKeyDictionary(), tensors=[], specs=[],
+                                                sample_inputs=[])
+
+        def ref(t):
+            r = chain.refs.get(t)
+            if r is None:
+                r = chain.refs[t] = {"$in": len(chain.tensors)}
+                chain.tensors.append(t)
+                chain.specs.append(spec_of(t, "param" if t in self.params else "input", with_range=False))
+                if chain.sample_inputs is not None:
+                    chain.sample_inputs = chain.sample_inputs + [pack(t)] if self._within_budget(chain.tensors) else None
+            return r
+
+        try:
+            node = {"op": str(func), "args": encode(list(args), ref), "kwargs": encode(dict(kwargs), ref)}
+        except Unencodable:
+            self._close_chain(path)
+            return
+        node["out"] = _out_meta(flat_out)
+        i = len(chain.nodes)
+        chain.nodes.append(node)
+        for j, t in enumerate(flat_out):
+            if isinstance(t, torch_tensor_type()):
+                chain.refs[t] = {"$node": i, "out": j}
+        chain.outs.append(out_tensors)
+        chain.op_keys.append(op_key or "")
+        chain.flops += op_flops(func, args, kwargs, out, in_tensors, out_tensors)
+
+    def _close_chain(self, path: str) -> None:
+        """The chain card of ``path``'s open chain, when it links two ops or more: its program,
+        its inputs, its output (the last op's first), and its ops' calls counted inside it."""
+        chain = self._chains.pop(path, None)
+        if chain is None or len(chain.nodes) < 2 or not chain.outs[-1]:
+            return
+        busy, self.busy = self.busy, True  # the value ranges it reads are our work, not the model's
+        try:
+            self._chain_card(chain, path)
+        finally:
+            self.busy = busy
+
+    def _chain_card(self, chain: _Chain, path: str) -> None:
+        out = chain.outs[-1][0]
+        program = {"nodes": chain.nodes, "outputs": [chain.refs[out]]}
+        target = "chain:" + "+".join(op_name(resolve_op(n["op"])) for n in chain.nodes)
+        key = signature_key("chain", target, program, chain.specs)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            specs = [spec_of(t, s.role) for t, s in zip(chain.tensors, chain.specs)]
+            bucket = Bucket(
+                key=key, kind="chain", target=target, program=program, inputs=specs,
+                outputs=[spec_of(out, "output", with_range=False)], flops=chain.flops,
+                bytes=sum(tensor_read_bytes(t) for t in chain.tensors) + tensor_write_bytes(out),
+                flags={"direct"}, first_seen=self.seq,
+            )
+            self.buckets[key] = bucket
+        bucket.calls += 1
+        if path not in bucket.module_paths:
+            bucket.module_paths.append(path)
+        if len(bucket.samples) < self.opt.samples_per_card:
+            if chain.sample_inputs is not None and self._within_budget([out]):
+                bucket.samples.append((chain.sample_inputs, [pack(out)]))
+            else:
+                bucket.skipped_samples += 1
+        for op_key in chain.op_keys:  # each op call is inside the chain, not outside every card
+            b = self.buckets.get(op_key)
+            if b is None:
+                continue
+            b.outside -= 1
+            b.parents[key] = b.parents.get(key, 0) + 1
+
     # ---- modules ------------------------------------------------------------------------------
     def _install_scope_hooks(self) -> None:
         """Every module's path on ``_scopes`` while its forward runs (popped on an exception too)."""
         for path, mod in self.model.named_modules():
-            self._handles.append(mod.register_forward_pre_hook(self._push_scope(path)))
+            self._handles.append(mod.register_forward_pre_hook(self._push_scope(path), with_kwargs=True))
             self._handles.append(mod.register_forward_hook(self._pop_scope(path), always_call=True))
 
     def _push_scope(self, path: str):
-        def hook(module, args):
+        def hook(module, args, kwargs):
+            parent = self._scopes[-1] if self._scopes else None
+            chain = self._chains.get(parent) if parent is not None else None
+            if chain is not None and any(chain.refs.get(t, {}).get("$node") is not None
+                                         for t in tensor_leaves((args, kwargs))):
+                # a child reads an intermediate of the chain: it must be computed, the chain ends
+                self._close_chain(parent)
             self._scopes.append(path)
 
         return hook
@@ -358,6 +480,8 @@ class Recorder:
         def hook(module, args, output):
             if self._scopes and self._scopes[-1] == path:
                 self._scopes.pop()
+            if path in self._chains:
+                self._close_chain(path)
 
         return hook
 
@@ -499,6 +623,12 @@ class Recorder:
             else:
                 bucket.skipped_samples += 1
         return key
+
+
+def torch_tensor_type():
+    import torch
+
+    return torch.Tensor
 
 
 def _is_compute(func) -> bool:

@@ -58,6 +58,9 @@ def _slug(text: str) -> str:
 def card_id(bucket: Bucket) -> str:
     if bucket.kind == "module":
         name = "mod-" + _slug(bucket.target.split(":", 1)[1])
+    elif bucket.kind == "chain":
+        ops = bucket.target.split(":", 1)[1].split("+")
+        name = "chain-" + _slug("+".join(ops[:3]) + ("+" if len(ops) > 3 else ""))
     else:
         parts = bucket.target.split(".")
         name = _slug(parts[1] if len(parts) > 1 else bucket.target)

@@ -32,7 +32,7 @@ class Signature(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     card: str
-    kind: Literal["op", "module"]
+    kind: Literal["op", "module", "chain"]
     target: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

@@ -78,7 +78,7 @@ class Softmax(Family):
         if len(card.inputs) != 1 or len(card.outputs) != 1:
             return None
         nodes = card.program["nodes"]
-        if card.kind == "module":
+        if card.kind in ("module", "chain"):
             # upcast then softmax, as F.softmax(x, dim, dtype=torch.float32) runs in eager
             if len(nodes) != 2 or nodes[0]["op"] != "aten._to_copy.default" or nodes[1]["op"] not in TARGETS:
                 return None
