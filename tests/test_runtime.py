@@ -802,9 +802,10 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
     seen: dict[int, list[str]] = {}
 
     class Mode(torch.utils._python_dispatch.TorchDispatchMode):
-        def __init__(self, table, owner=None):
+        def __init__(self, table, owner=None, chains=None):
             super().__init__()
             self.forge_owner = owner
+            self.runs = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             seen.setdefault(id(self.forge_owner), []).append(str(func).split(".")[1])

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
+from .chain import ChainGuard, Run, pending_in, realize_all, realize_returned, runs_of, tensor_storages
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .status import STATUS_FILE, CardStatus, StatusBoard
@@ -533,7 +534,17 @@ def _interceptor_class() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Interceptor(TorchDispatchMode):  # type: ignore[misc]
-        def __init__(self, table: dict[Any, list[OpGuard]], owner: object = None) -> None:
+        forge_interceptor = True
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
+            # no: a few µs on every op of the scope. The interceptor serves eager models only
+            # (torch_compile mode installs no op or chain cards).
+            return False
+
+        def __init__(self, table: dict[Any, list[OpGuard]], owner: object = None,
+                     chains: dict[Any, list[ChainGuard]] | None = None) -> None:
             super().__init__()
             self.table = table
             self.forge_owner = owner
@@ -541,9 +552,52 @@ def _interceptor_class() -> type:
             self.record: list[tuple[Any, OpGuard | None, list[Any], Any]] | None = None
             """When a list: every op dispatched, as (op, the card that served it or None, the
             distinct tensors it served, the result) (``_LeafSite`` learns from it)."""
+            self.chains = chains
+            """The scope's chain cards, by their first op (see ``chain.py``)."""
+            self.runs: list[Run] = []
+            """The chains begun in this call of the scope that may still matter: going on, or
+            with a deferred value still referenced."""
+
+        def _chain(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+            """A chain's answer to the call (a Pending tensor, or the kernel's output), or _NOT_SERVED."""
+            going = runs_of(args, kwargs) if pending_in(types) else ()
+            for p in going:
+                out = p._forge_run.chain.step(p, func, args, kwargs)
+                if out is not None:
+                    if p._forge_run.ended:
+                        self.runs = [r for r in self.runs if r.matters()]
+                    return out
+            if self.runs and func._schema.is_mutable:  # an input of a chain may change: compute first
+                written = tensor_storages(args, kwargs)
+                for run in self.runs:
+                    if written & run.storages():
+                        run.end()
+                self.runs = [r for r in self.runs if r.matters()]
+            if self.chains is not None:
+                for cg in self.chains.get(func, ()):
+                    if not cg.guard.status.active:
+                        continue
+                    got = cg.start(func, args, kwargs)
+                    if got is not None:
+                        self.runs.append(got[1])
+                        return got[0]
+            return _NOT_SERVED
+
+        def flush(self) -> None:
+            """At the scope's exit: every chain value still referenced is computed (see ``chain.py``)."""
+            runs, self.runs = self.runs, []
+            for run in runs:
+                run.end()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            chains = self.chains
+            if self.runs or (chains is not None and func in chains):
+                out = self._chain(func, types, args, kwargs)
+                if out is not _NOT_SERVED:
+                    return out
+                if types:  # a deferred argument: computed for what reads it (a guard, eager's op)
+                    args, kwargs = realize_all(args, kwargs)
             guards = self.table.get(func)
             record = self.record
             if guards:
@@ -667,7 +721,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
              cards: list[str] | None, shadow_every: int, only_faster: bool, trial_calls: int) -> None:
     """What ``apply`` installs: a guard per card it can serve, in the modules the card names."""
     board = applied.board
-    ops: dict[str, tuple[Any, list[OpGuard]]] = {}
+    ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]] = {}
     """Scope path -> (its module, the op guards it serves)."""
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
@@ -697,7 +751,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
             continue
         if sig.kind != "module" and mode == Mode.TORCH_COMPILE:
-            applied.skipped[card_id] = "op cards serve eager models (in torch_compile mode, module cards only)"
+            applied.skipped[card_id] = f"{sig.kind} cards serve eager models (in torch_compile mode, module cards only)"
             continue
         if sig.kind != "module" and "mutates" in sig.flags:
             applied.skipped[card_id] = "in-place ops are not served"
@@ -727,14 +781,14 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             else:
                 applied.skipped[card_id] = "none of its modules is in this model: " + ", ".join(sig.module_paths[:3])
         else:
-            og = OpGuard(guard)
+            og: OpGuard | ChainGuard = OpGuard(guard) if sig.kind == "op" else ChainGuard(guard, _plain_equal)
             for path in sig.module_paths or [""]:
                 try:
                     module = model.get_submodule(path) if path else model
                 except AttributeError:  # profiled on another (deeper) model
                     continue
                 ops.setdefault(path, (module, []))[1].append(og)
-                guard.status.sites.append(f"ops under {path or 'the model'}")
+                guard.status.sites.append(f"{'ops' if sig.kind == 'op' else 'a chain'} under {path or 'the model'}")
             if guard.status.sites:
                 applied.guards[card_id] = guard
             else:
@@ -745,13 +799,17 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         trials: dict[tuple[str, ...], Trial] = {}
         for path, (module, guards) in ops.items():
             table: dict[Any, list[OpGuard]] = {}
+            chains: dict[Any, list[ChainGuard]] = {}
             for g in guards:
-                table.setdefault(g.func, []).append(g)
+                if isinstance(g, ChainGuard):
+                    chains.setdefault(g.head, []).append(g)
+                else:
+                    table.setdefault(g.func, []).append(g)
             owner = object()
-            leaf = _LeafSites(module, device) if path and _direct_leaf(module) else None
+            leaf = _LeafSites(module, device) if path and _direct_leaf(module) and not chains else None
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table,
                                                            _scope_trial(trials, guards, path, trial_calls, device),
-                                                           owner, leaf))
+                                                           owner, leaf, chains or None))
             if all("direct" in g.guard.sig.flags for g in guards):
                 # the cards were captured from this module's own calls: its children run unintercepted
                 outside.extend((child, owner) for child in called_children(module))
@@ -783,15 +841,21 @@ def _outside_scope(original: Callable[..., Any], owner: object) -> Callable[...,
     from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_get_current_dispatch_mode(), "forge_owner", None) is owner:
+        mode: Any = _get_current_dispatch_mode()
+        if getattr(mode, "forge_owner", None) is owner:
             with _pop_mode_temporarily():
+                if getattr(mode, "runs", None):  # a chain input the child is handed may change in it: compute first
+                    given = tensor_storages(args, kwargs)
+                    for run in mode.runs:
+                        if given & run.storages():
+                            run.end()
                 return original(*args, **kwargs)
         return original(*args, **kwargs)
 
     return forward
 
 
-def _scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard], path: str, trial_calls: int,
+def _scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard | ChainGuard], path: str, trial_calls: int,
                  device: str) -> Trial | None:
     """The in-place trial of a scope's interception, one for every scope serving the same cards
     (the decoder's `add` in each of its layers): their calls pool into one verdict, so one noisy
@@ -810,7 +874,8 @@ def _scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard], pa
 
 
 def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]],
-                  trial: Trial | None = None, owner: object = None, leaf: "_LeafSites | None" = None) -> Callable[..., Any]:
+                  trial: Trial | None = None, owner: object = None, leaf: "_LeafSites | None" = None,
+                  chains: dict[Any, list[ChainGuard]] | None = None) -> Callable[..., Any]:
     """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
     does not serve goes on to the outer one, unless the outer scope's cards were captured from its
     own calls and its children run outside it). Every op of the scope then passes through Python, so
@@ -818,7 +883,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
     interceptor stays only if the scope ran faster with it; once every guard of the scope is off,
     the scope runs as it was, not intercepted. A leaf module (``leaf``) whose forward is one served
     op is called, once learned, without the interceptor (see ``_LeafSites``)."""
-    guards = list({id(g.guard): g.guard for gs in table.values() for g in gs}.values())
+    groups: list[list[Any]] = [*table.values(), *(chains or {}).values()]
+    guards = list({id(g.guard): g.guard for gs in groups for g in gs}.values())
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
         if leaf is not None:
@@ -828,14 +894,25 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
             if out is not _NOT_SERVED:
                 return out
             if leaf.learning():
-                mode = interceptor(table, owner)
+                mode = interceptor(table, owner, chains)
                 mode.record = []
-                with mode:
-                    ret = original(*args, **kwargs)
+                try:
+                    with mode:
+                        ret = original(*args, **kwargs)
+                finally:
+                    mode.flush()
                 leaf.observe(args, kwargs, mode.record, ret)
                 return ret
-        with interceptor(table, owner):
-            return original(*args, **kwargs)
+        mode = interceptor(table, owner, chains)
+        ran = False
+        try:
+            with mode:
+                ret = original(*args, **kwargs)
+        finally:
+            if mode.runs:
+                ran = True
+                mode.flush()
+        return realize_returned(ret) if ran else ret
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not any(g.status.active for g in guards):

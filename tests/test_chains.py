@@ -1,0 +1,379 @@
+"""Chain cards: ops a module's own forward calls one after another (an attention's scale, mask
+and softmax), captured as one card, fused by the code generator, and served in the unmodified
+model with their intermediates deferred (cpu backend, a real compiled kernel)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forge_tui.config import parse_config
+from forge_tui.evaluator import Evaluator
+from forge_tui.promotion import promote_kernel
+from forge_tui.runtime.apply import apply
+from forge_tui.runtime.chain import ChainInputChanged
+from forge_tui.templates.families.generated import Generated
+from forge_tui.workspace import profile_into_workspace
+
+HERE = Path(__file__).parent
+WORKLOAD = HERE / "data" / "workloads" / "chain_attention.py"
+CFG = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+
+
+def _workload():
+    spec = importlib.util.spec_from_file_location("chain_attention", WORKLOAD)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def chain_ws(tmp_path_factory):
+    """The attention profiled; its chain card's generated kernel evaluated and promoted."""
+    root = tmp_path_factory.mktemp("chain")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace(WORKLOAD, root / "ws", device="cpu", config_path=cfg)
+    chain = next(c for c in ws.cards() if c.kind == "chain")
+    gen = Generated()
+    m = gen.match(chain)
+    assert m is not None
+    src = gen.render(m, gen.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(chain, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, chain.id, src, r, by="test")
+    return ws, chain
+
+
+def test_the_ops_between_the_products_are_one_chain_card(chain_ws):
+    """mul by the scale, add of the mask, the softmax: one card whose inputs are the scores and
+    the mask, its ops' own cards nested in it (a kernel for the chain serves them)."""
+    ws, chain = chain_ws
+    assert chain.target == "chain:mul+add+_softmax" and chain.module_paths == ["attn"]
+    assert [s.shape for s in chain.inputs] == [[2, 64, 64], [64, 64]]
+    assert [s.shape for s in chain.outputs] == [[2, 64, 64]] and chain.samples
+    members = {c.target: c for c in ws.cards() if c.kind == "op" and c.module_paths == ["attn"]}
+    for op in ("aten.mul.Tensor", "aten.add.Tensor", "aten._softmax.default"):
+        assert members[op].within == [chain.id], (op, members[op].within)
+    assert members["aten.bmm.default"].within == []
+
+
+def test_a_chain_is_served_and_agrees_with_eager(chain_ws):
+    ws, chain = chain_ws
+    wl = _workload()
+    model, (x, mask) = wl.get_model(), wl.get_inputs()
+    with torch.no_grad():
+        expected = model(x, mask)
+        with apply(model, ws, only_faster=False) as applied:
+            outs = [model(x, mask) for _ in range(3)]
+            st = applied.status()["cards"][0]
+    assert st["served"] == 3 and st["fallbacks"] == {} and st["sites"] == ["a chain under attn"]
+    for o in outs:
+        assert type(o) is torch.Tensor
+        torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
+
+
+class _Keeps(nn.Module):
+    """The same attention, written to do what a chain must survive: keep the masked scores and
+    return them, and hand them to a child (a child that would mutate them in place)."""
+
+    def __init__(self, base, child=None):
+        super().__init__()
+        self.qkv, self.scaling, self.child = base.qkv, base.scaling, child
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        scores = scores + mask
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, v)
+        if self.child is not None:
+            out = out + self.child(scores).mean()
+        return out, scores
+
+
+class _AddsInPlace(nn.Module):
+    def forward(self, t):
+        return t.add_(1.0)
+
+
+@pytest.mark.parametrize("child", [None, "add_in_place"])
+def test_a_kept_intermediate_reads_as_eager_computed_it(chain_ws, child):
+    """The masked scores are an intermediate of the chain; code that keeps them, returns them or
+    hands them to a child (which changes them in place) sees eager's values, and the chain is
+    still served."""
+    ws, _ = chain_ws
+    wl = _workload()
+    base, (x, mask) = wl.get_model(), wl.get_inputs()
+
+    def build():
+        m = wl.get_model()
+        m.attn = _Keeps(base.attn, _AddsInPlace() if child else None)
+        return m
+
+    with torch.no_grad():
+        expected = build()(x, mask)
+        model = build()
+        with apply(model, ws, only_faster=False) as applied:
+            got = model(x, mask)
+            st = applied.status()["cards"][0]
+    assert st["served"] == 1, st
+    for g, e in zip(got, expected):
+        assert type(g) is torch.Tensor  # the returned intermediate is a plain tensor
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+class _ChangesInput(nn.Module):
+    """Changes the raw scores in place between the chain's first op and its second: in its own
+    forward (the runtime sees it), or in a child that reaches them through an attribute (it
+    cannot)."""
+
+    def __init__(self, base, how="in_scope"):
+        super().__init__()
+        self.qkv, self.scaling, self.how = base.qkv, base.scaling, how
+        self.bump = _BumpsHeld(self) if how == "child_attribute" else _AddsInPlace() if how == "child_argument" else None
+        self.held = None
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        raw = torch.matmul(q, k.transpose(-1, -2))
+        scores = raw * self.scaling
+        if self.how == "child_attribute":
+            self.held = raw
+            self.bump()
+        elif self.how == "child_argument":
+            self.bump(raw)
+        else:
+            raw.mul_(2.0)
+        scores = scores + mask
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(probs, v) + raw.mean()
+
+
+class _BumpsHeld(nn.Module):
+    def __init__(self, parent):
+        super().__init__()
+        self.parent = [parent]  # not a submodule
+
+    def forward(self):
+        self.parent[0].held.add_(1.0)
+
+
+@pytest.mark.parametrize("how", ["in_scope", "child_argument"])
+def test_an_input_changed_in_place_in_the_scope_is_read_as_before(chain_ws, how):
+    """The scope changes the chain's first input in place after the first op, itself or in a
+    child it hands the input to: the deferred scaled scores are computed before the change, as
+    eager computed them."""
+    ws, _ = chain_ws
+    wl = _workload()
+    base, (x, mask) = wl.get_model(), wl.get_inputs()
+
+    def build():
+        m = wl.get_model()
+        m.attn = _ChangesInput(base.attn, how)
+        return m
+
+    with torch.no_grad():
+        expected = build()(x, mask)
+        model = build()
+        with apply(model, ws, only_faster=False) as applied:
+            got = model(x, mask)
+            st = applied.status()["cards"][0]
+    assert st["served"] == 0  # the chain was ended before its last op
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_chain_is_not_begun_when_gradients_are_needed(chain_ws):
+    ws, _ = chain_ws
+    wl = _workload()
+    model, (x, mask) = wl.get_model(), wl.get_inputs()
+    expected = model(x, mask)
+    with apply(model, ws, only_faster=False) as applied:
+        got = model(x, mask)
+        assert applied.status()["cards"][0]["served"] == 0
+    assert got.grad_fn is not None
+    torch.testing.assert_close(got, expected)
+
+
+def test_an_input_changed_where_the_runtime_cannot_see_raises(chain_ws):
+    """A child changes the chain's first input through an attribute, handed nothing: the deferred
+    value can no longer be what eager computed, and the forward raises, naming the card, rather
+    than return it."""
+    ws, chain = chain_ws
+    wl = _workload()
+    base, (x, mask) = wl.get_model(), wl.get_inputs()
+    model = wl.get_model()
+    model.attn = _ChangesInput(base.attn, "child_attribute")
+    with torch.no_grad(), apply(model, ws, only_faster=False):
+        with pytest.raises(ChainInputChanged, match=chain.id):
+            model(x, mask)
+
+
+RESIDUAL = '''
+import torch
+from torch import nn
+
+
+class Layer(nn.Module):
+    """Two residual adds around two children, the second child reading the first add's sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = x + self.a(x)
+        return h + self.b(h)
+
+
+def get_model():
+    torch.manual_seed(0)
+    return Layer().eval()
+
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+'''
+
+ROTARY = '''
+import torch
+from torch import nn
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+class Rotary(nn.Module):
+    """The rotary application as Hugging Face writes it: two products and their sum, with the
+    rotation's slices, negation and join between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x, cos, sin):
+        q = self.proj(x)
+        return (q * cos) + (rotate_half(q) * sin)
+
+
+def get_model():
+    torch.manual_seed(0)
+    return Rotary().eval()
+
+
+def get_inputs():
+    torch.manual_seed(1)
+    return [torch.randn(2, 4, 64, 32), torch.randn(2, 1, 64, 32), torch.randn(2, 1, 64, 32)]
+'''
+
+
+def _profiled(tmp_path, source):
+    path = tmp_path / "wl.py"
+    path.write_text(source)
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
+    return ws, path
+
+
+def test_a_chain_ends_where_a_child_reads_its_intermediate(tmp_path):
+    """The first residual sum is handed to a child, so eager must compute it: the two adds are
+    no chain (a chain card there could never be served, and would cost the search its budget)."""
+    ws, _ = _profiled(tmp_path, RESIDUAL)
+    assert [c.target for c in ws.cards() if c.kind == "chain"] == []
+    adds = [c for c in ws.cards() if c.target == "aten.add.Tensor"]
+    assert adds and all(c.within == [] for c in adds)
+
+
+def test_two_chains_begun_together_serve_the_one_that_completes(tmp_path):
+    """``q * cos`` begins a chain as ``rotate_half(q) * sin`` does (both match the chain's first
+    op); the sum takes the first as the chain's input, computed as eager computes it, and
+    completes the second: the kernel serves it and the result is eager's."""
+    ws, path = _profiled(tmp_path, ROTARY)
+    chain = next(c for c in ws.cards() if c.kind == "chain")
+    assert chain.target == "chain:mul+add" and len(chain.inputs) == 3
+    gen = Generated()
+    m = gen.match(chain)
+    src = gen.render(m, gen.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(chain, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, chain.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location("rotary_wl", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False) as applied:
+            got = [model(*args) for _ in range(2)]
+            st = applied.status()["cards"][0]
+    assert st["served"] == 2, st
+    for g in got:
+        assert type(g) is torch.Tensor
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+
+
+BF16_ATTENTION = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    """Hugging Face's eager attention in bf16: the softmax upcasts to fp32 and the result is cast
+    back, so the chain's casts carry dtype, layout and device arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32, bias=False, dtype=torch.bfloat16)
+        self.scaling = 32 ** -0.5
+
+    def forward(self, q, k, mask):
+        q = self.proj(q)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        scores = scores + mask
+        return F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+
+
+def get_model():
+    torch.manual_seed(0)
+    return Attention().eval()
+
+
+def get_inputs():
+    torch.manual_seed(1)
+    mask = torch.full((64, 64), torch.finfo(torch.bfloat16).min, dtype=torch.bfloat16).triu(1)
+    return [torch.randn(1, 2, 64, 32, dtype=torch.bfloat16), torch.randn(1, 2, 64, 32, dtype=torch.bfloat16), mask]
+'''
+
+
+def test_a_chain_with_casts_is_served(tmp_path):
+    """The casts' dtype, layout and device arguments are matched as the profile recorded them."""
+    ws, path = _profiled(tmp_path, BF16_ATTENTION)
+    chain = next(c for c in ws.cards() if c.kind == "chain")
+    assert chain.target == "chain:mul+add+_to_copy+_softmax+_to_copy"
+    gen = Generated()
+    m = gen.match(chain)
+    src = gen.render(m, gen.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(chain, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, chain.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location("bf16_attention_wl", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False) as applied:
+            got = model(*args)
+            st = applied.status()["cards"][0]
+    assert st["served"] == 1, st
+    assert got.dtype == torch.bfloat16 and type(got) is torch.Tensor
+    torch.testing.assert_close(got, expected)
