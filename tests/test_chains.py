@@ -62,16 +62,24 @@ def test_the_ops_between_the_products_are_one_chain_card(chain_ws):
     assert members["aten.bmm.default"].within == []
 
 
-def test_a_chain_is_served_and_agrees_with_eager(chain_ws):
+PATHS = [pytest.param(True, id="compiled"), pytest.param(False, id="intercepted")]
+"""The two ways a scope's chain is served: its forward compiled to an aten graph with the chain's
+ops replaced (graph.py), or every op of it through the interceptor, intermediates deferred."""
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_a_chain_is_served_and_agrees_with_eager(chain_ws, compiled):
     ws, chain = chain_ws
     wl = _workload()
     model, (x, mask) = wl.get_model(), wl.get_inputs()
     with torch.no_grad():
         expected = model(x, mask)
-        with apply(model, ws, only_faster=False) as applied:
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
             outs = [model(x, mask) for _ in range(3)]
             st = applied.status()["cards"][0]
-    assert st["served"] == 3 and st["fallbacks"] == {} and st["sites"] == ["a chain under attn"]
+            assert ("attn" in applied.scopes) is compiled
+    site = "a chain under attn" + (" (compiled)" if compiled else "")
+    assert st["served"] == 3 and st["fallbacks"] == {} and st["sites"] == [site]
     for o in outs:
         assert type(o) is torch.Tensor
         torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
@@ -101,11 +109,13 @@ class _AddsInPlace(nn.Module):
         return t.add_(1.0)
 
 
+@pytest.mark.parametrize("compiled", PATHS)
 @pytest.mark.parametrize("child", [None, "add_in_place"])
-def test_a_kept_intermediate_reads_as_eager_computed_it(chain_ws, child):
+def test_a_kept_intermediate_reads_as_eager_computed_it(chain_ws, child, compiled):
     """The masked scores are an intermediate of the chain; code that keeps them, returns them or
-    hands them to a child (which changes them in place) sees eager's values, and the chain is
-    still served."""
+    hands them to a child (which changes them in place) sees eager's values. Intercepted, the chain
+    is still served (the scores computed as eager does); compiled, the graph shows the other
+    readers and the chain is left to eager."""
     ws, _ = chain_ws
     wl = _workload()
     base, (x, mask) = wl.get_model(), wl.get_inputs()
@@ -118,10 +128,10 @@ def test_a_kept_intermediate_reads_as_eager_computed_it(chain_ws, child):
     with torch.no_grad():
         expected = build()(x, mask)
         model = build()
-        with apply(model, ws, only_faster=False) as applied:
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
             got = model(x, mask)
             st = applied.status()["cards"][0]
-    assert st["served"] == 1, st
+    assert st["served"] == (0 if compiled else 1), st
     for g, e in zip(got, expected):
         assert type(g) is torch.Tensor  # the returned intermediate is a plain tensor
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
@@ -163,11 +173,16 @@ class _BumpsHeld(nn.Module):
         self.parent[0].held.add_(1.0)
 
 
-@pytest.mark.parametrize("how", ["in_scope", "child_argument"])
-def test_an_input_changed_in_place_in_the_scope_is_read_as_before(chain_ws, how):
+@pytest.mark.parametrize("compiled", PATHS)
+@pytest.mark.parametrize("how", ["in_scope", "child_argument", "child_attribute"])
+def test_an_input_changed_in_place_in_the_scope_is_read_as_before(chain_ws, how, compiled):
     """The scope changes the chain's first input in place after the first op, itself or in a
-    child it hands the input to: the deferred scaled scores are computed before the change, as
-    eager computed them."""
+    child (handed the input, or reaching it through an attribute). Intercepted, the deferred scaled
+    scores are computed before a change it sees, as eager computed them, and the chain is not
+    served (one it cannot see raises: the next test); compiled, the graph orders the change after
+    the chain's reads (functionalised), so the chain is served and the result is eager's."""
+    if how == "child_attribute" and not compiled:
+        pytest.skip("the intercepted path raises here: test_an_input_changed_where_the_runtime_cannot_see_raises")
     ws, _ = chain_ws
     wl = _workload()
     base, (x, mask) = wl.get_model(), wl.get_inputs()
@@ -180,19 +195,20 @@ def test_an_input_changed_in_place_in_the_scope_is_read_as_before(chain_ws, how)
     with torch.no_grad():
         expected = build()(x, mask)
         model = build()
-        with apply(model, ws, only_faster=False) as applied:
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
             got = model(x, mask)
             st = applied.status()["cards"][0]
-    assert st["served"] == 0  # the chain was ended before its last op
+    assert st["served"] == (1 if compiled else 0), st  # intercepted: the chain ended before its last op
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_chain_is_not_begun_when_gradients_are_needed(chain_ws):
+@pytest.mark.parametrize("compiled", PATHS)
+def test_a_chain_is_not_begun_when_gradients_are_needed(chain_ws, compiled):
     ws, _ = chain_ws
     wl = _workload()
     model, (x, mask) = wl.get_model(), wl.get_inputs()
     expected = model(x, mask)
-    with apply(model, ws, only_faster=False) as applied:
+    with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
         got = model(x, mask)
         assert applied.status()["cards"][0]["served"] == 0
     assert got.grad_fn is not None
@@ -208,7 +224,7 @@ def test_an_input_changed_where_the_runtime_cannot_see_raises(chain_ws):
     base, (x, mask) = wl.get_model(), wl.get_inputs()
     model = wl.get_model()
     model.attn = _ChangesInput(base.attn, "child_attribute")
-    with torch.no_grad(), apply(model, ws, only_faster=False):
+    with torch.no_grad(), apply(model, ws, only_faster=False, compiled_scopes=False):
         with pytest.raises(ChainInputChanged, match=chain.id):
             model(x, mask)
 
@@ -290,7 +306,8 @@ def test_a_chain_ends_where_a_child_reads_its_intermediate(tmp_path):
     assert adds and all(c.within == [] for c in adds)
 
 
-def test_two_chains_begun_together_serve_the_one_that_completes(tmp_path):
+@pytest.mark.parametrize("compiled", PATHS)
+def test_two_chains_begun_together_serve_the_one_that_completes(tmp_path, compiled):
     """``q * cos`` begins a chain as ``rotate_half(q) * sin`` does (both match the chain's first
     op); the sum takes the first as the chain's input, computed as eager computes it, and
     completes the second: the kernel serves it and the result is eager's."""
@@ -310,7 +327,7 @@ def test_two_chains_begun_together_serve_the_one_that_completes(tmp_path):
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
         expected = model(*args)
-        with apply(model, ws, only_faster=False) as applied:
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
             got = [model(*args) for _ in range(2)]
             st = applied.status()["cards"][0]
     assert st["served"] == 2, st
@@ -353,7 +370,8 @@ def get_inputs():
 '''
 
 
-def test_a_chain_with_casts_is_served(tmp_path):
+@pytest.mark.parametrize("compiled", PATHS)
+def test_a_chain_with_casts_is_served(tmp_path, compiled):
     """The casts' dtype, layout and device arguments are matched as the profile recorded them."""
     ws, path = _profiled(tmp_path, BF16_ATTENTION)
     chain = next(c for c in ws.cards() if c.kind == "chain")
@@ -371,9 +389,35 @@ def test_a_chain_with_casts_is_served(tmp_path):
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
         expected = model(*args)
-        with apply(model, ws, only_faster=False) as applied:
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
             got = model(*args)
             st = applied.status()["cards"][0]
     assert st["served"] == 1, st
     assert got.dtype == torch.bfloat16 and type(got) is torch.Tensor
     torch.testing.assert_close(got, expected)
+
+
+def test_a_scope_that_cannot_be_compiled_runs_as_written(chain_ws, monkeypatch):
+    """torch.compile fails on the scope: the forward runs as written, the chain's kernel is
+    switched off with the reason, and later calls do not try again."""
+    from forge_tui.runtime import graph
+
+    ws, chain = chain_ws
+    tries = []
+
+    def fail(self):
+        tries.append(1)
+        raise torch._dynamo.exc.TorchDynamoException("a stand-in failure")
+
+    monkeypatch.setattr(graph.GraphScope, "compiled", fail)
+    wl = _workload()
+    model, (x, mask) = wl.get_model(), wl.get_inputs()
+    with torch.no_grad():
+        expected = model(x, mask)
+        with apply(model, ws, only_faster=False) as applied:
+            got = [model(x, mask) for _ in range(3)]
+            st = applied.status()["cards"][0]
+    assert tries == [1]
+    assert not st["active"] and "runs uncompiled" in st["disabled_reason"] and "stand-in" in st["disabled_reason"]
+    for g in got:
+        torch.testing.assert_close(g, expected)

@@ -765,13 +765,31 @@ def test_an_op_card_scope_intercepts_its_own_calls_not_its_childrens(promoted, m
     model, x = wl.get_model(), wl.get_inputs()[0]
     with torch.no_grad():
         expected = model(x)
-        with apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+        with apply(model, ws, cards=[sm.id], only_faster=False, compiled_scopes=False) as applied:
             got = model(x)
             st = {c["card"]: c for c in applied.status()["cards"]}
     torch.testing.assert_close(got, expected)
     assert st[sm.id]["served"] == 1
     assert seen == ["aten._softmax.default"], seen  # none of the norm's pow, mean, rsqrt, mul ...
     assert "forward" not in model.norm.__dict__  # undone
+
+
+def test_an_op_card_in_a_compiled_scope_is_served_with_no_op_intercepted(promoted, monkeypatch):
+    """The same card with the scope compiled (the default): the softmax in the scope's aten graph
+    is replaced by the kernel's call, and no op of the forward passes the interceptor."""
+    ws, norm, sm = promoted
+    seen = _count_intercepted(monkeypatch)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+            got = [model(x) for _ in range(2)]
+            st = {c["card"]: c for c in applied.status()["cards"]}
+            assert list(applied.scopes) == [""] and applied.scopes[""].sites == {sm.id: 1}
+    for g in got:
+        torch.testing.assert_close(g, expected)
+    assert st[sm.id]["served"] == 2 and seen == []
 
 
 def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
@@ -840,7 +858,7 @@ def test_an_op_card_call_checks_its_tensors_once(promoted, monkeypatch):
     monkeypatch.setattr(Guard, "mismatch", counting)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
-    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False, compiled_scopes=False) as applied:
         model(x)
         st = {c["card"]: c for c in applied.status()["cards"]}
         # a call the card does not match is still checked, and falls back with the reason
@@ -875,7 +893,7 @@ def test_an_op_card_scope_missing_from_the_model_is_skipped_not_fatal(promoted, 
     with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False) as applied:
         model(x)
         st = {c["card"]: c for c in applied.status()["cards"]}
-    assert st[sm.id]["served"] == 1 and st[sm.id]["sites"] == ["ops under the model"]
+    assert st[sm.id]["served"] == 1 and st[sm.id]["sites"] == ["ops under the model (compiled)"]
     ws2 = _edited_copy(src, tmp_path / "b", sm.id, module_paths=["layers.31"])
     with apply(model, ws2, cards=[sm.id], only_faster=False) as applied:
         assert sm.id not in applied.guards and "none of its modules" in applied.skipped[sm.id]

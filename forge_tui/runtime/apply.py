@@ -30,6 +30,7 @@ from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
 from .chain import ChainGuard, Run, pending_in, realize_all, realize_returned, runs_of, tensor_storages
+from .graph import GraphScope, compilable
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .status import STATUS_FILE, CardStatus, StatusBoard
@@ -660,6 +661,8 @@ class Applied:
         self.board = board
         self.guards: dict[str, Guard] = {}
         self.skipped: dict[str, str] = {}
+        self.scopes: dict[str, GraphScope] = {}
+        """The scopes served compiled, by module path (``graph.py``)."""
         self._restore: list[tuple[Any, bool, Any]] = []
 
     def _replace_forward(self, module: Any, new: Callable[..., Any]) -> None:
@@ -688,7 +691,7 @@ class Applied:
 
 def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFERENCE, device: str | None = None,
           cards: list[str] | None = None, shadow_every: int = 0, only_faster: bool = True,
-          trial_calls: int = 6) -> Applied:
+          trial_calls: int = 6, compiled_scopes: bool = True) -> Applied:
     """Put the promoted kernels of ``source`` (a Workspace, its path, or an export folder) into
     ``model`` for the calls they match. Returns an ``Applied`` handle (a context manager).
 
@@ -698,7 +701,10 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
     kernel and without, ``trial_calls`` of each, and the kernel is switched off unless it was
     faster there (see ``Trial``). ``mode``: ``inference`` (the op-by-op forward), ``torch_compile``
     (module cards as custom ops, for a model compiled after this), ``cuda_graph`` (for a model
-    captured in a CUDA graph after this: see ``Mode.CUDA_GRAPH``)."""
+    captured in a CUDA graph after this: see ``Mode.CUDA_GRAPH``). ``compiled_scopes``: serve op
+    and chain cards in a module's forward compiled by torch.compile to an aten graph with their
+    ops replaced (``graph.py``), where the forward allows it; else (or False) through the
+    interceptor, a Python dispatch mode that every op of the scope passes through."""
     mode = Mode(mode)
     trial_calls = trial_calls if only_faster and mode == Mode.INFERENCE else 0
     folder, status_path = _resolve(source)
@@ -709,7 +715,8 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
     board = StatusBoard(status_path)
     applied = Applied(model, board)
     try:  # a failure part way leaves the model as it was
-        _install(applied, model, man, folder, device, mode, cards, shadow_every, only_faster, trial_calls)
+        _install(applied, model, man, folder, device, mode, cards, shadow_every, only_faster, trial_calls,
+                 compiled_scopes)
     except BaseException:
         applied.undo()
         raise
@@ -718,7 +725,8 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
 
 
 def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: Path, device: str, mode: Mode,
-             cards: list[str] | None, shadow_every: int, only_faster: bool, trial_calls: int) -> None:
+             cards: list[str] | None, shadow_every: int, only_faster: bool, trial_calls: int,
+             compiled_scopes: bool = True) -> None:
     """What ``apply`` installs: a guard per card it can serve, in the modules the card names."""
     board = applied.board
     ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]] = {}
@@ -797,7 +805,21 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []
         trials: dict[tuple[str, ...], Trial] = {}
+        busy = {id(m) for m, _ in ops.values()} | {id(m) for m, _, _ in applied._restore}
+        """The scopes and the modules whose forwards module cards replaced."""
         for path, (module, guards) in ops.items():
+            trial = _scope_trial(trials, guards, path, trial_calls, device)
+            has_chains = any(isinstance(g, ChainGuard) for g in guards)
+            learns = bool(path) and _direct_leaf(module) and not has_chains
+            """A leaf module of torch.nn whose one op is served: called straight, once learned (_LeafSites)."""
+            if compiled_scopes and not learns and _graph_scope_ok(module, guards, busy):
+                scope = GraphScope(module, module.forward, [g.guard for g in guards], device)
+                applied.scopes[path or ""] = scope
+                applied._replace_forward(module, _graph_forward(scope, guards, trial, path))
+                for g in guards:
+                    g.guard.status.sites = [f"{site} (compiled)" if site.endswith(f"under {path or 'the model'}") else site
+                                            for site in g.guard.status.sites]
+                continue
             table: dict[Any, list[OpGuard]] = {}
             chains: dict[Any, list[ChainGuard]] = {}
             for g in guards:
@@ -806,10 +828,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 else:
                     table.setdefault(g.func, []).append(g)
             owner = object()
-            leaf = _LeafSites(module, device) if path and _direct_leaf(module) and not chains else None
-            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table,
-                                                           _scope_trial(trials, guards, path, trial_calls, device),
-                                                           owner, leaf, chains or None))
+            leaf = _LeafSites(module, device) if learns else None
+            applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, trial, owner, leaf,
+                                                           chains or None))
             if all("direct" in g.guard.sig.flags for g in guards):
                 # the cards were captured from this module's own calls: its children run unintercepted
                 outside.extend((child, owner) for child in called_children(module))
@@ -817,6 +838,48 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         # interception before it starts its own
         for child, owner in outside:
             applied._replace_forward(child, _outside_scope(child.forward, owner))
+
+
+def _graph_scope_ok(module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
+    """Whether a scope can be served compiled (``graph.py``): its forward is its class's own, its
+    cards were captured from its own calls and each has one tensor output and no constant input,
+    and no module below it is a scope or has a module card's forward (the compiled graph would
+    trace through them)."""
+    if "forward" in module.__dict__ or not compilable(module.forward):
+        return False
+    for g in guards:
+        sig = g.guard.sig
+        if "direct" not in sig.flags or any(s.role == "const" for s in sig.inputs) or len(sig.outputs) != 1:
+            return False
+        if isinstance(g, OpGuard) and not g.single:
+            return False
+    return not any(id(m) in busy for m in module.modules() if m is not module)
+
+
+def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial: Trial | None,
+                   path: str) -> Callable[..., Any]:
+    """A compiled scope's forward: the original once every card of the scope is off; tried in place
+    first with a ``trial``; switched to the original, with the reason in each card's status, if
+    the forward cannot be compiled."""
+    owned = list({id(g.guard): g.guard for g in guards}.values())
+    original = scope.original
+
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        out = scope(*args, **kwargs)
+        if scope.failed is not None:
+            for g in owned:
+                if g.status.active:
+                    g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {scope.failed}")
+        return out
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not any(g.status.active for g in owned):
+            return original(*args, **kwargs)
+        if trial is not None and trial.pending():
+            return trial.run(lambda: compiled(*args, **kwargs), lambda: original(*args, **kwargs))
+        return compiled(*args, **kwargs)
+
+    return forward
 
 
 def called_children(module: "torch.nn.Module") -> list["torch.nn.Module"]:

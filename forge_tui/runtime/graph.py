@@ -1,0 +1,239 @@
+"""Serving op and chain cards in a module's forward compiled to an aten graph, at eager's cost.
+
+The interceptor (``apply._interceptor_class``) sees a scope's ops one by one through a Python
+dispatch mode: every op of the scope pays a trip through Python, 13-16 µs an op on the H200
+machine's host, which cost the bundled decoder more a forward than its attention chains saved.
+Here the scope's forward is compiled once by torch.compile (Dynamo, then AOTAutograd's inference
+graph: the same aten ops the profiler recorded), each card's ops are found in the graph and
+replaced by one call of the card's guarded kernel, and the graph runs as eager code would, op by op
+with no mode. A chain's intermediates are replaced only where nothing else in the graph reads them
+(the graph knows every reader), so no value is deferred.
+
+Dynamo's guards decide when the graph stands for the forward (the same code, module attributes,
+shapes, dtypes, grad mode); where they fail it compiles again, and where it cannot (its cache limit,
+code it cannot trace) it runs the forward as Python. Each scope compiles a copy of its forward's
+code object, so scopes and successive ``apply`` calls never share (or exhaust) one cache. A call
+that needs gradients, or comes while the scope cannot be compiled, runs the original forward. A
+kernel call that the guard refuses (or that fails) computes the card's own aten program instead,
+eager's ops on the same inputs.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..program import Unencodable, encode, resolve_op, run_program
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _no_tensor(t: Any) -> dict:
+    raise Unencodable("tensor")
+
+
+class _Env:
+    """One attempt at matching a program: its inputs bound to graph values, its nodes to graph nodes."""
+
+    __slots__ = ("inputs", "nodes")
+
+    def __init__(self, inputs: dict[int, Any] | None = None, nodes: list[Any] | None = None) -> None:
+        self.inputs: dict[int, Any] = dict(inputs or {})
+        self.nodes: list[Any] = list(nodes or [])
+
+
+def _bind(pat: Any, val: Any, env: _Env) -> bool:
+    from torch.fx import Node
+
+    if type(pat) is dict:
+        if "$in" in pat:
+            if not isinstance(val, Node) or val in env.nodes:
+                return False
+            k = pat["$in"]
+            have = env.inputs.get(k)
+            if have is None:
+                if any(v is val for v in env.inputs.values()):
+                    return False  # two of the card's inputs are one value here
+                env.inputs[k] = val
+                return True
+            return have is val
+        if "$node" in pat:
+            i = pat["$node"]
+            return pat.get("out", 0) == 0 and i < len(env.nodes) and env.nodes[i] is val
+    if type(pat) is list:
+        return isinstance(val, (list, tuple)) and len(val) == len(pat) and all(_bind(p, v, env) for p, v in zip(pat, val))
+    if isinstance(val, Node):
+        return False
+    try:
+        return bool(encode(val, _no_tensor) == pat)
+    except Unencodable:
+        return False
+
+
+def _bind_node(node: Any, pat: dict, env: _Env) -> _Env | None:
+    """``env`` extended by ``node`` as the program's next node, or None when it is not."""
+    if node.op != "call_function" or node.target is not resolve_op(pat["op"]):
+        return None
+    args, kwargs = pat.get("args", []), pat.get("kwargs", {})
+    if len(node.args) != len(args) or set(node.kwargs) != set(kwargs):
+        return None
+    trial = _Env(env.inputs, env.nodes)
+    if not all(_bind(p, v, trial) for p, v in zip(args, node.args)):
+        return None
+    if not all(_bind(kwargs[k], node.kwargs[k], trial) for k in kwargs):
+        return None
+    trial.nodes.append(node)
+    return trial
+
+
+def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> bool:
+    import torch
+
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    dtype, shape, stride = spec
+    try:
+        if val.dtype is not dtype or tuple(int(s) for s in val.shape) != shape or val.device.type != device:
+            return False
+        return val.numel() <= 1 or tuple(int(s) for s in val.stride()) == stride
+    except (TypeError, RuntimeError):  # a symbolic size: not the card's
+        return False
+
+
+def find(graph: Any, program: dict, specs: list[Any], device: str) -> list[tuple[list[Any], list[Any]]]:
+    """Where ``program`` (a card's aten program with one tensor output, its last node's) is
+    computed in ``graph``: (the graph values its inputs are, in order; its nodes). Its nodes but
+    the last must be read by its own nodes alone (neither other nodes nor the graph's outputs), and
+    its inputs must have the card's dtypes, shapes and strides."""
+    pats = program["nodes"]
+    n_in = len(specs)
+    found: list[tuple[list[Any], list[Any]]] = []
+    used: set[Any] = set()
+    for head in list(graph.nodes):
+        if head in used:
+            continue
+        env = _bind_node(head, pats[0], _Env())
+        if env is None:
+            continue
+        for pat in pats[1:]:
+            nxt = None
+            for cand in {u: None for n in env.nodes for u in n.users}:
+                nxt = _bind_node(cand, pat, env)
+                if nxt is not None:
+                    break
+            env = nxt
+            if env is None:
+                break
+        if env is None or len(env.inputs) != n_in or any(n in used for n in env.nodes):
+            continue
+        inner = set(env.nodes)
+        if any(u not in inner for n in env.nodes[:-1] for u in n.users):
+            continue
+        inputs = [env.inputs[k] for k in range(n_in)]
+        if not all(_matches_spec(v, s, device) for v, s in zip(inputs, specs)):
+            continue
+        found.append((inputs, env.nodes))
+        used |= inner
+    return found
+
+
+def _served_call(guard: Any, device: str) -> Callable[..., Any]:
+    """The function the graph calls in place of the card's ops: the kernel through its guard, else
+    the card's own program (eager's ops on the same inputs)."""
+    program = guard.sig.program
+
+    def call(*inputs: Any) -> Any:
+        ins = list(inputs)
+        outs = guard.serve(ins)
+        if outs is None:
+            outs = run_program(program, ins, device)
+        return outs[0]
+
+    call.__name__ = "forge_" + re.sub(r"\W", "_", guard.entry.card)
+    return call
+
+
+def rewrite(gm: Any, guards: list[Any], device: str) -> dict[str, int]:
+    """Each guard's card replaced in the aten graph ``gm`` by a call of its kernel; how many sites
+    each card got."""
+    graph = gm.graph
+    sites: dict[str, int] = {}
+    for guard in guards:
+        if not guard.status.active:
+            continue
+        for inputs, nodes in find(graph, guard.sig.program, guard._specs, device):
+            last = nodes[-1]
+            with graph.inserting_before(last):
+                new = graph.call_function(_served_call(guard, device), tuple(inputs))
+            new.meta = dict(last.meta)
+            last.replace_all_uses_with(new)
+            for n in reversed(nodes):
+                graph.erase_node(n)
+            sites[guard.entry.card] = sites.get(guard.entry.card, 0) + 1
+    if sites:
+        graph.lint()
+        gm.recompile()
+    return sites
+
+
+def compilable(original: Any) -> bool:
+    """Whether a forward can be compiled as a scope: a bound method of a plain Python function."""
+    return isinstance(original, types.MethodType) and isinstance(original.__func__, types.FunctionType)
+
+
+class GraphScope:
+    """A module's forward, compiled with its cards' ops replaced (see the module docstring)."""
+
+    def __init__(self, module: "torch.nn.Module", original: Any, guards: list[Any], device: str) -> None:
+        self.module = module
+        self.original = original
+        self.guards = guards
+        self.device = device
+        self.sites: dict[str, int] = {}
+        """Per card, the sites replaced in the graphs compiled so far."""
+        self.failed: str | None = None
+        """Why the scope runs as Python from now on (its compile failed), or None."""
+        self._compiled: Any = None
+
+    def _backend(self) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def compile_graph(gm: Any, example_inputs: Any) -> Any:
+            try:
+                for card, n in rewrite(gm, self.guards, self.device).items():
+                    self.sites[card] = self.sites.get(card, 0) + n
+            except Exception as exc:  # noqa: BLE001 - the graph as traced is eager's forward still
+                self.failed = f"rewriting its graph failed: {type(exc).__name__}: {exc}"
+            return make_boxed_func(gm.forward)
+
+        return aot_autograd(fw_compiler=compile_graph, inference_compiler=compile_graph)
+
+    def compiled(self) -> Any:
+        if self._compiled is None:
+            import torch
+
+            func = self.original.__func__
+            # a copy of the code object: Dynamo keeps its cache on the code object, and this
+            # scope's graphs (with this apply's kernels) are its own
+            clone = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                                       func.__closure__)
+            clone.__kwdefaults__ = func.__kwdefaults__
+            self._compiled = torch.compile(types.MethodType(clone, self.module), backend=self._backend(), dynamic=False)
+        return self._compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if self.failed is not None or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
+                (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
+            return self.original(*args, **kwargs)
+        try:
+            return self.compiled()(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            # raised before the forward ran: Dynamo failed on it, or our backend did
+            self.failed = f"torch.compile failed on it: {type(exc).__name__}: {str(exc)[:300]}"
+            return self.original(*args, **kwargs)
