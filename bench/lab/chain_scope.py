@@ -1,0 +1,245 @@
+"""Answers: what does serving the decoder's attention chain cost the host, and what does it save,
+by each way of serving it? And which configuration of the generated chain kernel is fastest?
+
+The first H200 run of chain cards (2026-12-01, e2e_bench decoder) served the attention's scale,
+mask, fp32 softmax and cast (23% of the forward) through the interceptor and the forward got
+5.7 ms slower, though the kernel ran 3.5x eager in isolation. This probe, on the bundled decoder:
+
+1. profiles it into a temporary workspace, evaluates the attention chain card's generated kernel
+   in several configurations (the evaluator's times, isolated, cold L2) and the RMSNorm module
+   card's first choice, and promotes the fastest of each;
+2. times the whole forward, interleaved (paired medians against eager), with: the RMSNorm alone;
+   RMSNorm and the chain through the interceptor; RMSNorm and the chain in compiled scopes
+   (graph.py); and, for each, the forward's host time (the call's return, the device not waited
+   for, after a synchronise);
+3. times one attention call on the host: eager, its forward under torch.compile's "eager"
+   backend (Dynamo's torch-level graph), AOTAutograd's aten graph as forge compiles it (no card),
+   the same with the chain replaced, and the interceptor with nothing to serve.
+
+    python bench/lab/chain_scope.py [--configs N] [--repeats 20]
+    python bench/lab/chain_scope.py --device cpu      # tiny_decoder, a dry run of the procedure
+
+Prints tables; JSON to $OUT/chain_scope.json if $OUT is set.
+
+Answer on the H200 (2026-12-01 22:40, torch 2.11.0+cu130, commit after a41f0d6; one run;
+docs/runs/data/2026-12-01-s4/):
+- The chain kernel is not the problem but is far from its floor: every configuration ran 145-172 µs
+  (3.0-3.5x eager's 529 µs, 0.78-1.11x torch.compile's), against about 48 µs for its bytes. The
+  configuration barely matters, so something they share bounds it (two expf and a division per
+  element, recomputed in each of three phases, is the first suspect; not measured apart).
+- The host is. One eager op costs 10.8 µs of host time on this machine; one attention call 663 µs
+  on the host (931 µs waited for). Under the interceptor with nothing to serve it costs 1490 µs;
+  under torch.compile's "eager" backend 826 µs; as AOTAutograd's aten graph 1042 µs. Replacing the
+  chain's five ops by one call saves less than any of these add.
+- Whole forward, paired against eager (18.47 ms): RMSNorm alone 1.083x [1.080, 1.091]; RMSNorm and
+  the chain intercepted 0.693x [0.670, 0.736]; compiled (graph.py) 0.950x [0.911, 0.975]; the chain
+  was served in both (288 calls each). The "host µs" column is not host time for this model: its
+  forward copies a CPU scalar to the GPU at the start, which waits for the device.
+- The per-call row "compiled scope, chain served" (650 µs host) is below the aten graph's own cost;
+  whether its chain was served there was not recorded, so that row is not evidence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = [
+    {"tpr": 64, "rpb": 4, "vec": 8, "cache": "regs", "grid": "rows"},  # the family's first choice
+    {"tpr": 32, "rpb": 8, "vec": 8, "cache": "regs", "grid": "rows"},
+    {"tpr": 32, "rpb": 4, "vec": 8, "cache": "regs", "grid": "rows"},
+    {"tpr": 128, "rpb": 2, "vec": 8, "cache": "regs", "grid": "rows"},
+    {"tpr": 128, "rpb": 1, "vec": 8, "cache": "regs", "grid": "rows"},
+    {"tpr": 256, "rpb": 1, "vec": 4, "cache": "regs", "grid": "rows"},
+    {"tpr": 32, "rpb": 8, "vec": 8, "cache": "regs", "grid": "waves"},
+    {"tpr": 64, "rpb": 4, "vec": 8, "cache": "smem", "grid": "rows"},
+]
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_us(fn, n: int = 100) -> float:
+    for _ in range(3):
+        fn()
+    _sync()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter_ns()
+    _sync()
+    return (t1 - t0) / n / 1000.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", type=int, default=len(CONFIGS))
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = ap.parse_args()
+    dev = args.device
+
+    import torch
+
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.runtime.apply import _interceptor_class, _outside_scope, apply, called_children
+    from forge_tui.runtime.graph import GraphScope
+    from forge_tui.templates.families.generated import Generated
+    from forge_tui.templates.registry import match as family_match
+    from forge_tui.timing import Timer, paired_ratio
+    from forge_tui.workload import load_workload
+    from forge_tui.workspace import profile_into_workspace
+
+    out: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+                 "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"}
+    tmp = Path(tempfile.mkdtemp(prefix="chain-scope-"))
+    cfg_path = tmp / "forge.toml"
+    cfg_path.write_text("[timing]\nwarmup = 3\nrepeats = 10\n[profile]\nsamples_per_card = 1\nmax_sample_mib = 1024.0\n")
+    spec = str(ROOT / "forge_tui" / "examples" / ("decoder.py" if dev == "cuda" else "tiny_decoder.py"))
+    t0 = time.time()
+    ws, _ = profile_into_workspace(spec, tmp / "ws", device=dev, config_path=cfg_path)
+    out["profile_s"] = round(time.time() - t0, 1)
+    cards = ws.cards()
+    chain = next(c for c in cards if c.kind == "chain" and "_softmax" in c.target and c.module_paths[0].endswith("self_attn"))
+    rms = next(c for c in cards if c.kind == "module" and c.target == "module:RMSNorm")
+    print(f"profiled in {out['profile_s']} s: {chain.id} ({chain.share:.1%}, {chain.time_us:.1f} µs), "
+          f"{rms.id} ({rms.share:.1%})", flush=True)
+
+    cfg = parse_config({"timing": {"warmup": 3, "repeats": 10, **({} if dev == "cuda" else {"max_spread": 10.0, "max_slowdown": 1000.0})},
+                        "evaluator": {"random_sets": 3}})
+    gen = Generated()
+    m = gen.match(chain)
+    rows = []
+    best = None
+    with Evaluator(ws.store, ws.cache, cfg, backend=dev) as ev:
+        for p in (CONFIGS[: args.configs] if dev == "cuda" else [gen.initial(m, "cpu")]):
+            if not gen.valid(m, p, dev):
+                rows.append({"config": p, "status": "invalid"})
+                continue
+            src = gen.render(m, p, dev)
+            r = ev.evaluate(chain, src)
+            row = {"config": p, "status": r.status, "time_us": r.time_us, "vs_eager": r.speedup_vs_eager,
+                   "vs_compile": r.speedup_vs_compile, "reason": r.reason[:200]}
+            rows.append(row)
+            print(f"  chain {p}: {r.status} {r.time_us} µs, {r.speedup_vs_eager}x eager, "
+                  f"{r.speedup_vs_compile}x compile {r.reason[:120]}", flush=True)
+            if r.correct and r.speedup_vs_eager and (best is None or r.speedup_vs_eager > best[1].speedup_vs_eager):
+                best = (src, r)
+        fam, mr = family_match(rms)
+        rms_src = fam.render(mr, fam.initial(mr, dev), dev)
+        r_rms = ev.evaluate(rms, rms_src)
+        print(f"  RMSNorm: {r_rms.status} {r_rms.time_us} µs {r_rms.speedup_vs_eager}x", flush=True)
+    out["chain_configs"] = rows
+    if best is None or not r_rms.correct:
+        print("no correct kernel: stopping")
+        _write(out)
+        return 1
+    promote_kernel(ws, chain.id, best[0], best[1], by="chain_scope lab")
+    promote_kernel(ws, rms.id, rms_src, r_rms, by="chain_scope lab")
+
+    # ---- 2. the whole forward --------------------------------------------------------------------
+    wl = load_workload(spec)
+    base, inputs = wl.build(dev)
+    base.eval()
+    import copy
+
+    variants = {"eager": base}
+    handles = []
+    for name, kw in (("rmsnorm", {"cards": [rms.id]}), ("intercepted", {"compiled_scopes": False}),
+                     ("compiled", {"compiled_scopes": True})):
+        mdl = copy.deepcopy(base)
+        handles.append(apply(mdl, ws, only_faster=False, trial_calls=0, **kw))
+        variants[name] = mdl
+    timer = Timer(dev, warmup=3, repeats=args.repeats, cold_l2=False)
+    with torch.no_grad():
+        stats, raw, _ = timer.time({k: (lambda mm=mm: wl.run(mm, inputs)) for k, mm in variants.items()})
+        hosts = {k: host_us(lambda mm=mm: wl.run(mm, inputs), 10) for k, mm in variants.items()}
+    fwd = {}
+    for k in variants:
+        r = paired_ratio(raw["eager"], raw[k])
+        fwd[k] = {"median_us": stats[k].median, "vs_eager": r.median, "q1": r.q1, "q3": r.q3, "host_us": hosts[k]}
+    for h in handles:
+        for c in h.status()["cards"]:
+            fwd.setdefault("served", {})[c["card"] + " " + ",".join(c["sites"])] = c["served"]
+    out["forward"] = fwd
+    print("\nforward        median µs   vs eager [q1, q3]        host µs (not waiting for the device)")
+    for k in variants:
+        f = fwd[k]
+        print(f"{k:13s} {f['median_us']:10.1f}   {f['vs_eager']:.3f}x [{f['q1']:.3f}, {f['q3']:.3f}]   {f['host_us']:10.1f}")
+
+    # ---- 3. one attention call on the host ------------------------------------------------------
+    att = base.layers[0].self_attn
+    seen = {}
+    h = att.register_forward_pre_hook(lambda mod, a: seen.setdefault("args", a))
+    with torch.no_grad():
+        wl.run(base, inputs)
+    h.remove()
+    a = seen["args"]
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    plain = aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+                         inference_compiler=lambda gm, ex: make_boxed_func(gm.forward))
+    calls = {"eager": att,
+             "dynamo eager backend": torch.compile(att.forward, backend="eager", dynamic=False),
+             "dynamo aot (no card)": torch.compile(att.forward, backend=plain, dynamic=False)}
+    served = handles[2].guards.get(chain.id)
+    calls["compiled scope, chain served"] = GraphScope(att, att.forward, [served], dev)
+    Interceptor = _interceptor_class()
+    owner = object()
+    orig = att.forward
+
+    def intercepted(*xs):
+        with Interceptor({}, owner, None):
+            return orig(*xs)
+
+    calls["interceptor, nothing served"] = intercepted
+    per = {}
+    with torch.no_grad():
+        kids = [(c, c.forward) for c in called_children(att)]
+        for k, fn in calls.items():
+            if k.startswith("interceptor"):
+                for c, f in kids:
+                    c.forward = _outside_scope(f, owner)
+            per[k] = {"host_us": host_us(lambda fn=fn: fn(*a), 50)}
+            _sync()
+            t0 = time.perf_counter_ns()
+            for _ in range(20):
+                fn(*a)
+            _sync()
+            per[k]["wall_us"] = (time.perf_counter_ns() - t0) / 20 / 1000.0
+            for c, _ in kids:
+                c.__dict__.pop("forward", None)
+    out["attention_call"] = per
+    print("\none attention call        host µs   wall µs (device waited for)")
+    for k, v in per.items():
+        print(f"{k:28s} {v['host_us']:8.1f} {v['wall_us']:9.1f}")
+    x = torch.randn(16, device=dev)
+    out["eager_op_host_us"] = host_us(lambda: x + x, 500)
+    print(f"one eager op (x + x, 16 elements): {out['eager_op_host_us']:.1f} µs host")
+    _write(out)
+    return 0
+
+
+def _write(out: dict) -> None:
+    dest = Path(os.environ.get("OUT") or ROOT / "bench-out")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "chain_scope.json").write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
