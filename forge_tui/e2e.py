@@ -20,6 +20,7 @@ from .program import tensor_leaves
 from .promotion import commit_manifest, kernels, kernels_dir
 from .runtime.apply import Mode, apply
 from .runtime.manifest import Manifest
+from .runtime.pieces import end_failed_capture as _end_failed_capture
 from .timing import Stats, Timer, paired_ratio
 
 
@@ -234,46 +235,86 @@ def cuda_graphed(run: Any, warmup: int = 3) -> tuple[Any, Any]:
     return graph.replay, out
 
 
-def _end_failed_capture() -> None:
-    """Put the CUDA generator back out of capture after a capture that failed: PyTorch ends its
-    capture state only when a capture ends well (CUDAGraph::capture_end throws before the
-    generator's epilogue), so every later random op in the process raised "Offset increment
-    outside graph capture encountered unexpectedly" (the MoE example's model could not even be
-    built again after its forward failed to capture). A capture that succeeds runs the prologue
-    and the epilogue on the default generator, which ends that state."""
+def _piece_capturer() -> Any:
+    """The capture the pieces use (CUDA graphs; the tests put a stand-in here)."""
+    from .runtime.pieces import CudaCapturer
+
+    return CudaCapturer()
+
+
+def piecewise_graphed(run: Any, model: Any, warmup: int = 3) -> tuple[Any, Any, Any]:
+    """(run, its output, the Pieces handle): ``model``'s forward replayed from CUDA graphs piece
+    by piece (``runtime.pieces``), for a forward that cannot be captured whole; its first calls
+    capture the pieces. ``run`` calls the model, so its host work outside the pieces stays. Raises
+    ForgeError when no piece could be captured; the caller undoes the handle."""
     import torch
 
+    from .runtime.pieces import capture_pieces
+
+    dev = next((p.device.type for p in model.parameters()), "cuda")
+    pieces = capture_pieces(model, capturer=_piece_capturer(), device=dev)
     try:
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            buf = torch.zeros(1, device="cuda")
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
-                buf.add_(1)
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - nothing more to do: the caller reports the first failure
-        pass
+        for _ in range(warmup + 1):  # a piece that fails to capture is split on the next call
+            run()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        if not any(p["graphs"] for p in pieces.status().values()):
+            raise ForgeError("no piece of the forward could be captured: " +
+                             "; ".join(f"{k or 'the model'}: {v['refused'][0]}" for k, v in pieces.status().items()
+                                       if v["refused"])[:400])
+        out = run()
+    except BaseException:
+        pieces.undo()
+        raise
+    return run, out, pieces
+
+
+def pieces_summary(pieces: Any) -> str:
+    """Which modules run from graphs, and why the others do not (for the bench's notes)."""
+    st = pieces.status()
+    done = [k or "the model" for k, v in st.items() if v["graphs"]]
+    refused = {k or "the model": v["refused"][0] for k, v in st.items() if v["refused"] and not v["graphs"]}
+    text = f"{len(done)} modules from graphs ({', '.join(done[:6])}{', ...' if len(done) > 6 else ''})"
+    if refused:
+        text += "; run as written: " + "; ".join(f"{k} ({why})" for k, why in list(refused.items())[:4])
+    return text
 
 
 def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer, ref: Any, notes: list[str],
                     model: Any) -> tuple[dict[str, Stats], dict[str, list[float]], dict[str, str | None],
-                                         dict[str, dict[str, Any]], dict[str, Any]]:
+                                         dict[str, dict[str, Any]], dict[str, Any], list[Any]]:
     """Eager and eager + forge, each captured in a CUDA graph, timed interleaved with each other;
-    eager's graph judged against eager, forge's against eager's graph. Also returns the replays.
-    Nothing where either capture fails (the reason in ``notes``)."""
+    eager's graph judged against eager, forge's against eager's graph. Also returns the replays,
+    and the Pieces handles to undo when the forward could not be captured whole and both run in
+    pieces (``piecewise_graphed``). Nothing where either fails (the reason in ``notes``)."""
     fns: dict[str, Any] = {}
     outs: dict[str, Any] = {}
-    for name, m in zip(GRAPH_VARIANTS, models):
-        try:
+    handles: list[Any] = []
+    try:
+        for name, m in zip(GRAPH_VARIANTS, models):
             fns[name], outs[name] = cuda_graphed(functools.partial(wl.run, m, inputs))
-        except ForgeError as exc:
-            notes.append(f"{name}: the forward could not be captured in a CUDA graph: {exc}")
-            return {}, {}, {}, {}, {}
+    except ForgeError as exc:
+        # both variants the same way: in pieces, eager's on a copy (the eager model stays as it is)
+        fns.clear()
+        outs.clear()
+        notes.append(f"CUDA graphs: the whole forward could not be captured ({exc}): both graphed variants "
+                     "run in pieces (the modules that can be captured, from graphs; the rest as written)")
+        for name, m in zip(GRAPH_VARIANTS, (copy.deepcopy(models[0]), models[1])):
+            try:
+                fn, outs[name], pieces = piecewise_graphed(functools.partial(wl.run, m, inputs), m)
+            except ForgeError as exc2:
+                notes.append(f"{name}: not even in pieces: {exc2}")
+                for h in handles:
+                    h.undo()
+                return {}, {}, {}, {}, {}, []
+            handles.append(pieces)
+            fns[name] = fn
+            notes.append(f"{name}: {pieces_summary(pieces)}")
     for fn in fns.values():
         fn()  # the outputs judged are the graphs' own, from a replay
     agree, accuracy = _judge_outputs(outs, ref, lambda: _run_fp32(wl, model, inputs))
     stats, raw, _ = timer.time(fns)
-    return stats, raw, agree, accuracy, fns
+    return stats, raw, agree, accuracy, fns, handles
 
 
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
@@ -339,7 +380,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         if (switch_off if switch_off_compile is None else switch_off_compile) and compiled_applied is not None:
             switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
         if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
-            g_stats, g_raw, g_agree, g_acc, g_fns = _graph_variants(wl, inputs, graph_models, timer, ref, notes, model)
+            g_stats, g_raw, g_agree, g_acc, g_fns, g_pieces = _graph_variants(wl, inputs, graph_models, timer, ref,
+                                                                               notes, model)
             stats.update(g_stats)
             agree.update(g_agree)
             accuracy.update(g_acc)
@@ -347,8 +389,10 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
                 graph_ratio = paired_ratio(g_raw[GRAPH_VARIANTS[0]], g_raw[GRAPH_VARIANTS[1]])
                 if switch_off:
                     switched.update(_switch_off_in_graphs(wl, model, inputs, ws, man, graph_applied, dev, timer,
-                                                          only_faster, g_stats, g_raw, g_fns, notes))
+                                                          only_faster, g_stats, g_raw, g_fns, notes, bool(g_pieces)))
             del g_fns
+            for h in g_pieces:
+                h.undo()
     speedups = {n: paired_ratio(raw["eager"], raw[n]) for n in raw if n != "eager"}
     if "compile+forge" in raw:
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
@@ -480,9 +524,20 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
     return out
 
 
+class _Undo:
+    """Undoes several handles, last first."""
+
+    def __init__(self, *handles: Any) -> None:
+        self.handles = handles
+
+    def undo(self) -> None:
+        for h in self.handles:
+            h.undo()
+
+
 def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, graph_applied: Any, dev: str,
                           timer: Timer, only_faster: bool, stats: dict[str, Stats], raw: dict[str, list[float]],
-                          fns: dict[str, Any], notes: list[str]) -> dict[str, str]:
+                          fns: dict[str, Any], notes: list[str], in_pieces: bool = False) -> dict[str, str]:
     """``_switch_off_slower`` for models captured in CUDA graphs: each unit of the kernels the
     graphed model served left out in turn (a graph captured without it, timed interleaved with the
     graph of them all), then the kernels left against eager's graph. What it switches off is
@@ -493,9 +548,14 @@ def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manife
     eager_name, forge_name = GRAPH_VARIANTS
 
     def graphed(cards: list[str]) -> Any:
+        """(the graphed forward, its undo) for a copy of the model serving ``cards``, captured as the
+        bench's graphed variants were (whole, or in pieces)."""
         m = copy.deepcopy(model)
         a = apply(m, ws, mode=Mode.CUDA_GRAPH, device=dev, cards=cards, only_faster=only_faster)
         try:
+            if in_pieces:
+                fn, _, pieces = piecewise_graphed(functools.partial(wl.run, m, inputs), m)
+                return fn, _Undo(pieces, a)
             return cuda_graphed(functools.partial(wl.run, m, inputs))[0], a
         except ForgeError as exc:
             a.undo()

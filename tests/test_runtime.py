@@ -655,10 +655,28 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
         return run, run()
 
     monkeypatch.setattr(e2e, "cuda_graphed", refuses_second)
+
+    class NoPieceEither:
+        def capture(self, fn):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(e2e, "_piece_capturer", NoPieceEither)
     r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
     assert not set(e2e.GRAPH_VARIANTS) & set(r.times) and "graphs: forge/eager" not in r.speedups
     assert not set(e2e.GRAPH_VARIANTS) & set(r.outputs_agree)
-    assert any("could not be captured in a CUDA graph: RuntimeError: operation not permitted" in n for n in r.notes)
+    assert any("whole forward could not be captured (RuntimeError: operation not permitted" in n for n in r.notes)
+    assert any("not even in pieces: no piece of the forward could be captured" in n for n in r.notes), r.notes
+
+    # the whole forward cannot be captured but its modules can: both graphed variants run in pieces
+    from test_pieces import StandIn
+
+    calls.clear()
+    monkeypatch.setattr(e2e, "_piece_capturer", StandIn)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
+    assert set(e2e.GRAPH_VARIANTS) <= set(r.times) and "graphs: forge/eager" in r.speedups
+    assert r.outputs_agree["eager+forge (graph)"] is None, r.outputs_agree
+    pieces_notes = [n for n in r.notes if n.startswith(("eager (graph): ", "eager+forge (graph): "))]
+    assert len(pieces_notes) == 2 and all("modules from graphs" in n for n in pieces_notes), r.notes
 
 
 def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch, tmp_path, capsys):

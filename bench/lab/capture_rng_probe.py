@@ -1,6 +1,6 @@
 """Asks: after a forward fails to be captured in a CUDA graph (it synchronises with the host),
 can the process still draw random numbers on the GPU, with and without forge's repair
-(``forge_tui.e2e._end_failed_capture``)? On the H200 the MoE example's bench lost every later
+(``forge_tui.runtime.pieces.end_failed_capture``)? On the H200 the MoE example's bench lost every later
 phase to "Offset increment outside graph capture encountered unexpectedly" after its capture
 failed (docs/runs/data/2026-12-01-s3/call3-e2e.log).
 
