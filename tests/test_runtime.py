@@ -1312,3 +1312,20 @@ def test_a_module_card_under_a_mode_runs_the_original_forward(promoted):
     assert torch.rsqrt in seen  # the RMSNorm's own ops ran, under the mode
     with torch.no_grad():
         torch.testing.assert_close(out, model(x))
+
+
+def test_the_bench_counts_garbage_collections_by_variant_with_the_setup_frozen():
+    import gc
+
+    from forge_tui.e2e import GcPauses
+
+    p = GcPauses()
+    junk = [[i] for i in range(1000)]  # what the setup built
+    with p:
+        assert gc.get_freeze_count() >= len(junk)  # out of the collector's scans while timing
+        p.run("eager+forge", lambda: [gc.collect() for _ in range(2)])
+        p.run("eager", lambda: None)
+    gc.collect()  # outside: not counted
+    assert gc.get_freeze_count() == 0
+    assert len(p.pauses["eager+forge"]) == 2 and "eager" not in p.pauses
+    assert p.notes()[0].startswith("garbage collection in the timed eager+forge forwards: 2 pauses")
