@@ -297,6 +297,25 @@ def _profiled(tmp_path, source):
     return ws, path
 
 
+def _chain_promoted(tmp_path, source, target):
+    """The workload ``source`` profiled, its chain card (``target``) given the generator's first
+    cpu kernel, evaluated and promoted; (the workspace, the workload's module)."""
+    ws, path = _profiled(tmp_path, source)
+    chain = next(c for c in ws.cards() if c.kind == "chain")
+    assert chain.target == target, chain.target
+    gen = Generated()
+    m = gen.match(chain)
+    src = gen.render(m, gen.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(chain, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, chain.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location(f"wl_{tmp_path.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return ws, chain, mod
+
+
 def test_a_chain_ends_where_a_child_reads_its_intermediate(tmp_path):
     """The first residual sum is handed to a child, so eager must compute it: the two adds are
     no chain (a chain card there could never be served, and would cost the search its budget)."""
@@ -311,19 +330,8 @@ def test_two_chains_begun_together_serve_the_one_that_completes(tmp_path, compil
     """``q * cos`` begins a chain as ``rotate_half(q) * sin`` does (both match the chain's first
     op); the sum takes the first as the chain's input, computed as eager computes it, and
     completes the second: the kernel serves it and the result is eager's."""
-    ws, path = _profiled(tmp_path, ROTARY)
-    chain = next(c for c in ws.cards() if c.kind == "chain")
-    assert chain.target == "chain:mul+add" and len(chain.inputs) == 3
-    gen = Generated()
-    m = gen.match(chain)
-    src = gen.render(m, gen.initial(m, "cpu"), "cpu")
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(chain, src)
-    assert r.correct, r.reason
-    promote_kernel(ws, chain.id, src, r, by="test")
-    spec = importlib.util.spec_from_file_location("rotary_wl", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
+    assert len(chain.inputs) == 3
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
         expected = model(*args)
@@ -373,19 +381,7 @@ def get_inputs():
 @pytest.mark.parametrize("compiled", PATHS)
 def test_a_chain_with_casts_is_served(tmp_path, compiled):
     """The casts' dtype, layout and device arguments are matched as the profile recorded them."""
-    ws, path = _profiled(tmp_path, BF16_ATTENTION)
-    chain = next(c for c in ws.cards() if c.kind == "chain")
-    assert chain.target == "chain:mul+add+_to_copy+_softmax+_to_copy"
-    gen = Generated()
-    m = gen.match(chain)
-    src = gen.render(m, gen.initial(m, "cpu"), "cpu")
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(chain, src)
-    assert r.correct, r.reason
-    promote_kernel(ws, chain.id, src, r, by="test")
-    spec = importlib.util.spec_from_file_location("bf16_attention_wl", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    ws, _, mod = _chain_promoted(tmp_path, BF16_ATTENTION, "chain:mul+add+_to_copy+_softmax+_to_copy")
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
         expected = model(*args)
