@@ -367,6 +367,8 @@ def test_op_table_sorts_filters_and_shows_the_card(profiled):
             assert times == sorted(times, reverse=True) and table.sort_key == "time"
             await pilot.press("m")
             assert table.row_count == sum(c.kind == "module" for c in cards) == 1
+            await pilot.press("c")  # chain cards only: this workload has none
+            assert table.kind == "chain" and table.row_count == sum(c.kind == "chain" for c in cards) == 0
             await pilot.press("a", "slash", *"pow")
             assert [c.op_name for c in table.cards] == ["pow"] or all("pow" in c.id for c in table.cards)
             await pilot.press("escape")

@@ -26,6 +26,7 @@ class WorkloadScreen(ForgeScreen):
         Binding("slash", "filter_text", "Filter"),
         Binding("m", "kind('module')", "Modules", show=False),
         Binding("o", "kind('op')", "Ops", show=False),
+        Binding("c", "kind('chain')", "Chains", show=False),
         Binding("a", "kind(None)", "All", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
