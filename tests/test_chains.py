@@ -417,3 +417,15 @@ def test_a_scope_that_cannot_be_compiled_runs_as_written(chain_ws, monkeypatch):
     assert not st["active"] and "runs uncompiled" in st["disabled_reason"] and "stand-in" in st["disabled_reason"]
     for g in got:
         torch.testing.assert_close(g, expected)
+
+
+def test_with_dynamo_disabled_the_interceptor_serves_the_chain(chain_ws, monkeypatch):
+    """TORCHDYNAMO_DISABLE would make torch.compile hand the forward back untouched, and a compiled
+    scope would never serve: the scope is intercepted instead."""
+    ws, _ = chain_ws
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    wl = _workload()
+    model, (x, mask) = wl.get_model(), wl.get_inputs()
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        model(x, mask)
+        assert not applied.scopes and applied.status()["cards"][0]["served"] == 1

@@ -180,8 +180,17 @@ def rewrite(gm: Any, guards: list[Any], device: str) -> dict[str, int]:
 
 
 def compilable(original: Any) -> bool:
-    """Whether a forward can be compiled as a scope: a bound method of a plain Python function."""
-    return isinstance(original, types.MethodType) and isinstance(original.__func__, types.FunctionType)
+    """Whether a forward can be compiled as a scope: a bound method of a plain Python function, and
+    Dynamo works in this process (it supports this Python, and ``TORCHDYNAMO_DISABLE`` is not set:
+    torch.compile would then return the forward untouched, and the scope's cards never serve)."""
+    if not (isinstance(original, types.MethodType) and isinstance(original.__func__, types.FunctionType)):
+        return False
+    try:
+        import torch._dynamo as dynamo
+
+        return bool(dynamo.is_dynamo_supported()) and not dynamo.config.disable
+    except Exception:  # noqa: BLE001 - no Dynamo: the interceptor serves the scope
+        return False
 
 
 class GraphScope:
