@@ -531,9 +531,9 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
 class GcPauses:
     """The garbage collector's pauses during timed forwards, by variant (``gc.callbacks``); while
     active, what the process had built before (models, compiled graphs) is frozen out of the
-    collector's scans (``gc.freeze``, as a server does once it has loaded). In the first four-way
-    run of the decoder with compiled scopes (H200, 2026-12-01), eager + forge alone timed 14.7-22.1
-    ms after torch.compile had built its graphs in the same process, against 13.9-14.2 ms before."""
+    collector's scans (``gc.freeze``, as a server does once it has loaded), so that no variant pays
+    for scanning another's objects. On the H200 no collection ran in any timed forward of the
+    decoder or the diffusion (2026-12-01): the notes say so where one does."""
 
     def __init__(self) -> None:
         self.current: str | None = None

@@ -37,6 +37,13 @@ docs/runs/data/2026-12-01-s4/):
   forward copies a CPU scalar to the GPU at the start, which waits for the device.
 - The per-call row "compiled scope, chain served" (650 µs host) is below the aten graph's own cost;
   whether its chain was served there was not recorded, so that row is not evidence.
+
+``--noise`` answered (H200, 2026-12-01 23:35, call 6; a host at 13.0 µs an eager op): eager + forge
+with the chain in compiled scopes (25 kernel calls a forward: 17 RMSNorm, 8 chains) spread from 16.3
+to 22.9 ms forward by forward *before* any torch.compile existed in the process, against eager's
+18.0-19.4; after inductor built its copy, 19.8-21.8 ms; with gc.freeze, 19.8-21.0. No garbage
+collection ran in any timed forward. So the spread call 3's four-way bench saw is the host-bound
+forward's own jitter on such a host, not torch.compile's leftovers or the collector.
 """
 
 from __future__ import annotations
@@ -88,6 +95,8 @@ def main() -> int:
     ap.add_argument("--configs", type=int, default=len(CONFIGS))
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--noise", action="store_true", help="instead of 2. and 3.: time eager + forge forward by "
+                    "forward before and after torch.compile builds a copy of the model in the process")
     args = ap.parse_args()
     dev = args.device
 
@@ -150,6 +159,11 @@ def main() -> int:
         return 1
     promote_kernel(ws, chain.id, best[0], best[1], by="chain_scope lab")
     promote_kernel(ws, rms.id, rms_src, r_rms, by="chain_scope lab")
+
+    if args.noise:
+        noise(ws, spec, dev, out)
+        _write(out)
+        return 0
 
     # ---- 2. the whole forward --------------------------------------------------------------------
     wl = load_workload(spec)
@@ -233,6 +247,74 @@ def main() -> int:
     print(f"one eager op (x + x, 16 elements): {out['eager_op_host_us']:.1f} µs host")
     _write(out)
     return 0
+
+
+def noise(ws, spec: str, dev: str, out: dict) -> None:
+    """Eager and eager + forge (compiled scopes) timed forward by forward, each synchronised:
+    before torch.compile (inductor) has built a copy of the model in this process, after (the
+    compiled copy run between them), and after that with the process's objects frozen out of the
+    garbage collector; with each sample's collections and the scopes' Dynamo compiles."""
+    import copy
+    import gc
+
+    import torch
+
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
+    wl = load_workload(spec)
+    base, inputs = wl.build(dev)
+    base.eval()
+    fm = copy.deepcopy(base)
+    applied = apply(fm, ws, only_faster=False, trial_calls=0)
+    pauses: list[float] = []
+
+    def cb(phase, info, t=[0]):  # noqa: B006 - the start time of the collection under way
+        if phase == "start":
+            t[0] = time.perf_counter_ns()
+        else:
+            pauses.append((time.perf_counter_ns() - t[0]) / 1e6)
+
+    def one(m) -> tuple[float, int]:
+        _sync()
+        n = len(pauses)
+        t0 = time.perf_counter_ns()
+        wl.run(m, inputs)
+        _sync()
+        return round((time.perf_counter_ns() - t0) / 1000.0, 1), len(pauses) - n
+
+    def served() -> int:
+        return sum(c["served"] for c in applied.status()["cards"])
+
+    gc.callbacks.append(cb)
+    phases: dict[str, list] = {}
+    with torch.no_grad():
+        for _ in range(3):
+            wl.run(fm, inputs)
+            wl.run(base, inputs)
+        phases["before torch.compile"] = [(one(base), one(fm)) for _ in range(12)]
+        comp = torch.compile(copy.deepcopy(base))
+        t0 = time.time()
+        for _ in range(3):
+            wl.run(comp, inputs)
+        out["inductor_compile_s"] = round(time.time() - t0, 1)
+        s0 = served()
+        phases["after torch.compile"] = [(one(base), one(fm), one(comp)) for _ in range(12)]
+        out["served_per_forward_after"] = (served() - s0) / 12
+        gc.collect()
+        gc.freeze()
+        phases["after, gc.freeze"] = [(one(base), one(fm), one(comp)) for _ in range(12)]
+        gc.unfreeze()
+    gc.callbacks.remove(cb)
+    out["noise"] = phases
+    out["scopes"] = {p: sc.sites for p, sc in applied.scopes.items()}
+    print("\nper forward µs (collections in it): eager, eager + forge[, torch.compile]")
+    for name, rows in phases.items():
+        print(name)
+        for row in rows:
+            print("   " + "   ".join(f"{us:9.1f} ({n})" for us, n in row))
+    print(f"inductor compile {out['inductor_compile_s']} s; served per forward after it: "
+          f"{out['served_per_forward_after']}; scopes' sites: {out['scopes']}")
 
 
 def _write(out: dict) -> None:
