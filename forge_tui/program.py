@@ -47,6 +47,19 @@ def encode(obj: Any, tensor_ref: Callable[[Any], dict]) -> Any:
     raise Unencodable(type(obj).__name__)
 
 
+def _no_tensor(t: Any) -> dict:
+    raise Unencodable("tensor")
+
+
+def encodes_as(value: Any, recorded: Any) -> bool:
+    """Whether a call's non-tensor argument encodes as the recorded one (a tensor never does):
+    how a dtype, device, layout, memory format or special float is compared with a program's."""
+    try:
+        return bool(encode(value, _no_tensor) == recorded)
+    except Unencodable:
+        return False
+
+
 def decode(obj: Any, resolve: Callable[[dict], Any], device: str) -> Any:
     import torch
 

@@ -85,6 +85,26 @@ def test_a_chain_is_served_and_agrees_with_eager(chain_ws, compiled):
         torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
 
 
+def _eager_and_served(ws, attention, compiled):
+    """The workload with its attention replaced by ``attention(base model)``: (eager's output, the
+    output with the chain's kernel applied, the chain card's status)."""
+    wl = _workload()
+    base, (x, mask) = wl.get_model(), wl.get_inputs()
+
+    def build():
+        m = wl.get_model()
+        m.attn = attention(base)
+        return m
+
+    with torch.no_grad():
+        expected = build()(x, mask)
+        model = build()
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
+            got = model(x, mask)
+            st = applied.status()["cards"][0]
+    return expected, got, st
+
+
 class _Keeps(nn.Module):
     """The same attention, written to do what a chain must survive: keep the masked scores and
     return them, and hand them to a child (a child that would mutate them in place)."""
@@ -117,20 +137,8 @@ def test_a_kept_intermediate_reads_as_eager_computed_it(chain_ws, child, compile
     is still served (the scores computed as eager does); compiled, the graph shows the other
     readers and the chain is left to eager."""
     ws, _ = chain_ws
-    wl = _workload()
-    base, (x, mask) = wl.get_model(), wl.get_inputs()
-
-    def build():
-        m = wl.get_model()
-        m.attn = _Keeps(base.attn, _AddsInPlace() if child else None)
-        return m
-
-    with torch.no_grad():
-        expected = build()(x, mask)
-        model = build()
-        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
-            got = model(x, mask)
-            st = applied.status()["cards"][0]
+    expected, got, st = _eager_and_served(ws, lambda base: _Keeps(base.attn, _AddsInPlace() if child else None),
+                                          compiled)
     assert st["served"] == (0 if compiled else 1), st
     for g, e in zip(got, expected):
         assert type(g) is torch.Tensor  # the returned intermediate is a plain tensor
@@ -184,20 +192,7 @@ def test_an_input_changed_in_place_in_the_scope_is_read_as_before(chain_ws, how,
     if how == "child_attribute" and not compiled:
         pytest.skip("the intercepted path raises here: test_an_input_changed_where_the_runtime_cannot_see_raises")
     ws, _ = chain_ws
-    wl = _workload()
-    base, (x, mask) = wl.get_model(), wl.get_inputs()
-
-    def build():
-        m = wl.get_model()
-        m.attn = _ChangesInput(base.attn, how)
-        return m
-
-    with torch.no_grad():
-        expected = build()(x, mask)
-        model = build()
-        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
-            got = model(x, mask)
-            st = applied.status()["cards"][0]
+    expected, got, st = _eager_and_served(ws, lambda base: _ChangesInput(base.attn, how), compiled)
     assert st["served"] == (1 if compiled else 0), st  # intercepted: the chain ended before its last op
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 

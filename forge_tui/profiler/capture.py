@@ -174,6 +174,10 @@ class _Chain:
     op_keys: list[str] = field(default_factory=list)
     flops: int = 0
 
+    def computed(self, tensors) -> bool:
+        """Whether any of ``tensors`` is a value the chain computed (not one of its inputs)."""
+        return any(self.refs.get(t, {}).get("$node") is not None for t in tensors)
+
 
 class CaptureOptions:
     def __init__(self, cfg) -> None:
@@ -377,7 +381,7 @@ class Recorder:
 
         path = self._scopes[-1] if self._scopes else ""
         chain = self._chains.get(path)
-        touches = chain is not None and any(chain.refs.get(t, {}).get("$node") is not None for t in in_tensors)
+        touches = chain is not None and chain.computed(in_tensors)
         link = op_key is not None and chains_op(str(func)) and bool(in_tensors)
         if not link:
             if touches:
@@ -409,7 +413,7 @@ class Recorder:
         i = len(chain.nodes)
         chain.nodes.append(node)
         for j, t in enumerate(flat_out):
-            if isinstance(t, torch_tensor_type()):
+            if any(t is o for o in out_tensors):
                 chain.refs[t] = {"$node": i, "out": j}
         chain.outs.append(out_tensors)
         chain.op_keys.append(op_key or "")
@@ -468,8 +472,7 @@ class Recorder:
         def hook(module, args, kwargs):
             parent = self._scopes[-1] if self._scopes else None
             chain = self._chains.get(parent) if parent is not None else None
-            if chain is not None and any(chain.refs.get(t, {}).get("$node") is not None
-                                         for t in tensor_leaves((args, kwargs))):
+            if chain is not None and chain.computed(tensor_leaves((args, kwargs))):
                 # a child reads an intermediate of the chain: it must be computed, the chain ends
                 self._close_chain(parent)
             self._scopes.append(path)
@@ -623,12 +626,6 @@ class Recorder:
             else:
                 bucket.skipped_samples += 1
         return key
-
-
-def torch_tensor_type():
-    import torch
-
-    return torch.Tensor
 
 
 def _is_compute(func) -> bool:

@@ -653,6 +653,30 @@ def _consts(folder: Path, entry: Entry, device: str) -> list["torch.Tensor"]:
     return [v.to(device) for v in vals]
 
 
+class ReplacedForwards:
+    """Forwards set on module instances, each undone to what the instance had before (its own
+    forward attribute, or its class's), last first."""
+
+    def __init__(self) -> None:
+        self._restore: list[tuple[Any, bool, Any]] = []
+
+    def replace(self, module: Any, new: Callable[..., Any]) -> None:
+        had_own = "forward" in module.__dict__
+        self._restore.append((module, had_own, module.__dict__.get("forward")))
+        module.forward = new
+
+    def modules(self) -> list[Any]:
+        return [m for m, _, _ in self._restore]
+
+    def restore(self) -> None:
+        for module, had_own, old in reversed(self._restore):
+            if had_own:
+                module.forward = old
+            else:
+                module.__dict__.pop("forward", None)
+        self._restore.clear()
+
+
 class Applied:
     """What ``apply`` installed; undo() (or leaving the ``with`` block) removes it all."""
 
@@ -663,20 +687,13 @@ class Applied:
         self.skipped: dict[str, str] = {}
         self.scopes: dict[str, GraphScope] = {}
         """The scopes served compiled, by module path (``graph.py``)."""
-        self._restore: list[tuple[Any, bool, Any]] = []
+        self.forwards = ReplacedForwards()
 
     def _replace_forward(self, module: Any, new: Callable[..., Any]) -> None:
-        had_own = "forward" in module.__dict__
-        self._restore.append((module, had_own, module.__dict__.get("forward")))
-        module.forward = new
+        self.forwards.replace(module, new)
 
     def undo(self) -> None:
-        for module, had_own, old in reversed(self._restore):
-            if had_own:
-                module.forward = old
-            else:
-                module.__dict__.pop("forward", None)
-        self._restore.clear()
+        self.forwards.restore()
         self.board.write()
 
     def status(self) -> dict[str, Any]:
@@ -805,7 +822,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []
         trials: dict[tuple[str, ...], Trial] = {}
-        busy = {id(m) for m, _ in ops.values()} | {id(m) for m, _, _ in applied._restore}
+        busy = {id(m) for m, _ in ops.values()} | {id(m) for m in applied.forwards.modules()}
         """The scopes and the modules whose forwards module cards replaced."""
         for path, (module, guards) in ops.items():
             trial = _scope_trial(trials, guards, path, trial_calls, device)
@@ -872,12 +889,20 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
                     g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {scope.failed}")
         return out
 
+    return _gated(compiled, original, owned, trial)
+
+
+def _gated(served: Callable[..., Any], original: Callable[..., Any], guards: list[Guard],
+           trial: Trial | None) -> Callable[..., Any]:
+    """A scope's forward: ``original`` once every guard of the scope is off, the two tried in
+    place while the ``trial`` is pending, else ``served``."""
+
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if not any(g.status.active for g in owned):
+        if not any(g.status.active for g in guards):
             return original(*args, **kwargs)
         if trial is not None and trial.pending():
-            return trial.run(lambda: compiled(*args, **kwargs), lambda: original(*args, **kwargs))
-        return compiled(*args, **kwargs)
+            return trial.run(lambda: served(*args, **kwargs), lambda: original(*args, **kwargs))
+        return served(*args, **kwargs)
 
     return forward
 
@@ -977,14 +1002,7 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
                 mode.flush()
         return realize_returned(ret) if ran else ret
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if not any(g.status.active for g in guards):
-            return original(*args, **kwargs)
-        if trial is not None and trial.pending():
-            return trial.run(lambda: intercepted(*args, **kwargs), lambda: original(*args, **kwargs))
-        return intercepted(*args, **kwargs)
-
-    return forward
+    return _gated(intercepted, original, guards, trial)
 
 
 _NOT_SERVED = object()

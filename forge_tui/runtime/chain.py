@@ -29,7 +29,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ..program import resolve_op
+from ..program import encodes_as, resolve_op
+from .kernel import contiguous_strides
 
 _PENDING_CLASS: Any = None
 
@@ -173,7 +174,7 @@ class ChainGuard:
         """Each node's first output: (shape, contiguous strides, dtype), what its Pending has."""
         for n in program["nodes"]:
             shape, dtype = n["out"][0][0], n["out"][0][1]
-            self.outs.append((tuple(shape), _contiguous(shape), getattr(torch, dtype)))
+            self.outs.append((tuple(shape), tuple(contiguous_strides(list(shape))), getattr(torch, dtype)))
         self.head = self.nodes[0][0]
         self.n_inputs = len(guard.sig.inputs)
         self._specs = guard._specs
@@ -215,7 +216,7 @@ class ChainGuard:
                     run.versions[k] = a._version
                     return True
                 return run.inputs[k] is a
-            return _tagged_equal(a, e)  # a dtype, device, layout, memory format or special float
+            return encodes_as(a, e)  # a dtype, device, layout, memory format or special float
         if type(e) is list and isinstance(a, (list, tuple)):
             return len(a) == len(e) and all(self._match(run, x, y) for x, y in zip(a, e))
         if isinstance(a, self._tensor_types[0]):
@@ -264,27 +265,6 @@ class ChainGuard:
         if outs is None:  # the guard counted why; eager computes it
             return None
         return outs[0]
-
-
-def _tagged_equal(a: Any, recorded: dict) -> bool:
-    """Whether a call's non-tensor value encodes as the recorded tagged value."""
-    from ..program import Unencodable, encode
-
-    def no_tensor(t: Any) -> dict:
-        raise Unencodable("tensor")
-
-    try:
-        return bool(encode(a, no_tensor) == recorded)
-    except Unencodable:
-        return False
-
-
-def _contiguous(shape: Any) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(n), 1)
-    return tuple(reversed(strides))
 
 
 class outside_interceptor:

@@ -24,14 +24,10 @@ import re
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..program import Unencodable, encode, resolve_op, run_program
+from ..program import encodes_as, resolve_op, run_program
 
 if TYPE_CHECKING:
     import torch
-
-
-def _no_tensor(t: Any) -> dict:
-    raise Unencodable("tensor")
 
 
 class _Env:
@@ -64,12 +60,7 @@ def _bind(pat: Any, val: Any, env: _Env) -> bool:
             return pat.get("out", 0) == 0 and i < len(env.nodes) and env.nodes[i] is val
     if type(pat) is list:
         return isinstance(val, (list, tuple)) and len(val) == len(pat) and all(_bind(p, v, env) for p, v in zip(pat, val))
-    if isinstance(val, Node):
-        return False
-    try:
-        return bool(encode(val, _no_tensor) == pat)
-    except Unencodable:
-        return False
+    return not isinstance(val, Node) and encodes_as(val, pat)
 
 
 def _bind_node(node: Any, pat: dict, env: _Env) -> _Env | None:

@@ -142,7 +142,7 @@ class CardKernel:
         return outs
 
 
-def _contiguous(shape: list[int]) -> list[int]:
+def contiguous_strides(shape: list[int]) -> list[int]:
     out, acc = [], 1
     for n in reversed(shape):
         out.append(acc)
@@ -173,6 +173,6 @@ def _allocator(out: "TensorSpec", inputs: list["TensorSpec"]) -> tuple[int, Any,
                 _dense(list(sp.shape), list(sp.stride)):
             return k, None, (), None
     dtype = getattr(torch, out.dtype)
-    if list(out.stride) == _contiguous(list(out.shape)):
+    if list(out.stride) == contiguous_strides(list(out.shape)):
         return -1, torch.empty, (tuple(out.shape),), dtype
     return -1, torch.empty_strided, (tuple(out.shape), tuple(out.stride)), dtype

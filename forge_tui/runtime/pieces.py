@@ -29,6 +29,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from .apply import ReplacedForwards, _plain_context, called_children
+
 if TYPE_CHECKING:
     import torch
 
@@ -113,25 +115,42 @@ def _key(flat: list[Any], spec: Any) -> tuple[Any, ...] | None:
     return tuple(parts)
 
 
-def _state(module: "torch.nn.Module") -> tuple[list[tuple[Any, str, Any]], list[tuple[Any, bool]],
-                                               list[tuple[Any, str, Any]], list[int]]:
+class _TreeState:
     """What a capture assumes of the module tree: each parameter and buffer as (its dict, name,
     tensor); each module's training flag; each plain attribute as (the module's __dict__, name,
     value); the tensors' versions (an in-place change bumps them)."""
-    tensors: list[tuple[Any, str, Any]] = []
-    flags: list[tuple[Any, bool]] = []
-    plain: list[tuple[Any, str, Any]] = []
-    for m in module.modules():
-        flags.append((m, m.training))
-        for store in (m._parameters, m._buffers):
-            for name, t in store.items():
-                if t is not None:
-                    tensors.append((store, name, t))
-        d = m.__dict__
-        for name, v in d.items():
-            if type(v) in PLAIN and name != "training":
-                plain.append((d, name, v))
-    return tensors, flags, plain, [t._version for _, _, t in tensors]
+
+    __slots__ = ("tensors", "flags", "plain", "versions")
+
+    def __init__(self, module: "torch.nn.Module") -> None:
+        self.tensors: list[tuple[Any, str, Any]] = []
+        self.flags: list[tuple[Any, bool]] = []
+        self.plain: list[tuple[Any, str, Any]] = []
+        for m in module.modules():
+            self.flags.append((m, m.training))
+            for store in (m._parameters, m._buffers):
+                for name, t in store.items():
+                    if t is not None:
+                        self.tensors.append((store, name, t))
+            d = m.__dict__
+            for name, v in d.items():
+                if type(v) in PLAIN and name != "training":
+                    self.plain.append((d, name, v))
+        self.versions = [t._version for _, _, t in self.tensors]
+
+    def same_as(self, before: "_TreeState") -> bool:
+        """Whether nothing changed since ``before``: no tensor replaced or changed in place, no
+        plain attribute changed."""
+        return self.versions == before.versions and \
+            [id(t) for _, _, t in self.tensors] == [id(t) for _, _, t in before.tensors] and \
+            [(n, v) for _, n, v in self.plain] == [(n, v) for _, n, v in before.plain]
+
+    def holds(self) -> bool:
+        """Whether the module tree is still as recorded: the same parameter and buffer tensors,
+        training flags and plain attributes (a call's check, before it replays)."""
+        return all(store.get(name) is t for store, name, t in self.tensors) and \
+            all(m.training is f for m, f in self.flags) and \
+            all(_same(d.get(name), v) for d, name, v in self.plain)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -143,20 +162,13 @@ def _storages(tensors: list[Any]) -> set[int]:
 
 
 class _Graph:
-    __slots__ = ("replay", "inputs", "outputs", "tensors", "flags", "plain")
+    __slots__ = ("replay", "inputs", "outputs", "state")
 
-    def __init__(self, replay: Callable[[], None], inputs: list[Any], outputs: Any, state: tuple[Any, ...]) -> None:
+    def __init__(self, replay: Callable[[], None], inputs: list[Any], outputs: Any, state: _TreeState) -> None:
         self.replay = replay
         self.inputs = inputs
         self.outputs = outputs
-        self.tensors, self.flags, self.plain, _ = state
-
-    def holds(self) -> bool:
-        """Whether the module tree is as captured: the same parameter and buffer tensors, training
-        flags and plain attributes."""
-        return all(store.get(name) is t for store, name, t in self.tensors) and \
-            all(m.training is f for m, f in self.flags) and \
-            all(_same(d.get(name), v) for d, name, v in self.plain)
+        self.state = state
 
 
 class Piece:
@@ -194,7 +206,7 @@ class Piece:
                 self._fall(f"more than {owner.max_graphs} call signatures")
                 return self.original(*args, **kwargs)
             return self._first(key, flat, spec, args, kwargs)
-        if not g.holds():
+        if not g.state.holds():
             self._fall("its parameters, buffers or attributes changed since the capture")
             return self.original(*args, **kwargs)
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
@@ -214,12 +226,11 @@ class Piece:
         import torch
         from torch.utils._pytree import tree_flatten, tree_unflatten
 
-        before = _state(self.module)
+        before = _TreeState(self.module)
         out = self.original(*args, **kwargs)
         try:
-            state = _state(self.module)
-            if state[3] != before[3] or [(n, v) for _, n, v in state[2]] != [(n, v) for _, n, v in before[2]] or \
-                    [id(t) for _, _, t in state[0]] != [id(t) for _, _, t in before[0]]:
+            state = _TreeState(self.module)
+            if not state.same_as(before):
                 raise Refused("its forward changes its parameters, buffers or attributes")
             outs, _ = tree_flatten(out)
             if any(not isinstance(o, torch.Tensor) and type(o) not in PLAIN for o in outs):
@@ -246,7 +257,7 @@ class Piece:
             if [s._version for s in static] != versions:
                 raise Refused("its forward changes its inputs in place")
             s_outs, _ = tree_flatten(s_out)
-            held = _storages(static) | _storages([t for _, _, t in state[0]])
+            held = _storages(static) | _storages([t for _, _, t in state.tensors])
             if _storages([o for o in s_outs if isinstance(o, torch.Tensor)]) & held:
                 raise Refused("it returns a view of its inputs or parameters")
             self.graphs[key] = _Graph(replay, static, s_out, state)
@@ -271,15 +282,13 @@ class Pieces:
         self.active = True
         self.pieces: dict[str, Piece] = {}
         self._paths = {id(m): p for p, m in model.named_modules()}
-        self._restore: list[tuple[Any, bool, Any]] = []
+        self._forwards = ReplacedForwards()
         self._split: set[int] = set()
         self._lock = threading.Lock()
 
     def quiet_context(self) -> bool:
         """No capture running already, no compile tracing, nothing a replay would skip."""
         import torch
-
-        from .apply import _plain_context
 
         if torch.compiler.is_compiling():
             return False
@@ -291,16 +300,12 @@ class Pieces:
         path = self._paths.get(id(module), "?")
         if path in self.pieces:
             return
-        had = "forward" in module.__dict__
-        self._restore.append((module, had, module.__dict__.get("forward")))
         piece = Piece(self, path, module, module.forward)
         self.pieces[path] = piece
-        module.forward = piece
+        self._forwards.replace(module, piece)
 
     def split(self, piece: Piece) -> None:
         """Try ``piece``'s children in its place (once): it is not captured, they may be."""
-        from .apply import called_children
-
         with self._lock:
             if id(piece.module) in self._split:
                 return
@@ -310,12 +315,7 @@ class Pieces:
 
     def undo(self) -> None:
         self.active = False
-        for module, had, old in reversed(self._restore):
-            if had:
-                module.forward = old
-            else:
-                module.__dict__.pop("forward", None)
-        self._restore.clear()
+        self._forwards.restore()
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per module path: graphs captured, replays, why it was not captured, fallbacks."""
