@@ -457,12 +457,50 @@ def test_cuda_sources_compile_for_sm90(table_ws):
         m = GEN.match(card)
         jobs.append(GEN.render(m, GEN.initial(m, "cuda"), "cuda"))
     assert "fg_row_reduce<TPR, 1>" in jobs[-1] and "#define TPR 4" in jobs[-1]  # the router's 8 experts: 4 threads a row
-    assert "load_vec<__nv_bfloat16, VEC>" in jobs[0] and "float cache" in jobs[0] and "fg_smem" in jobs[1]
+    assert "load_vec<__nv_bfloat16, VEC>" in jobs[0] and "keep1[NV][VEC]" in jobs[0] and "fg_smem" in jobs[1]
     builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(builder.build, jobs))
     bad = [r.log[:2000] for r in results if not r.ok]
     assert not bad, bad[0]
+
+
+def test_register_loops_carry_values_instead_of_recomputing_them(table_ws):
+    """With the row in registers, a later loop starts from the values an earlier one computed
+    (the softmax's exponential once, not in both the sum's loop and the output's), and every
+    value a loop uses is computed there, read from registers, or a row's constant."""
+    from forge_tui.codegen.emit_cuda import carries, carry_plan
+
+    by = {_name(c): c for c in table_ws.cards()}
+    soft = GEN.match(by["MaskedSoftmax"])
+    kern = soft.info["kernel"]
+    assert carries(kern, "regs") and not carries(kern, "smem") and not carries(kern, "none")
+    plan = carry_plan(kern)
+    exps = [n.id for n in kern.nodes if n.op == "exp"]
+    assert exps and [sum(e in need for need in plan.need) for e in exps] == [2] * len(exps)  # computed, then read
+    for card in table_ws.cards():
+        m = GEN.match(card)
+        if m is None or not m.info["kernel"].reductions:
+            continue
+        k, plan = m.info["kernel"], carry_plan(m.info["kernel"])
+        seen: set[int] = set()
+        kept = {n for ph in plan.keep for n in ph}
+        for need in plan.need:
+            here = set(need)
+            for n in need:
+                if n in seen:  # from an earlier loop: kept, or a cached load
+                    assert n in kept or (k.nodes[n].op == "load" and n in plan.loads), (card.id, n)
+                    continue
+                for a in k.nodes[n].args:
+                    assert a in here or not k.nodes[a].varying, (card.id, n, a)
+            seen |= here
+    first = GEN.initial(soft, "cuda")
+    regs = GEN.render(soft, {**first, "cache": "regs"}, "cuda")
+    none = GEN.render(soft, {**first, "cache": "none", "tpr": 32, "rpb": 1}, "cuda")
+    def body(src: str) -> str:
+        return src[src.index("template <int VEC, int NV>"):src.index("FORGE_EXPORT")]
+
+    assert body(regs).count("expf(") == 1 and body(none).count("expf(") == 2
 
 
 # ---- nesting -------------------------------------------------------------------------------------

@@ -8,12 +8,15 @@ Programs with reductions: TPR threads a row (4 to 1024: below 32, several rows s
 the shuffles stay within each row's lanes), RPB rows a block, one phase a reduction level
 (warp shuffles, then shared memory across the row's warps), then the output phase. What the
 phases read again is cached (``cache``): in registers (``regs``: NV x VEC values a thread, the
-loops unrolled), in shared memory (``smem``: each thread keeps its own elements, raw), or not at
+loops unrolled; a later phase starts from the values an earlier one computed, see ``Carry``), in
+shared memory (``smem``: each thread keeps its own elements, raw), or not at
 all (``none``: re-read, from L1/L2). ``grid``: a block per RPB rows, or a persistent grid of
 whole waves walking the row groups.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..kernel_abi import ITEMSIZE
 from ..templates.cuda_common import COMMON
@@ -207,6 +210,87 @@ def _loop_nodes(kern: Kernel, roots: list[int]) -> list[int]:
     return [n for n in kern.needed(roots) if kern.nodes[n].varying]
 
 
+def _phase_roots(kern: Kernel) -> list[list[int]]:
+    """The nodes each loop over a row's columns computes: the reductions of each level, then the
+    full (not per-row) outputs."""
+    phases = [[r.body for r in kern.reductions if r.level == lv] for lv in range(kern.levels)]
+    return phases + [[o.node for o in kern.outputs if not o.per_row]]
+
+
+@dataclass
+class Carry:
+    """How the register cache carries a row from loop to loop. Without it (``recompute``), a
+    later loop recomputes every value it needs from the cached loads: the attention chain's
+    scale, mask and rounding three times and its exponential twice (on the H200 that kept the
+    kernel at a third of its memory floor, bound by instructions). With it, a loop keeps in
+    registers the values a later loop reads (``keep``: node ids), and the later loop starts from
+    them; arithmetic and rounding are the same, done once."""
+
+    need: list[list[int]]
+    """Per loop: the varying nodes it computes or reads from the cache, in order."""
+    keep: list[list[int]]
+    """Per loop: the non-load nodes it computes and stores for a later loop."""
+    loads: list[int]
+    """The loads more than one loop reads (kept in the load cache)."""
+
+    @property
+    def arrays(self) -> int:
+        """The most register arrays (one per kept node or cached load) live at once."""
+        live = 0
+        for i in range(1, len(self.need)):
+            later = {n for ph in self.need[i:] for n in ph}
+            earlier = {n for ph in self.need[:i] for n in ph}
+            live = max(live, len(later & earlier))
+        return live
+
+
+def carry_plan(kern: Kernel) -> Carry:
+    """Each loop computes only the values no earlier loop computed, and reads the rest from
+    registers (see ``Carry``)."""
+    hit = kern.memo.get("carry")
+    if hit is None:
+        hit = kern.memo["carry"] = _carry_plan(kern)
+    return hit
+
+
+def _carry_plan(kern: Kernel) -> Carry:
+    computed: set[int] = set()
+    needs: list[list[int]] = []
+    keep_at: dict[int, int] = {}  # kept node -> the loop that computes it
+    first: dict[int, int] = {}
+    for ph, roots in enumerate(_phase_roots(kern)):
+        seen: set[int] = set()
+        stack = [n for n in roots if kern.nodes[n].varying]
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in computed:
+                if kern.nodes[n].op != "load":
+                    keep_at[n] = first[n]
+                continue  # read from registers: its operands are not needed again
+            stack.extend(a for a in kern.nodes[n].args if kern.nodes[n].varying and kern.nodes[a].varying)
+        need = sorted(seen)
+        for n in need:
+            first.setdefault(n, ph)
+        computed |= seen
+        needs.append(need)
+    keep = [sorted(n for n, ph in keep_at.items() if ph == i) for i in range(len(needs))]
+    uses: dict[int, int] = {}
+    for need in needs:
+        for n in need:
+            if kern.nodes[n].op == "load" and kern.nodes[n].kind == "f":
+                uses[n] = uses.get(n, 0) + 1
+    return Carry(needs, keep, sorted(n for n, c in uses.items() if c > 1))
+
+
+def carries(kern: Kernel, cache: str) -> bool:
+    """Whether a configuration's loops carry values (``Carry``): the register cache does when that
+    needs no more register arrays than caching the loads alone."""
+    return cache == "regs" and carry_plan(kern).arrays <= max(1, len(cached_loads(kern)))
+
+
 def smem_bytes(kern: Kernel, rpb: int, vec: int) -> int:
     total = 0
     for n in cached_loads(kern):
@@ -221,7 +305,8 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
     cols = kern.cols
     ind = "        "
-    cached = cached_loads(kern)
+    carry = carry_plan(kern) if carries(kern, cache) else None
+    cached = carry.loads if carry else cached_loads(kern)
     if cache == "smem":
         cached = [n for n in cached if vec_ok(kern.nodes[n].attr[1], vec)]
     elif cache == "none":
@@ -238,6 +323,8 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     if cache == "regs":
         for n in cached:
             body.append(ind + f"float cache{n}[NV][VEC];")
+        for n in sorted(n for ph in carry.keep for n in ph) if carry else []:
+            body.append(ind + f"{w.vtype(kern.nodes[n])} keep{n}[NV][VEC];")
     for n in cached if cache == "smem" else []:
         t = w.types[kern.nodes[n].dtype]
         body.append(ind + f"{t}* sm{n} = ({t}*)(fg_smem + {smem_off[n]}) + (int64_t)slot * COLS;")
@@ -249,11 +336,13 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             body.append(ind + w.stmt(kern.nodes[n]))
             done.add(n)
 
-    def loop(roots: list[int], tail: list[str], guard: str, head: list[str] | None = None,
+    def loop(phase: int, roots: list[int], tail: list[str], guard: str, head: list[str] | None = None,
              post: list[str] | None = None) -> list[str]:
-        """The loop over this thread's columns computing ``roots``, then ``tail`` per element;
-        ``head`` and ``post`` go before and after the loop over a vector's elements."""
-        need = _loop_nodes(kern, roots)
+        """Loop ``phase`` over this thread's columns, computing ``roots``, then ``tail`` per
+        element; ``head`` and ``post`` go before and after the loop over a vector's elements."""
+        need = carry.need[phase] if carry else _loop_nodes(kern, roots)
+        kept = {n for ph in carry.keep[:phase] for n in ph} if carry else set()
+        keeps = set(carry.keep[phase]) if carry else set()
         out: list[str] = []
         if cache == "regs":
             out += [ind + "#pragma unroll", ind + "for (int k = 0; k < NV; ++k) {",
@@ -293,7 +382,9 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
                 sub[n] = f"v{n}[j]"
         filled.update(n for n in need if n in cached)
         for n in need:
-            inner.append(w.stmt(kern.nodes[n], sub.get(n)))
+            inner.append(w.stmt(kern.nodes[n], f"keep{n}[k][j]" if n in kept else sub.get(n)))
+            if n in keeps:
+                inner.append(f"keep{n}[k][j] = t{n};")
         inner += tail
         out += [ind + "        " + s for s in pre + (head or [])]
         out += [ind + "        #pragma unroll", ind + "        for (int j = 0; j < VEC; ++j) {",
@@ -309,7 +400,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         for k, r in reds:
             body.append(ind + f"float acc{k} = fg_ident<{OPS[r.kind]}>();")
             tail.append(f"acc{k} = fg_comb<{OPS[r.kind]}>(acc{k}, t{r.body});")
-        body += loop([r.body for _, r in reds], tail, "")
+        body += loop(level, [r.body for _, r in reds], tail, "")
         for k, r in reds:
             body.append(ind + f"const float red{k} = fg_row_reduce<TPR, {OPS[r.kind]}>(acc{k}, fg_scratch);")
     roots = [o.node for o in kern.outputs]
@@ -334,7 +425,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         head = [f"float o{o.index}[VEC];" for o in vouts]
         stores = [f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(o.offset.split('c')[0])} + c0, o{o.index});"
                   for o in vouts]
-        body += loop([o.node for o in full], tail, "live && ", head, stores)
+        body += loop(kern.levels, [o.node for o in full], tail, "live && ", head, stores)
     decls = [ind + d for d in w.row_decls()]
     params_c, args_c = _args(kern, w)
     groups = -(-kern.rows // rpb)
