@@ -424,3 +424,43 @@ def test_with_dynamo_disabled_the_interceptor_serves_the_chain(chain_ws, monkeyp
     with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
         model(x, mask)
         assert not applied.scopes and applied.status()["cards"][0]["served"] == 1
+
+
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_a_chain_is_served_inside_a_torch_compiled_model(chain_ws, inner):
+    """torch_compile mode: the chain's ops in the compiled graph become the card's custom op,
+    which the inner backend keeps as one opaque node (inductor fuses the rest); the model's
+    outputs are eager's. Only graphs compiled with this apply's backend are rewritten."""
+    import copy
+
+    from forge_tui.runtime.apply import Mode
+
+    ws, chain = chain_ws
+    mod = _workload()
+    model, args = mod.get_model(), mod.get_inputs()
+    plain = copy.deepcopy(model)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+            backend = applied.backend(inner)
+            assert applied.backend(inner) is backend  # one object: Dynamo's cache keys on it
+            compiled = torch.compile(model, backend=backend)
+            got = [compiled(*args) for _ in range(2)]
+            st = applied.status()["cards"][0]
+            assert st["card"] == chain.id and st["served"] == 2, st
+            assert backend.sites == {chain.id: 1} and not backend.failed
+            other = torch.compile(plain, backend=inner)(*args)  # not this apply's backend: not served
+            assert applied.status()["cards"][0]["served"] == 2
+    for g in got + [other]:
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pointwise_chain_is_left_to_torch_compile(tmp_path):
+    """A chain with no reduction is not served in compiled graphs: inductor fuses it into its
+    neighbours, where an opaque kernel would stop that."""
+    from forge_tui.runtime.apply import Mode
+
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
+    with apply(mod.get_model(), ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+        assert not applied.compile_guards and "pointwise" in applied.skipped[chain.id], applied.skipped

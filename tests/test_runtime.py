@@ -329,7 +329,7 @@ def test_torch_compile_keeps_the_kernel_as_a_custom_op(promoted):
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got2, expected)
     assert st[norm.id]["served"] >= 2  # the kernel ran inside the compiled model
-    assert sm.id not in st or st[sm.id]["served"] == 0  # op cards serve eager models only
+    assert sm.id not in st or st[sm.id]["served"] == 0  # op cards: only through applied.backend()
     ops = [str(n.target) for g in graph.graphs for n in g.graph.nodes if n.op == "call_function"]
     assert any("forge.k_" in o for o in ops), ops
 

@@ -11,7 +11,9 @@ non-tensor arguments match the card; anything else runs the original PyTorch cod
 error disables that kernel (the call and every later one run PyTorch) and records why. With
 ``shadow_every=N`` every Nth served call is also computed by the reference and compared; a
 mismatch disables the kernel. ``Mode.TORCH_COMPILE`` routes module cards through custom ops
-(``torch.library``), so a compiled model keeps each kernel as one opaque node and fuses around it.
+(``torch.library``), so a compiled model keeps each kernel as one opaque node and fuses around it;
+op and chain cards that reduce are served inside the compiled graphs by ``Applied.backend()``
+(``torch.compile(model, backend=applied.backend())``), as custom ops too.
 
     with forge_tui.runtime.apply(model, "workspaces/demo") as applied:
         y = model(x)
@@ -30,7 +32,7 @@ from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
 from .chain import ChainGuard, Run, pending_in, realize_all, realize_returned, runs_of, tensor_storages
-from .graph import GraphScope, compilable
+from .graph import CompileBackend, GraphScope, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .status import STATUS_FILE, CardStatus, StatusBoard
@@ -541,7 +543,7 @@ def _interceptor_class() -> type:
         def _should_skip_dynamo(cls) -> bool:
             # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
             # no: a few µs on every op of the scope. The interceptor serves eager models only
-            # (torch_compile mode installs no op or chain cards).
+            # (torch_compile mode serves op and chain cards through Applied.backend() instead).
             return False
 
         def __init__(self, table: dict[Any, list[OpGuard]], owner: object = None,
@@ -688,6 +690,20 @@ class Applied:
         self.scopes: dict[str, GraphScope] = {}
         """The scopes served compiled, by module path (``graph.py``)."""
         self.forwards = ReplacedForwards()
+        self.compile_guards: list[Guard] = []
+        """torch_compile mode: the op and chain cards that ``backend()`` serves."""
+        self._backends: dict[str, CompileBackend] = {}
+
+    def backend(self, inner: str = "inductor") -> CompileBackend:
+        """The torch.compile backend for this model in torch_compile mode:
+        ``torch.compile(model, backend=applied.backend())``. It serves the op and chain cards in
+        the compiled graphs (``graph.CompileBackend``) and hands them on to ``inner``; module
+        cards are custom ops in any torch.compile'd model. One object per inner backend, so that
+        Dynamo's cache tells this model's graphs from those of any other backend."""
+        if inner not in self._backends:
+            device = next((g.device for g in self.guards.values()), "cpu")
+            self._backends[inner] = CompileBackend(self.compile_guards, device, _custom_op, inner)
+        return self._backends[inner]
 
     def _replace_forward(self, module: Any, new: Callable[..., Any]) -> None:
         self.forwards.replace(module, new)
@@ -717,7 +733,8 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
     inference mode, ``trial_calls`` > 0) each card's first calls in this model are timed with the
     kernel and without, ``trial_calls`` of each, and the kernel is switched off unless it was
     faster there (see ``Trial``). ``mode``: ``inference`` (the op-by-op forward), ``torch_compile``
-    (module cards as custom ops, for a model compiled after this), ``cuda_graph`` (for a model
+    (for a model compiled after this: module cards as custom ops, and op and chain cards served
+    by ``Applied.backend()``), ``cuda_graph`` (for a model
     captured in a CUDA graph after this: see ``Mode.CUDA_GRAPH``). ``compiled_scopes``: serve op
     and chain cards in a module's forward compiled by torch.compile to an aten graph with their
     ops replaced (``graph.py``), where the forward allows it; else (or False) through the
@@ -776,8 +793,12 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
             continue
         if sig.kind != "module" and mode == Mode.TORCH_COMPILE:
-            applied.skipped[card_id] = f"{sig.kind} cards serve eager models (in torch_compile mode, module cards only)"
-            continue
+            why = compile_worthy(sig.program)
+            if why is None and (len(sig.outputs) != 1 or any(s.role == "const" for s in sig.inputs)):
+                why = "a card with more than one output or a constant input is not found in a compiled graph"
+            if why:
+                applied.skipped[card_id] = f"not served under torch.compile: {why}"
+                continue
         if sig.kind != "module" and "mutates" in sig.flags:
             applied.skipped[card_id] = "in-place ops are not served"
             continue
@@ -787,6 +808,11 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                           _consts(folder, entry, device), only_faster and mode != Mode.CUDA_GRAPH)
         except KernelUnavailable as exc:
             applied.skipped[card_id] = str(exc)
+            continue
+        if sig.kind != "module" and mode == Mode.TORCH_COMPILE:
+            applied.compile_guards.append(guard)
+            applied.guards[card_id] = guard
+            guard.status.sites.append("in graphs compiled with Applied.backend()")
             continue
         if sig.kind == "module":
             if trial_calls > 0:
