@@ -353,6 +353,32 @@ def test_a_kernel_slower_than_torch_compile_is_left_out_of_compiled_models(promo
         assert norm.id in applied.guards
 
 
+def test_each_mode_takes_its_own_verdict(promoted, tmp_path):
+    """A kernel switched off op by op (the host's cost of each call outweighed it) still serves
+    compiled models and graphs; switched off under torch.compile, it still serves eager models."""
+    import shutil
+
+    ws, norm, _ = promoted
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["entries"][norm.id].update(enabled=False, disabled_reason="the forward ran slower with it")
+    path.write_text(json.dumps(data))
+    model = load_workload().get_model()
+    with apply(model, root, only_faster=False) as applied:
+        assert norm.id not in applied.guards and "slower with it" in applied.skipped[norm.id]
+    for mode in (Mode.TORCH_COMPILE, Mode.CUDA_GRAPH):
+        with apply(model, root, mode=mode, only_faster=False) as applied:
+            assert norm.id in applied.guards, (mode, applied.skipped)
+    data["entries"][norm.id].update(enabled=True, disabled_reason="", compile_disabled_reason="slower compiled")
+    path.write_text(json.dumps(data))
+    with apply(model, root, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+        assert norm.id not in applied.guards and "slower compiled" in applied.skipped[norm.id]
+    with apply(model, root, only_faster=False) as applied:
+        assert norm.id in applied.guards
+
+
 def test_export_loads_in_a_fresh_process_and_checks_itself(promoted, tmp_path):
     ws, norm, sm = promoted
     out = tmp_path / "export"

@@ -102,8 +102,9 @@ class Entry(BaseModel):
     disabled_reason: str = ""
     """Why the kernel is off (set by ``forge bench`` when it made the whole forward slower)."""
     compile_disabled_reason: str = ""
-    """Why the kernel is off in torch.compile'd models only (set by ``forge bench`` when the
-    compiled forward ran slower with forge's kernels than without)."""
+    """Why the kernel is off in torch.compile'd models (``Mode.TORCH_COMPILE``; set by ``forge
+    bench`` when the compiled forward ran slower with forge's kernels than without). Only this
+    verdict counts there, as ``graph_disabled_reason`` does in CUDA graphs."""
     graph_disabled_reason: str = ""
     """Why the kernel is off in models captured in CUDA graphs (``Mode.CUDA_GRAPH``; set by
     ``forge bench --graphs`` when the graphed forward ran slower with it). Only this verdict counts
