@@ -17,6 +17,7 @@ mask, fp32 softmax and cast (23% of the forward) through the interceptor and the
    the same with the chain replaced, and the interceptor with nothing to serve.
 
     python bench/lab/chain_scope.py [--configs N] [--repeats 20]
+    python bench/lab/chain_scope.py --sweep-only --variants   # 1. alone, with source variants
     python bench/lab/chain_scope.py --device cpu      # tiny_decoder, a dry run of the procedure
 
 Prints tables; JSON to $OUT/chain_scope.json if $OUT is set.
@@ -68,7 +69,19 @@ CONFIGS = [
     {"tpr": 256, "rpb": 1, "vec": 4, "cache": "regs", "grid": "rows"},
     {"tpr": 32, "rpb": 8, "vec": 8, "cache": "regs", "grid": "waves"},
     {"tpr": 64, "rpb": 4, "vec": 8, "cache": "smem", "grid": "rows"},
+    {"tpr": 16, "rpb": 16, "vec": 8, "cache": "regs", "grid": "rows"},
+    {"tpr": 32, "rpb": 2, "vec": 8, "cache": "regs", "grid": "rows"},
 ]
+
+import re  # noqa: E402
+
+VARIANTS = {
+    # the output loop's division by the row's sum, as a product with its reciprocal (hoisted)
+    "recip": lambda src: re.sub(r"\(t(\d+) / t(\d+)\)", r"(t\1 * (1.f / t\2))", src),
+    # the fast, approximate exponential
+    "fast-exp": lambda src: src.replace(" expf(", " __expf("),
+}
+"""``--variants``: source edits of the family's first configuration, to tell what bounds it."""
 
 
 def _sync() -> None:
@@ -95,6 +108,8 @@ def main() -> int:
     ap.add_argument("--configs", type=int, default=len(CONFIGS))
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--variants", action="store_true", help="also evaluate VARIANTS of the first configuration")
+    ap.add_argument("--sweep-only", action="store_true", help="stop after the configurations (1. alone)")
     ap.add_argument("--noise", action="store_true", help="instead of 2. and 3.: time eager + forge forward by "
                     "forward before and after torch.compile builds a copy of the model in the process")
     args = ap.parse_args()
@@ -148,6 +163,13 @@ def main() -> int:
                   f"{r.speedup_vs_compile}x compile {r.reason[:120]}", flush=True)
             if r.correct and r.speedup_vs_eager and (best is None or r.speedup_vs_eager > best[1].speedup_vs_eager):
                 best = (src, r)
+        for name, edit in (VARIANTS.items() if args.variants and dev == "cuda" else []):
+            src = edit(gen.render(m, CONFIGS[0], dev))
+            r = ev.evaluate(chain, src)
+            rows.append({"config": {**CONFIGS[0], "variant": name}, "status": r.status, "time_us": r.time_us,
+                         "vs_eager": r.speedup_vs_eager, "vs_compile": r.speedup_vs_compile, "reason": r.reason[:200]})
+            print(f"  chain {name}: {r.status} {r.time_us} µs, {r.speedup_vs_eager}x eager, "
+                  f"{r.speedup_vs_compile}x compile {r.reason[:120]}", flush=True)
         fam, mr = family_match(rms)
         rms_src = fam.render(mr, fam.initial(mr, dev), dev)
         r_rms = ev.evaluate(rms, rms_src)
@@ -157,6 +179,9 @@ def main() -> int:
         print("no correct kernel: stopping")
         _write(out)
         return 1
+    if args.sweep_only:
+        _write(out)
+        return 0
     promote_kernel(ws, chain.id, best[0], best[1], by="chain_scope lab")
     promote_kernel(ws, rms.id, rms_src, r_rms, by="chain_scope lab")
 
