@@ -39,6 +39,14 @@ docs/runs/data/2026-12-01-s4/):
 - The per-call row "compiled scope, chain served" (650 µs host) is below the aten graph's own cost;
   whether its chain was served there was not recorded, so that row is not evidence.
 
+``--sweep-only --variants`` answered (H200, 2026-12-02 00:30, after the register loops carry their
+values, cd1c861; docs/runs/data/2026-12-02-s5/call2-chain-scope.log): every register configuration
+with vec 8 ran 102-105 µs (4.7-4.9x eager's 498 µs; was 145-165 µs), 256 threads a row 146, shared
+memory 174. The first configuration with its division by the row's sum as a product with the
+reciprocal ran 83.1 µs, with the fast exponential 97.4 µs: the division alone costs a fifth of
+the kernel. Both change eager's rounding, so neither is a move of the family; the kernel stays at
+about half its memory floor's speed.
+
 ``--noise`` answered (H200, 2026-12-01 23:35, call 6; a host at 13.0 µs an eager op): eager + forge
 with the chain in compiled scopes (25 kernel calls a forward: 17 RMSNorm, 8 chains) spread from 16.3
 to 22.9 ms forward by forward *before* any torch.compile existed in the process, against eager's
