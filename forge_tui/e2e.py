@@ -504,7 +504,7 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
             w, wo, _ = _time_against(wl, inputs, ws, dev, timer, only_faster, with_all, model,
                                      [c for c in served if c not in unit], ("with", "without"))
             if wo.q3 < w.q1:  # faster without it, beyond the spread of both
-                together = (f" (with {', '.join(c for c in unit)}: they share an intercepted scope)"
+                together = (f" (with {', '.join(c for c in unit)}: they share a scope, served together)"
                             if len(unit) > 1 else "")
                 for card in unit:
                     out[card] = (f"the forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs without"
@@ -628,7 +628,7 @@ def _switch_off_in_graphs(wl: Any, model: Any, inputs: Any, ws: Any, man: Manife
                 del fn
             w, wo = st["with"], st["without"]
             if wo.q3 < w.q1:  # faster without it, beyond the spread of both
-                together = f" (with {', '.join(unit)}: they share an intercepted scope)" if len(unit) > 1 else ""
+                together = f" (with {', '.join(unit)}: they share a scope, served together)" if len(unit) > 1 else ""
                 for card in unit:
                     out[card] = (f"the graphed forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs "
                                  f"without{together} (forge bench --graphs)")
