@@ -78,11 +78,33 @@ def test_a_chain_is_served_and_agrees_with_eager(chain_ws, compiled):
             outs = [model(x, mask) for _ in range(3)]
             st = applied.status()["cards"][0]
             assert ("attn" in applied.scopes) is compiled
+            if compiled:  # Dynamo's own graph, the chain's torch calls replaced (not the aten graph)
+                assert applied.scopes["attn"].levels == ["torch"]
     site = "a chain under attn" + (" (compiled)" if compiled else "")
     assert st["served"] == 3 and st["fallbacks"] == {} and st["sites"] == [site]
     for o in outs:
         assert type(o) is torch.Tensor
         torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scope_whose_sites_do_not_map_to_torch_calls_runs_its_aten_graph(chain_ws, monkeypatch):
+    """Where the card's sites cannot be replaced in Dynamo's torch-level graph, the scope runs the
+    aten graph with them replaced, and the chain is served all the same."""
+    from forge_tui.runtime import graph
+
+    monkeypatch.setattr(graph, "rewrite_torch_level", lambda *a, **k: None)
+    ws, _ = chain_ws
+    wl = _workload()
+    model, (x, mask) = wl.get_model(), wl.get_inputs()
+    with torch.no_grad():
+        expected = model(x, mask)
+        with apply(model, ws, only_faster=False) as applied:
+            got = [model(x, mask) for _ in range(2)]
+            st = applied.status()["cards"][0]
+            assert applied.scopes["attn"].levels == ["aten"]
+    assert st["served"] == 2
+    for g in got:
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
 
 
 def _eager_and_served(ws, attention, compiled):
@@ -383,7 +405,9 @@ def test_a_chain_with_casts_is_served(tmp_path, compiled):
         with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
             got = model(*args)
             st = applied.status()["cards"][0]
+            levels = [lv for sc in applied.scopes.values() for lv in sc.levels]
     assert st["served"] == 1, st
+    assert levels == (["torch"] if compiled else []), levels  # the casts are whole torch calls
     assert got.dtype == torch.bfloat16 and type(got) is torch.Tensor
     torch.testing.assert_close(got, expected)
 
