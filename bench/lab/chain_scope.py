@@ -207,9 +207,12 @@ def main() -> int:
     variants = {"eager": base}
     handles = []
     for name, kw in (("rmsnorm", {"cards": [rms.id]}), ("intercepted", {"compiled_scopes": False}),
-                     ("compiled", {"compiled_scopes": True})):
+                     ("compiled", {"compiled_scopes": True}), ("compiled-aten", {"compiled_scopes": True})):
         mdl = copy.deepcopy(base)
         handles.append(apply(mdl, ws, only_faster=False, trial_calls=0, **kw))
+        if name == "compiled-aten":  # the scopes run AOTAutograd's aten graph, as before 2026-12-02
+            for sc in handles[-1].scopes.values():
+                sc.torch_level = False
         variants[name] = mdl
     timer = Timer(dev, warmup=3, repeats=args.repeats, cold_l2=False)
     with torch.no_grad():
@@ -222,8 +225,11 @@ def main() -> int:
     for h in handles:
         for c in h.status()["cards"]:
             fwd.setdefault("served", {})[c["card"] + " " + ",".join(c["sites"])] = c["served"]
+    fwd["levels"] = {name: sorted({lv for sc in h.scopes.values() for lv in sc.levels})
+                     for name, h in zip(("rmsnorm", "intercepted", "compiled", "compiled-aten"), handles)}
     out["forward"] = fwd
     print("\nforward        median µs   vs eager [q1, q3]        host µs (not waiting for the device)")
+    print(f"scopes ran at: {fwd['levels']}")
     for k in variants:
         f = fwd[k]
         print(f"{k:13s} {f['median_us']:10.1f}   {f['vs_eager']:.3f}x [{f['q1']:.3f}, {f['q3']:.3f}]   {f['host_us']:10.1f}")
@@ -246,6 +252,9 @@ def main() -> int:
              "dynamo aot (no card)": torch.compile(att.forward, backend=plain, dynamic=False)}
     served = handles[2].guards.get(chain.id)
     calls["compiled scope, chain served"] = GraphScope(att, att.forward, [served], dev)
+    aten = GraphScope(att, att.forward, [served], dev)
+    aten.torch_level = False
+    calls["aten graph, chain served"] = aten
     Interceptor = _interceptor_class()
     owner = object()
     orig = att.forward
