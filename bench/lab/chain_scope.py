@@ -47,6 +47,13 @@ reciprocal ran 83.1 µs, with the fast exponential 97.4 µs: the division alone 
 the kernel. Both change eager's rounding, so neither is a move of the family; the kernel stays at
 about half its memory floor's speed.
 
+With compiled scopes at the torch level (0f2492b; H200, 2026-12-02 01:15, call 5, a host at 10.5 µs
+an eager op, ``--configs 1 --repeats 12``): one attention call with the chain served cost 545.5 µs of
+host time as Dynamo's graph with the chain's calls replaced, 935.0 µs as the aten graph (eager 575.1,
+the "eager" backend 461.1). Whole forward against eager (18.22 ms): RMSNorm alone 1.081x [1.061,
+1.086]; with the chain, torch-level scopes 1.118x [1.028, 1.245], aten-graph scopes 1.004x [0.915,
+1.138], intercepted 0.699x. The level the scope runs at decides whether the chain pays op by op.
+
 ``--noise`` answered (H200, 2026-12-01 23:35, call 6; a host at 13.0 µs an eager op): eager + forge
 with the chain in compiled scopes (25 kernel calls a forward: 17 RMSNorm, 8 chains) spread from 16.3
 to 22.9 ms forward by forward *before* any torch.compile existed in the process, against eager's
