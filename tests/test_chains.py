@@ -16,6 +16,7 @@ from forge_tui.promotion import promote_kernel
 from forge_tui.runtime.apply import apply
 from forge_tui.runtime.chain import ChainInputChanged
 from forge_tui.templates.families.generated import Generated
+from forge_tui.templates.registry import match
 from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
@@ -488,3 +489,86 @@ def test_a_pointwise_chain_is_left_to_torch_compile(tmp_path):
     ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
     with apply(mod.get_model(), ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
         assert not applied.compile_guards and "pointwise" in applied.skipped[chain.id], applied.skipped
+
+
+RESHAPING = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    """Heads merged back with transpose and reshape: the reshape copies (a clone and a view from
+    one torch call), so a clone card there has no torch call of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.scaling = 16 ** -0.5
+
+    def forward(self, x, mask):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        scores = scores + mask
+        probs = F.softmax(scores, dim=-1)
+        return torch.matmul(probs, v).transpose(1, 2).reshape(b, s, 32)
+
+
+def get_model():
+    torch.manual_seed(0)
+    return Attention().eval()
+
+
+def get_inputs():
+    torch.manual_seed(1)
+    return [torch.randn(2, 64, 32), torch.randn(64, 64)]
+'''
+
+
+def test_a_site_with_no_torch_call_of_its_own_is_left_and_the_rest_served_at_the_torch_level(tmp_path):
+    """The clone inside a copying reshape cannot be replaced in Dynamo's graph: the scope still
+    runs at the torch level, serving the chain, leaving the clone as the forward computes it, with
+    the reason kept; the output is eager's."""
+    ws, chain, mod = _chain_promoted(tmp_path, RESHAPING, "chain:mul+add+_softmax")
+    clone = next(c for c in ws.cards() if c.target == "aten.clone.default" and c.module_paths == [""])
+    fam, m = match(clone)
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(clone, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, clone.id, src, r, by="test")
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False) as applied:
+            got = [model(*args) for _ in range(2)]
+            st = {c["card"]: c for c in applied.status()["cards"]}
+            scope = applied.scopes[""]
+    assert scope.levels == ["torch"] and "makes others too" in scope.unmapped[clone.id], scope.unmapped
+    assert st[chain.id]["served"] == 2 and st[clone.id]["served"] == 0
+    assert any(s.startswith("not served in a torch-level scope: ") for s in st[clone.id]["sites"]), st[clone.id]
+    for g in got:
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_chain_reading_a_served_op_cards_output_is_served_after_it(tmp_path):
+    """The rotation's join (a cat card) feeds the rotary chain: at the torch level the cat's call
+    is replaced first and the chain's kernel reads what took its place."""
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
+    cat = next(c for c in ws.cards() if c.target == "aten.cat.default")
+    fam, m = match(cat)
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(cat, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, cat.id, src, r, by="test")
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False) as applied:
+            got = model(*args)
+            st = {c["card"]: c["served"] for c in applied.status()["cards"]}
+            levels = applied.scopes[""].levels
+    assert levels == ["torch"] and st == {chain.id: 1, cat.id: 1}, (levels, st)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -9,8 +9,9 @@ replaced by one call of the card's guarded kernel, and a graph runs as eager cod
 with no mode. The graph that runs is Dynamo's own, torch calls as the forward makes them, with the
 calls that made the card's ops replaced (``rewrite_torch_level``): on the H200 machine's host the
 decoder's attention call with its chain served cost 546 µs that way and 935 µs as the aten graph
-(eager: 575; bench/lab/chain_scope.py). Where the calls do not map onto the card's ops, the aten
-graph runs. A chain's intermediates are replaced only where nothing else in the graph reads them
+(eager: 575; bench/lab/chain_scope.py). A site whose ops are not whole torch calls is left as the
+forward computes it (``GraphScope.unmapped``); where those would save more, or the forward makes an
+in-place call, the aten graph runs. A chain's intermediates are replaced only where nothing else in the graph reads them
 (the graph knows every reader), so no value is deferred.
 
 Dynamo's guards decide when the graph stands for the forward (the same code, module attributes,
@@ -213,14 +214,49 @@ def _in_place(node: Any) -> bool:
     return str(name).endswith("_") or str(name) in _IN_PLACE
 
 
-def rewrite_torch_level(gm: Any, agm: Any, guards: list[Any], device: str) -> dict[str, int] | None:
+def _torch_site(guard: Any, inputs: list[Any], nodes: list[Any], names: dict[str, Any], made: dict[Any, list[Any]],
+                ph: dict[Any, Any]) -> tuple[Any, list[Any], set[Any], Any] | str:
+    """One site of a card found in the aten graph, as Dynamo's graph has it: (the guard, the
+    card's inputs as its nodes, the nodes that compute the card, the last of them), or why not."""
+    srcs = [_source(n, names) for n in nodes]
+    if any(x is None for x in srcs):
+        return "an op of the card has no torch call it came from"
+    body, last = set(srcs), srcs[-1]
+    inner = set(nodes)
+    if any(a not in inner for x in body for a in made.get(x, [])) or made[last][-1] is not nodes[-1]:
+        return "a torch call that makes the card's ops makes others too"
+    if any(_in_place(x) or x.op not in ("call_function", "call_method") for x in body):
+        return "the card's ops come from an in-place call or a module call"
+    if any(u not in body for x in body if x is not last for u in x.users):
+        return "an intermediate of the card is read elsewhere"
+    args = []
+    for v in inputs:
+        if v.op == "placeholder":
+            d = ph.get(v)
+        else:
+            d = _source(v, names)
+            if d is None or d in body or made[d][-1] is not v:
+                return "an input of the card is not a whole value of a torch call"
+        if d is None or not _same_tensor(d.meta.get("example_value"), v.meta.get("val")):
+            return "an input of the card is not a whole value of a torch call"
+        args.append(d)
+    if not _same_tensor(last.meta.get("example_value"), nodes[-1].meta.get("val")):
+        return "the card's output is not a whole value of a torch call"
+    return guard, args, body, last
+
+
+def rewrite_torch_level(gm: Any, agm: Any, guards: list[Any], device: str,
+                        skipped: dict[str, str] | None = None) -> dict[str, int] | None:
     """Each guard's card replaced in Dynamo's own graph ``gm`` (torch-level calls, as the
     forward's code makes them), found through ``agm``, the aten graph AOTAutograd traced from it:
-    each aten node names the ``gm`` node it came from. How many sites each card got, or None
-    (``gm`` untouched) where a site does not map: a ``gm`` node that made ops of the card and
-    others, a card input that is not a whole ``gm`` value, an intermediate read elsewhere (a
-    shape query included), or any in-place call in ``gm`` (the aten graph is functionalised, so a
-    card found there reads its inputs before any change). The graph then runs as eager code does, one
+    each aten node names the ``gm`` node it came from. How many sites each card got. A site that
+    does not map is left as the forward computes it, its reason in ``skipped``: a ``gm`` node that
+    made ops of the card and others (a reshape that copies), a card input that is not a whole
+    ``gm`` value, an intermediate read elsewhere (a shape query included). None, and ``gm``
+    untouched, where no site maps, where the sites that do not map would save more device time a
+    call than those that do (by their evaluations: the aten graph then serves them all), or where
+    ``gm`` makes any in-place call (the aten graph is functionalised, so a card found there reads
+    its inputs before any change). The graph then runs as eager code does, one
     torch call a node, and costs the host less than the aten graph, whose every op is a Python
     call of its own (a linear is four)."""
     names = {n.name: n for n in gm.graph.nodes}
@@ -239,42 +275,38 @@ def rewrite_torch_level(gm: Any, agm: Any, guards: list[Any], device: str) -> di
             if src is not None:
                 made.setdefault(src, []).append(n)
     plans: list[tuple[Any, list[Any], set[Any], Any]] = []
+    unmapped: dict[str, str] = {}
+    taken: set[Any] = set()
+    gain = {True: 0.0, False: 0.0}
+    """Device time the mapped and the unmapped sites save a call, by their evaluations."""
     for guard in guards:
         if not guard.status.active:
             continue
         for inputs, nodes in find(agm.graph, guard.sig.program, guard._specs, device):
-            srcs = [_source(n, names) for n in nodes]
-            if any(x is None for x in srcs):
-                return None
-            body, last = set(srcs), srcs[-1]
-            inner = set(nodes)
-            if any(a not in inner for x in body for a in made.get(x, [])) or made[last][-1] is not nodes[-1]:
-                return None  # a gm node that computes more than the card's ops, or ends elsewhere
-            if any(_in_place(x) or x.op not in ("call_function", "call_method") for x in body):
-                return None
-            if any(u not in body for x in body if x is not last for u in x.users):
-                return None  # an intermediate read elsewhere (a shape query too)
-            args = []
-            for v in inputs:
-                if v.op == "placeholder":
-                    d = ph.get(v)
-                else:
-                    d = _source(v, names)
-                    if d is None or d in body or made[d][-1] is not v:
-                        return None  # not the whole value a gm node returns
-                if d is None or not _same_tensor(d.meta.get("example_value"), v.meta.get("val")):
-                    return None
-                args.append(d)
-            if not _same_tensor(last.meta.get("example_value"), nodes[-1].meta.get("val")):
-                return None
-            plans.append((guard, args, body, last))
+            if taken.intersection(nodes):
+                continue  # an earlier card's site (the aten graph's rewrite takes the first too)
+            taken.update(nodes)
+            plan = _torch_site(guard, inputs, nodes, names, made, ph)
+            gain[not isinstance(plan, str)] += max(guard.gain_us or 0.0, 0.0)
+            if isinstance(plan, str):
+                unmapped[guard.entry.card] = plan
+            else:
+                plans.append(plan)
+    if not plans or gain[False] > gain[True]:
+        return None  # the aten graph serves more
+    if skipped is not None:
+        skipped.update(unmapped)
     sites: dict[str, int] = {}
     graph = gm.graph
+    replaced: dict[Any, Any] = {}
+    """A card's last node -> the call that took its place (a later card may read its value)."""
     for guard, args, body, last in plans:
+        args = [replaced.get(a, a) for a in args]
         with graph.inserting_before(last):
             new = graph.call_function(_served_call(guard, device), tuple(args))
         new.meta = dict(last.meta)
         last.replace_all_uses_with(new)
+        replaced[last] = new
         for n in sorted(body, key=lambda x: list(graph.nodes).index(x), reverse=True):
             graph.erase_node(n)
         sites[guard.entry.card] = sites.get(guard.entry.card, 0) + 1
@@ -315,6 +347,8 @@ class GraphScope:
         (``rewrite_torch_level``); else, or with False, the aten graph."""
         self.levels: list[str] = []
         """Per graph compiled: the level it runs at ("torch" or "aten")."""
+        self.unmapped: dict[str, str] = {}
+        """Cards with sites left unserved in a torch-level graph, and why."""
         self._compiled: Any = None
 
     def _backend(self) -> Any:
@@ -326,7 +360,8 @@ class GraphScope:
 
             def compile_graph(agm: Any, inputs: Any) -> Any:
                 try:
-                    found = rewrite_torch_level(gm, agm, self.guards, self.device) if self.torch_level else None
+                    found = rewrite_torch_level(gm, agm, self.guards, self.device, self.unmapped) \
+                        if self.torch_level else None
                     torch_level.append(found is not None)
                     if found is None:
                         found = rewrite(agm, self.guards, self.device)
@@ -339,6 +374,11 @@ class GraphScope:
             traced = aot_autograd(fw_compiler=compile_graph, inference_compiler=compile_graph)(gm, example_inputs)
             if torch_level and torch_level[-1] and self.failed is None:
                 self.levels.append("torch")
+                for g in self.guards:  # said where a user reads the card's status
+                    why = self.unmapped.get(g.entry.card)
+                    note = f"not served in a torch-level scope: {why}"
+                    if why and note not in g.status.sites:
+                        g.status.sites.append(note)
                 return gm.forward
             self.levels.append("aten")
             return traced
