@@ -491,6 +491,17 @@ def test_a_pointwise_chain_is_left_to_torch_compile(tmp_path):
         assert not applied.compile_guards and "pointwise" in applied.skipped[chain.id], applied.skipped
 
 
+def _promote_first(ws, card):
+    """``card`` given its family's first cpu kernel, evaluated and promoted; the card."""
+    fam, m = match(card)
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    return card
+
+
 RESHAPING = '''
 import torch
 from torch import nn
@@ -531,13 +542,7 @@ def test_a_site_with_no_torch_call_of_its_own_is_left_and_the_rest_served_at_the
     runs at the torch level, serving the chain, leaving the clone as the forward computes it, with
     the reason kept; the output is eager's."""
     ws, chain, mod = _chain_promoted(tmp_path, RESHAPING, "chain:mul+add+_softmax")
-    clone = next(c for c in ws.cards() if c.target == "aten.clone.default" and c.module_paths == [""])
-    fam, m = match(clone)
-    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(clone, src)
-    assert r.correct, r.reason
-    promote_kernel(ws, clone.id, src, r, by="test")
+    clone = _promote_first(ws, next(c for c in ws.cards() if c.target == "aten.clone.default" and c.module_paths == [""]))
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
         expected = model(*args)
@@ -556,13 +561,7 @@ def test_a_chain_reading_a_served_op_cards_output_is_served_after_it(tmp_path):
     """The rotation's join (a cat card) feeds the rotary chain: at the torch level the cat's call
     is replaced first and the chain's kernel reads what took its place."""
     ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
-    cat = next(c for c in ws.cards() if c.target == "aten.cat.default")
-    fam, m = match(cat)
-    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(cat, src)
-    assert r.correct, r.reason
-    promote_kernel(ws, cat.id, src, r, by="test")
+    cat = _promote_first(ws, next(c for c in ws.cards() if c.target == "aten.cat.default"))
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
         expected = model(*args)

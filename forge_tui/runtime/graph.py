@@ -173,13 +173,23 @@ def rewrite(gm: Any, guards: list[Any], device: str, opaque: Callable[[Any], Any
                     if "val" in last.meta:
                         call.meta["val"] = [last.meta["val"]]
                     new = graph.call_function(operator.getitem, (call, 0))
-            new.meta = dict(last.meta)
-            last.replace_all_uses_with(new)
-            for n in reversed(nodes):
-                graph.erase_node(n)
+            _put_in_place(graph, new, nodes)
             sites[guard.entry.card] = sites.get(guard.entry.card, 0) + 1
+    return _recompiled(gm, sites)
+
+
+def _put_in_place(graph: Any, new: Any, nodes: list[Any]) -> None:
+    """``new`` takes the place of a card's ``nodes`` (in graph order, the last its output)."""
+    last = nodes[-1]
+    new.meta = dict(last.meta)
+    last.replace_all_uses_with(new)
+    for n in reversed(nodes):
+        graph.erase_node(n)
+
+
+def _recompiled(gm: Any, sites: dict[str, int]) -> dict[str, int]:
     if sites:
-        graph.lint()
+        gm.graph.lint()
         gm.recompile()
     return sites
 
@@ -304,16 +314,11 @@ def rewrite_torch_level(gm: Any, agm: Any, guards: list[Any], device: str,
         args = [replaced.get(a, a) for a in args]
         with graph.inserting_before(last):
             new = graph.call_function(_served_call(guard, device), tuple(args))
-        new.meta = dict(last.meta)
-        last.replace_all_uses_with(new)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        _put_in_place(graph, new, sorted(body, key=order.__getitem__))
         replaced[last] = new
-        for n in sorted(body, key=lambda x: list(graph.nodes).index(x), reverse=True):
-            graph.erase_node(n)
         sites[guard.entry.card] = sites.get(guard.entry.card, 0) + 1
-    if sites:
-        graph.lint()
-        gm.recompile()
-    return sites
+    return _recompiled(gm, sites)
 
 
 def compilable(original: Any) -> bool:
