@@ -380,6 +380,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         with pauses:
             stats, raw, _ = timer.time(fns)
         notes.extend(pauses.notes())
+        notes.extend(scope_notes(applied))
         switched: dict[str, str] = {}
         if switch_off:
             switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
@@ -421,6 +422,19 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
         if served.get(card) and sp and share:
             saved += share * (1 - 1 / sp)
     return 1 / (1 - saved) if 0 < saved < 1 else None
+
+
+def scope_notes(applied: Any) -> list[str]:
+    """What each compiled scope ran as (Dynamo's torch-level graph or the aten graph, per graph
+    compiled) and the sites a torch-level graph left unserved, with why."""
+    out = []
+    for path, scope in sorted(applied.scopes.items()):
+        if scope.levels:
+            out.append(f"compiled scope {path or 'the model'}: ran as {', '.join(scope.levels)} graph"
+                       f"{'s' if len(scope.levels) > 1 else ''}")
+        out.extend(f"compiled scope {path or 'the model'}: {card} not served there: {why}"
+                   for card, why in sorted(scope.unmapped.items()))
+    return out
 
 
 def _switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, stats: dict[str, Any],

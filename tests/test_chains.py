@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge_tui.config import parse_config
+from forge_tui.e2e import scope_notes
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import promote_kernel
 from forge_tui.runtime.apply import apply
@@ -564,7 +565,10 @@ def test_a_site_with_no_torch_call_of_its_own_is_left_where_the_rest_save_more(t
             got = [model(*args) for _ in range(2)]
             st = {c["card"]: c for c in applied.status()["cards"]}
             scope = applied.scopes[""]
+            notes = scope_notes(applied)  # what forge bench prints
     assert scope.levels == [level], (scope.levels, scope.unmapped)
+    assert notes[0] == f"compiled scope the model: ran as {level} graph", notes
+    assert any(clone.id in n and "makes others too" in n for n in notes) is (level == "torch"), notes
     assert st[chain.id]["served"] == 2 and (st[clone.id]["served"] == 0) == (level == "torch"), st
     if level == "torch":
         assert "makes others too" in scope.unmapped[clone.id], scope.unmapped
