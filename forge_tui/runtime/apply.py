@@ -734,11 +734,11 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
     kernel and without, ``trial_calls`` of each, and the kernel is switched off unless it was
     faster there (see ``Trial``). ``mode``: ``inference`` (the op-by-op forward), ``torch_compile``
     (for a model compiled after this: module cards as custom ops, and op and chain cards served
-    by ``Applied.backend()``), ``cuda_graph`` (for a model
-    captured in a CUDA graph after this: see ``Mode.CUDA_GRAPH``). ``compiled_scopes``: serve op
-    and chain cards in a module's forward compiled by torch.compile to an aten graph with their
-    ops replaced (``graph.py``), where the forward allows it; else (or False) through the
-    interceptor, a Python dispatch mode that every op of the scope passes through."""
+    by ``Applied.backend()``), ``cuda_graph`` (for a model captured in a CUDA graph after this:
+    see ``Mode.CUDA_GRAPH``). ``compiled_scopes``: serve op and chain cards in a module's forward
+    compiled once by torch.compile, their ops replaced (``graph.py``: in Dynamo's torch-level
+    graph where they map, else in the aten graph), where the forward allows it; else (or False)
+    through the interceptor, a Python dispatch mode that every op of the scope passes through."""
     mode = Mode(mode)
     trial_calls = trial_calls if only_faster and mode == Mode.INFERENCE else 0
     folder, status_path = _resolve(source)

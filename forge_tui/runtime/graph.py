@@ -11,8 +11,8 @@ calls that made the card's ops replaced (``rewrite_torch_level``): on the H200 m
 decoder's attention call with its chain served cost 546 µs that way and 935 µs as the aten graph
 (eager: 575; bench/lab/chain_scope.py). A site whose ops are not whole torch calls is left as the
 forward computes it (``GraphScope.unmapped``); where those would save more, or the forward makes an
-in-place call, the aten graph runs. A chain's intermediates are replaced only where nothing else in the graph reads them
-(the graph knows every reader), so no value is deferred.
+in-place call, the aten graph runs. A chain's intermediates are replaced only where nothing else in
+the graph reads them (the graph knows every reader), so no value is deferred.
 
 Dynamo's guards decide when the graph stands for the forward (the same code, module attributes,
 shapes, dtypes, grad mode); where they fail it compiles again, and where it cannot (its cache limit,
