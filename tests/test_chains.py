@@ -70,19 +70,27 @@ PATHS = [pytest.param(True, id="compiled"), pytest.param(False, id="intercepted"
 ops replaced (graph.py), or every op of it through the interceptor, intermediates deferred."""
 
 
-@pytest.mark.parametrize("compiled", PATHS)
-def test_a_chain_is_served_and_agrees_with_eager(chain_ws, compiled):
-    ws, chain = chain_ws
+def _served_runs(ws, n, **apply_kw):
+    """The chain workload, eager, then applied and run ``n`` times: (eager's output, the served
+    outputs, the chain card's status, the attention scope's levels: None where it is no scope)."""
     wl = _workload()
     model, (x, mask) = wl.get_model(), wl.get_inputs()
     with torch.no_grad():
         expected = model(x, mask)
-        with apply(model, ws, only_faster=False, compiled_scopes=compiled) as applied:
-            outs = [model(x, mask) for _ in range(3)]
+        with apply(model, ws, only_faster=False, **apply_kw) as applied:
+            outs = [model(x, mask) for _ in range(n)]
             st = applied.status()["cards"][0]
-            assert ("attn" in applied.scopes) is compiled
-            if compiled:  # Dynamo's own graph, the chain's torch calls replaced (not the aten graph)
-                assert applied.scopes["attn"].levels == ["torch"]
+            scope = applied.scopes.get("attn")
+    return expected, outs, st, scope.levels if scope is not None else None
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_a_chain_is_served_and_agrees_with_eager(chain_ws, compiled):
+    ws, chain = chain_ws
+    expected, outs, st, levels = _served_runs(ws, 3, compiled_scopes=compiled)
+    assert (levels is not None) is compiled
+    if compiled:  # Dynamo's own graph, the chain's torch calls replaced (not the aten graph)
+        assert levels == ["torch"]
     site = "a chain under attn" + (" (compiled)" if compiled else "")
     assert st["served"] == 3 and st["fallbacks"] == {} and st["sites"] == [site]
     for o in outs:
@@ -97,14 +105,8 @@ def test_a_scope_whose_sites_do_not_map_to_torch_calls_runs_its_aten_graph(chain
 
     monkeypatch.setattr(graph, "rewrite_torch_level", lambda *a, **k: None)
     ws, _ = chain_ws
-    wl = _workload()
-    model, (x, mask) = wl.get_model(), wl.get_inputs()
-    with torch.no_grad():
-        expected = model(x, mask)
-        with apply(model, ws, only_faster=False) as applied:
-            got = [model(x, mask) for _ in range(2)]
-            st = applied.status()["cards"][0]
-            assert applied.scopes["attn"].levels == ["aten"]
+    expected, got, st, levels = _served_runs(ws, 2)
+    assert levels == ["aten"]
     assert st["served"] == 2
     for g in got:
         torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
@@ -428,13 +430,7 @@ def test_a_scope_that_cannot_be_compiled_runs_as_written(chain_ws, monkeypatch):
         raise torch._dynamo.exc.TorchDynamoException("a stand-in failure")
 
     monkeypatch.setattr(graph.GraphScope, "compiled", fail)
-    wl = _workload()
-    model, (x, mask) = wl.get_model(), wl.get_inputs()
-    with torch.no_grad():
-        expected = model(x, mask)
-        with apply(model, ws, only_faster=False) as applied:
-            got = [model(x, mask) for _ in range(3)]
-            st = applied.status()["cards"][0]
+    expected, got, st, _ = _served_runs(ws, 3)
     assert tries == [1]
     assert not st["active"] and "runs uncompiled" in st["disabled_reason"] and "stand-in" in st["disabled_reason"]
     for g in got:

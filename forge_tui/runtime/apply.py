@@ -770,13 +770,12 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             continue
         # each mode by its own verdict: the op-by-op one (``enabled``) weighs the host's cost of
         # each call, which a graph pays once and a compiled forward far less
+        # (torch_compile mode's is compile_disabled_reason, below)
         if mode == Mode.CUDA_GRAPH:
             if entry.graph_disabled_reason:
                 applied.skipped[card_id] = f"switched off in CUDA graphs: {entry.graph_disabled_reason}"
                 continue
-        elif mode == Mode.TORCH_COMPILE:
-            pass  # compile_disabled_reason, below
-        elif not entry.enabled:
+        elif mode == Mode.INFERENCE and not entry.enabled:
             applied.skipped[card_id] = f"switched off: {entry.disabled_reason}"
             continue
         sig = entry.signature

@@ -25,6 +25,7 @@ eager's ops on the same inputs.
 
 from __future__ import annotations
 
+import operator
 import re
 import types
 from typing import TYPE_CHECKING, Any, Callable
@@ -84,10 +85,10 @@ def _bind_node(node: Any, pat: dict, env: _Env) -> _Env | None:
     return trial
 
 
-def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> bool:
+def _fits(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> bool:
+    """Whether ``val`` (a graph value's example tensor) has the spec's dtype, shape and strides."""
     import torch
 
-    val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return False
     dtype, shape, stride = spec
@@ -97,6 +98,10 @@ def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]],
         return val.numel() <= 1 or tuple(int(s) for s in val.stride()) == stride
     except (TypeError, RuntimeError):  # a symbolic size: not the card's
         return False
+
+
+def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> bool:
+    return _fits(node.meta.get("val"), spec, device)
 
 
 def find(graph: Any, program: dict, specs: list[Any], device: str) -> list[tuple[list[Any], list[Any]]]:
@@ -156,8 +161,6 @@ def rewrite(gm: Any, guards: list[Any], device: str, opaque: Callable[[Any], Any
     """Each guard's card replaced in the aten graph ``gm`` by a call of its kernel; how many sites
     each card got. ``opaque``: the card's custom op (``torch.library``, a list of tensors in and
     out) for a graph that a compiler lowers next; without it, a plain Python call."""
-    import operator
-
     graph = gm.graph
     sites: dict[str, int] = {}
     for guard in guards:
@@ -208,15 +211,16 @@ def _source(node: Any, names: dict[str, Any]) -> Any:
 
 
 def _same_tensor(a: Any, b: Any) -> bool:
+    """Whether Dynamo's example value ``a`` and AOTAutograd's ``b`` are the same kind of tensor."""
     import torch
 
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    if not isinstance(b, torch.Tensor):
         return False
     try:
-        return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and \
-            (a.numel() <= 1 or tuple(a.stride()) == tuple(b.stride()))
+        spec = (b.dtype, tuple(int(n) for n in b.shape), tuple(int(n) for n in b.stride()))
     except (TypeError, RuntimeError):
         return False
+    return _fits(a, spec, b.device.type)
 
 
 def _in_place(node: Any) -> bool:
