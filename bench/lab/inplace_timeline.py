@@ -74,6 +74,29 @@ def _profile(run: Any, forwards: int, device: str) -> dict[str, Any]:
             "kernels": {k: {"calls": len(v) / forwards, "us": sum(v) / forwards} for k, v in kernels.items()}}
 
 
+def _host(run: Any, forwards: int, device: str) -> dict[str, float]:
+    """Without the profiler: per forward, the host's time until the forward returns (the device
+    idle at its start; the launches queue up, so this is the host's own work while the queue has
+    room) and the wall time until the device is done. Medians."""
+    import statistics
+
+    import torch
+
+    host, wall = [], []
+    for _ in range(forwards):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        t1 = time.perf_counter()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e6)
+        wall.append((t2 - t0) * 1e6)
+    return {"host_us": statistics.median(host), "wall_us": statistics.median(wall)}
+
+
 def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 16) -> dict[str, Any]:
     """The two variants' profiles and the kernels that differ between them (per forward, µs)."""
     import torch
@@ -94,6 +117,11 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
                 wl.run(forged, inputs)
             out["eager"] = _profile(lambda: wl.run(model, inputs), forwards, device)
             out["eager+forge"] = _profile(lambda: wl.run(forged, inputs), forwards, device)
+            out["host"] = {}
+            for _ in range(2):  # interleaved: the host's speed drifts within a machine
+                for v, m in (("eager", model), ("eager+forge", forged)):
+                    h = _host(lambda m=m: wl.run(m, inputs), forwards, device)
+                    out["host"].setdefault(v, []).append(h)
         out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
         out["disabled"] = {c: g.status.disabled_reason for c, g in applied.guards.items() if not g.status.active}
     finally:
@@ -125,6 +153,9 @@ def describe(t: dict[str, Any]) -> list[str]:
     for name, v in (("eager", e), ("eager+forge", f)):
         idle = 1 - v["busy_us"] / v["wall_us"] if v["wall_us"] else 0.0
         lines.append(f"{name:12s} {v['wall_us']:10.1f} {v['busy_us']:12.1f} {v['kernel_sum_us']:11.1f} {100 * idle:5.1f}%")
+    for name, runs in (t.get("host") or {}).items():
+        lines.append(f"{name:12s} without the profiler: host " + ", ".join(f"{h['host_us']:.0f}" for h in runs)
+                     + " µs until the forward returns; wall " + ", ".join(f"{h['wall_us']:.0f}" for h in runs) + " µs")
     lines.append(f"kernels forge removed: {t['removed_us']:.1f} µs a forward; added: {t['added_us']:.1f} µs "
                  f"(in place, GPU time saved {t['removed_us'] - t['added_us']:.1f} µs)")
     for k, us in t["removed"][:6]:
