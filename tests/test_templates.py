@@ -495,6 +495,47 @@ def test_vector_stores_stay_whole(matched, tmp_path):
     assert len(re.findall(r"st\.global\.v4\.b32", vec8[0])) >= 2 and not re.findall(r"st\.global\.f32\s", vec8[0])
 
 
+def _last_positions(card: Card, batch: int, seq: int, keep: int, cols: int) -> Card:
+    """A softmax card over ``logits[:, -keep:, :]`` of [batch, seq, cols] logits: rows in place."""
+    data = json.loads(card.model_dump_json())
+    data["inputs"][0].update(shape=[batch, keep, cols], stride=[seq * cols, cols, 1])
+    data["outputs"][0].update(shape=[batch, keep, cols], stride=[keep * cols, cols, 1])
+    for node in data["program"]["nodes"]:
+        for meta in node.get("out") or []:
+            if meta:
+                meta[0] = [batch, keep, cols]
+    return Card.model_validate(data)
+
+
+def test_softmax_reads_rows_in_place(matched):
+    """A softmax over the last positions' logits (rows contiguous, the positions strided) is served
+    where its rows are, without a copy: the kernels find each row through XROW, and the entry point
+    checks the card's strides."""
+    from forge_tui.templates.families.softmax import row_layout
+
+    assert row_layout([64, 256], [256, 1], 4) == ((64, 256),)
+    assert row_layout([4, 1, 8, 256], [2048, 2048, 256, 1], 4) == ((32, 256),)  # nested dims merge
+    assert row_layout([8, 3, 256], [2048, 256, 1], 4) == ((8, 2048), (3, 256))
+    assert row_layout([8, 3, 6], [64, 6, 1], 4) is None  # a row would start off a 16-byte boundary
+    assert row_layout([256, 64], [1, 256], 4) is None  # rows not contiguous
+    assert row_layout([2, 2, 2, 256], [4096, 1024, 256 * 8, 1], 4) is None  # three strided levels
+    strided = [(c, m) for c, f, m in matched["softmax"] if len(m.info["xrows"]) == 2]
+    assert strided and strided[0][1].info["xrows"] == ((8, 2048), (3, 256)), [m.info for _, _, m in matched["softmax"]]
+    card = strided[0][0]
+    fam, m = match(card)
+    cpu = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    assert "#define XROW(r) ((int64_t)(r) / 3 * 2048LL + (int64_t)(r) % 3 * 256LL)" in cpu
+    assert "in[0].stride[0] != 2048" in cpu and "forge_is_contiguous(&in[0])" not in cpu
+    # the decoder's sampling softmax: 128 of 1024 positions, a 262144-token vocabulary, bf16 in, fp32 out
+    fam, m = match(_retyped(_last_positions(card, 4, 1024, 128, 262144), "bfloat16", "float32"))
+    assert m is not None and m.info["rows"] == 512
+    p = fam.initial(m, "cuda")
+    assert p["mode"] == "ring" and fam.passes(m, p) == 1, p
+    src = fam.render(m, p, "cuda")
+    assert "#define XROW(r) ((int64_t)(r) / 128 * 268435456LL + (int64_t)(r) % 128 * 262144LL)" in src
+    assert src.count("x + XROW(") >= 3 and "in[0].stride[1] != 262144" in src
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.timeout(600)  # about 40 nvcc builds: 2 minutes alone on 2 cores, more beside the other tests
 def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
@@ -518,11 +559,12 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     sm = next(c for c, f, m in matched["softmax"] if not m.info["log"])
     gn_card = matched["group_norm"][0][0]
     for c in (_retyped(_reshaped(sm, [512, 262144]), "bfloat16"), _reshaped(sm, [4, 262144]),
-              _reshaped(gn_card, [2, 512, 128, 128]), _retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16")):
+              _reshaped(gn_card, [2, 512, 128, 128]), _retyped(_reshaped(gn_card, [1, 512, 256, 256]), "bfloat16"),
+              _retyped(_last_positions(sm, 4, 1024, 128, 262144), "bfloat16", "float32")):
         f2, m = match(c)
         p0 = f2.initial(m, "cuda")
         for q in [p0] + TemplateProposer().neighbours(f2, m, p0, "cuda"):
-            sources.setdefault((m.family, "anchor-" + str(c.inputs[0].shape), q.get("mode"),
+            sources.setdefault((m.family, "anchor-" + str(c.inputs[0].shape) + str(c.inputs[0].stride), q.get("mode"),
                                 describe(m.family, q)), f2.render(m, q, "cuda"))
     # ResNet's global average pool at its anchor shape (7x7 rows: the tile modes apply)
     # (the card pooling the two trailing dims: the workload has others, in no fixed order)

@@ -64,6 +64,57 @@ from ..device import DEFAULT_DEVICE, DeviceProps
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
 
 
+def row_layout(shape: list[int], stride: list[int], itemsize: int) -> tuple[tuple[int, int], ...] | None:
+    """Where the rows of a softmax's input start: the dims before the last, merged where they
+    nest and without those of size 1, as (count, stride in elements) pairs, outermost first;
+    contiguous rows are ((rows, cols),). None where the rows are not contiguous in memory or
+    need more than two pairs, or where a strided row would not start on a 16-byte boundary
+    (the vector loads and bulk copies need it): the logits of the last positions,
+    ``logits[:, -k:, :]``, are two pairs."""
+    if not shape:
+        return ((1, 1),)
+    cols = shape[-1]
+    if cols != 1 and stride[-1] != 1:
+        return None
+    dims = [(n, st) for n, st in zip(shape[:-1], stride[:-1]) if n != 1]
+    merged: list[tuple[int, int]] = []
+    for n, st in dims:
+        if merged and merged[-1][1] == st * n:
+            merged[-1] = (merged[-1][0] * n, st)
+        else:
+            merged.append((n, st))
+    if not merged:
+        return ((1, cols),)
+    if len(merged) == 1 and merged[0][1] == cols:
+        return ((merged[0][0], cols),)
+    if len(merged) > 2 or any(st < cols or (st * itemsize) % 16 for _, st in merged):
+        return None
+    return tuple(merged)
+
+
+def _xrow_macro(xrows: tuple[tuple[int, int], ...]) -> str:
+    """XROW(r): the element offset of input row r, as the kernels read it."""
+    if len(xrows) == 1:
+        return f"#define XROW(r) ((int64_t)(r) * {xrows[0][1]}LL)\n"
+    (_, s0), (n1, s1) = xrows
+    return f"#define XROW(r) ((int64_t)(r) / {n1} * {s0}LL + (int64_t)(r) % {n1} * {s1}LL)\n"
+
+
+def _xrows(m: "Match") -> tuple[tuple[int, int], ...]:
+    return m.info.get("xrows") or ((m.info["rows"], m.info["cols"]),)
+
+
+def _x_check(m: "Match") -> str:
+    """The entry point's check of the input's layout: contiguous, or the card's own strides."""
+    xrows = _xrows(m)
+    if len(xrows) == 1 and xrows[0][1] == m.info["cols"]:
+        return "!forge_is_contiguous(&in[0])"
+    shape, stride = m.info["xshape"], m.info["xstride"]
+    conds = [f"in[0].ndim != {len(shape)}"] + [f"in[0].shape[{k}] != {n} || in[0].stride[{k}] != {st}"
+                                               for k, (n, st) in enumerate(zip(shape, stride)) if n != 1]
+    return "(" + " || ".join(conds) + ")"
+
+
 def _pow2_ceil(n: int) -> int:
     p = 1
     while p < n:
@@ -95,14 +146,18 @@ class Softmax(Family):
         nd = len(x.shape)
         if nd == 0 or not isinstance(dim, int) or dim not in (-1, nd - 1):
             return None
-        if x.dtype not in FLOAT_DTYPES or y.dtype not in FLOAT_DTYPES or not x.contiguous or not y.contiguous:
+        if x.dtype not in FLOAT_DTYPES or y.dtype not in FLOAT_DTYPES or not y.contiguous:
             return None
         cols = x.shape[-1]
         rows = numel(x.shape) // max(cols, 1)
         if cols == 0 or rows == 0:
             return None
+        xrows = row_layout(list(x.shape), list(x.stride), ITEMSIZE[x.dtype])
+        if xrows is None:
+            return None
         return Match(self.name, card, {"rows": rows, "cols": cols, "tin": x.dtype, "tout": y.dtype,
-                                       "log": TARGETS[target]})
+                                       "log": TARGETS[target], "xrows": xrows,
+                                       "xshape": list(x.shape), "xstride": list(x.stride)})
 
     # ---- parameter space -------------------------------------------------------------------------
     def _vecs(self, m: Match) -> list[int]:
@@ -245,20 +300,20 @@ class Softmax(Family):
         ti, to = CPU_CTYPE[m.info["tin"]], CPU_CTYPE[m.info["tout"]]
         rows, cols, log = m.info["rows"], m.info["cols"], m.info["log"]
         write = "xv - m - ls" if log else "exp_le0(xv - m) * inv"
-        return CPU_COMMON + CPU_EXP + f'''
+        return CPU_COMMON + CPU_EXP + _xrow_macro(_xrows(m)) + f'''
 typedef {ti} TI;
 typedef {to} TO;
 static const int64_t ROWS = {rows}, COLS = {cols};
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || !forge_is_contiguous(&in[0])
+    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || {_x_check(m)}
         || !forge_is_contiguous(&out[0])) return 2;
     const TI* x = (const TI*)in[0].data;
     TO* y = (TO*)out[0].data;
 #pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
     for (int64_t r = 0; r < ROWS; ++r) {{
-        const TI* a = x + r * COLS;
+        const TI* a = x + XROW(r);
         TO* o = y + r * COLS;
         float m = -INFINITY;
         bool nan = false;
@@ -360,14 +415,14 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         else:
             entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {'''
-        return CUDA_COMMON + body + f'''
+        return CUDA_COMMON + _xrow_macro(_xrows(m)) + body + f'''
 typedef {ti} TI;
 typedef {to} TO;
 static const int64_t ROWS = {rows};
 static const int COLS = {cols};
 
 {entry}
-    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || !forge_is_contiguous(&in[0])
+    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || {_x_check(m)}
         || !forge_is_contiguous(&out[0])) return 2;
     const TI* x = (const TI*)in[0].data;
     TO* y = (TO*)out[0].data;
@@ -415,7 +470,7 @@ __global__ void __launch_bounds__(TPR * RPB) softmax_regs(const TI* __restrict__
     const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / TPR;
     const int t = threadIdx.x % TPR;
     const bool live = row < rows;
-    const TI* xr = x + (live ? row : 0) * (int64_t)cols;
+    const TI* xr = x + XROW(live ? row : 0);
     TO* yr = y + (live ? row : 0) * (int64_t)cols;
     float v[NV][VEC];
     float m = -INFINITY;
@@ -507,7 +562,7 @@ __device__ __forceinline__ void block_ms(float& m, float& s) {
 /* Two passes in one block per row: running max and sum, then the write. */
 template <typename TI, typename TO, int THREADS, int VEC, bool LOG>
 __global__ void __launch_bounds__(THREADS) softmax_online(const TI* __restrict__ x, TO* __restrict__ y, int cols) {
-    const TI* xr = x + (int64_t)blockIdx.x * cols;
+    const TI* xr = x + XROW(blockIdx.x);
     TO* yr = y + (int64_t)blockIdx.x * cols;
     float m = -INFINITY, s = 0.f;
     for (int c = threadIdx.x * VEC; c < cols; c += THREADS * VEC) {
@@ -533,7 +588,7 @@ __global__ void __launch_bounds__(THREADS) softmax_split_stats(const TI* __restr
                                                                int cols, int segs, int seg_len) {
     const int64_t row = blockIdx.x / segs;
     const int seg = blockIdx.x % segs;
-    const TI* xr = x + row * cols;
+    const TI* xr = x + XROW(row);
     const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
     float m = -INFINITY, s = 0.f;
 #pragma unroll 4
@@ -574,7 +629,7 @@ __global__ void __launch_bounds__(THREADS) softmax_split_write(const TI* __restr
     float s = merged.y;
     if (m == -INFINITY) s = NAN;
     const float inv = 1.f / s, ls = logf(s);
-    const TI* xr = x + row * cols;
+    const TI* xr = x + XROW(row);
     TO* yr = y + row * cols;
     const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
     for (int c = c0 + threadIdx.x * VEC; c < c1; c += THREADS * VEC) {
@@ -598,7 +653,7 @@ softmax_cluster(const TI* __restrict__ x, TO* __restrict__ y, int cols) {
     const int rank = (int)cluster.block_rank();
     const int64_t row = blockIdx.x / CL;
     const int seg = cols / CL;
-    const TI* xr = x + row * (int64_t)cols + (int64_t)rank * seg;
+    const TI* xr = x + XROW(row) + (int64_t)rank * seg;
     TO* yr = y + row * (int64_t)cols + (int64_t)rank * seg;
     const int t = threadIdx.x;
     float v[NV][VEC];
@@ -665,7 +720,7 @@ softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash)
     const int rank = (int)cluster.block_rank();
     const int64_t row = blockIdx.x / CL;
     const int seg = cols / CL;
-    const TI* xr = x + row * (int64_t)cols + (int64_t)rank * seg;
+    const TI* xr = x + XROW(row) + (int64_t)rank * seg;
     TO* yr = y + row * (int64_t)cols + (int64_t)rank * seg;
     float m = -INFINITY, s = 0.f;
 #pragma unroll 4
@@ -742,10 +797,10 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
     const int seg = cols / CL, nc = stash / CE;
     const int64_t seg0 = (int64_t)rank * seg;
     const int t = threadIdx.x;
-    ring_start<TI, VEC, CE, BULK>(keep, bar, x + (int64_t)cid * cols + seg0, nc, stash, cid < rows);
+    ring_start<TI, VEC, CE, BULK>(keep, bar, x + XROW(cid) + seg0, nc, stash, cid < rows);
     int round = 0;
     for (int row = cid; row < rows; row += clusters, round ^= 1) {
-        const TI* xr = x + (int64_t)row * cols + seg0;
+        const TI* xr = x + XROW(row) + seg0;
         TO* yr = y + (int64_t)row * cols + seg0;
         float m = -INFINITY, s = 0.f;
         if constexpr (!BULK) stage_wait();
@@ -786,7 +841,7 @@ softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, 
         if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
         const float inv = 1.f / s, ls = logf(s);
         const int next = row + clusters;
-        const TI* xn = x + (int64_t)next * cols + seg0;  /* dereferenced only when next < rows */
+        const TI* xn = x + XROW(next) + seg0;  /* dereferenced only when next < rows */
 #pragma unroll 4
         for (int c = t * VEC; c < stash; c += CE) {
             const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c);
@@ -834,7 +889,7 @@ softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict_
             __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
             continue;
         }
-        const TI* xr = x + (int64_t)row * (SEGS * PIECE) + (int64_t)piece * PIECE;
+        const TI* xr = x + XROW(row) + (int64_t)piece * PIECE;
         if (stats) {
             float m = -INFINITY, s = 0.f;
 #pragma unroll 4
