@@ -1355,3 +1355,26 @@ def test_the_bench_counts_garbage_collections_by_variant_with_the_setup_frozen()
     assert gc.get_freeze_count() == 0
     assert len(p.pauses["eager+forge"]) == 2 and "eager" not in p.pauses
     assert p.notes()[0].startswith("garbage collection in the timed eager+forge forwards: 2 pauses")
+
+
+def test_a_learned_site_checks_every_attribute_of_its_module():
+    """The learned call's check of the module's attributes (one lookup of all the names): a plain
+    value changed, an object rebound to an equal one, an attribute added or removed all fail it."""
+    from forge_tui.runtime.apply import _attrs_check, _LeafSites
+
+    norm = torch.nn.LayerNorm(8)
+    same = _attrs_check(_LeafSites(norm, "cpu")._attrs())
+    assert same(norm.__dict__)
+    norm.eps = 1e-3
+    assert not same(norm.__dict__)
+    norm.eps = 1e-5
+    assert same(norm.__dict__)
+    hooks = norm._forward_hooks
+    norm._forward_hooks = type(hooks)(hooks)  # equal, not the same object
+    assert not same(norm.__dict__)
+    norm._forward_hooks = hooks
+    norm.extra = 1
+    assert not same(norm.__dict__)
+    del norm.extra
+    del norm.__dict__["training"]
+    assert not same(norm.__dict__)

@@ -1075,7 +1075,43 @@ _PLAIN_ATTR = (type(None), bool, int, float, str)
 
 def _aliases(tensors: list[Any]) -> tuple[int, ...]:
     """For each tensor, the first position of the same tensor: which arguments are one tensor."""
+    if len(set(map(id, tensors))) == len(tensors):
+        return tuple(range(len(tensors)))
     return tuple(next(i for i, u in enumerate(tensors) if u is t) for t in tensors)
+
+
+def _attrs_check(attrs: tuple[tuple[str, Any, bool], ...]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a module's ``__dict__`` still holds ``attrs`` (``_LeafSites._attrs``): the same
+    names, the plain values equal, the others the same objects. One lookup of all the names at
+    once, compared as tuples: a module has some twenty attributes, and comparing them one by one
+    in Python cost more host time than the kernel's own dispatch."""
+    import operator
+
+    n = len(attrs)
+    plain_keys = tuple(k for k, _, by_id in attrs if not by_id)
+    plain = tuple(v for _, v, by_id in attrs if not by_id)
+    obj_keys = tuple(k for k, _, by_id in attrs if by_id)
+    objs = tuple(v for _, v, by_id in attrs if by_id)
+    get_plain = operator.itemgetter(*plain_keys) if plain_keys else None
+    get_objs = operator.itemgetter(*obj_keys) if obj_keys else None
+
+    def same(d: dict[str, Any]) -> bool:
+        if len(d) != n:
+            return False
+        try:
+            if get_plain is not None:
+                got = get_plain(d)
+                if (got if len(plain_keys) > 1 else (got,)) != plain:
+                    return False
+            if get_objs is not None:
+                got = get_objs(d)
+                if tuple(map(id, got if len(obj_keys) > 1 else (got,))) != objs:
+                    return False
+        except KeyError:
+            return False
+        return True
+
+    return same
 
 
 class _LeafSites:
@@ -1110,6 +1146,8 @@ class _LeafSites:
         self._candidate: Any = None
         self._seen = 0
         self._useless = 0
+        self._same: dict[Any, Callable[[dict[str, Any]], bool]] = {}
+        """Per learned set of attributes, its check (``_attrs_check``)."""
 
     def learning(self) -> bool:
         return self._useless < self.GIVE_UP
@@ -1183,9 +1221,10 @@ class _LeafSites:
                 aliases = _aliases(tensors)
             if aliases != site_aliases:  # the same tensor passed twice, or no longer
                 continue
-            d = self.module.__dict__
-            if len(d) != len(attrs) or any((id(d.get(k)) if by_id else d.get(k, _NOT_SERVED)) != v
-                                           for k, v, by_id in attrs):
+            same = self._same.get(attrs)
+            if same is None:
+                same = self._same[attrs] = _attrs_check(attrs)
+            if not same(self.module.__dict__):
                 continue
             if max(where, default=-1) >= len(tensors):
                 continue
