@@ -207,18 +207,22 @@ def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
     monkeypatch.setattr(Guard, "__init__", _with_gain(init, 1e6))  # a call saves far more than dispatch costs
     with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:  # the dispatch rule alone
         assert "slower than eager" in applied.skipped[sm.id]
-        for _ in range(Guard.DISPATCH_SAMPLES + 2):
+        timed = Guard.DISPATCH_WARMUP + Guard.DISPATCH_SAMPLES  # the first calls are not counted
+        for _ in range(timed - 1):
+            model(x)
+        assert applied.status()["cards"][0]["dispatch_us"] is None  # not decided before the last sample
+        for _ in range(3):
             model(x)
         st = {c["card"]: c for c in applied.status()["cards"]}
     assert st[norm.id]["active"] and st[norm.id]["dispatch_us"] > 0  # stated, and it pays
-    assert st[norm.id]["served"] == Guard.DISPATCH_SAMPLES + 2
+    assert st[norm.id]["served"] == timed + 2
     monkeypatch.setattr(Guard, "__init__", _with_gain(init, 1e-3))
     with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:
-        for _ in range(Guard.DISPATCH_SAMPLES + 2):
+        for _ in range(timed + 2):
             torch.testing.assert_close(model(x), wl.get_model()(x))
         st = {c["card"]: c for c in applied.status()["cards"]}
     assert not st[norm.id]["active"] and "dispatch costs" in st[norm.id]["disabled_reason"]
-    assert st[norm.id]["served"] == Guard.DISPATCH_SAMPLES and st[norm.id]["fallbacks"] == {"disabled": 2}
+    assert st[norm.id]["served"] == timed and st[norm.id]["fallbacks"] == {"disabled": 2}
 
 
 @pytest.mark.parametrize("kernel_faster", [True, False])
@@ -1378,3 +1382,25 @@ def test_a_learned_site_checks_every_attribute_of_its_module():
     del norm.extra
     del norm.__dict__["training"]
     assert not same(norm.__dict__)
+
+
+def test_a_kernels_first_calls_do_not_count_toward_its_dispatch_cost(promoted, monkeypatch):
+    """The first served calls in a model (allocator growth, a leaf site still being learned) are
+    slow once: they are timed but left out of the dispatch cost the guard weighs."""
+    from forge_tui.runtime.apply import Guard
+
+    ws, norm, _ = promoted
+    monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 50.0))  # a call saves 50 µs
+    model = load_workload().get_model()
+    with apply(model, ws, trial_calls=0) as applied:
+        g = applied.guards[norm.id]
+        assert Guard.DISPATCH_WARMUP >= 2
+        for _ in range(Guard.DISPATCH_WARMUP):
+            g._account_dispatch(400_000)  # 400 µs: the first calls
+        assert g.status.active and g.status.dispatch_us is None
+        for _ in range(Guard.DISPATCH_SAMPLES - 1):
+            g._account_dispatch(20_000)
+        assert g.status.dispatch_us is None and g.timing()  # one sample short
+        g._account_dispatch(20_000)
+        assert g.status.active and g.status.dispatch_us == 20.0  # the first calls left out
+        assert not g.timing()
