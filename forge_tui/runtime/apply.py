@@ -150,10 +150,9 @@ class Guard:
     DISPATCH_SAMPLES = 5
     """Served calls timed before the guard decides whether dispatch eats the kernel's gain."""
     DISPATCH_WARMUP = 3
-    """Served calls before those, not counted: a first call in a model grows the allocator's
-    pools for its outputs, and a leaf module's first calls go through the interceptor until its
-    site is learned (``_LeafSites``). On the H200 the diffusion's group norms were timed at 70-82
-    µs a call there and switched off, against 21-31 µs a call once warm."""
+    """Served calls before those, not counted: costs a kernel pays once in a model (a first call
+    grows the allocator's pools for its outputs; a leaf module's first calls go through the
+    interceptor until its site is learned, ``_LeafSites``)."""
 
     def __init__(self, entry: Entry, folder: Path, device: str, board: StatusBoard, shadow_every: int,
                  consts: list["torch.Tensor"], only_faster: bool = True) -> None:
