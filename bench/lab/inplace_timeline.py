@@ -19,6 +19,11 @@ of eager kernels removed, 119 µs added. The kernels save device time in place; 
 with forge's served calls (21-53 µs of host each) is host-bound. In CUDA graphs (forge bench
 --graphs) the diffusion runs at 1.299x eager. ResNet-50's batch norms are the exception: 1.007x in
 CUDA graphs with six served, so their isolated speedups do not hold in place.
+
+Without the profiler (since 2026-12-02, docs/runs/data/2026-12-02-s6/): eager's host is done after
+8-11 ms of the decoder's 18 ms forward (bound by the device, where forge reaches 1.31-1.33x op by
+op), and busy for most of the diffusion's (4.0-6.3 ms of 5.8-7.7 ms, GPU busy 4.0 ms) and
+ResNet-50's (5.7-6.4 ms of 5.8-6.4 ms, GPU busy 3.6 ms).
 """
 
 from __future__ import annotations
