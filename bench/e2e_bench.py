@@ -231,7 +231,8 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
             served = host_us_per_call(lambda g=guard, x=ins: g.serve(x), dev, n)
             eager = host_us_per_call(lambda p=card.program, x=ins: run_program(p, x, dev), dev, n)
             res["cards"][cid] = {"served_us": served, "guard_us": guard.status.dispatch_us, "eager_card_us": eager,
-                                 "eager_ops": len(card.program.get("nodes", [])), "active": guard.status.active}
+                                 "eager_ops": len(card.program.get("nodes", [])), "active": guard.status.active,
+                                 "sites": list(guard.status.sites)}
     finally:
         applied.undo()
     return res
