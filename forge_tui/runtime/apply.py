@@ -1154,8 +1154,9 @@ class _LeafSites:
         self._candidate: Any = None
         self._seen = 0
         self._useless = 0
-        self._same: dict[Any, Callable[[dict[str, Any]], bool]] = {}
-        """Per learned set of attributes, its check (``_attrs_check``)."""
+        self._same: list[Callable[[dict[str, Any]], bool]] = []
+        """Per learned site, in ``sites``' order, its check of the module's attributes
+        (``_attrs_check``), built when the site is learned."""
 
     def learning(self) -> bool:
         return self._useless < self.GIVE_UP
@@ -1204,6 +1205,7 @@ class _LeafSites:
             self._candidate, self._seen = site, 1
         if self._seen >= self.LEARN_CALLS:
             self.sites.append(site)
+            self._same.append(_attrs_check(site[4]))
             self._candidate, self._seen = None, 0
 
     def serve(self, args: Any, kwargs: Any) -> Any:
@@ -1217,7 +1219,7 @@ class _LeafSites:
             return _NOT_SERVED
         tensors = None
         aliases = None
-        for og, where, ret_at, n_args, attrs, site_aliases in self.sites:
+        for (og, where, ret_at, n_args, _, site_aliases), same in zip(self.sites, self._same):
             if len(args) != n_args:
                 continue
             if tensors is None:
@@ -1229,9 +1231,6 @@ class _LeafSites:
                 aliases = _aliases(tensors)
             if aliases != site_aliases:  # the same tensor passed twice, or no longer
                 continue
-            same = self._same.get(attrs)
-            if same is None:
-                same = self._same[attrs] = _attrs_check(attrs)
             if not same(self.module.__dict__):
                 continue
             if max(where, default=-1) >= len(tensors):

@@ -314,11 +314,12 @@ def rewrite_torch_level(gm: Any, agm: Any, guards: list[Any], device: str,
     graph = gm.graph
     replaced: dict[Any, Any] = {}
     """A card's last node -> the call that took its place (a later card may read its value)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    """The graph's nodes in order, as traced: the sites' bodies are disjoint and keep it."""
     for guard, args, body, last in plans:
         args = [replaced.get(a, a) for a in args]
         with graph.inserting_before(last):
             new = graph.call_function(_served_call(guard, device), tuple(args))
-        order = {n: i for i, n in enumerate(graph.nodes)}
         _put_in_place(graph, new, sorted(body, key=order.__getitem__))
         replaced[last] = new
         sites[guard.entry.card] = sites.get(guard.entry.card, 0) + 1

@@ -101,6 +101,7 @@ def _xrow_macro(xrows: tuple[tuple[int, int], ...]) -> str:
 
 
 def _xrows(m: "Match") -> tuple[tuple[int, int], ...]:
+    """The match's row layout (``row_layout``); contiguous rows where it names none."""
     return m.info.get("xrows") or ((m.info["rows"], m.info["cols"]),)
 
 
@@ -109,7 +110,7 @@ def _x_check(m: "Match") -> str:
     xrows = _xrows(m)
     if len(xrows) == 1 and xrows[0][1] == m.info["cols"]:
         return "!forge_is_contiguous(&in[0])"
-    shape, stride = m.info["xshape"], m.info["xstride"]
+    shape, stride = m.card.inputs[0].shape, m.card.inputs[0].stride
     conds = [f"in[0].ndim != {len(shape)}"] + [f"in[0].shape[{k}] != {n} || in[0].stride[{k}] != {st}"
                                                for k, (n, st) in enumerate(zip(shape, stride)) if n != 1]
     return "(" + " || ".join(conds) + ")"
@@ -156,8 +157,7 @@ class Softmax(Family):
         if xrows is None:
             return None
         return Match(self.name, card, {"rows": rows, "cols": cols, "tin": x.dtype, "tout": y.dtype,
-                                       "log": TARGETS[target], "xrows": xrows,
-                                       "xshape": list(x.shape), "xstride": list(x.stride)})
+                                       "log": TARGETS[target], "xrows": xrows})
 
     # ---- parameter space -------------------------------------------------------------------------
     def _vecs(self, m: Match) -> list[int]:
