@@ -126,7 +126,7 @@ def test_a_kernel_error_disables_the_kernel_and_the_model_goes_on(promoted, monk
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
 
-    def broken(self, inputs, timed=False):
+    def broken(self, inputs, timed=False, keep=-1):
         raise KernelError("forge_launch returned 7")
 
     monkeypatch.setattr(CardKernel, "__call__", broken)
@@ -149,8 +149,8 @@ def test_shadow_checks_disable_a_kernel_that_disagrees(promoted, monkeypatch):
     model, x = wl.get_model(), wl.get_inputs()[0]
     real = CardKernel.__call__
 
-    def off_by_a_bit(self, inputs, timed=False):
-        return [o + 1e-2 for o in real(self, inputs, timed)]
+    def off_by_a_bit(self, inputs, timed=False, keep=-1):
+        return [o + 1e-2 for o in real(self, inputs, timed, keep)]
 
     monkeypatch.setattr(CardKernel, "__call__", off_by_a_bit)
     with torch.no_grad(), apply(model, ws, cards=[norm.id], shadow_every=2, only_faster=False) as applied:
@@ -481,11 +481,11 @@ def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(
     assert "eager+forge" in out and "agree" in out
     real = CardKernel.__call__
 
-    def slow(self, inputs, timed=False):
+    def slow(self, inputs, timed=False, keep=-1):
         if self.out_specs[0].shape == list(norm.outputs[0].shape) and len(self.out_specs) == 1 and \
                 len(inputs) == len(norm.inputs):
             time.sleep(0.005)
-        return real(self, inputs, timed)
+        return real(self, inputs, timed, keep)
 
     monkeypatch.setattr(CardKernel, "__call__", slow)
     from forge_tui.e2e import bench
@@ -516,10 +516,10 @@ def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_
     ws = Workspace.open(tmp_path / "ws")
     real = CardKernel.__call__
 
-    def slow(self, inputs, timed=False):
+    def slow(self, inputs, timed=False, keep=-1):
         if len(self.out_specs) == 1 and len(inputs) == len(norm.inputs):
             time.sleep(0.005)
-        return real(self, inputs, timed)
+        return real(self, inputs, timed, keep)
 
     monkeypatch.setattr(CardKernel, "__call__", slow)
     r = bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
@@ -1057,7 +1057,7 @@ def test_outputs_are_allocated_with_the_cards_strides():
         out = TensorSpec(shape=list(shape), stride=list(stride), dtype="float32", role="output")
         ins = [TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype="float32") for t in inputs]
         k = CardKernel.__new__(CardKernel)
-        k.device, k._empty = "cpu", [_allocator(out, ins)]
+        k.device, k._empty, k._empty_like, k._empty_plain = "cpu", [_allocator(out, ins)], torch.empty_like, torch.empty
         (got,) = k._outputs(inputs)
         assert (tuple(got.shape), got.stride(), got.dtype) == (shape, stride, torch.float32)
     # the dense matches are allocated like their input
@@ -1202,6 +1202,49 @@ def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_inte
             out = model(x)
             assert caching.last is out  # never skipped: the attribute it rebinds keeps it from being learned
         assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 4
+
+
+def test_a_leaf_that_copies_its_input_before_its_served_op_is_learned(tmp_path, monkeypatch):
+    """nn.GroupNorm handed a tensor laid out channels innermost copies it contiguous (aten.clone)
+    and then calls its one op, the served group norm: the site is learned with the copy, later
+    calls make the copy themselves and go to the guard without the interceptor, and agree with
+    eager. The op's mean and rstd, which the module drops, are not allocated per call: the kernel
+    writes them to buffers it keeps. An input that is contiguous already (eager copies nothing)
+    is served the same way: ``contiguous()`` hands it back as it is."""
+    from forge_tui.templates.registry import match
+
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    path = HERE / "data" / "workloads" / "groupnorm_channels_last.py"
+    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == "aten.native_group_norm.default")
+    fam, m = match(card)
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location("gn_cl_wl", path)
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    model, (x, attn) = wl.get_model(), wl.get_inputs()
+    seen = _count_intercepted(monkeypatch)
+    with torch.no_grad():
+        expected = model(x, attn)
+        with apply(model, ws, only_faster=False, cards=[card.id]) as applied:
+            outs = [model(x, attn) for _ in range(5)]
+            # the two calls it learned from, each a copy and the served op; then none
+            assert seen == ["aten.clone.default", "aten.native_group_norm.default"] * 2, seen
+            assert applied.status()["cards"][0]["served"] == 5
+            kernel = applied.guards[card.id].kernel()
+            assert len(kernel._dead) == 2  # the mean and the rstd, kept
+            dense = attn.transpose(1, 2).reshape(x.shape).contiguous() + x  # no copy in eager
+            direct = model.norm(dense)
+            assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 6
+    for o in outs:
+        torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-5)
+    assert not any(o is p for o in outs for p in kernel._dead.values())
+    torch.testing.assert_close(direct, model.norm(dense), rtol=1e-5, atol=1e-5)
 
 
 EPS = [1e-5]
@@ -1367,7 +1410,7 @@ def test_a_learned_site_checks_every_attribute_of_its_module():
     from forge_tui.runtime.apply import _attrs_check, _LeafSites
 
     norm = torch.nn.LayerNorm(8)
-    same = _attrs_check(_LeafSites(norm, "cpu")._attrs())
+    same = _attrs_check(_LeafSites(norm, "cpu")._attrs(), norm.__dict__)
     assert same(norm.__dict__)
     norm.eps = 1e-3
     assert not same(norm.__dict__)

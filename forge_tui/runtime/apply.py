@@ -233,11 +233,14 @@ class Guard:
         outs = run_program(self.sig.program, tensors, self.device)
         return [o.clone() if any(o.data_ptr() == t.data_ptr() for t in tensors) else o for o in outs]
 
-    def serve(self, tensors: list["torch.Tensor"], checked_at: int | None = None) -> list["torch.Tensor"] | None:
+    def serve(self, tensors: list["torch.Tensor"], checked_at: int | None = None,
+              keep: int = -1) -> list["torch.Tensor"] | None:
         """The kernel's outputs for these inputs, or None: the caller runs PyTorch (the reason is
         counted). ``checked_at``: the caller has matched the tensors against the card already,
         starting at that perf_counter_ns (the guard's cost is counted from there; 0 when the
-        caller did not time it)."""
+        caller did not time it). ``keep`` >= 0: the caller uses only that output, and the others
+        are not allocated per call (``CardKernel._dead_output``); a shadow check then compares
+        that one alone."""
         status = self.status
         if not status.active:
             self.board.fell_back(status, "disabled")
@@ -256,7 +259,7 @@ class Guard:
             return None
         try:
             t1 = time.perf_counter_ns() if timed else 0
-            outs = k(tensors, timed)
+            outs = k(tensors, timed, keep)
         except (KernelError, RuntimeError, ValueError) as exc:
             self.board.disable(status, f"kernel error: {exc}")
             self.board.fell_back(status, "kernel error")
@@ -271,6 +274,8 @@ class Guard:
                 expected = self.reference(tensors)
                 status.shadow_checks += 1
                 for i, (o, e) in enumerate(zip(outs, expected)):
+                    if keep >= 0 and i != keep:
+                        continue
                     m = compare(o, e, i)
                     if m is not None:
                         self.board.disable(status, f"shadow check: {m}")
@@ -560,9 +565,10 @@ def _interceptor_class() -> type:
             self.table = table
             self.forge_owner = owner
             """The scope that pushed this mode (its children's forwards pop it: ``_outside_scope``)."""
-            self.record: list[tuple[Any, OpGuard | None, list[Any], Any]] | None = None
+            self.record: list[tuple[Any, OpGuard | None, list[Any], Any, Any]] | None = None
             """When a list: every op dispatched, as (op, the card that served it or None, the
-            distinct tensors it served, the result) (``_LeafSite`` learns from it)."""
+            distinct tensors it served, the result, and for an op no card served its (args,
+            kwargs)) (``_LeafSites`` learns from it)."""
             self.chains = chains
             """The scope's chain cards, by their first op (see ``chain.py``)."""
             self.runs: list[Run] = []
@@ -618,7 +624,7 @@ def _interceptor_class() -> type:
                     out, why = g.try_serve(args, kwargs, uniq)
                     if why is None:
                         if record is not None:
-                            record.append((func, g, uniq or [], out))
+                            record.append((func, g, uniq or [], out, None))
                         return out
                     misses.append((g, why))
                 for g, why in misses:  # no card served the call: each says why not
@@ -626,7 +632,7 @@ def _interceptor_class() -> type:
                         g.guard.board.fell_back(g.guard.status, why)
             out = func(*args, **kwargs)
             if record is not None:
-                record.append((func, None, [], out))
+                record.append((func, None, [], out, (args, kwargs)))
             return out
 
     return Interceptor
@@ -1066,18 +1072,38 @@ def _plain_context(device: str) -> bool:
     """No transform or mode is active that a direct kernel call would skip, where PyTorch's own
     dispatch would honour it: autocast, a ``__torch_function__`` mode, a functorch transform (vmap,
     grad), a forward-mode AD level."""
+    autocast, tf_modes, transforms, fwd_ad = _CONTEXT_PROBES or _context_probes()
+    return not (autocast(device) or tf_modes() or transforms() is not None or fwd_ad._current_level >= 0)
+
+
+_CONTEXT_PROBES: list[Any] = []
+"""What ``_plain_context`` asks torch, looked up once (it runs on every directly served call)."""
+
+
+def _context_probes() -> list[Any]:
     import torch
     from torch.autograd import forward_ad
 
-    return not (torch.is_autocast_enabled(device) or torch._C._len_torch_function_stack()
-                or torch._C._functorch.peek_interpreter_stack() is not None or forward_ad._current_level >= 0)
+    _CONTEXT_PROBES[:] = [torch.is_autocast_enabled, torch._C._len_torch_function_stack,
+                          torch._C._functorch.peek_interpreter_stack, forward_ad]
+    return _CONTEXT_PROBES
 
 
 def _plain_tensors(tensors: list[Any]) -> bool:
     """Every one a plain tensor or parameter (a subclass may override what its ops do)."""
+    return (_PLAIN_TENSOR_TYPES or _plain_tensor_types()).issuperset(map(type, tensors))
+
+
+_PLAIN_TENSOR_TYPES: set[type] = set()
+
+
+def _plain_tensor_types() -> set[type]:
     import torch
 
-    return all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
+    _PLAIN_TENSOR_TYPES.update((torch.Tensor, torch.nn.Parameter))
+    return _PLAIN_TENSOR_TYPES
+
+
 _PLAIN_ATTR = (type(None), bool, int, float, str)
 
 
@@ -1088,20 +1114,25 @@ def _aliases(tensors: list[Any]) -> tuple[int, ...]:
     return tuple(next(i for i, u in enumerate(tensors) if u is t) for t in tensors)
 
 
-def _attrs_check(attrs: tuple[tuple[str, Any, bool], ...]) -> Callable[[dict[str, Any]], bool]:
-    """Whether a module's ``__dict__`` still holds ``attrs`` (``_LeafSites._attrs``): the same
-    names, the plain values equal, the others the same objects. One lookup of all the names at
-    once, compared as tuples: a module has some twenty attributes, and comparing them one by one
-    in Python cost more host time than the kernel's own dispatch."""
+def _attrs_check(attrs: tuple[tuple[str, Any, bool], ...], d: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a module's ``__dict__`` still holds ``attrs`` (``_LeafSites._attrs``, taken from
+    ``d`` as it is now): the same names, the plain values equal, the others the same objects
+    (kept here, compared with ``is``). One lookup of all the names at once, compared as tuples:
+    a module has some twenty attributes, and comparing them one by one in Python cost more host
+    time than the kernel's own dispatch."""
     import operator
 
     n = len(attrs)
     plain_keys = tuple(k for k, _, by_id in attrs if not by_id)
     plain = tuple(v for _, v, by_id in attrs if not by_id)
     obj_keys = tuple(k for k, _, by_id in attrs if by_id)
-    objs = tuple(v for _, v, by_id in attrs if by_id)
+    objs = tuple(d[k] for k in obj_keys)
+    if tuple(map(id, objs)) != tuple(v for _, v, by_id in attrs if by_id):
+        raise ValueError("the attributes were not taken from this __dict__")
     get_plain = operator.itemgetter(*plain_keys) if plain_keys else None
     get_objs = operator.itemgetter(*obj_keys) if obj_keys else None
+    one_plain, one_obj = len(plain_keys) == 1, len(obj_keys) == 1
+    is_ = operator.is_
 
     def same(d: dict[str, Any]) -> bool:
         if len(d) != n:
@@ -1109,11 +1140,11 @@ def _attrs_check(attrs: tuple[tuple[str, Any, bool], ...]) -> Callable[[dict[str
         try:
             if get_plain is not None:
                 got = get_plain(d)
-                if (got if len(plain_keys) > 1 else (got,)) != plain:
+                if ((got,) if one_plain else got) != plain:
                     return False
             if get_objs is not None:
                 got = get_objs(d)
-                if tuple(map(id, got if len(obj_keys) > 1 else (got,))) != objs:
+                if not all(map(is_, (got,) if one_obj else got, objs)):
                     return False
         except KeyError:
             return False
@@ -1131,6 +1162,9 @@ class _LeafSites:
     Learned from the calls themselves, under the interceptor: a site is a forward that passed
     tensors only, dispatched exactly one op, which a card served, every one of whose tensors was
     one of the call's or the module's own (parameters, buffers), and returned one of its outputs.
+    The op may follow contiguous copies of the call's tensors that it reads (``_copied``:
+    nn.GroupNorm copies a channels-last input before its op); a learned call makes them the same
+    way, ``Tensor.contiguous()``, and serves the op on them.
     The same site (attributes included: ``_attrs``) seen on ``LEARN_CALLS`` calls in a row is
     learned. A learned call is served only when the module's attributes are still those it was
     learned with (plain values equal, the others the same objects), the same arguments are one
@@ -1147,10 +1181,11 @@ class _LeafSites:
         self.module = module
         self.device = device
         self.sites: list[tuple[OpGuard, tuple[int, ...], int, int, tuple[tuple[str, Any, bool], ...],
-                               tuple[int, ...]]] = []
-        """(the card, the op's tensors as indices into the call's, the output returned (-1: the
-        op's only one), the call's tensor count, the module's attributes (``_attrs``), which of the
-        call's tensors are the same tensor (``_aliases``))."""
+                               tuple[int, ...], tuple[int, ...]]] = []
+        """(the card, the op's tensors as indices into the call's and then into their copies, the
+        output returned (-1: the op's only one), the call's tensor count, the module's attributes
+        (``_attrs``), which of the call's tensors are the same tensor (``_aliases``), the call's
+        tensors copied contiguous before the op (``_copied``))."""
         self._candidate: Any = None
         self._seen = 0
         self._useless = 0
@@ -1184,15 +1219,19 @@ class _LeafSites:
         import torch
 
         site = None
-        if not kwargs and all(isinstance(a, torch.Tensor) for a in args) and len(record) == 1 and \
-                record[0][1] is not None:
-            _, og, uniq, out = record[0]
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args) and record and record[-1][1] is not None:
+            _, og, uniq, out, _ = record[-1]
             outs = [out] if og.single else list(out)
             ret_at = next((j for j, o in enumerate(outs) if o is ret), None)
             tensors = self._tensors(args)
-            where = [next((i for i, t in enumerate(tensors) if t is u), -1) for u in uniq]
-            if ret_at is not None and -1 not in where:
-                site = (og, tuple(where), -1 if og.single else ret_at, len(args), self._attrs(), _aliases(tensors))
+            copies = _copied(record[:-1], tensors)
+            if copies is not None:
+                pool = [*tensors, *(rec[3] for rec in record[:-1])]
+                where = [next((i for i, t in enumerate(pool) if t is u), -1) for u in uniq]
+                if ret_at is not None and -1 not in where and \
+                        all(len(tensors) + j in where for j in range(len(copies))):
+                    site = (og, tuple(where), -1 if og.single else ret_at, len(args), self._attrs(),
+                            _aliases(tensors), copies)
         if site is None:
             self._useless += 1
             self._candidate, self._seen = None, 0
@@ -1205,7 +1244,7 @@ class _LeafSites:
             self._candidate, self._seen = site, 1
         if self._seen >= self.LEARN_CALLS:
             self.sites.append(site)
-            self._same.append(_attrs_check(site[4]))
+            self._same.append(_attrs_check(site[4], self.module.__dict__))
             self._candidate, self._seen = None, 0
 
     def serve(self, args: Any, kwargs: Any) -> Any:
@@ -1219,7 +1258,7 @@ class _LeafSites:
             return _NOT_SERVED
         tensors = None
         aliases = None
-        for (og, where, ret_at, n_args, _, site_aliases), same in zip(self.sites, self._same):
+        for (og, where, ret_at, n_args, _, site_aliases, copies), same in zip(self.sites, self._same):
             if len(args) != n_args:
                 continue
             if tensors is None:
@@ -1233,14 +1272,38 @@ class _LeafSites:
                 continue
             if not same(self.module.__dict__):
                 continue
-            if max(where, default=-1) >= len(tensors):
+            if max(where, default=-1) >= len(tensors) + len(copies):
                 continue
-            inputs = [tensors[i] for i in where]
+            pool = [*tensors, *(tensors[i].contiguous() for i in copies)] if copies else tensors
+            inputs = [pool[i] for i in where]
             guard = og.guard
             if not guard.status.active or guard.mismatch(inputs):
                 continue
-            outs = guard.serve(inputs, checked_at=time.perf_counter_ns() if guard.timing() else 0)
+            outs = guard.serve(inputs, checked_at=time.perf_counter_ns() if guard.timing() else 0,
+                               keep=max(ret_at, 0))
             if outs is None:
                 return _FELL_BACK  # counted by serve (a kernel error): the caller runs PyTorch
             return outs[0] if ret_at < 0 else outs[ret_at]
         return _NOT_SERVED
+
+
+def _copied(record: list[Any], tensors: list[Any]) -> tuple[int, ...] | None:
+    """The call's tensors that ``record``'s ops (what a leaf's forward dispatched before its
+    served op) copied, by index into ``tensors``, when every one of those ops is a contiguous
+    copy of one of them (``aten.clone`` to the contiguous format, what ``Tensor.contiguous()``
+    dispatches for a tensor that is not contiguous); None when any op is something else."""
+    import torch
+
+    out = []
+    for func, og, _, _, call in record:
+        if og is not None or func is not torch.ops.aten.clone.default or call is None:
+            return None
+        cargs, ckw = call
+        if len(cargs) != 1 or ckw != {"memory_format": torch.contiguous_format}:
+            return None
+        i = next((k for k, t in enumerate(tensors) if t is cargs[0]), -1)
+        if i < 0 or cargs[0].is_contiguous():
+            return None
+        out.append(i)
+    return tuple(out)
+

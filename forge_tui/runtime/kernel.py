@@ -84,41 +84,63 @@ class CardKernel:
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream = raw if device == "cuda" else None
         """The current stream's handle without building a Stream object (what inductor calls)."""
+        self._empty_like = torch.empty_like
+        self._empty_plain = torch.empty
+        self._dead: dict[tuple[int, Any, int | None], torch.Tensor] = {}
+        """The outputs callers drop, kept (``_dead_output``)."""
+        self._ws_needed = self.lib.needs_workspace
+        self._launch = self.lib._fn
+        """forge_launch itself (ctypes converts the arguments; call_raw's checks are the guard's)."""
         self.last_host_ns = 0
         """Host time of the last timed call spent on anything but the launch (outputs, descriptors)."""
 
-    def _outputs(self, inputs: list["torch.Tensor"]) -> list["torch.Tensor"]:
-        import torch
-
+    def _outputs(self, inputs: list["torch.Tensor"], keep: int = -1, stream: int | None = None) -> list["torch.Tensor"]:
+        """Fresh outputs; with ``keep`` >= 0, fresh only that one and the others from ``_dead``."""
         device = inputs[0].device if inputs else self.device
         outs = []
-        for like, make, shape, dtype in self._empty:
-            if like >= 0:
-                outs.append(torch.empty_like(inputs[like]))
-                continue
-            try:
-                outs.append(make(*shape, dtype=dtype, device=device))
-            except RuntimeError:  # strides PyTorch cannot make: the card's shape, contiguous
-                outs.append(torch.empty(shape[0], dtype=dtype, device=device))
+        for k, (like, make, args, dtype) in enumerate(self._empty):
+            if keep >= 0 and k != keep:
+                outs.append(self._dead_output(k, device, stream))
+            elif like >= 0:
+                outs.append(self._empty_like(inputs[like]))
+            else:
+                try:
+                    outs.append(make(*args, dtype=dtype, device=device))
+                except RuntimeError:  # strides PyTorch cannot make: the card's shape, contiguous
+                    outs.append(self._empty_plain(*self.out_specs[k].shape, dtype=dtype, device=device))
         return outs
 
-    def _stream(self, inputs: list["torch.Tensor"]) -> int | None:
-        if self.device != "cuda":
-            return None
+    def _dead_output(self, k: int, device: Any, stream: int | None) -> "torch.Tensor":
+        """Output ``k`` for a caller that drops it (a leaf module returning another of the op's
+        outputs: the mean and rstd of a layer norm): one buffer per output, device and stream,
+        kept, so the call allocates only what it returns. Kernels on one stream run in order, so
+        a kernel that reads back what it wrote there still sees its own values."""
+        key = (k, device, stream)
+        t = self._dead.get(key)
+        if t is None:
+            import torch
+
+            spec = self.out_specs[k]
+            dtype = getattr(torch, spec.dtype)
+            try:
+                t = torch.empty_strided(tuple(spec.shape), tuple(spec.stride), dtype=dtype, device=device)
+            except RuntimeError:
+                t = torch.empty(tuple(spec.shape), dtype=dtype, device=device)
+            if self.device == "cuda" and torch.cuda.is_current_stream_capturing():
+                return t  # memory of a graph's pool: not kept past this call
+            self._dead[key] = t
+        return t
+
+    def __call__(self, inputs: list["torch.Tensor"], timed: bool = False, keep: int = -1) -> list["torch.Tensor"]:
+        """The kernel's outputs for inputs the guard has matched. ``timed``: record in
+        ``last_host_ns`` the host time spent before the launch. ``keep`` >= 0: the caller uses
+        only that output (see ``_dead_output``)."""
+        t0 = time.perf_counter_ns() if timed else 0
+        stream = None
         if self._raw_stream is not None:
             index = inputs[0].get_device() if inputs else -1
-            if index >= 0:
-                return int(self._raw_stream(index))
-        import torch
-
-        return int(torch.cuda.current_stream().cuda_stream)
-
-    def __call__(self, inputs: list["torch.Tensor"], timed: bool = False) -> list["torch.Tensor"]:
-        """The kernel's outputs for inputs the guard has matched. ``timed``: record in
-        ``last_host_ns`` the host time spent before the launch."""
-        t0 = time.perf_counter_ns() if timed else 0
-        outs = self._outputs(inputs)
-        stream = self._stream(inputs)
+            stream = int(self._raw_stream(index)) if index >= 0 else self._stream(inputs)
+        outs = self._outputs(inputs, keep, stream)
         n_in, n_out, n_sc = self._n
         with self._lock:
             ins_d, outs_d = self._ins, self._outs
@@ -126,20 +148,30 @@ class CardKernel:
                 ins_d[i].data = t.data_ptr()
             for i, t in enumerate(outs):
                 outs_d[i].data = t.data_ptr()
-            ws = None
-            if self.lib.needs_workspace:
+            if self._ws_needed:
                 if self._ws_bytes is None:
                     try:
                         self._ws_bytes = self.lib.workspace_bytes(inputs, outs, self._scalars)
                     except ValueError as exc:
                         raise KernelError(str(exc)) from None
                 ws = alloc_workspace(self._ws_bytes, str(outs[0].device) if outs else self.device)
-            if timed:
-                self.last_host_ns = time.perf_counter_ns() - t0
-            rc = self.lib.call_raw(ins_d, n_in, outs_d, n_out, self._scs, n_sc, stream, ws)
+                if timed:
+                    self.last_host_ns = time.perf_counter_ns() - t0
+                rc = self.lib.call_raw(ins_d, n_in, outs_d, n_out, self._scs, n_sc, stream, ws)
+            else:
+                if timed:
+                    self.last_host_ns = time.perf_counter_ns() - t0
+                rc = self._launch(ins_d, n_in, outs_d, n_out, self._scs, n_sc, stream)
         if rc != 0:
             raise KernelError(f"forge_launch returned {rc}")
         return outs
+
+    def _stream(self, inputs: list["torch.Tensor"]) -> int | None:
+        if self.device != "cuda":
+            return None
+        import torch
+
+        return int(torch.cuda.current_stream().cuda_stream)
 
 
 def contiguous_strides(shape: list[int]) -> list[int]:
@@ -174,5 +206,6 @@ def _allocator(out: "TensorSpec", inputs: list["TensorSpec"]) -> tuple[int, Any,
             return k, None, (), None
     dtype = getattr(torch, out.dtype)
     if list(out.stride) == contiguous_strides(list(out.shape)):
-        return -1, torch.empty, (tuple(out.shape),), dtype
+        # the sizes as separate arguments: parsed faster than one tuple
+        return -1, torch.empty, tuple(out.shape) if out.shape else ((),), dtype
     return -1, torch.empty_strided, (tuple(out.shape), tuple(out.stride)), dtype

@@ -1,0 +1,127 @@
+"""Answers: what does one served call cost the host, module card and learned leaf site alike,
+next to eager's call of the same module and the kernel's bare launch (its ctypes call on
+descriptors already filled)? The difference between served and bare is the runtime's own cost
+per call: the guard's checks, the outputs' allocation, the descriptors, the status count.
+
+    python bench/lab/served_host.py [--calls 20000]
+
+CPU only (the repo's CPU candidates, promoted after a real evaluation, on tiny shapes so that the
+kernels' own work is small). Prints a table; JSON to $OUT if set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+TIMING = "[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n"
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _promote(workload: Path, root: Path, pick, source: str):
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.workspace import profile_into_workspace
+
+    root.mkdir(parents=True)
+    (root / "forge.toml").write_text(TIMING)
+    ws, _ = profile_into_workspace(workload, root / "ws", device="cpu", config_path=root / "forge.toml")
+    card = next(c for c in ws.cards() if pick(c))
+    src = (TESTS / "candidates" / "cpu" / source).read_text()
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0,
+                                   "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    if not r.correct:
+        raise SystemExit(f"{source} did not pass: {r.reason}")
+    promote_kernel(ws, card.id, src, r, by="served_host")
+    return ws
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Best of five loops of ``calls`` back-to-back calls, µs a call."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter_ns() - t0) / calls / 1000.0)
+    return best
+
+
+def bare_launch(applied, x_like):
+    """The kernel's ctypes call alone, on descriptors filled once (what no runtime can avoid)."""
+    guard = next(iter(applied.guards.values()))
+    k = guard.kernel()
+    outs = k._outputs(x_like)
+    for i, t in enumerate(x_like):
+        k._ins[i].data = t.data_ptr()
+    for i, t in enumerate(outs):
+        k._outs[i].data = t.data_ptr()
+    n_in, n_out, n_sc = k._n
+    return lambda: k.lib.call_raw(k._ins, n_in, k._outs, n_out, k._scs, n_sc, None, None), outs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=20000)
+    a = p.parse_args()
+    import torch
+
+    from forge_tui.runtime.apply import apply, module_inputs
+
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        cases = [
+            ("leaf site (nn.LayerNorm, op card)", TESTS / "data/workloads/layernorm.py",
+             lambda c: c.target == "aten.native_layer_norm.default", "layernorm_twopass.cpp"),
+            ("module card (RMSNorm)", TESTS / "data/workloads/runtime_model.py",
+             lambda c: c.kind == "module", "rmsnorm_good.cpp"),
+        ]
+        for k, (name, wl_path, pick, src) in enumerate(cases):
+            ws = _promote(wl_path, Path(tmp) / str(k), pick, src)
+            wl = _load(wl_path)
+            model, x = wl.get_model(), wl.get_inputs()[0]
+            mod = model.norm
+            eager = per_call_us(lambda mod=mod, x=x: mod(x), a.calls)
+            with apply(model, ws, only_faster=False) as applied:
+                for _ in range(10):
+                    mod(x)
+                served_n = applied.status()["cards"][0]["served"]
+                if served_n != 10:
+                    raise SystemExit(f"{name}: {served_n} of 10 calls served")
+                served = per_call_us(lambda mod=mod, x=x: mod(x), a.calls)
+                guard = next(iter(applied.guards.values()))
+                ins = module_inputs(mod, (x,), {}, guard.consts) if guard.sig.kind == "module" else \
+                    [x, mod.weight, mod.bias]
+                bare, _keep = bare_launch(applied, ins)
+                launch = per_call_us(bare, a.calls)
+            rows.append({"case": name, "eager_us": eager, "served_us": served, "bare_launch_us": launch,
+                         "runtime_us": served - launch})
+    print(f"{'case':36s} {'eager':>8s} {'served':>8s} {'bare':>8s} {'runtime':>8s}  (µs a call)")
+    for r in rows:
+        print(f"{r['case']:36s} {r['eager_us']:8.2f} {r['served_us']:8.2f} {r['bare_launch_us']:8.2f} "
+              f"{r['runtime_us']:8.2f}")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "served_host.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
