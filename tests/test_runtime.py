@@ -1427,6 +1427,59 @@ def test_a_learned_site_checks_every_attribute_of_its_module():
     assert not same(norm.__dict__)
 
 
+def test_the_dispatch_cost_is_timed_on_learned_calls_of_every_leaf_module(tmp_path, monkeypatch):
+    """One card served in three leaf modules: each module's first calls go through the
+    interceptor while it learns the site, and none of those calls is counted in the dispatch
+    cost; the samples come from the calls served directly."""
+    from forge_tui.runtime.apply import Guard, OpGuard, _LeafSites
+
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    path = HERE / "data" / "workloads" / "layernorms_shared.py"
+    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == "aten.native_layer_norm.default")
+    assert len(card.module_paths) == 3
+    src = (CPU / "layernorm_twopass.cpp").read_text()
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location("ln_shared_wl", path)
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    calls: list[tuple[bool, bool]] = []  # (through the interceptor, counted)
+    inside = [False]
+    try_serve = OpGuard.try_serve
+
+    def intercepted(self, *a, **k):  # what the interceptor calls for each op
+        inside[0] = True
+        try:
+            return try_serve(self, *a, **k)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(OpGuard, "try_serve", intercepted)
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        g = applied.guards[card.id]
+        assert g.warmup == Guard.DISPATCH_WARMUP + 3 * _LeafSites.LEARN_CALLS
+        real = g._account_dispatch
+
+        def account(ns):
+            counted = g.timing() and g._warm_calls >= g.warmup
+            calls.append((inside[0], counted))
+            real(ns)
+
+        g._account_dispatch = account
+        for _ in range(8):
+            model(x)
+        assert g.status.dispatch_us is not None and g.status.active
+    intercepted = [c for c in calls if c[0]]
+    assert len(intercepted) == 3 * _LeafSites.LEARN_CALLS
+    assert not any(counted for through, counted in calls if through)
+    assert sum(counted for _, counted in calls) == Guard.DISPATCH_SAMPLES
+
+
 def test_a_kernels_first_calls_do_not_count_toward_its_dispatch_cost(promoted, monkeypatch):
     """The first served calls in a model (allocator growth, a leaf site still being learned) are
     slow once: they are timed but left out of the dispatch cost the guard weighs."""

@@ -151,8 +151,9 @@ class Guard:
     """Served calls timed before the guard decides whether dispatch eats the kernel's gain."""
     DISPATCH_WARMUP = 3
     """Served calls before those, not counted: costs a kernel pays once in a model (a first call
-    grows the allocator's pools for its outputs; a leaf module's first calls go through the
-    interceptor until its site is learned, ``_LeafSites``)."""
+    grows the allocator's pools for its outputs). Each leaf module that learns the card's site
+    adds the calls it learns from (``_LeafSites.LEARN_CALLS``, through the interceptor), so that
+    a card served in many leaf modules is timed on their learned calls (``warmup``)."""
 
     def __init__(self, entry: Entry, folder: Path, device: str, board: StatusBoard, shadow_every: int,
                  consts: list["torch.Tensor"], only_faster: bool = True) -> None:
@@ -174,6 +175,9 @@ class Guard:
         self.only_faster = only_faster
         self._dispatch_ns: list[int] = []
         self._warm_calls = 0
+        self.warmup = self.DISPATCH_WARMUP
+        """Served calls not counted toward the dispatch cost (``DISPATCH_WARMUP``, and the
+        learning calls of the leaf modules that serve the card)."""
         self.trial: Trial | None = None
         """Set by apply (trial_calls > 0 and only_faster): the in-place check of module cards."""
         ev = entry.evidence
@@ -214,7 +218,7 @@ class Guard:
         the launch itself). Once measured, a kernel whose savings it eats is switched off."""
         if not self.timing():
             return
-        if self._warm_calls < self.DISPATCH_WARMUP:
+        if self._warm_calls < self.warmup:
             self._warm_calls += 1
             return
         self._dispatch_ns.append(ns)
@@ -889,6 +893,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                     table.setdefault(g.func, []).append(g)
             owner = object()
             leaf = _LeafSites(module, device) if learns else None
+            if leaf is not None:
+                for g in guards:
+                    g.guard.warmup += _LeafSites.LEARN_CALLS
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, trial, owner, leaf,
                                                            chains or None))
             if all("direct" in g.guard.sig.flags for g in guards):
