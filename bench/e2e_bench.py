@@ -367,6 +367,17 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
 
     served: list[str] = []
 
+    def modules() -> None:
+        sys.path.insert(0, str(ROOT / "bench" / "lab"))
+        from inplace_timeline import describe_modules, modules_host
+
+        d["host_by_module"] = rows = modules_host(spec, ws, dev)
+        for line in describe_modules(rows):
+            rec.log(f"  {line}")
+
+    if promoted and opts.get("timeline") and left() > 30:
+        rec.attempt("host by module", modules)
+
     def show(r: Any) -> None:
         for line in r.table().splitlines():
             rec.log(f"  {line}")
@@ -612,9 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--graphs", action="store_true", help="cuda: both benches also time eager and eager + forge "
                     "each captured in a CUDA graph (the host's launch cost out of both); the first switches off "
                     "kernels that slow the graphed forward, for mode='cuda_graph' only")
-    ap.add_argument("--timeline", action="store_true", help="cuda: after the bench, profile eager and eager + forge "
-                    "with torch.profiler: wall, GPU busy time and the kernels forge removed and added, per forward "
-                    "(bench/lab/inplace_timeline.py)")
+    ap.add_argument("--timeline", action="store_true", help="before the bench, the host's time for each module forge "
+                    "replaces, eager and with every promoted kernel served; on cuda after the bench, eager and eager + "
+                    "forge under torch.profiler: wall, GPU busy time and the kernels forge removed and added, per "
+                    "forward (bench/lab/inplace_timeline.py)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 

@@ -102,6 +102,111 @@ def _host(run: Any, forwards: int, device: str) -> dict[str, float]:
     return {"host_us": statistics.median(host), "wall_us": statistics.median(wall)}
 
 
+def host_by_module(model: Any, forged: Any, applied: Any, run: Any, device: str, calls: int = 5,
+                   rounds: int = 7) -> list[dict[str, Any]]:
+    """Per module whose forward forge replaced (a module card, an op card's scope, a child run
+    outside its parent's scope): the host's time for one call of it, eager's module and forge's,
+    on the arguments one forward passes it (``calls`` back to back, the device synchronised before
+    each round and not waited for after; the best of ``rounds``, interleaved). A module's time
+    includes its children's; ``self_added_us`` leaves out what the listed modules below it add.
+    Sorted by what forge adds a forward on its own (the difference times its calls in a forward,
+    less its children's)."""
+    import torch
+
+    names = {id(m): n for n, m in forged.named_modules()}
+    paths = sorted({names[id(m)] for m in applied.forwards.modules() if id(m) in names})
+    seen: dict[str, Any] = {}
+    count: dict[str, int] = defaultdict(int)
+
+    def catch(path: str) -> Any:
+        def hook(mod: Any, args: Any, kwargs: Any) -> None:
+            seen.setdefault(path, (args, kwargs))
+            count[path] += 1
+
+        return hook
+
+    hooks = [(forged.get_submodule(p) if p else forged).register_forward_pre_hook(catch(p), with_kwargs=True)
+             for p in paths]
+    try:
+        with torch.no_grad():
+            run(forged)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def once(m: Any, args: Any, kwargs: Any) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            m(*args, **kwargs)
+        return (time.perf_counter_ns() - t0) / calls / 1000.0
+
+    rows = []
+    with torch.no_grad():
+        for p in paths:
+            if p not in seen:
+                continue
+            args, kwargs = seen[p]
+            me, mf = (model.get_submodule(p) if p else model), (forged.get_submodule(p) if p else forged)
+            best = {"eager": float("inf"), "forge": float("inf")}
+            try:
+                for _ in range(rounds):
+                    best["eager"] = min(best["eager"], once(me, args, kwargs))
+                    best["forge"] = min(best["forge"], once(mf, args, kwargs))
+            except Exception as exc:  # noqa: BLE001 - a module that cannot be called alone: say so
+                rows.append({"module": p, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
+                continue
+            rows.append({"module": p or "<model>", "calls": count[p], "eager_us": round(best["eager"], 2),
+                         "forge_us": round(best["forge"], 2),
+                         "added_us": round((best["forge"] - best["eager"]) * count[p], 2)})
+    timed = {r["module"]: r for r in rows if "added_us" in r}
+    for r in timed.values():
+        r["self_added_us"] = r["added_us"]
+    for path, r in timed.items():
+        parts = path.split(".") if path != "<model>" else []
+        parent = next((".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1) if ".".join(parts[:k]) in timed),
+                      "<model>" if parts else None)
+        if parent in timed:
+            timed[parent]["self_added_us"] = round(timed[parent]["self_added_us"] - r["added_us"], 2)
+    return sorted(rows, key=lambda r: -r.get("self_added_us", 0.0))
+
+
+def modules_host(spec: str, ws: Any, device: str, warmup: int = 8) -> list[dict[str, Any]]:
+    """``host_by_module`` with every promoted kernel served (none switched off by the dispatch
+    rule, no in-place trial): where serving them costs the host time, module by module."""
+    import torch
+
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
+    wl = load_workload(spec)
+    model, inputs = wl.build(device)
+    model.eval()
+    forged = copy.deepcopy(model)
+    applied = apply(forged, ws, device=device, trial_calls=0, only_faster=False)
+    try:
+        with torch.no_grad():
+            for _ in range(warmup):
+                wl.run(model, inputs)
+                wl.run(forged, inputs)
+        return host_by_module(model, forged, applied, lambda m: wl.run(m, inputs), device)
+    finally:
+        applied.undo()
+
+
+def describe_modules(rows: list[dict[str, Any]], top: int = 10) -> list[str]:
+    rows = [r for r in rows if "added_us" in r]
+    if not rows:
+        return []
+    lines = [f"host a call, eager | forge, by module forge replaced ({len(rows)} modules; a forward: what forge "
+             f"adds there, children included, and on its own; the most on its own first):"]
+    for r in rows[:top] + ([] if len(rows) <= top + 3 else rows[-3:]):
+        lines.append(f"  {r['module'][:36]:36s} x{r['calls']:<3d} {r['eager_us']:8.1f} | {r['forge_us']:8.1f} µs "
+                     f"{r['added_us']:+9.1f} {r['self_added_us']:+9.1f} µs")
+    return lines
+
+
 def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 16) -> dict[str, Any]:
     """The two variants' profiles and the kernels that differ between them (per forward, µs)."""
     import torch
