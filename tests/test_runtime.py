@@ -840,6 +840,35 @@ def test_an_op_card_in_a_compiled_scope_is_served_with_no_op_intercepted(promote
     assert st[sm.id]["served"] == 2 and seen == []
 
 
+def test_a_scope_with_one_served_child_is_compiled_around_it(promoted, monkeypatch):
+    """The softmax's scope (the model) calls the RMSNorm, whose module card is served too: the
+    scope is compiled all the same, the RMSNorm's call a graph break that its module card serves,
+    and no op passes the interceptor. A scope with more served children than GRAPH_BREAKS is
+    intercepted, as before."""
+    from forge_tui.runtime import apply as apply_mod
+
+    ws, norm, sm = promoted
+    seen = _count_intercepted(monkeypatch)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(x) for _ in range(3)]
+            st = {c["card"]: c for c in applied.status()["cards"]}
+            assert list(applied.scopes) == [""] and applied.scopes[""].sites == {sm.id: 1}
+            assert applied.scopes[""].failed is None
+        assert "forward" not in model.__dict__ and "forward" not in model.norm.__dict__  # undone
+        for g in got:
+            torch.testing.assert_close(g, expected)
+        assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 3 and seen == []
+        monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", 0)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            again = model(x)
+            assert not applied.scopes and seen == ["aten._softmax.default"]
+        torch.testing.assert_close(again, expected)
+
+
 def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
     """A scope inside a scope: the inner module's own op is served under the inner scope, the outer
     module's under the outer, and neither sees the other's (the child wrapper leaves the outer

@@ -104,11 +104,32 @@ def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]],
     return _fits(node.meta.get("val"), spec, device)
 
 
-def find(graph: Any, program: dict, specs: list[Any], device: str) -> list[tuple[list[Any], list[Any]]]:
+def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> str:
+    """What of the spec ``val`` does not have, said as the guard says it (``apply._spec_mismatch``)."""
+    import torch
+
+    if not isinstance(val, torch.Tensor):
+        return "not a tensor"
+    dtype, shape, _ = spec
+    try:
+        if val.device.type != device:
+            return f"on {val.device.type}"
+        if val.dtype is not dtype:
+            return f"dtype {str(val.dtype).removeprefix('torch.')}"
+        if tuple(int(s) for s in val.shape) != shape:
+            return f"shape {tuple(int(s) for s in val.shape)}"
+        return f"strides {tuple(int(s) for s in val.stride())}"
+    except (TypeError, RuntimeError):
+        return "a symbolic size"
+
+
+def find(graph: Any, program: dict, specs: list[Any], device: str,
+         misses: list[str] | None = None) -> list[tuple[list[Any], list[Any]]]:
     """Where ``program`` (a card's aten program with one tensor output, its last node's) is
     computed in ``graph``: (the graph values its inputs are, in order; its nodes). Its nodes but
     the last must be read by its own nodes alone (neither other nodes nor the graph's outputs), and
-    its inputs must have the card's dtypes, shapes and strides."""
+    its inputs must have the card's dtypes, shapes and strides; ``misses`` receives, for each site
+    that is the card's program on inputs without them, why not ("input 0: shape (8, 256)")."""
     pats = program["nodes"]
     n_in = len(specs)
     found: list[tuple[list[Any], list[Any]]] = []
@@ -134,7 +155,10 @@ def find(graph: Any, program: dict, specs: list[Any], device: str) -> list[tuple
         if any(u not in inner for n in env.nodes[:-1] for u in n.users):
             continue
         inputs = [env.inputs[k] for k in range(n_in)]
-        if not all(_matches_spec(v, s, device) for v, s in zip(inputs, specs)):
+        bad = next((k for k, (v, s) in enumerate(zip(inputs, specs)) if not _matches_spec(v, s, device)), None)
+        if bad is not None:
+            if misses is not None:
+                misses.append(f"input {bad}: {_misfit(inputs[bad].meta.get('val'), specs[bad], device)}")
             continue
         found.append((inputs, env.nodes))
         used |= inner
@@ -367,8 +391,16 @@ class GraphScope:
 
         def backend(gm: Any, example_inputs: Any) -> Any:
             torch_level: list[bool] = []
+            missed: list[tuple[Any, str]] = []
+            """The cards whose program this graph computes on inputs their guards refuse, and why:
+            each call of the graph counts them as fallbacks, as the interceptor counts a refused op."""
 
             def compile_graph(agm: Any, inputs: Any) -> Any:
+                for g in self.guards:
+                    if g.status.active:
+                        whys: list[str] = []
+                        find(agm.graph, g.sig.program, g._specs, self.device, whys)
+                        missed.extend((g, why) for why in whys)
                 try:
                     found = rewrite_torch_level(gm, agm, self.guards, self.device, self.unmapped) \
                         if self.torch_level else None
@@ -389,9 +421,9 @@ class GraphScope:
                     note = f"not served in a torch-level scope: {why}"
                     if why and note not in g.status.sites:
                         g.status.sites.append(note)
-                return gm.forward
+                return _counting_misses(gm.forward, missed)
             self.levels.append("aten")
-            return traced
+            return _counting_misses(traced, missed)
 
         return backend
 
@@ -420,6 +452,19 @@ class GraphScope:
             # raised before the forward ran: Dynamo failed on it, or our backend did
             self.failed = f"torch.compile failed on it: {type(exc).__name__}: {str(exc)[:300]}"
             return self.original(*args, **kwargs)
+
+
+def _counting_misses(fn: Any, missed: list[tuple[Any, str]]) -> Any:
+    """``fn`` (a compiled graph), counting each of ``missed`` as a fallback on every call."""
+    if not missed:
+        return fn
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        for g, why in missed:
+            g.board.fell_back(g.status, why)
+        return fn(*args, **kwargs)
+
+    return counted
 
 
 REDUCING_OPS = frozenset({
