@@ -1233,6 +1233,30 @@ def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_inte
         assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 4
 
 
+def _one_card_promoted(tmp_path, workload: str, target: str, src: str | None = None):
+    """(workspace, card, the workload's module): ``workload`` (in tests/data/workloads) profiled on
+    the cpu, its ``target`` op card given ``src`` (default: its template family's first cpu kernel),
+    evaluated and promoted."""
+    from forge_tui.templates.registry import match
+
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    path = HERE / "data" / "workloads" / workload
+    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
+    card = next(c for c in ws.cards() if c.target == target)
+    if src is None:
+        fam, m = match(card)
+        src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    return ws, card, wl
+
+
 def test_a_leaf_that_copies_its_input_before_its_served_op_is_learned(tmp_path, monkeypatch):
     """nn.GroupNorm handed a tensor laid out channels innermost copies it contiguous (aten.clone)
     and then calls its one op, the served group norm: the site is learned with the copy, later
@@ -1240,22 +1264,7 @@ def test_a_leaf_that_copies_its_input_before_its_served_op_is_learned(tmp_path, 
     eager. The op's mean and rstd, which the module drops, are not allocated per call: the kernel
     writes them to buffers it keeps. An input that is contiguous already (eager copies nothing)
     is served the same way: ``contiguous()`` hands it back as it is."""
-    from forge_tui.templates.registry import match
-
-    cfg = tmp_path / "forge.toml"
-    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
-    path = HERE / "data" / "workloads" / "groupnorm_channels_last.py"
-    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
-    card = next(c for c in ws.cards() if c.target == "aten.native_group_norm.default")
-    fam, m = match(card)
-    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(card, src)
-    assert r.correct, r.reason
-    promote_kernel(ws, card.id, src, r, by="test")
-    spec = importlib.util.spec_from_file_location("gn_cl_wl", path)
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
+    ws, card, wl = _one_card_promoted(tmp_path, "groupnorm_channels_last.py", "aten.native_group_norm.default")
     model, (x, attn) = wl.get_model(), wl.get_inputs()
     seen = _count_intercepted(monkeypatch)
     with torch.no_grad():
@@ -1462,20 +1471,9 @@ def test_the_dispatch_cost_is_timed_on_learned_calls_of_every_leaf_module(tmp_pa
     cost; the samples come from the calls served directly."""
     from forge_tui.runtime.apply import Guard, OpGuard, _LeafSites
 
-    cfg = tmp_path / "forge.toml"
-    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
-    path = HERE / "data" / "workloads" / "layernorms_shared.py"
-    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
-    card = next(c for c in ws.cards() if c.target == "aten.native_layer_norm.default")
+    ws, card, wl = _one_card_promoted(tmp_path, "layernorms_shared.py", "aten.native_layer_norm.default",
+                                      (CPU / "layernorm_twopass.cpp").read_text())
     assert len(card.module_paths) == 3
-    src = (CPU / "layernorm_twopass.cpp").read_text()
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(card, src)
-    assert r.correct, r.reason
-    promote_kernel(ws, card.id, src, r, by="test")
-    spec = importlib.util.spec_from_file_location("ln_shared_wl", path)
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
     model, x = wl.get_model(), wl.get_inputs()[0]
     calls: list[tuple[bool, bool]] = []  # (through the interceptor, counted)
     inside = [False]
