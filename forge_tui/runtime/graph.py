@@ -105,21 +105,16 @@ def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]],
 
 
 def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> str:
-    """What of the spec ``val`` does not have, said as the guard says it (``apply._spec_mismatch``)."""
+    """Why ``val`` (a graph value's example tensor) is not the spec's, as the guard says it."""
     import torch
+
+    from .apply import _spec_mismatch
 
     if not isinstance(val, torch.Tensor):
         return "not a tensor"
-    dtype, shape, _ = spec
     try:
-        if val.device.type != device:
-            return f"on {val.device.type}"
-        if val.dtype is not dtype:
-            return f"dtype {str(val.dtype).removeprefix('torch.')}"
-        if tuple(int(s) for s in val.shape) != shape:
-            return f"shape {tuple(int(s) for s in val.shape)}"
-        return f"strides {tuple(int(s) for s in val.stride())}"
-    except (TypeError, RuntimeError):
+        return _spec_mismatch(val, spec, device) or "a layout the card does not have"
+    except (TypeError, RuntimeError):  # a symbolic size
         return "a symbolic size"
 
 
