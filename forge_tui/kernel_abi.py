@@ -150,6 +150,10 @@ class Library:
         self.needs_workspace = with_ws is not None
         self._fn: Any = with_ws if with_ws is not None else plain
         self._sizer: Any = sizer
+        self.plain_launch: Any = plain
+        """forge_launch itself, for a caller that keeps its descriptor arrays and has checked the
+        arguments (the runtime's ``CardKernel``): what ``call_raw`` calls, without its checks.
+        None for a candidate with a workspace."""
 
     @staticmethod
     def _arrays(inputs: list["torch.Tensor"], outputs: list["torch.Tensor"],

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_workspace, card_scalars, current_arch
+from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_outputs, alloc_workspace, card_scalars, current_arch
 from .manifest import Build, Entry, sha256_file
 
 if TYPE_CHECKING:
@@ -88,9 +88,8 @@ class CardKernel:
         self._empty_plain = torch.empty
         self._dead: dict[tuple[int, Any, int | None], torch.Tensor] = {}
         """The outputs callers drop, kept (``_dead_output``)."""
-        self._ws_needed = self.lib.needs_workspace
-        self._launch = self.lib._fn
-        """forge_launch itself (ctypes converts the arguments; call_raw's checks are the guard's)."""
+        self._launch = self.lib.plain_launch
+        """forge_launch itself, None for a kernel with a workspace (``Library.plain_launch``)."""
         self.last_host_ns = 0
         """Host time of the last timed call spent on anything but the launch (outputs, descriptors)."""
 
@@ -120,12 +119,7 @@ class CardKernel:
         if t is None:
             import torch
 
-            spec = self.out_specs[k]
-            dtype = getattr(torch, spec.dtype)
-            try:
-                t = torch.empty_strided(tuple(spec.shape), tuple(spec.stride), dtype=dtype, device=device)
-            except RuntimeError:
-                t = torch.empty(tuple(spec.shape), dtype=dtype, device=device)
+            (t,) = alloc_outputs([self.out_specs[k]], device)
             if self.device == "cuda" and torch.cuda.is_current_stream_capturing():
                 return t  # memory of a graph's pool: not kept past this call
             self._dead[key] = t
@@ -148,19 +142,19 @@ class CardKernel:
                 ins_d[i].data = t.data_ptr()
             for i, t in enumerate(outs):
                 outs_d[i].data = t.data_ptr()
-            if self._ws_needed:
+            ws = None
+            if self._launch is None:
                 if self._ws_bytes is None:
                     try:
                         self._ws_bytes = self.lib.workspace_bytes(inputs, outs, self._scalars)
                     except ValueError as exc:
                         raise KernelError(str(exc)) from None
                 ws = alloc_workspace(self._ws_bytes, str(outs[0].device) if outs else self.device)
-                if timed:
-                    self.last_host_ns = time.perf_counter_ns() - t0
+            if timed:
+                self.last_host_ns = time.perf_counter_ns() - t0
+            if ws is not None:
                 rc = self.lib.call_raw(ins_d, n_in, outs_d, n_out, self._scs, n_sc, stream, ws)
             else:
-                if timed:
-                    self.last_host_ns = time.perf_counter_ns() - t0
                 rc = self._launch(ins_d, n_in, outs_d, n_out, self._scs, n_sc, stream)
         if rc != 0:
             raise KernelError(f"forge_launch returned {rc}")
