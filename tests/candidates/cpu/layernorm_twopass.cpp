@@ -1,6 +1,7 @@
 // LayerNorm card (aten.native_layer_norm, tests/data/workloads/layernorm.py), honest: the mean, then
-// the variance as the mean of (x - mean)^2, both with plain sequential float sums. It must pass the
-// "offset" input set that layernorm_naive_var.cpp (one-pass E[x^2] - E[x]^2) fails.
+// the variance as the mean of (x - mean)^2, both summed in double (sequential float sums fell
+// outside the tolerance on 2% of the "offset" sets, by up to 1.5e-05). It must pass the "offset"
+// input set that layernorm_naive_var.cpp (one-pass E[x^2] - E[x]^2) fails.
 // Inputs in card order: x, weight, bias; outputs: y, mean, rstd; scalars: normalized_shape[0], eps.
 #include <cmath>
 #include "forge_kernel.h"
@@ -25,12 +26,12 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; ++r) {
         const float* a = src + r * cols;
-        float s = 0.f;
+        double s = 0.0;
         for (int64_t c = 0; c < cols; ++c) s += a[c];
-        const float mean = s / cols;
-        float s2 = 0.f;
-        for (int64_t c = 0; c < cols; ++c) s2 += (a[c] - mean) * (a[c] - mean);
-        const float rstd = 1.0f / std::sqrt(s2 / cols + eps);
+        const float mean = (float)(s / cols);
+        double s2 = 0.0;
+        for (int64_t c = 0; c < cols; ++c) s2 += (double)(a[c] - mean) * (a[c] - mean);
+        const float rstd = (float)(1.0 / std::sqrt(s2 / cols + eps));
         for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = (a[c] - mean) * rstd * w[c] + b[c];
         mean_out[r] = mean;
         rstd_out[r] = rstd;
