@@ -613,3 +613,37 @@ def test_nvcc_builds_every_cuda_template_variant(matched, tmp_path):
     failed = [(k, r.reason) for k, r in zip(build, results) if not r.ok]
     assert not failed, failed
     assert len(sources) >= 40 and len(build) >= 25 and {(k[0], k[2]) for k in build} == {(k[0], k[2]) for k in sources}
+
+
+def _bn_reshaped(card: Card, shape: list[int]) -> Card:
+    """A batch norm card at another NCHW shape: its input and output, and its per-channel tensors."""
+    data = json.loads(card.model_dump_json())
+    c0 = data["inputs"][0]["shape"][1]
+    stride = [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1]
+    data["inputs"][0].update(shape=list(shape), stride=stride)
+    data["outputs"][0].update(shape=list(shape), stride=stride)
+    for t in data["inputs"][1:]:
+        if t["shape"] == [c0]:
+            t.update(shape=[shape[1]], stride=[1])
+    out = data["program"]["nodes"][0]["out"]
+    out[0][0] = list(shape)
+    return Card.model_validate(data)
+
+
+def test_batch_norm_runs_flat_over_small_planes(matched):
+    """ResNet's batch norms at 28x28, 14x14 and 7x7: a block a (n, c) plane left most of its threads idle
+    and ran 8 waves of tiny blocks (18-30 µs a call in place on the H200 for a 1.5-6 µs floor); the
+    first choice on the GPU is the flat mode, a few waves of blocks striding over the whole tensor,
+    with vectors that may straddle two planes where the plane's size does not divide them."""
+    bn = next(c for c, f, m in matched["batch_norm"] if c.kind == "module")
+    for shape, in_plane in (([32, 2048, 7, 7], "false"), ([32, 256, 14, 14], "false"), ([32, 128, 28, 28], "true")):
+        fam, m = match(_retyped(_bn_reshaped(bn, shape), "float16"))
+        p = fam.initial(m, "cuda")
+        assert p == {"mode": "flat", "threads": 256, "vec": 8, "unroll": 2}, p
+        src = fam.render(m, p, "cuda")
+        wave = DEFAULT_DEVICE.sms * DEFAULT_DEVICE.max_threads_per_sm // 256
+        grid = min(-(-numel(shape) // (256 * 8 * 2)), 4 * wave)
+        assert f"bn_flat<TX, TO, TP, 256, 8, 2, C, HW, {in_plane}><<<{grid}, 256, 0, s>>>" in src, src[-1500:]
+        # the plane mode keeps a vector in one plane: 8 does not divide 49
+        assert fam.valid(m, {**p, "mode": "plane"}, "cuda") == (shape[2] * shape[3] % 8 == 0)
+        assert any(q["mode"] == "plane" for q in TemplateProposer().neighbours(fam, m, p, "cuda"))
