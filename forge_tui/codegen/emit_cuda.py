@@ -22,7 +22,7 @@ from ..kernel_abi import ITEMSIZE
 from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
 from .emit_common import HELPERS, NodeWriter, check_inputs
-from .index import Index
+from .index import Atom, Index, to_c
 from .ir import Kernel
 
 PRELUDE = COMMON + r'''
@@ -63,9 +63,27 @@ OPS = {"sum": 0, "amax": 1, "amin": 2}
 
 
 def vec_ok(off: Index, vec: int) -> bool:
-    """A contiguous run of ``vec`` elements along the row, starting on a multiple of ``vec``."""
+    """A contiguous run of ``vec`` elements along the row, starting on a multiple of ``vec``: the
+    column part is ``c``, or ``c % m`` (m a multiple of vec) plus terms that do not change within
+    an aligned run of vec columns (``(c / d) ...`` with d a multiple of vec, coefficients too: the
+    channels-last group norm's ``c % 16 + 512 * (c / 16)``)."""
     row, col = off.split("c")
-    return col.is_var("c") and row.coefs_divisible(vec)
+    if col.is_var("c"):
+        return row.coefs_divisible(vec)
+    inner = [(k, a) for k, a in col.terms if isinstance(a, Atom) and a.div == 1]
+    if len(inner) != 1 or inner[0][0] != 1 or inner[0][1].mod is None or inner[0][1].mod % vec:
+        return False
+    rest = [t for t in col.terms if t != inner[0]]
+    return row.coefs_divisible(vec) and all(isinstance(a, Atom) and a.div % vec == 0 and k % vec == 0
+                                            for k, a in rest)
+
+
+def col0(off: Index) -> str:
+    """The column part of a ``vec_ok`` offset at the run's first column ``c0``."""
+    _, col = off.split("c")
+    if col.is_var("c"):
+        return "c0"
+    return to_c(Index(col.const, tuple((k, Atom("c0", a.div, a.mod)) for k, a in col.terms)))
 
 
 def _args(kern: Kernel, w: NodeWriter) -> tuple[str, str]:
@@ -129,7 +147,7 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     for ld in vloads:
         k, off = ld.attr
         row, _ = off.split("c")
-        pre.append(ind + f"float v{ld.id}[VEC]; load_vec<{w.types[kern.leaves[k].dtype]}, VEC>(p{k} + {w.row_name(row)} + c0, v{ld.id});")
+        pre.append(ind + f"float v{ld.id}[VEC]; load_vec<{w.types[kern.leaves[k].dtype]}, VEC>(p{k} + {w.row_name(row)} + {col0(off)}, v{ld.id});")
     for o in vouts:
         pre.append(ind + f"float o{o.index}[VEC];")
     inner = []
@@ -144,7 +162,8 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         if o in vouts:
             inner.append(ind + f"    o{o.index}[j] = t{o.node};")
             row, _ = o.offset.split("c")
-            post.append(ind + f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(row)} + c0, o{o.index});")
+            post.append(ind + f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(row)} + {col0(o.offset)}, "
+                                  f"o{o.index});")
         else:
             inner.append(ind + "    " + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
     decls = [ind + d for d in w.row_decls()]
@@ -359,7 +378,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             lt = w.types[kern.leaves[k].dtype]
             row, _ = offs.split("c")
             is_vec = node.kind == "f" and vec_ok(offs, vec)
-            src = f"p{k} + {w.row_name(row)} + c0"
+            src = f"p{k} + {w.row_name(row)} + {col0(offs) if is_vec else 'c0'}"
             if n in cached and cache == "regs":
                 if n not in filled:
                     if is_vec:
@@ -423,7 +442,8 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
                 tail.append(w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
         # vector outputs: an array before the element loop, one store after it
         head = [f"float o{o.index}[VEC];" for o in vouts]
-        stores = [f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(o.offset.split('c')[0])} + c0, o{o.index});"
+        stores = [f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(o.offset.split('c')[0])} + "
+                  f"{col0(o.offset)}, o{o.index});"
                   for o in vouts]
         body += loop(kern.levels, [o.node for o in full], tail, "live && ", head, stores)
     decls = [ind + d for d in w.row_decls()]

@@ -150,6 +150,14 @@ class MaskedScale(nn.Module):
         return y.masked_fill(mask, 0.0)
 
 
+class ContiguousGroupNorm(nn.GroupNorm):
+    """nn.GroupNorm on a channels-last tensor, made contiguous first (what the diffusion's
+    ``vae_norm_out`` records: a clone, then the group norm)."""
+
+    def forward(self, x):
+        return super().forward(x.contiguous())
+
+
 class HandGroupNorm(nn.Module):
     def __init__(self, groups, channels, eps=1e-5):
         super().__init__()
@@ -311,6 +319,7 @@ class Model(nn.Module):
         self.masked_scale = MaskedScale()
         self.group_norm = HandGroupNorm(4, 8)
         self.gn_silu = GroupNormSiLU(4, 8)
+        self.gn_channels_last = ContiguousGroupNorm(4, 8)
         self.masked_softmax = MaskedSoftmax()
         self.lse = LogSumExp()
         self.l2 = L2Normalize()
@@ -333,6 +342,7 @@ class Model(nn.Module):
             self.partial_rotary(q, cos, sin), self.softcap(bf * 40.0), self.silu_gate(x, x * 0.5),
             self.gelu_gate(bf, bf * 2.0), self.swiglu(x), self.geglu(x), self.router(x[:, :8], keep),
             self.masked_scale(x, x[:, 0], x[0], mask), self.group_norm(img), self.gn_silu(img),
+            self.gn_channels_last(img.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)),
             self.masked_softmax(scores), self.lse(x), self.l2(x), self.standardize(x), self.quant(x),
             self.minmax(x), self.dyt(x), self.add_norm(x, x * 0.5), self.se_row(x), self.transposed(scores, scores * 2.0),
             self.half_chain(xh, yh), self.var_mean(x), *self.rope(bf, pos),
