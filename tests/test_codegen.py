@@ -469,8 +469,9 @@ def test_cuda_sources_compile_for_sm90(table_ws):
 def test_a_channels_last_group_is_read_in_memory_order(table_ws):
     """A group norm over a channels-last tensor (clone, then the norm): its row, a group, is 2
     channels at each of 16 positions, 8 elements apart in memory. The kernel visits the columns
-    in memory order (the channel innermost), so its loads are contiguous runs that vectorise, where the logical order read one element a 32-byte sector on the H200 (0.47-0.59x
-    eager on the diffusion's 1x512x128x128)."""
+    in memory order (the channel innermost), so its loads are contiguous runs that vectorise,
+    where the logical order read one element a 32-byte sector on the H200 (0.47-0.59x eager on
+    the diffusion's 1x512x128x128)."""
     from forge_tui.codegen.index import to_c
 
     card = next(c for c in table_ws.cards() if _name(c) == "ContiguousGroupNorm")

@@ -869,6 +869,46 @@ def test_a_scope_with_one_served_child_is_compiled_around_it(promoted, monkeypat
         torch.testing.assert_close(again, expected)
 
 
+def test_a_scope_with_two_served_children_is_compiled_around_them(tmp_path, monkeypatch):
+    """Two RMSNorm modules (one module card) called by the scope whose own softmax is served: two
+    graph breaks, within GRAPH_BREAKS, so the scope is compiled and no op passes the interceptor
+    (the moe's attention, with its q and k norms, ran intercepted at 635-862 µs of host a call
+    more than eager on the H200 while one break was the limit)."""
+    from forge_tui.runtime import apply as apply_mod
+
+    path = HERE / "data" / "workloads" / "runtime_two_norms.py"
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
+    norm = next(c for c in ws.cards() if c.kind == "module")
+    sm = next(c for c in ws.cards() if c.target == "aten._softmax.default")
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        for card, name in ((norm, "rmsnorm_good.cpp"), (sm, "softmax_good.cpp")):
+            src = (CPU / name).read_text()
+            r = ev.evaluate(card, src)
+            assert r.correct, r.reason
+            promote_kernel(ws, card.id, src, r, by="test")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    seen = _count_intercepted(monkeypatch)
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(x) for _ in range(3)]
+            st = {c["card"]: c for c in applied.status()["cards"]}
+            assert list(applied.scopes) == [""] and applied.scopes[""].failed is None
+        for g in got:
+            torch.testing.assert_close(g, expected)
+        assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 6 and seen == []
+        monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", 1)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            again = model(x)
+            assert not applied.scopes and "aten._softmax.default" in seen
+        torch.testing.assert_close(again, expected)
+
+
 def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
     """A scope inside a scope: the inner module's own op is served under the inner scope, the outer
     module's under the outer, and neither sees the other's (the child wrapper leaves the outer

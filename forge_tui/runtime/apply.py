@@ -916,12 +916,13 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 applied._replace_forward(m, _outside_graph(m.forward))
 
 
-GRAPH_BREAKS = 1
+GRAPH_BREAKS = 2
 """How many modules below a compiled scope forge may serve too (``_graph_scope_ok``): each call of
 one is a graph break. On the development machine's CPU (tiny_diffusion, every card served) a scope
 with four such children cost as much host time compiled as intercepted, and one with six (a
 ResNet block: its norms, its SiLU calls) three times as much; the VAE's attention, whose one such
-child is its group norm, ran intercepted at 234 µs of host a call more than eager on the H200."""
+child is its group norm, ran intercepted at 234 µs of host a call more than eager on the H200, and
+the moe's attention, whose two are its q and k norms, at 635-862 µs more (2 since then)."""
 
 
 def _graph_scope_ok(module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
