@@ -83,7 +83,9 @@ def col0(off: Index) -> str:
     _, col = off.split("c")
     if col.is_var("c"):
         return "c0"
-    return to_c(Index(col.const, tuple((k, Atom("c0", a.div, a.mod)) for k, a in col.terms)))
+    terms = [(k, a) for k, a in col.terms if isinstance(a, Atom)]
+    assert len(terms) == len(col.terms), "vec_ok offsets are atoms of c"
+    return to_c(Index(col.const, tuple((k, Atom("c0", a.div, a.mod)) for k, a in terms)))
 
 
 def _args(kern: Kernel, w: NodeWriter) -> tuple[str, str]:

@@ -144,11 +144,19 @@ def _verdict(guards: list["Guard"], with_us: float, without_us: float, calls: in
         guards[0].board.write()
 
 
+def _median_us(ns: list[int]) -> float:
+    return sorted(ns)[len(ns) // 2] / 1000.0
+
+
 class Guard:
     """One promoted card in one model: matches calls, runs its kernel, keeps its status."""
 
     DISPATCH_SAMPLES = 5
     """Served calls timed before the guard decides whether dispatch eats the kernel's gain."""
+    EAGER_SAMPLES = 3
+    """Calls of a module card's original forward timed, where its dispatch looks too costly, before
+    the guard decides: what eager's own call of the module costs the host (``time_eager``)."""
+    EAGER_WHY = "eager's own call, timed for the dispatch check"
     DISPATCH_WARMUP = 3
     """Served calls before those, not counted: costs a kernel pays once in a model (a first call
     grows the allocator's pools for its outputs). Each leaf module that learns the card's site
@@ -174,6 +182,14 @@ class Guard:
         self._lock = threading.Lock()
         self.only_faster = only_faster
         self._dispatch_ns: list[int] = []
+        self._call_ns: list[int] = []
+        """The same calls' whole host time, the launch included (beside ``_dispatch_ns``)."""
+        self._eager_ns: list[int] = []
+        self.eager_timable = False
+        """Set where the caller can run eager's own call in the kernel's place (a module card's
+        forward, op by op): the dispatch check then weighs what the call costs over eager's."""
+        self.eager_pending = False
+        """The dispatch looked too costly: the next calls time eager's own (``time_eager``)."""
         self._warm_calls = 0
         self.warmup = self.DISPATCH_WARMUP
         """Served calls not counted toward the dispatch cost (``DISPATCH_WARMUP``, and the
@@ -213,21 +229,46 @@ class Guard:
                 self.board.disable(self.status, f"unavailable: {exc}")
         return self._kernel
 
-    def _account_dispatch(self, ns: int) -> None:
+    def _account_dispatch(self, ns: int, call_ns: int = 0) -> None:
         """The guard's own cost per call (its checks, descriptors and output allocation: all but
-        the launch itself). Once measured, a kernel whose savings it eats is switched off."""
+        the launch itself; ``call_ns``: the whole call's). Once measured, a kernel whose savings it
+        eats is switched off; where eager's own call can be timed in its place
+        (``eager_timable``), only if the call costs the host more than eager's by that much."""
         if not self.timing():
             return
         if self._warm_calls < self.warmup:
             self._warm_calls += 1
             return
         self._dispatch_ns.append(ns)
+        self._call_ns.append(call_ns)
         if len(self._dispatch_ns) == self.DISPATCH_SAMPLES:
-            us = sorted(self._dispatch_ns)[self.DISPATCH_SAMPLES // 2] / 1000.0
+            us = _median_us(self._dispatch_ns)
             self.status.dispatch_us = us
             if self.only_faster and self.gain_us is not None and us >= self.gain_us:
-                self.board.disable(self.status, f"its dispatch costs {us:.1f} µs a call, more than the "
-                                                f"{max(self.gain_us, 0.0):.1f} µs it saves")
+                if self.eager_timable:
+                    self.eager_pending = True
+                else:
+                    self.board.disable(self.status, f"its dispatch costs {us:.1f} µs a call, more than the "
+                                                    f"{max(self.gain_us, 0.0):.1f} µs it saves")
+
+    def time_eager(self, call: Callable[[], Any]) -> Any:
+        """Eager's own call in the kernel's place, timed (``eager_pending``; counted as a fallback
+        for the dispatch check). After ``EAGER_SAMPLES`` of them: a kernel whose whole call costs
+        the host more than eager's by at least what it saves on the device is switched off; one
+        that costs less, or not that much more, stays."""
+        t0 = time.perf_counter_ns()
+        out = call()
+        self._eager_ns.append(time.perf_counter_ns() - t0)
+        self.board.fell_back(self.status, self.EAGER_WHY)
+        if len(self._eager_ns) >= self.EAGER_SAMPLES:
+            self.eager_pending = False
+            eager, whole = _median_us(self._eager_ns), _median_us(self._call_ns)
+            self.status.eager_call_us = eager
+            gain = max(self.gain_us or 0.0, 0.0)
+            if whole - eager >= gain:
+                self.board.disable(self.status, f"its call costs the host {whole:.1f} µs, {whole - eager:.1f} more than "
+                                                f"eager's own ({eager:.1f}), more than the {gain:.1f} µs it saves")
+        return out
 
     def decide(self, with_us: float, without_us: float, calls: int) -> None:
         """The trial's verdict for this card."""
@@ -269,7 +310,7 @@ class Guard:
             self.board.fell_back(status, "kernel error")
             return None
         if timed:
-            self._account_dispatch((t1 - t0) + k.last_host_ns)
+            self._account_dispatch((t1 - t0) + k.last_host_ns, time.perf_counter_ns() - t0)
         if self.shadow_every > 0:
             with self._lock:
                 self._calls += 1
@@ -370,6 +411,7 @@ def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Ten
 def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
                     call_args: Any, returns: str) -> Callable[..., Any]:
     op = _custom_op(guard) if mode == Mode.TORCH_COMPILE else None
+    guard.eager_timable = op is None
     device = guard.device
     tensors_only: int | None = None
     """How many positional tensors the profiled call passed, when it passed nothing else."""
@@ -421,6 +463,8 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
                 return original(*args, **kwargs)
             outs = op(tensors)
         else:
+            if guard.eager_pending:
+                return guard.time_eager(lambda: original(*args, **kwargs))
             served = guard.serve(tensors)
             if served is None:
                 return original(*args, **kwargs)

@@ -32,6 +32,8 @@ class CardStatus:
     shadow_checks: int = 0
     dispatch_us: float | None = None
     """The guard's own cost per served call (checks, descriptors, outputs; not the launch)."""
+    eager_call_us: float | None = None
+    """Eager's own call of the module, timed where the dispatch looked too costly (``Guard.time_eager``)."""
     sites: list[str] = field(default_factory=list)
     """Where it is installed: module paths, or "ops under <path>"."""
     trial: dict[str, Any] | None = None
@@ -42,7 +44,8 @@ class CardStatus:
         return {"card": self.card, "kind": self.kind, "target": self.target, "active": self.active,
                 "disabled_reason": self.disabled_reason, "served": self.served,
                 "fallbacks": dict(self.fallbacks), "shadow_checks": self.shadow_checks,
-                "dispatch_us": self.dispatch_us, "sites": self.sites, "trial": self.trial}
+                "dispatch_us": self.dispatch_us, "eager_call_us": self.eager_call_us, "sites": self.sites,
+                "trial": self.trial}
 
 
 class StatusBoard:
@@ -118,6 +121,7 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  {c['card']} ({c['kind']} {c['target']}): {state}; served {c['served']}, "
                      f"fell back: {fb}" + (f"; {c['shadow_checks']} shadow checks" if c.get("shadow_checks") else "")
                      + (f"; dispatch {c['dispatch_us']:.1f} µs a call" if c.get("dispatch_us") else "")
+                     + (f" (eager's own call {c['eager_call_us']:.1f})" if c.get("eager_call_us") else "")
                      + (f"; in place {t['with_us']:.1f} µs a call with it, {t['without_us']:.1f} without"
                         if (t := c.get("trial")) else ""))
         for s in c.get("sites", []):
