@@ -459,6 +459,8 @@ def test_cuda_sources_compile_for_sm90(table_ws):
         jobs.append(GEN.render(m, GEN.initial(m, "cuda"), "cuda"))
     assert "fg_row_reduce<TPR, 1>" in jobs[-1] and "#define TPR 4" in jobs[-1]  # the router's 8 experts: 4 threads a row
     assert "load_vec<__nv_bfloat16, VEC>" in jobs[0] and "keep1[NV][VEC]" in jobs[0] and "fg_smem" in jobs[1]
+    # rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
+    assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[4], jobs[4][-2500:]
     builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(builder.build, jobs))

@@ -150,6 +150,8 @@ class Generated(Family):
         if not cached:
             return False  # nothing is read twice: every cache setting is the same kernel
         if cache == "smem":
+            if any(not vec_ok(k.nodes[n].attr[1], vec) for n in cached):
+                return False  # the shared-memory copy is filled a whole run at a time
             need = smem_bytes(k, rpb, vec)
             return 0 < need <= device.smem_per_block - 2048
         return True
