@@ -40,10 +40,15 @@ def load_workload():
 def promoted(tmp_path_factory):
     """A workspace with the model's RMSNorm (module card) and softmax (op card) promoted, each after
     a real evaluation of a real kernel."""
-    root = tmp_path_factory.mktemp("runtime")
+    return _norm_and_softmax_promoted(WORKLOAD, tmp_path_factory.mktemp("runtime"))
+
+
+def _norm_and_softmax_promoted(workload: Path, root: Path):
+    """(workspace, the RMSNorm module card, the softmax op card) of ``workload`` profiled on the cpu,
+    both promoted after a real evaluation of a real kernel."""
     cfg = root / "forge.toml"
     cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
-    ws, _ = profile_into_workspace(WORKLOAD, root / "ws", device="cpu", config_path=cfg)
+    ws, _ = profile_into_workspace(workload, root / "ws", device="cpu", config_path=cfg)
     norm = next(c for c in ws.cards() if c.kind == "module")
     sm = next(c for c in ws.cards() if c.target == "aten._softmax.default")
     with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
@@ -862,54 +867,17 @@ def test_an_op_card_in_a_compiled_scope_is_served_with_no_op_intercepted(promote
     assert st[sm.id]["served"] == 2 and seen == []
 
 
-def test_a_scope_with_one_served_child_is_compiled_around_it(promoted, monkeypatch):
-    """The softmax's scope (the model) calls the RMSNorm, whose module card is served too: the
-    scope is compiled all the same, the RMSNorm's call a graph break that its module card serves,
-    and no op passes the interceptor. A scope with more served children than GRAPH_BREAKS is
-    intercepted, as before."""
+@pytest.mark.parametrize("workload,children", [("runtime_model.py", 1), ("runtime_two_norms.py", 2)])
+def test_a_scope_with_served_children_is_compiled_around_them(tmp_path, monkeypatch, workload, children):
+    """The softmax's scope (the model) calls one RMSNorm, or two (one module card), served too:
+    the scope is compiled all the same, each RMSNorm call a graph break that its module card
+    serves, and no op passes the interceptor. A scope with more served children than
+    GRAPH_BREAKS is intercepted, as before (the moe's attention, with its q and k norms, ran
+    intercepted at 635-862 µs of host a call more than eager on the H200 while one was the limit)."""
     from forge_tui.runtime import apply as apply_mod
 
-    ws, norm, sm = promoted
-    seen = _count_intercepted(monkeypatch)
-    wl = load_workload()
-    model, x = wl.get_model(), wl.get_inputs()[0]
-    with torch.no_grad():
-        expected = model(x)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            got = [model(x) for _ in range(3)]
-            st = {c["card"]: c for c in applied.status()["cards"]}
-            assert list(applied.scopes) == [""] and applied.scopes[""].sites == {sm.id: 1}
-            assert applied.scopes[""].failed is None
-        assert "forward" not in model.__dict__ and "forward" not in model.norm.__dict__  # undone
-        for g in got:
-            torch.testing.assert_close(g, expected)
-        assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 3 and seen == []
-        monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", 0)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            again = model(x)
-            assert not applied.scopes and seen == ["aten._softmax.default"]
-        torch.testing.assert_close(again, expected)
-
-
-def test_a_scope_with_two_served_children_is_compiled_around_them(tmp_path, monkeypatch):
-    """Two RMSNorm modules (one module card) called by the scope whose own softmax is served: two
-    graph breaks, within GRAPH_BREAKS, so the scope is compiled and no op passes the interceptor
-    (the moe's attention, with its q and k norms, ran intercepted at 635-862 µs of host a call
-    more than eager on the H200 while one break was the limit)."""
-    from forge_tui.runtime import apply as apply_mod
-
-    path = HERE / "data" / "workloads" / "runtime_two_norms.py"
-    cfg = tmp_path / "forge.toml"
-    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
-    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=cfg)
-    norm = next(c for c in ws.cards() if c.kind == "module")
-    sm = next(c for c in ws.cards() if c.target == "aten._softmax.default")
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        for card, name in ((norm, "rmsnorm_good.cpp"), (sm, "softmax_good.cpp")):
-            src = (CPU / name).read_text()
-            r = ev.evaluate(card, src)
-            assert r.correct, r.reason
-            promote_kernel(ws, card.id, src, r, by="test")
+    path = HERE / "data" / "workloads" / workload
+    ws, norm, sm = _norm_and_softmax_promoted(path, tmp_path)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     wl = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(wl)
@@ -920,11 +888,13 @@ def test_a_scope_with_two_served_children_is_compiled_around_them(tmp_path, monk
         with apply(model, ws, only_faster=False, trial_calls=0) as applied:
             got = [model(x) for _ in range(3)]
             st = {c["card"]: c for c in applied.status()["cards"]}
-            assert list(applied.scopes) == [""] and applied.scopes[""].failed is None
+            assert list(applied.scopes) == [""] and applied.scopes[""].sites == {sm.id: 1}
+            assert applied.scopes[""].failed is None
+        assert not any("forward" in m.__dict__ for m in model.modules())  # undone
         for g in got:
             torch.testing.assert_close(g, expected)
-        assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 6 and seen == []
-        monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", 1)
+        assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 3 * children and seen == []
+        monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", children - 1)
         with apply(model, ws, only_faster=False, trial_calls=0) as applied:
             again = model(x)
             assert not applied.scopes and "aten._softmax.default" in seen

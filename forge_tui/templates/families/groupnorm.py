@@ -927,13 +927,32 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 '''
 
     def _cuda(self, m: Match, p: dict, device: DeviceProps = DEFAULT_DEVICE) -> str:
+        i = m.info
+        threads, vec, unroll = p["threads"], p["vec"], p["unroll"]
+        params, eps = self._param_ptrs(m, "TP"), f'(float){i["eps"]!r}'
         if p.get("mode", "plane") == "flat":
-            return self._cuda_flat(m, p, device)
+            total = i["n"] * i["c"] * i["hw"]
+            wave = device.sms * (device.max_threads_per_sm // threads)  # blocks resident at once
+            grid = min(-(-total // (threads * vec * unroll)), 4 * wave)
+            grid1 = min(-(-total // (threads * unroll)), 4 * wave)
+            in_plane = "true" if i["hw"] % vec == 0 else "false"
+            return self._cuda_entry(m, BN_FLAT_KERNEL, vec, "", (
+                f"bn_flat<TX, TO, TP, {threads}, {vec}, {unroll}, C, HW, {in_plane}><<<{grid}, {threads}, 0, s>>>"
+                f"(x, y, {params}, N * C * HW, {eps});"), (
+                f"bn_flat<TX, TO, TP, {threads}, 1, {unroll}, C, HW, true><<<{grid1}, {threads}, 0, s>>>"
+                f"(x, y, {params}, N * C * HW, {eps});"))
+        blocks_per_plane = -(-i["hw"] // (threads * vec * unroll))
+        return self._cuda_entry(m, BN_KERNEL, vec, f"    dim3 grid((unsigned)(N * C), {blocks_per_plane});\n", (
+            f"bn_apply<TX, TO, TP, {threads}, {vec}, {unroll}><<<grid, {threads}, 0, s>>>(x, y, {params}, C, HW, {eps});"), (
+            f"bn_apply<TX, TO, TP, {threads}, 1, {unroll}><<<grid, {threads}, 0, s>>>(x, y, {params}, C, HW, {eps});"))
+
+    @staticmethod
+    def _cuda_entry(m: Match, kernel: str, vec: int, setup: str, launch: str, scalar_launch: str) -> str:
+        """A CUDA batch norm candidate: ``kernel``, then forge_launch checking the card's sizes and
+        launching ``launch`` where input and output are aligned to ``vec`` elements, else
+        ``scalar_launch``."""
         i, ct = m.info, CTYPE
-        threads, vec, unroll = p["threads"], p["vec"], p["unroll"]
-        per_block = threads * vec * unroll
-        blocks_per_plane = -(-i["hw"] // per_block)
-        return CUDA_COMMON + BN_KERNEL + f'''
+        return CUDA_COMMON + kernel + f'''
 typedef {ct[i["tin"]]} TX; typedef {ct[i["tout"]]} TO; typedef {ct[i["tp"]]} TP;
 static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]};
 
@@ -943,41 +962,13 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     cudaStream_t s = (cudaStream_t)stream;
     const TX* x = (const TX*)in[{i["x"]}].data;
     TO* y = (TO*)out[0].data;
-    dim3 grid((unsigned)(N * C), {blocks_per_plane});
-    if (forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO)))
-        bn_apply<TX, TO, TP, {threads}, {vec}, {unroll}><<<grid, {threads}, 0, s>>>(x, y, {self._param_ptrs(m, "TP")}, C, HW, (float){i["eps"]!r});
+{setup}    if (forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO)))
+        {launch}
     else
-        bn_apply<TX, TO, TP, {threads}, 1, {unroll}><<<grid, {threads}, 0, s>>>(x, y, {self._param_ptrs(m, "TP")}, C, HW, (float){i["eps"]!r});
+        {scalar_launch}
     return (int)cudaGetLastError();
 }}
 '''
-
-    def _cuda_flat(self, m: Match, p: dict, device: DeviceProps) -> str:
-        i, ct = m.info, CTYPE
-        threads, vec, unroll = p["threads"], p["vec"], p["unroll"]
-        total = i["n"] * i["c"] * i["hw"]
-        full = -(-total // (threads * vec * unroll))
-        wave = device.sms * (device.max_threads_per_sm // threads)  # blocks resident at once
-        grid, grid1 = min(full, 4 * wave), min(-(-total // (threads * unroll)), 4 * wave)
-        in_plane = "true" if i["hw"] % vec == 0 else "false"
-        return CUDA_COMMON + BN_FLAT_KERNEL + f'''
-typedef {ct[i["tin"]]} TX; typedef {ct[i["tout"]]} TO; typedef {ct[i["tp"]]} TP;
-static const int64_t N = {i["n"]}, C = {i["c"]}, HW = {i["hw"]};
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[{i["x"]}]) != N * C * HW || !forge_is_contiguous(&out[0])) return 2;
-    cudaStream_t s = (cudaStream_t)stream;
-    const TX* x = (const TX*)in[{i["x"]}].data;
-    TO* y = (TO*)out[0].data;
-    if (forge_aligned(x, {vec} * sizeof(TX)) && forge_aligned(y, {vec} * sizeof(TO)))
-        bn_flat<TX, TO, TP, {threads}, {vec}, {unroll}, C, HW, {in_plane}><<<{grid}, {threads}, 0, s>>>(x, y, {self._param_ptrs(m, "TP")}, N * C * HW, (float){i["eps"]!r});
-    else
-        bn_flat<TX, TO, TP, {threads}, 1, {unroll}, C, HW, true><<<{grid1}, {threads}, 0, s>>>(x, y, {self._param_ptrs(m, "TP")}, N * C * HW, (float){i["eps"]!r});
-    return (int)cudaGetLastError();
-}}
-'''
-
 
 BN_FLAT_KERNEL = r'''
 /* The tensor as one flat array, a grid of a few waves striding over it, UNROLL vectors a thread
