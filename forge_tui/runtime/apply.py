@@ -67,6 +67,10 @@ def _spec_mismatch(t: "torch.Tensor", spec: tuple[Any, tuple[int, ...], tuple[in
     return None
 
 
+def _median_us(ns: list[int]) -> float:
+    return sorted(ns)[len(ns) // 2] / 1000.0
+
+
 class Trial:
     """The in-place check that a kernel pays where it runs: a site's first calls alternate between
     the kernel's path and PyTorch's, each timed (the device synchronised on CUDA, so a call's time
@@ -122,7 +126,7 @@ class Trial:
                 self.samples[side].append(ns)
             if all(len(v) >= self.calls for v in self.samples.values()):
                 self.done = True
-                med = {k: sorted(v)[len(v) // 2] / 1000.0 for k, v in self.samples.items()}
+                med = {k: _median_us(v) for k, v in self.samples.items()}
                 decision = (med[True], med[False], self.calls)
         if decision is not None:
             self.decide(*decision)
@@ -142,10 +146,6 @@ def _verdict(guards: list["Guard"], with_us: float, without_us: float, calls: in
                                       f"{without_us:.1f} µs without (median of {calls} each)")
     if kept and guards:
         guards[0].board.write()
-
-
-def _median_us(ns: list[int]) -> float:
-    return sorted(ns)[len(ns) // 2] / 1000.0
 
 
 class Guard:
