@@ -87,8 +87,12 @@ def _profile(run: Any, forwards: int, device: str) -> dict[str, Any]:
             intervals.append((a, b))
             kernels[e.name].append(b - a)
     summed = sum(sum(v) for v in kernels.values())
+    # the host's side by name (aten ops and the CUDA runtime's calls): self time a forward
+    cpu_ops = {e.key: {"calls": e.count / forwards, "self_us": e.self_cpu_time_total / forwards}
+               for e in prof.key_averages() if e.self_cpu_time_total > 0}
     return {"wall_us": wall, "busy_us": _busy_us(intervals) / forwards, "kernel_sum_us": summed / forwards,
-            "kernels": {k: {"calls": len(v) / forwards, "us": sum(v) / forwards} for k, v in kernels.items()}}
+            "kernels": {k: {"calls": len(v) / forwards, "us": sum(v) / forwards} for k, v in kernels.items()},
+            "cpu_ops": cpu_ops}
 
 
 def _host(run: Any, forwards: int, device: str) -> dict[str, float]:
@@ -112,6 +116,96 @@ def _host(run: Any, forwards: int, device: str) -> dict[str, float]:
         host.append((t1 - t0) * 1e6)
         wall.append((t2 - t0) * 1e6)
     return {"host_us": statistics.median(host), "wall_us": statistics.median(wall)}
+
+
+def leaves_in_forward(model: Any, forged: Any, run: Any, device: str, forwards: int = 20) -> dict[str, Any]:
+    """The host's time inside one forward, eager's and forge's, interleaved, without the profiler:
+    per leaf module (summed over its calls in a forward, from its forward pre-hook to its forward
+    hook) and the rest of the forward (the parents' Python, the functional ops between modules).
+    The device synchronised before each forward and not waited for inside it, so a leaf whose
+    time grows where forge serves something else shows the host waiting (a full launch queue, a
+    synchronising call) or a slower path taken after a served call. Medians over ``forwards``."""
+    import statistics
+
+    import torch
+
+    def instrument(m: Any) -> tuple[dict[str, int], dict[str, str], list[Any]]:
+        acc: dict[str, int] = defaultdict(int)
+        kinds: dict[str, str] = {}
+        start: dict[str, int] = {}
+        hooks = []
+        for name, mod in m.named_modules():
+            if next(mod.children(), None) is not None:
+                continue
+            kinds[name] = type(mod).__name__
+
+            def pre(_m: Any, _a: Any, name: str = name) -> None:
+                start[name] = time.perf_counter_ns()
+
+            def post(_m: Any, _a: Any, _o: Any, name: str = name) -> None:
+                acc[name] += time.perf_counter_ns() - start.pop(name)
+
+            hooks += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+        return acc, kinds, hooks
+
+    samples: dict[str, dict[str, list[float]]] = {"eager": defaultdict(list), "eager+forge": defaultdict(list)}
+    kinds: dict[str, str] = {}
+    hooks: list[Any] = []
+    accs = {}
+    for v, m in (("eager", model), ("eager+forge", forged)):
+        accs[v], k, h = instrument(m)
+        kinds.update(k)
+        hooks += h
+    try:
+        with torch.no_grad():
+            for _ in range(forwards):
+                for v, m in (("eager", model), ("eager+forge", forged)):
+                    acc = accs[v]
+                    acc.clear()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter_ns()
+                    run(m)
+                    total = time.perf_counter_ns() - t0
+                    for path, ns in acc.items():
+                        samples[v][path].append(ns / 1000.0)
+                    samples[v]["<total>"].append(total / 1000.0)
+                    samples[v]["<rest>"].append((total - sum(acc.values())) / 1000.0)
+    finally:
+        for h in hooks:
+            h.remove()
+    med = {v: {p: statistics.median(x) for p, x in d.items()} for v, d in samples.items()}
+    e, f = med["eager"], med["eager+forge"]
+    paths = sorted(set(e) | set(f))
+    rows = [{"module": p, "kind": kinds.get(p, p), "eager_us": round(e.get(p, 0.0), 2),
+             "forge_us": round(f.get(p, 0.0), 2), "added_us": round(f.get(p, 0.0) - e.get(p, 0.0), 2)} for p in paths]
+    by_kind: dict[str, dict[str, float]] = defaultdict(lambda: {"eager_us": 0.0, "forge_us": 0.0, "modules": 0})
+    for r in rows:
+        if r["module"].startswith("<"):
+            continue
+        k = by_kind[r["kind"]]
+        k["eager_us"] += r["eager_us"]
+        k["forge_us"] += r["forge_us"]
+        k["modules"] += 1
+    return {"forwards": forwards, "total": {v: med[v]["<total>"] for v in med},
+            "rest": {v: med[v]["<rest>"] for v in med},
+            "by_kind": {k: {kk: round(vv, 2) for kk, vv in d.items()} for k, d in by_kind.items()},
+            "modules": sorted(rows, key=lambda r: -abs(r["added_us"]))[:40]}
+
+
+def describe_leaves(t: dict[str, Any], top: int = 12) -> list[str]:
+    tot, rest = t["total"], t["rest"]
+    lines = [f"host inside the forward, eager | forge (median of {t['forwards']} interleaved, µs): total "
+             f"{tot['eager']:.0f} | {tot['eager+forge']:.0f}; outside leaf modules {rest['eager']:.0f} | "
+             f"{rest['eager+forge']:.0f}"]
+    for k, d in sorted(t["by_kind"].items(), key=lambda kv: -abs(kv[1]["forge_us"] - kv[1]["eager_us"])):
+        lines.append(f"  {k[:28]:28s} x{int(d['modules']):<4d} {d['eager_us']:9.1f} | {d['forge_us']:9.1f} "
+                     f"{d['forge_us'] - d['eager_us']:+9.1f}")
+    lines.append("  by module, the largest differences:")
+    for r in [r for r in t["modules"] if not r["module"].startswith("<")][:top]:
+        lines.append(f"  {r['module'][:36]:36s} {r['kind'][:14]:14s} {r['eager_us']:8.1f} | {r['forge_us']:8.1f} "
+                     f"{r['added_us']:+8.1f}")
+    return lines
 
 
 def host_by_module(model: Any, forged: Any, applied: Any, run: Any, device: str, calls: int = 5,
@@ -244,6 +338,7 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
                 for v, m in (("eager", model), ("eager+forge", forged)):
                     h = _host(lambda m=m: wl.run(m, inputs), forwards, device)
                     out["host"].setdefault(v, []).append(h)
+            out["leaves"] = leaves_in_forward(model, forged, lambda m: wl.run(m, inputs), device, 2 * forwards)
         out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
         out["disabled"] = {c: g.status.disabled_reason for c, g in applied.guards.items() if not g.status.active}
     finally:
@@ -266,6 +361,13 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
     out["added"] = sorted(((k, round(part(f, e, k), 2)) for k in added), key=lambda x: -x[1])[:12]
     for v in ("eager", "eager+forge"):
         out[v].pop("kernels")  # the differences above are what answers the question
+    ce, cf = out["eager"].pop("cpu_ops"), out["eager+forge"].pop("cpu_ops")
+    diff = []
+    for k in set(ce) | set(cf):
+        a, b = ce.get(k, {"calls": 0.0, "self_us": 0.0}), cf.get(k, {"calls": 0.0, "self_us": 0.0})
+        diff.append({"name": k, "eager_calls": a["calls"], "forge_calls": b["calls"], "eager_self_us": round(a["self_us"], 2),
+                     "forge_self_us": round(b["self_us"], 2), "added_us": round(b["self_us"] - a["self_us"], 2)})
+    out["cpu_ops"] = sorted(diff, key=lambda d: -abs(d["added_us"]))[:30]
     return out
 
 
@@ -286,6 +388,13 @@ def describe(t: dict[str, Any]) -> list[str]:
         lines.append(f"  + {us:9.1f} µs  {k[:110]}")
     for card, why in (t.get("disabled") or {}).items():
         lines.append(f"  disabled before the profile: {card}: {why}")
+    if t.get("cpu_ops"):
+        lines.append("host self time a forward by name under the profiler, eager | forge (calls; µs), the largest differences:")
+        for d in t["cpu_ops"][:12]:
+            lines.append(f"  {d['name'][:44]:44s} {d['eager_calls']:6.1f} {d['forge_calls']:6.1f}  {d['eager_self_us']:8.1f} | "
+                         f"{d['forge_self_us']:8.1f} {d['added_us']:+8.1f}")
+    if t.get("leaves"):
+        lines += describe_leaves(t["leaves"])
     return lines
 
 
