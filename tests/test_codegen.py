@@ -638,3 +638,71 @@ def test_the_card_pane_names_the_offline_kernel_or_why_none(table_ws):
                                   "out": [[[4, 4], "float32"]]}], "outputs": [{"$node": 0, "out": 0}]})
     line = offline_line(mm)
     assert line.startswith("offline kernel: none (") and "mm over an inner dimension of 8" in line and "\n" not in line
+
+
+LONG_GROUPS = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(8, 64)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def get_model():
+    return Model()
+
+
+def get_inputs():
+    return [torch.randn(1, 64, 64, 64)]
+'''
+
+
+def test_few_long_rows_are_split_over_a_cluster(tmp_path):
+    """A group norm of 8 groups of 32768 elements: one block a group would use 8 of the H200's 132
+    SMs. The first configuration splits each group over a cluster of blocks (16), the row in
+    registers; its source combines the blocks' partial sums through distributed shared memory,
+    lets only rank 0 store a row's own results, and launches clusters. Many rows, a block per
+    row group, a shared-memory cache or a GPU without clusters keep one block a row. The split
+    source compiles for sm_90 where nvcc is present."""
+    from dataclasses import replace
+
+    from forge_tui.templates.device import H200
+
+    (tmp_path / "long.py").write_text(LONG_GROUPS)
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
+    ws, _ = profile_into_workspace(tmp_path / "long.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    card = next(c for c in ws.cards() if "group_norm" in c.target)
+    m = GEN.match(card)
+    kern = m.info["kernel"]
+    assert (kern.rows, kern.cols) == (8, 32768)
+    first = GEN.initial(m, "cuda")
+    assert first["split"] == 16 and first["cache"] == "regs" and first["rpb"] == 1, first
+    assert GEN.valid(m, first, "cuda")
+    src = GEN.render(m, first, "cuda")
+    assert "#define SPLIT 16" in src and "cudaLaunchAttributeClusterDimension" in src
+    assert "NonPortableClusterSizeAllowed" in src  # 16 blocks: past the portable 8
+    assert src.count("fg_cluster_comb<0>(&fg_part[") == len(kern.reductions) >= 1, src[-4000:]
+    assert "((k * SPLIT + rank) * TPR + t) * VEC" in src
+    for bad in ({"cache": "smem"}, {"grid": "waves"}, {"rpb": 2, "tpr": 256}):
+        assert not GEN.valid(m, {**first, **bad}, "cuda"), bad
+    old = replace(H200, capability=(8, 0))
+    assert GEN.axes(m, "cuda", old)["split"] == [1] and not GEN.valid(m, first, "cuda", old)
+    assert GEN.initial(m, "cuda", old)["split"] == 1
+    # one block a row where the rows fill the GPU
+    many = replace(H200, sms=8)
+    assert GEN.initial(m, "cuda", many)["split"] == 1 and not GEN.valid(m, {**first, "split": 2}, "cuda", many)
+    # a re-read (none) configuration walks the block's columns with a cluster-wide stride
+    none = GEN.render(m, {**first, "cache": "none", "split": 4}, "cuda")
+    assert "c0 += SPLIT * TPR * VEC" in none and "#define SPLIT 4" in none
+    if shutil.which("nvcc") is None:
+        return
+    builder = Builder("cuda", tmp_path / "build", arch="sm_90")
+    for job in (src, none, GEN.render(m, {**first, "split": 1, "tpr": 1024, "cache": "none"}, "cuda")):
+        r = builder.build(job)
+        assert r.ok, r.log[:3000]

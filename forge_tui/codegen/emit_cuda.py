@@ -11,7 +11,11 @@ phases read again is cached (``cache``): in registers (``regs``: NV x VEC values
 loops unrolled; a later phase starts from the values an earlier one computed, see ``Carry``), in
 shared memory (``smem``: each thread keeps its own elements, raw), or not at
 all (``none``: re-read, from L1/L2). ``grid``: a block per RPB rows, or a persistent grid of
-whole waves walking the row groups.
+whole waves walking the row groups. ``split`` > 1 (sm_90 and later): a row over a cluster of SPLIT
+blocks (one row a cluster), each walking every SPLIT-th run of TPR x VEC columns; a reduction
+level combines the blocks' partial results through distributed shared memory, in rank order, so
+every block of the row gets the same value. Few long rows (a group norm's 32 groups of 262144
+elements) then fill the GPU: one block a row used 32 of the H200's 132 SMs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .index import Atom, Index, to_c
 from .ir import Kernel
 
 PRELUDE = COMMON + r'''
+#include <cooperative_groups.h>
 #define FG __device__ __forceinline__
 FG float fg_rbf(float v) { return round_to<__nv_bfloat16>(v); }
 FG float fg_rh(float v) { return round_to<__half>(v); }
@@ -53,6 +58,16 @@ FG float fg_row_reduce(float v, float* scratch) {
     }
     return v;
 }
+
+/* A row split over a cluster (SPLIT > 1): each block's partial result of a reduction, written to
+   its own slot, read from every block of the cluster in rank order after a cluster barrier. */
+template <int OP> FG float fg_cluster_comb(float* part, int split) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    float v = fg_ident<OP>();
+    for (int r = 0; r < split; ++r) v = fg_comb<OP>(v, *cl.map_shared_rank(part, r));
+    return v;
+}
+FG void fg_cluster_sync() { cooperative_groups::this_cluster().sync(); }
 
 template <typename T, int N> FG void fg_vec_to_f(const Vec<T, N>& a, float (&out)[N]) {
 #pragma unroll
@@ -121,6 +136,27 @@ def _launcher(kern: Kernel, card, launches: str) -> str:
     cudaStream_t s = (cudaStream_t)stream;
 {launches}    return (int)cudaGetLastError();
 }}"""
+
+def _cluster_launch(kernel: str, rows: int, split: int, args: str) -> str:
+    """Host code launching ``kernel`` on stream ``s`` as one cluster of ``split`` blocks a row
+    (clusters over 8 blocks opt in, set on every call: no state kept between calls)."""
+    wide = f"        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);\n" if split > 8 else ""
+    return f"""{wide}        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = {split};
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {{}};
+        cfg.gridDim = dim3({rows * split});
+        cfg.blockDim = dim3(TPR * RPB);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        cudaError_t e = cudaLaunchKernelEx(&cfg, {kernel}, {args});
+        if (e != cudaSuccess) return (int)e;
+"""
+
 
 def resident_blocks(threads: int, device: DeviceProps) -> int:
     """Blocks of ``threads`` an SM holds at once, as the "waves" grid counts them (at most 32,
@@ -324,6 +360,8 @@ def smem_bytes(kern: Kernel, rpb: int, vec: int) -> int:
 def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     w = NodeWriter(kern, "cuda")
     tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
+    split = p.get("split", 1)
+    assert split == 1 or (rpb == 1 and p.get("grid", "rows") == "rows" and cache != "smem"), p
     cols = kern.cols
     ind = "        "
     carry = carry_plan(kern) if carries(kern, cache) else None
@@ -367,9 +405,10 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         out: list[str] = []
         if cache == "regs":
             out += [ind + "#pragma unroll", ind + "for (int k = 0; k < NV; ++k) {",
-                    ind + "    const int c0 = (k * TPR + t) * VEC;", ind + f"    if ({guard}c0 < COLS) {{"]
+                    ind + "    const int c0 = ((k * SPLIT + rank) * TPR + t) * VEC;", ind + f"    if ({guard}c0 < COLS) {{"]
         else:
-            out += [ind + "for (int c0 = t * VEC; c0 < COLS; c0 += TPR * VEC) {", ind + f"    if ({guard}true) {{"]
+            out += [ind + "for (int c0 = (rank * TPR + t) * VEC; c0 < COLS; c0 += SPLIT * TPR * VEC) {",
+                    ind + f"    if ({guard}true) {{"]
         pre, inner = [], []
         sub = {}
         for n in need:
@@ -422,13 +461,25 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             body.append(ind + f"float acc{k} = fg_ident<{OPS[r.kind]}>();")
             tail.append(f"acc{k} = fg_comb<{OPS[r.kind]}>(acc{k}, t{r.body});")
         body += loop(level, [r.body for _, r in reds], tail, "")
+        if split == 1:
+            for k, r in reds:
+                body.append(ind + f"const float red{k} = fg_row_reduce<TPR, {OPS[r.kind]}>(acc{k}, fg_scratch);")
+            continue
+        # the row's blocks: each one's partial result in its slot, then every slot in rank order
         for k, r in reds:
-            body.append(ind + f"const float red{k} = fg_row_reduce<TPR, {OPS[r.kind]}>(acc{k}, fg_scratch);")
+            body.append(ind + f"const float part{k} = fg_row_reduce<TPR, {OPS[r.kind]}>(acc{k}, fg_scratch);")
+        body.append(ind + "if (threadIdx.x == 0) {")
+        body += [ind + f"    fg_part[{k}] = part{k};" for k, _ in reds]
+        body += [ind + "}", ind + "fg_cluster_sync();"]
+        for k, r in reds:
+            body.append(ind + f"const float red{k} = fg_cluster_comb<{OPS[r.kind]}>(&fg_part[{k}], SPLIT);")
+    if split > 1:
+        body.append(ind + "fg_cluster_sync();  // no block leaves while another still reads its slots")
     roots = [o.node for o in kern.outputs]
     row_nodes(roots)
     row_outs = [o for o in kern.outputs if o.per_row]
     if row_outs:
-        body.append(ind + "if (live && t == 0) {")
+        body.append(ind + "if (live && t == 0 && rank == 0) {")
         for o in row_outs:
             body.append(ind + "    " + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
         body.append(ind + "}")
@@ -452,8 +503,8 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     params_c, args_c = _args(kern, w)
     groups = -(-kern.rows // rpb)
     grid = groups if p.get("grid", "rows") == "rows" else min(groups, device.sms * resident_blocks(tpr * rpb, device))
-    nv = -(-cols // (tpr * vec))
-    nv1 = -(-cols // tpr)
+    nv = -(-cols // (tpr * vec * split))
+    nv1 = -(-cols // (tpr * split))
     smem = off
     vec_loads = [kern.nodes[n] for n in set(_loop_nodes(kern, [r.body for r in kern.reductions] + roots))
                  if kern.nodes[n].op == "load" and kern.nodes[n].kind == "f" and vec_ok(kern.nodes[n].attr[1], vec)]
@@ -464,19 +515,30 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
                     f"    cudaFuncSetAttribute(fg_kernel<1, {nv1}>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});\n")
     nl = "\n"
     extern = "    extern __shared__ __align__(16) unsigned char fg_smem[];\n" if cache == "smem" and smem else ""
+    if split == 1:
+        launches = f"""{setattr_}    if ({aligned}) fg_kernel<{vec}, {nv}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
+    else fg_kernel<1, {nv1}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
+"""
+    else:
+        launches = (f"    if ({aligned}) {{\n{_cluster_launch(f'fg_kernel<{vec}, {nv}>', groups, split, args_c)}    }} else {{\n"
+                    f"{_cluster_launch(f'fg_kernel<1, {nv1}>', groups, split, args_c)}    }}\n")
+    parts = f"    __shared__ float fg_part[{max(1, len(kern.reductions))}];\n" if split > 1 else ""
     return PRELUDE + f'''
-/* {kern.summary}; {tpr} threads a row, {rpb} rows a block, cache {cache} */
+/* {kern.summary}; {tpr} threads a row, {rpb} rows a block, {split} blocks a row, cache {cache} */
 static const int64_t ROWS = {kern.rows}, GROUPS = {groups};
 static const int COLS = {cols};
 #define TPR {tpr}
 #define RPB {rpb}
+#define SPLIT {split}
 
 template <int VEC, int NV>
 __global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
     __shared__ float fg_scratch[RPB * (TPR > 32 ? TPR / 32 : 1)];
-{extern}    const int t = threadIdx.x % TPR;
+{parts}{extern}    const int t = threadIdx.x % TPR;
     const int slot = threadIdx.x / TPR;
-    for (int64_t g = blockIdx.x; g < GROUPS; g += gridDim.x) {{
+    const int rank = SPLIT > 1 ? (int)(blockIdx.x % SPLIT) : 0;
+    (void)rank;
+    for (int64_t g = blockIdx.x / SPLIT; g < GROUPS; g += gridDim.x / SPLIT) {{
         const int64_t rr = g * RPB + slot;
         const bool live = rr < ROWS;
         const int64_t r = live ? rr : ROWS - 1;
@@ -486,7 +548,5 @@ __global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
     }}
 }}
 
-{_launcher(kern, card, f"""{setattr_}    if ({aligned}) fg_kernel<{vec}, {nv}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
-    else fg_kernel<1, {nv1}><<<{grid}, TPR * RPB, {smem}, s>>>({args_c});
-""")}
+{_launcher(kern, card, launches)}
 '''

@@ -6,7 +6,8 @@ Axes (cuda, programs with reductions): ``tpr`` threads a row, ``rpb`` rows a blo
 elements an access, ``cache`` (what later phases read again: registers, shared memory, or
 re-read), ``grid`` (a block per row group, or a persistent grid of whole waves). Pointwise
 programs: ``threads``, ``vec``, ``grid``. cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
-``cblock`` (columns a work item) for pointwise programs.
+``cblock`` (columns a work item) for pointwise programs. ``split`` (cuda, sm_90 and later): blocks a
+row, a cluster of them sharing its reductions (few long rows: a group norm's groups).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..device import DEFAULT_DEVICE, DeviceProps
 
 TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 RPBS = [1, 2, 4, 8, 16, 32, 64]
+SPLITS = [1, 2, 4, 8, 16]
 
 
 def _pow2_ceil(n: int) -> int:
@@ -125,7 +127,7 @@ class Generated(Family):
         if not k.reductions:
             return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"]}
         return {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
-                "grid": ["rows", "waves"]}
+                "grid": ["rows", "waves"], "split": SPLITS if device.clusters else [1]}
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         k = self._k(m)
@@ -136,8 +138,12 @@ class Generated(Family):
         if not k.reductions:
             return True
         tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
+        split = p.get("split", 1)
         if tpr * rpb > 1024 or (tpr * rpb) % 32 or (rpb > 1 and tpr > 256):
             return False
+        if split > 1 and (not device.clusters or rpb > 1 or p["grid"] != "rows" or cache == "smem"
+                          or k.cols < split * tpr * vec or k.rows >= device.sms):
+            return False  # a cluster a row: for rows too few to fill the GPU, each block a share of the columns
         if tpr * vec > 2 * _pow2_ceil(k.cols) and tpr > 4:
             return False
         groups = -(-k.rows // rpb)
@@ -145,7 +151,7 @@ class Generated(Family):
             return False  # a wave holds every group: the same launch as "rows"
         cached = cached_loads(k)
         if cache == "regs":
-            nv = -(-k.cols // (tpr * vec))
+            nv = -(-k.cols // (tpr * vec * split))
             return nv * vec * max(1, len(cached)) <= 64
         if not cached:
             return False  # nothing is read twice: every cache setting is the same kernel
@@ -167,7 +173,17 @@ class Generated(Family):
         if not k.reductions:
             return {"threads": 256, "vec": vec, "grid": "full"}
         tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
-        base = {"vec": vec, "cache": "regs", "grid": "rows"}
+        base = {"vec": vec, "cache": "regs", "grid": "rows", "split": 1}
+        if k.rows < device.sms and device.clusters:
+            # too few rows to fill the GPU a block each: the fewest blocks a row that do, the row
+            # in registers (a 1024-thread block a cluster rank)
+            for split in SPLITS[1:]:
+                if k.rows * split < device.sms and split < SPLITS[-1]:
+                    continue
+                for t in (1024, 512, 256):
+                    p = {**base, "tpr": t, "rpb": 1, "split": split}
+                    if self.valid(m, p, backend, device):
+                        return p
         for cache in ("regs", "smem", "none"):
             t = tpr
             while t <= 1024:
