@@ -339,6 +339,14 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
                     h = _host(lambda m=m: wl.run(m, inputs), forwards, device)
                     out["host"].setdefault(v, []).append(h)
             out["leaves"] = leaves_in_forward(model, forged, lambda m: wl.run(m, inputs), device, 2 * forwards)
+            # the bench's protocol (forge_tui.timing: rounds interleaved in a shuffled order, an
+            # empty callable among them): does it see what back-to-back forwards do not?
+            from forge_tui.timing import Timer, paired_ratio
+
+            timer = Timer(device, warmup=3, repeats=2 * forwards, cold_l2=False)
+            st, raw, _ = timer.time({"eager": lambda: wl.run(model, inputs), "eager+forge": lambda: wl.run(forged, inputs)})
+            out["bench_protocol"] = {"eager_us": st["eager"].median, "forge_us": st["eager+forge"].median,
+                                     "ratio": paired_ratio(raw["eager"], raw["eager+forge"]).to_json()}
         out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
         out["disabled"] = {c: g.status.disabled_reason for c, g in applied.guards.items() if not g.status.active}
     finally:
@@ -393,6 +401,10 @@ def describe(t: dict[str, Any]) -> list[str]:
         for d in t["cpu_ops"][:12]:
             lines.append(f"  {d['name'][:44]:44s} {d['eager_calls']:6.1f} {d['forge_calls']:6.1f}  {d['eager_self_us']:8.1f} | "
                          f"{d['forge_self_us']:8.1f} {d['added_us']:+8.1f}")
+    if t.get("bench_protocol"):
+        b = t["bench_protocol"]
+        lines.append(f"the bench's protocol (interleaved, shuffled): eager {b['eager_us']:.0f} µs, eager+forge "
+                     f"{b['forge_us']:.0f} µs, {b['ratio']['median']:.3f}x [{b['ratio']['q1']:.3f}, {b['ratio']['q3']:.3f}]")
     if t.get("leaves"):
         lines += describe_leaves(t["leaves"])
     return lines
