@@ -13,6 +13,14 @@ work's remaining time in the second case.
     python bench/lab/launch_block_probe.py        # on a machine with nvcc and a CUDA GPU
 
 Prints a table; JSON to $OUT if set.
+
+Answer on the H200 (2026-12-02, torch 2.11.0+cu130, docs/runs/data/2026-12-02-s9/call3-*): none
+does. Behind 2 ms of queued work every way cost the host 1.9-7.8 µs, less than with the device
+idle (5.0-16.5 µs): a plain launch 7.4, a cluster launch of 8 or 16 blocks 6.9-7.3, the occupancy
+query and a launch 7.3, an attribute set on every call 1.9. What the forward's served calls cost
+beyond their time alone comes from elsewhere. Inside the diffusion's forward, eager's own calls
+also took far more than alone (`vae_norm_out`: 112 µs against 40): a launch queue kept full by a
+forward bound by the device would explain both (not measured).
 """
 
 from __future__ import annotations
