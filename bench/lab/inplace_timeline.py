@@ -355,10 +355,15 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
             # empty callable among them): does it see what back-to-back forwards do not?
             from forge_tui.timing import Timer, paired_ratio
 
+            # a third variant, a copy of eager's model with nothing applied: what copying alone does
             timer = Timer(device, warmup=3, repeats=2 * forwards, cold_l2=False)
-            st, raw, _ = timer.time({"eager": lambda: wl.run(model, inputs), "eager+forge": lambda: wl.run(forged, inputs)})
+            twin = copy.deepcopy(model)
+            st, raw, _ = timer.time({"eager": lambda: wl.run(model, inputs), "eager+forge": lambda: wl.run(forged, inputs),
+                                     "eager copy": lambda: wl.run(twin, inputs)})
             out["bench_protocol"] = {"eager_us": st["eager"].median, "forge_us": st["eager+forge"].median,
-                                     "ratio": paired_ratio(raw["eager"], raw["eager+forge"]).to_json()}
+                                     "copy_us": st["eager copy"].median,
+                                     "ratio": paired_ratio(raw["eager"], raw["eager+forge"]).to_json(),
+                                     "copy_ratio": paired_ratio(raw["eager"], raw["eager copy"]).to_json()}
         out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
         out["disabled"] = {c: g.status.disabled_reason for c, g in applied.guards.items() if not g.status.active}
     finally:
@@ -417,6 +422,10 @@ def describe(t: dict[str, Any]) -> list[str]:
         b = t["bench_protocol"]
         lines.append(f"the bench's protocol (interleaved, shuffled): eager {b['eager_us']:.0f} µs, eager+forge "
                      f"{b['forge_us']:.0f} µs, {b['ratio']['median']:.3f}x [{b['ratio']['q1']:.3f}, {b['ratio']['q3']:.3f}]")
+        if "copy_ratio" in b:
+            c = b["copy_ratio"]
+            lines.append(f"  a copy of eager's model, nothing applied: {b['copy_us']:.0f} µs, {c['median']:.3f}x "
+                         f"[{c['q1']:.3f}, {c['q3']:.3f}]")
     if t.get("leaves"):
         lines += describe_leaves(t["leaves"])
     return lines
