@@ -48,6 +48,28 @@ def test_e2e_bench_small_on_one_workload(tmp_path):
     assert "targets" in r.stdout and "tiny_decoder" in r.stdout.splitlines()[-1] or "written:" in r.stdout
 
 
+def test_a_speedup_target_beyond_the_served_cards_bound_says_so():
+    """The moe's cards bound it at 1.060x: its 1.25x target fails, and the verdict says that no
+    runtime could reach it with those cards; a bound above the target fails plainly."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_bench_targets", ROOT / "bench" / "e2e_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def ratio(m):
+        return {"median": m, "q1": m - 0.01, "q3": m + 0.01}
+
+    w = {"workload": "moe", "done": True, "bench": {"speedups": {"eager+forge": ratio(1.015)}, "bound": 1.06,
+                                                    "of_bound": 0.96}}
+    verdict = bench.targets(w)["eager+forge >= 1.25x"]
+    assert verdict.startswith("FAIL") and "bound is 1.060x" in verdict, verdict
+    w["bench"]["bound"] = 1.4
+    assert bench.targets(w)["eager+forge >= 1.25x"] == "FAIL"
+    w["bench"]["speedups"]["eager+forge"] = ratio(1.3)
+    assert bench.targets(w)["eager+forge >= 1.25x"] == "pass"
+
+
 # ---- how the bench judges whole-model outputs -----------------------------------------------------
 def _routed(x, w):
     """A top-1 router: a last-bit difference in the scores sends a token to the other expert."""
