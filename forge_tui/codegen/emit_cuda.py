@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kernel_abi import ITEMSIZE
+from ..templates.base import cluster_config
 from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
 from .emit_common import HELPERS, NodeWriter, check_inputs
@@ -138,24 +139,10 @@ def _launcher(kern: Kernel, card, launches: str) -> str:
 }}"""
 
 def _cluster_launch(kernel: str, rows: int, split: int, args: str) -> str:
-    """Host code launching ``kernel`` on stream ``s`` as one cluster of ``split`` blocks a row
-    (clusters over 8 blocks opt in, set on every call: no state kept between calls)."""
-    wide = f"        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);\n" if split > 8 else ""
-    return f"""{wide}        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = {split};
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {{}};
-        cfg.gridDim = dim3({rows * split});
-        cfg.blockDim = dim3(TPR * RPB);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        cudaError_t e = cudaLaunchKernelEx(&cfg, {kernel}, {args});
-        if (e != cudaSuccess) return (int)e;
-"""
+    """Host code launching ``kernel`` on stream ``s`` as one cluster of ``split`` blocks a row."""
+    return (cluster_config(kernel, split, str(rows * split), "TPR * RPB", 0) +
+            f"        cudaError_t e = cudaLaunchKernelEx(&cfg, {kernel}, {args});\n"
+            "        if (e != cudaSuccess) return (int)e;\n")
 
 
 def resident_blocks(threads: int, device: DeviceProps) -> int:

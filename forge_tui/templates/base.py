@@ -155,6 +155,26 @@ def ring_cap(itemsize: int, bps: int, device: DeviceProps) -> int:
     return kb * 1024 // itemsize
 
 
+def cluster_config(kernel: str, cl: int, grid: str, threads: str, smem: int) -> str:
+    """Host code declaring ``cfg``, a launch on stream ``s`` of ``grid`` blocks of ``threads`` in
+    clusters of ``cl`` (clusters over 8 blocks opt in, set on every call: no state kept between
+    calls), for ``cudaLaunchKernelEx`` or an occupancy query."""
+    wide = f"        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);\n" if cl > 8 else ""
+    return f"""{wide}        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = {cl};
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {{}};
+        cfg.gridDim = dim3({grid});
+        cfg.blockDim = dim3({threads});
+        cfg.dynamicSmemBytes = {smem};
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+"""
+
+
 def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args: str) -> str:
     """Host code launching a ring mode kernel on stream ``s``: a persistent grid of as many
     clusters of ``cl`` blocks as fit the GPU at once (asked of the runtime for this kernel, shared
@@ -162,23 +182,9 @@ def ring_launch(kernel: str, units: str, cl: int, threads: int, smem: int, args:
     clusters over 8 blocks are opt-in, set on every call (no state kept between calls).
     Every cluster that fits is launched, even where the last round then has fewer units than
     clusters: spreading the units evenly over fewer clusters is slower (docs/benchmarks.md)."""
-    wide = (f"\n        cudaFuncSetAttribute({kernel}, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);"
-            if cl > 8 else "")
     return f"""    {{
-        cudaFuncSetAttribute({kernel}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});{wide}
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = {cl};
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {{}};
-        cfg.gridDim = dim3({cl});
-        cfg.blockDim = dim3({threads});
-        cfg.dynamicSmemBytes = {smem};
-        cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int fit = 0;
+        cudaFuncSetAttribute({kernel}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});
+{cluster_config(kernel, cl, str(cl), str(threads), smem)}        int fit = 0;
         cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, {kernel}, &cfg);
         if (e != cudaSuccess) return (int)e;
         if (fit < 1) return (int)cudaErrorInvalidConfiguration;
