@@ -689,6 +689,7 @@ def test_few_long_rows_are_split_over_a_cluster(tmp_path):
     assert "NonPortableClusterSizeAllowed" in src  # 16 blocks: past the portable 8
     assert src.count("fg_cluster_comb<0>(&fg_part[") == len(kern.reductions) >= 1, src[-4000:]
     assert "((k * SPLIT + rank) * TPR + t) * VEC" in src
+    assert any(o.per_row for o in kern.outputs) and "if (live && t == 0 && rank == 0) {" in src  # mean, rstd
     for bad in ({"cache": "smem"}, {"grid": "waves"}, {"rpb": 2, "tpr": 256}):
         assert not GEN.valid(m, {**first, **bad}, "cuda"), bad
     old = replace(H200, capability=(8, 0))
