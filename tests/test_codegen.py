@@ -707,3 +707,59 @@ def test_few_long_rows_are_split_over_a_cluster(tmp_path):
     for job in (src, none, GEN.render(m, {**first, "split": 1, "tpr": 1024, "cache": "none"}, "cuda")):
         r = builder.build(job)
         assert r.ok, r.log[:3000]
+
+
+CHANNELS_LAST_GROUPS = LONG_GROUPS.replace("torch.randn(1, 64, 64, 64)",
+                                           "torch.randn(1, 64, 32, 32).to(memory_format=torch.channels_last)")
+
+
+def test_interleaved_rows_are_walked_in_memory_order(tmp_path):
+    """A channels-last group norm: each group's elements are runs of 8 channels, the groups' runs
+    side by side (a pixel's 64 channels a period). The generator sees the layout, and its first
+    configuration walks the tensor in memory order ("tiles": a cooperative grid of blocks on every
+    SM, each thread one group's elements, the partial sums combined in a stream-ordered workspace
+    behind a grid barrier), where a block a group reads 32-byte runs 256 bytes apart. Flat memory
+    position m is group (m / 8) % 8, column m % 8 + 8 (m / 64): every element once. The same
+    norm in NCHW has no such axis; the source compiles for sm_90 where nvcc is present."""
+    from forge_tui.codegen.emit_cuda import tile_layout
+    from forge_tui.templates.device import H200
+
+    (tmp_path / "cl.py").write_text(CHANNELS_LAST_GROUPS)
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
+    ws, _ = profile_into_workspace(tmp_path / "cl.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    card = next(c for c in ws.cards() if "group_norm" in c.target)
+    m = GEN.match(card)
+    kern = m.info["kernel"]
+    assert (kern.rows, kern.cols) == (8, 8192)
+    lay = tile_layout(kern)
+    assert lay is not None and (lay.rl, lay.per) == (8, 64)
+    flat = torch.arange(kern.rows * kern.cols)
+    rows, cols = (flat // lay.rl) % kern.rows, flat % lay.rl + lay.rl * (flat // lay.per)
+    assert torch.equal(evaluate(lay.ref, {"r": rows, "c": cols}), flat)
+    assert len(set((rows * kern.cols + cols).tolist())) == flat.numel()
+
+    first = GEN.initial(m, "cuda")
+    assert first["grid"] == "tiles" and GEN.valid(m, first, "cuda"), first
+    src = GEN.render(m, first, "cuda")
+    assert "cudaLaunchAttributeCooperative" in src and "cooperative_groups::this_grid().sync();" in src
+    assert src.count("cooperative_groups::this_grid().sync();") == kern.levels == 2
+    assert "cudaMallocAsync" in src and "cudaFreeAsync(ws, s)" in src
+    assert "store_vec<float, VEC>(q0 + m0, o0);" in src  # the output in memory order, a vector a store
+    assert "if (blockIdx.x == 0 && t < NR) {" in src  # mean and rstd: one thread a group
+    for bad in ({"split": 2}, {"rpb": 2}, {"tpr": 1024, "bps": 4}, {"vec": 8}):
+        assert not GEN.valid(m, {**first, **bad}, "cuda"), bad
+    assert GEN.valid(m, {**first, "cache": "none"}, "cuda")
+    assert not GEN.valid(m, {**first, "grid": "rows", "bps": 2}, "cuda")  # bps is the tiles grid's
+    # the same norm in NCHW: rows of contiguous columns, no tiles
+    (tmp_path / "nchw.py").write_text(LONG_GROUPS.replace("64, 64, 64", "64, 32, 32"))
+    ws2, _ = profile_into_workspace(tmp_path / "nchw.py", tmp_path / "ws2", device="cpu", config_path=cfg)
+    m2 = GEN.match(next(c for c in ws2.cards() if "group_norm" in c.target))
+    assert tile_layout(m2.info["kernel"]) is None and "tiles" not in GEN.axes(m2, "cuda")["grid"]
+    assert GEN.initial(m2, "cuda", H200)["grid"] != "tiles"
+    if shutil.which("nvcc") is None:
+        return
+    builder = Builder("cuda", tmp_path / "build", arch="sm_90")
+    for job in (src, GEN.render(m, {**first, "cache": "none", "tpr": 256, "bps": 4}, "cuda")):
+        r = builder.build(job)
+        assert r.ok, r.log[:3000]

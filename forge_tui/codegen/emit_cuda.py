@@ -15,7 +15,11 @@ whole waves walking the row groups. ``split`` > 1 (sm_90 and later): a row over 
 blocks (one row a cluster), each walking every SPLIT-th run of TPR x VEC columns; a reduction
 level combines the blocks' partial results through distributed shared memory, in rank order, so
 every block of the row gets the same value. Few long rows (a group norm's 32 groups of 262144
-elements) then fill the GPU: one block a row used 32 of the H200's 132 SMs.
+elements) then fill the GPU: one block a row used 32 of the H200's 132 SMs. ``tiles``: rows
+interleaved in memory (a channels-last group norm's groups, runs of a group's channels side by
+side) walked in memory order by a cooperative grid of ``bps`` blocks an SM, each thread one row's
+elements, the blocks' partial results combined behind a grid barrier (see ``_tiles``): a cluster
+a row read 32-byte runs a kilobyte apart and reached 36% of a copy on the H200.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
 from .emit_common import HELPERS, NodeWriter, check_inputs
 from .index import Atom, Index, to_c
-from .ir import Kernel
+from .ir import FLOATS, Kernel
 
 PRELUDE = COMMON + r'''
 #include <cooperative_groups.h>
@@ -152,6 +156,8 @@ def resident_blocks(threads: int, device: DeviceProps) -> int:
 
 
 def emit_cuda(kern: Kernel, params: dict, card, device: DeviceProps = DEFAULT_DEVICE) -> str:
+    if kern.reductions and params.get("grid") == "tiles":
+        return _tiles(kern, params, card, device)
     if kern.reductions:
         return _rows(kern, params, card, device)
     return _flat(kern, params, card, device)
@@ -537,3 +543,287 @@ __global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
 
 {_launcher(kern, card, launches)}
 '''
+
+
+# ---- tiles ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TileLayout:
+    """Rows interleaved in memory: row ``r``'s column ``c`` at ``RL * r + c % RL + PER * (c / RL)``
+    (runs of RL elements, the rows' runs side by side, PER = RL x rows elements a period): a
+    channels-last group norm's groups (RL channels a group, a period a pixel). Walked in memory
+    order, flat position ``m`` is row ``(m / RL) % rows``, column ``m % RL + RL * (m / PER)``."""
+
+    rl: int
+    per: int
+    ref: Index
+    """The offset of the accesses that follow the layout (the output's)."""
+
+
+def tile_layout(kern: Kernel) -> TileLayout | None:
+    """The interleaved layout of the kernel's full outputs, if they have one (see TileLayout)."""
+    hit = kern.memo.get("tiles", False)
+    if hit is False:
+        hit = kern.memo["tiles"] = _tile_layout(kern)
+    return hit
+
+
+def _tile_layout(kern: Kernel) -> TileLayout | None:
+    full = [o for o in kern.outputs if not o.per_row]
+    if not full or not kern.reductions or kern.rows < 2:
+        return None
+    ref = full[0].offset
+    if any(o.offset != ref for o in full):
+        return None
+    row, col = ref.split("c")
+    if row.const or col.const or len(row.terms) != 1:
+        return None
+    coef, a = row.terms[0]
+    if not (isinstance(a, Atom) and a == Atom("r")):
+        return None
+    rl, per = coef, coef * kern.rows
+    want = {(per, Atom("c", rl, None))} | ({(1, Atom("c", 1, rl))} if rl > 1 else set())
+    if set(col.terms) != want or kern.cols % rl or kern.cols // rl < 2:
+        return None
+    return TileLayout(rl, per, ref)
+
+
+def tile_steps(kern: Kernel, threads: int, vec: int, blocks: int) -> int:
+    """Memory runs of ``threads x vec`` elements each thread of a tiles grid of ``blocks`` walks."""
+    return -(-kern.rows * kern.cols // (blocks * threads * vec))
+
+
+def tile_cached(kern: Kernel, cache: str) -> list[int]:
+    """The loads a tiles kernel keeps between its phases: those read in more than one phase that
+    follow the layout (the others are read where they are used)."""
+    lay = tile_layout(kern)
+    if cache == "none" or lay is None:
+        return []
+    return [n for n in cached_loads(kern) if kern.nodes[n].attr[1] == lay.ref]
+
+
+def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
+    """A cooperative grid of ``bps`` blocks an SM walks the tensor in memory order (each block
+    ``tpr x vec`` contiguous elements a step), every thread one row's elements throughout; a
+    reduction level sums each thread's share, then the block's share of every row (shared memory,
+    in thread order), then every block's (a grid barrier, partial results in a stream-ordered
+    workspace, summed in block order by every block alike)."""
+    lay = tile_layout(kern)
+    assert lay is not None and p.get("split", 1) == 1 and p.get("rpb", 1) == 1, p
+    w = NodeWriter(kern, "cuda")
+    threads, vec, cache = p["tpr"], p["vec"], p["cache"]
+    blocks = device.sms * p.get("bps", 1)
+    nstep = tile_steps(kern, threads, vec, blocks)
+    nred = len(kern.reductions)
+    cached = tile_cached(kern, cache)
+    ind = "    "
+    body: list[str] = []
+    done: set[int] = set()
+    filled: set[int] = set()
+    smem_of: dict[int, int] = {}
+    off = 0
+    for n in cached:
+        if cache == "smem":
+            smem_of[n] = off
+            off += -(-nstep * threads * vec * ITEMSIZE[kern.nodes[n].dtype] // 16) * 16
+    for n in cached:
+        t_ = w.types[kern.nodes[n].dtype]
+        if cache == "regs":
+            body.append(ind + f"float cache{n}[NSTEP][VEC];")
+        else:
+            body.append(ind + f"{t_}* sm{n} = ({t_}*)(fg_smem + {smem_of[n]});")
+
+    def row_nodes(roots: list[int], out: list[str], seen: set[int]) -> None:
+        for n in kern.needed(roots):
+            if n in seen or kern.nodes[n].varying:
+                continue
+            out.append(ind + w.stmt(kern.nodes[n]))
+            seen.add(n)
+
+    def loop(roots: list[int], tail: list[str], head: list[str], post: list[str]) -> list[str]:
+        need = _loop_nodes(kern, roots)
+        out = [ind + ("#pragma unroll" if cache == "regs" else "#pragma unroll 8"), ind + "for (int s = 0; s < NSTEP; ++s) {",
+               ind + "    const int64_t m0 = ((int64_t)(s * BLOCKS + blockIdx.x) * TPB + t) * VEC;",
+               ind + "    if (m0 < NUMEL) {"]
+        pre, inner = [], []
+        sub = {}
+        for n in need:
+            node = kern.nodes[n]
+            if node.op != "load":
+                continue
+            k, offs = node.attr
+            lt = w.types[kern.leaves[k].dtype]
+            if node.kind != "f" or offs != lay.ref:
+                continue  # read where it is used, at its own offset of (r, c)
+            if n in cached and n in filled:
+                if cache == "regs":
+                    sub[n] = f"cache{n}[s][j]"
+                    continue
+                pre.append(f"float v{n}[VEC]; fg_vec_to_f<{lt}, VEC>(*reinterpret_cast<const Vec<{lt}, VEC>*>"
+                           f"(sm{n} + (s * TPB + t) * VEC), v{n});")
+            elif n in cached and cache == "regs":
+                pre.append(f"load_vec<{lt}, VEC>(p{k} + m0, cache{n}[s]);")
+                sub[n] = f"cache{n}[s][j]"
+                continue
+            elif n in cached:
+                pre.append(f"Vec<{lt}, VEC> raw{n} = *reinterpret_cast<const Vec<{lt}, VEC>*>(p{k} + m0);")
+                pre.append(f"*reinterpret_cast<Vec<{lt}, VEC>*>(sm{n} + (s * TPB + t) * VEC) = raw{n};")
+                pre.append(f"float v{n}[VEC]; fg_vec_to_f<{lt}, VEC>(raw{n}, v{n});")
+            else:
+                pre.append(f"float v{n}[VEC]; load_vec<{lt}, VEC>(p{k} + m0, v{n});")
+            sub[n] = f"v{n}[j]"
+        filled.update(n for n in need if n in cached)
+        for n in need:
+            inner.append(w.stmt(kern.nodes[n], sub.get(n)))
+        inner += tail
+        out += [ind + "        " + s for s in pre + head]
+        out += [ind + "        #pragma unroll", ind + "        for (int j = 0; j < VEC; ++j) {",
+                ind + "            const int64_t m = m0 + j;",
+                ind + "            const int64_t c = m % RL + RL * (m / PER);",
+                ind + "            (void)c;"]
+        out += [ind + "            " + s for s in inner]
+        out += [ind + "        }"] + [ind + "        " + s for s in post] + [ind + "    }", ind + "}"]
+        return out
+
+    for level in range(kern.levels):
+        reds = [(k, r) for k, r in enumerate(kern.reductions) if r.level == level]
+        row_nodes([r.body for _, r in reds], body, done)
+        tail = []
+        for k, r in reds:
+            body.append(ind + f"float acc{k} = fg_ident<{OPS[r.kind]}>();")
+            tail.append(f"acc{k} = fg_comb<{OPS[r.kind]}>(acc{k}, t{r.body});")
+        body += loop([r.body for _, r in reds], tail, [], [])
+        for k, r in reds:  # the block's share of each row, then the grid's
+            body.append(ind + f"fg_tile_block<{OPS[r.kind]}, VEC>(acc{k}, fg_red, fg_rows, fg_ws + (int64_t){k} * BLOCKS * NR);")
+        body.append(ind + "cooperative_groups::this_grid().sync();")
+        for k, r in reds:
+            body.append(ind + f"fg_tile_grid<{OPS[r.kind]}>(fg_ws + (int64_t){k} * BLOCKS * NR, fg_red, fg_tot[{k}]);")
+            body.append(ind + f"const float red{k} = fg_tot[{k}][r];")
+    full = [o for o in kern.outputs if not o.per_row]
+    row_nodes([o.node for o in full], body, done)
+    tail, head, post = [], [], []
+    for o in full:
+        if o.dtype in FLOATS and o.offset == lay.ref:
+            head.append(f"float o{o.index}[VEC];")
+            tail.append(f"o{o.index}[j] = t{o.node};")
+            post.append(f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + m0, o{o.index});")
+        else:
+            tail.append(w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+    body += loop([o.node for o in full], tail, head, post)
+    row_outs = [o for o in kern.outputs if o.per_row]
+    scope: list[str] = []
+    if row_outs:  # the per-row results: thread q of block 0 for row q
+        row_nodes([o.node for o in row_outs], scope, set())
+        for o in row_outs:
+            scope.append(ind + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+    decls = [ind + d for d in w.row_decls()]
+    if row_outs:
+        body += [ind + "if (blockIdx.x == 0 && t < NR) {", ind + "    const int64_t r = t;"]
+        body += ["    " + d for d in decls]
+        body += [ind + f"    const float red{k} = fg_tot[{k}][r];" for k in range(nred)]
+        body += ["    " + s for s in scope] + [ind + "}"]
+    params_c, args_c = _args(kern, w)
+    outs = [o for o in full if o.dtype in FLOATS and o.offset == lay.ref]
+    vloads = [kern.nodes[n] for n in {n for n in _loop_nodes(kern, [r.body for r in kern.reductions] +
+                                                               [o.node for o in full])}
+              if kern.nodes[n].op == "load" and kern.nodes[n].kind == "f" and kern.nodes[n].attr[1] == lay.ref]
+    aligned = _aligned(kern, vec, vloads, outs)
+    smem = off
+    nl = "\n"
+    extern = "    extern __shared__ __align__(16) unsigned char fg_smem[];\n" if smem else ""
+
+    def launch(v: int) -> str:
+        kn = f"fg_kernel<{v}>"
+        return (f"        cudaFuncSetAttribute({kn}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});\n"
+                "        cudaLaunchAttribute attr[1];\n"
+                "        attr[0].id = cudaLaunchAttributeCooperative;\n"
+                "        attr[0].val.cooperative = 1;\n"
+                "        cudaLaunchConfig_t cfg = {};\n"
+                "        cfg.gridDim = dim3(BLOCKS);\n"
+                "        cfg.blockDim = dim3(TPB);\n"
+                f"        cfg.dynamicSmemBytes = {smem};\n"
+                "        cfg.stream = s;\n"
+                "        cfg.attrs = attr;\n"
+                "        cfg.numAttrs = 1;\n"
+                f"        e = cudaLaunchKernelEx(&cfg, {kn}, {args_c}, ws);\n")
+    launches = f"""    float* ws = nullptr;
+    cudaError_t e = cudaMallocAsync((void**)&ws, sizeof(float) * {max(1, nred)} * BLOCKS * NR, s);
+    if (e != cudaSuccess) return (int)e;
+    if ({aligned}) {{
+{launch(vec)}    }} else {{
+{launch(1)}    }}
+    cudaError_t f = cudaFreeAsync(ws, s);
+    if (e != cudaSuccess) return (int)e;
+    if (f != cudaSuccess) return (int)f;
+"""
+    return PRELUDE + f'''
+/* {kern.summary}; tiles of {threads} x {vec} elements in memory order, {blocks} blocks, cache {cache} */
+static const int64_t NUMEL = {kern.rows * kern.cols};
+#define NR {kern.rows}
+#define RL {lay.rl}
+#define PER {lay.per}
+#define TPB {threads}
+#define BLOCKS {blocks}
+#define NSTEP (VEC == {vec} ? {nstep} : {tile_steps(kern, threads, 1, blocks)})
+''' + TILE_HELPERS + f'''
+
+template <int VEC>
+__global__ void __launch_bounds__(TPB, {p.get("bps", 1)}) fg_kernel({params_c}, float* __restrict__ fg_ws) {{
+    __shared__ float fg_red[TPB];
+    __shared__ int fg_rows[TPB];
+    __shared__ float fg_tot[{max(1, nred)}][NR];
+{extern}    const int t = threadIdx.x;
+    /* every step moves BLOCKS x TPB x VEC elements, a whole number of periods: this thread's
+       elements are all of one row */
+    const int64_t r = ((((int64_t)blockIdx.x * TPB + t) * VEC) / RL) % NR;
+    fg_rows[t] = (int)r;
+    __syncthreads();
+{nl.join(decls)}
+{nl.join(body)}
+}}
+
+{_launcher(kern, card, launches)}
+'''
+
+
+TILE_HELPERS = r"""
+/* The block's share of each row of a tiles kernel: thread q < NR combines the values of the
+   block's threads whose row is q, in thread order, into ws[blockIdx.x * NR + q]. Where a block's
+   TPB x VEC elements are whole periods, row q's threads are known (runs q, q + NR, ... of RL /
+   VEC threads); otherwise every thread's row is looked up. */
+template <int OP, int VEC> FG void fg_tile_block(float v, float* red, const int* rows, float* ws) {
+    const int t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    if (t < NR) {
+        float a = fg_ident<OP>();
+        if constexpr ((TPB * VEC) % PER == 0) {
+            constexpr int TR = RL / VEC;
+            for (int k = 0; k < TPB * VEC / PER; ++k)
+#pragma unroll
+                for (int i = 0; i < TR; ++i) a = fg_comb<OP>(a, red[(t + k * NR) * TR + i]);
+        } else {
+            for (int i = 0; i < TPB; ++i)
+                if (rows[i] == t) a = fg_comb<OP>(a, red[i]);
+        }
+        ws[(int64_t)blockIdx.x * NR + t] = a;
+    }
+    __syncthreads();
+}
+
+/* After the grid barrier, in every block alike: thread t combines row t % NR's results of blocks
+   t / NR, t / NR + TPB / NR, ..., then thread q < NR those of threads q, q + NR, ... in order. */
+template <int OP> FG void fg_tile_grid(const float* ws, float* red, float* tot) {
+    const int t = threadIdx.x;
+    constexpr int W = TPB / NR;
+    float a = fg_ident<OP>();
+    for (int b = t / NR; b < BLOCKS; b += W) a = fg_comb<OP>(a, __ldcg(ws + (int64_t)b * NR + t % NR));
+    red[t] = a;
+    __syncthreads();
+    if (t < NR) {
+        float v = fg_ident<OP>();
+        for (int i = 0; i < W; ++i) v = fg_comb<OP>(v, red[i * NR + t]);
+        tot[t] = v;
+    }
+    __syncthreads();
+}
+"""

@@ -7,7 +7,10 @@ elements an access, ``cache`` (what later phases read again: registers, shared m
 re-read), ``grid`` (a block per row group, or a persistent grid of whole waves). Pointwise
 programs: ``threads``, ``vec``, ``grid``. cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
 ``cblock`` (columns a work item) for pointwise programs. ``split`` (cuda, sm_90 and later): blocks a
-row, a cluster of them sharing its reductions (few long rows: a group norm's groups).
+row, a cluster of them sharing its reductions (few long rows: a group norm's groups). ``grid`` =
+``tiles`` with ``bps`` blocks an SM (cuda, rows interleaved in memory: a channels-last group
+norm): the whole GPU walks the tensor in memory order, the rows' sums combined behind a grid
+barrier.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections import OrderedDict
 from ...cards import Card
 from ...codegen import Unsupported, analyze
 from ...codegen.emit_cpu import emit_cpu
-from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, vec_ok
+from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, tile_cached, tile_layout, tile_steps, vec_ok
 from ...codegen.index import Index
 from ...codegen.ir import FLOATS, Kernel
 from ...kernel_abi import ITEMSIZE
@@ -30,6 +33,7 @@ from ..device import DEFAULT_DEVICE, DeviceProps
 TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 RPBS = [1, 2, 4, 8, 16, 32, 64]
 SPLITS = [1, 2, 4, 8, 16]
+BPS = [1, 2, 4]
 
 
 def _pow2_ceil(n: int) -> int:
@@ -126,8 +130,12 @@ class Generated(Family):
             return ax
         if not k.reductions:
             return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"]}
-        return {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
-                "grid": ["rows", "waves"], "split": SPLITS if device.clusters else [1]}
+        ax = {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
+              "grid": ["rows", "waves"], "split": SPLITS if device.clusters else [1]}
+        if tile_layout(k) is not None:  # rows interleaved in memory: also walked in memory order
+            ax["grid"] = ["tiles", "rows", "waves"]
+            ax["bps"] = BPS
+        return ax
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         k = self._k(m)
@@ -139,6 +147,10 @@ class Generated(Family):
             return True
         tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
         split = p.get("split", 1)
+        if p["grid"] == "tiles":
+            return self._valid_tiles(k, p, device)
+        if p.get("bps", 1) != 1:
+            return False  # blocks an SM: the tiles grid's setting
         if tpr * rpb > 1024 or (tpr * rpb) % 32 or (rpb > 1 and tpr > 256):
             return False
         if split > 1 and (not device.clusters or rpb > 1 or p["grid"] != "rows" or cache == "smem"
@@ -162,6 +174,32 @@ class Generated(Family):
             return 0 < need <= device.smem_per_block - 2048
         return True
 
+    @staticmethod
+    def _valid_tiles(k: Kernel, p: dict, device: DeviceProps) -> bool:
+        """A tiles grid (see codegen.emit_cuda._tiles): ``bps`` blocks of ``tpr`` threads on every
+        SM at once (a cooperative launch), each step of the grid a whole number of the layout's
+        periods, every row's threads in a block known, what is cached within the SM's memory."""
+        lay = tile_layout(k)
+        tpr, vec, cache, bps = p["tpr"], p["vec"], p["cache"], p.get("bps", 1)
+        if lay is None or p["rpb"] != 1 or p.get("split", 1) != 1 or lay.rl % vec:
+            return False
+        blocks = device.sms * bps
+        if tpr < 32 or tpr % 32 or tpr % k.rows or tpr * bps > device.max_threads_per_sm:
+            return False
+        if (blocks * tpr) % lay.per or (blocks * tpr * vec) % lay.per:
+            return False
+        cached = tile_cached(k, "smem")
+        if cache != "none" and not cached:
+            return False  # nothing is read twice: every cache setting is the same kernel
+        nstep = tile_steps(k, tpr, vec, blocks)
+        if cache == "regs":
+            return nstep * vec * len(cached) <= min(64, device.max_threads_per_sm * 32 // (tpr * bps) - 40)
+        if cache == "smem":
+            need = sum(-(-nstep * tpr * vec * ITEMSIZE[k.nodes[n].dtype] // 16) * 16 for n in cached)
+            static = 8 * tpr + 4 * len(k.reductions) * k.rows
+            return need + static <= device.smem_per_block - 1024 and (need + static + 1024) * bps <= device.smem_per_sm
+        return True
+
     def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         k = self._k(m)
         if backend == "cpu":
@@ -174,6 +212,15 @@ class Generated(Family):
             return {"threads": 256, "vec": vec, "grid": "full"}
         tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
         base = {"vec": vec, "cache": "regs", "grid": "rows", "split": 1}
+        if tile_layout(k) is not None:
+            base["bps"] = 1
+            if k.rows < device.sms:
+                # few rows interleaved in memory: the whole GPU walks the tensor in memory order
+                for cache in ("regs", "smem", "none"):
+                    for t, bps in ((512, 2), (1024, 1), (256, 4)):
+                        p = {**base, "grid": "tiles", "tpr": t, "rpb": 1, "cache": cache, "bps": bps}
+                        if self.valid(m, p, backend, device):
+                            return p
         if k.rows < device.sms and device.clusters:
             # too few rows to fill the GPU a block each: the fewest blocks a row that do, the row
             # in registers (a 1024-thread block a cluster rank)
