@@ -745,8 +745,9 @@ def test_interleaved_rows_are_walked_in_memory_order(tmp_path):
     assert "cudaLaunchAttributeCooperative" in src and "cooperative_groups::this_grid().sync();" in src
     assert src.count("cooperative_groups::this_grid().sync();") == kern.levels == 2
     assert "cudaMallocAsync" in src and "cudaFreeAsync(ws, s)" in src
-    assert "store_vec<float, VEC>(q0 + m0, o0);" in src  # the output in memory order, a vector a store
-    assert "if (blockIdx.x == 0 && t < NR) {" in src  # mean and rstd: one thread a group
+    assert "fg_st<float, VEC, AL>(q0 + m0, o0);" in src  # the output in memory order, a vector a store
+    assert "if (blockIdx.x == 0) q1[" in src and "if (t < NR) {" in src  # mean and rstd: a thread a group
+    assert "/* the transposed outputs */" not in src
     for bad in ({"split": 2}, {"rpb": 2}, {"tpr": 1024, "bps": 4}, {"vec": 8}):
         assert not GEN.valid(m, {**first, **bad}, "cuda"), bad
     assert GEN.valid(m, {**first, "cache": "none"}, "cuda")
@@ -757,9 +758,24 @@ def test_interleaved_rows_are_walked_in_memory_order(tmp_path):
     m2 = GEN.match(next(c for c in ws2.cards() if "group_norm" in c.target))
     assert tile_layout(m2.info["kernel"]) is None and "tiles" not in GEN.axes(m2, "cuda")["grid"]
     assert GEN.initial(m2, "cuda", H200)["grid"] != "tiles"
+    # a channels-last view the group norm first copies to NCHW (the diffusion's VAE): read in
+    # memory order, written transposed, a thread a channel's run of pixels from the block's chunk
+    (tmp_path / "tr.py").write_text(LONG_GROUPS.replace(
+        "torch.randn(1, 64, 64, 64)", "torch.randn(64 * 32 * 32).as_strided((1, 64, 32, 32), (64, 1, 2048, 64))"))
+    ws3, _ = profile_into_workspace(tmp_path / "tr.py", tmp_path / "ws3", device="cpu", config_path=cfg)
+    m3 = GEN.match(next(c for c in ws3.cards() if c.id.startswith("mod-GroupNorm")))
+    lay3 = tile_layout(m3.info["kernel"])
+    assert lay3 is not None and lay3.transposed and m3.info["kernel"].outputs[0].offset == lay3.trans
+    first3 = GEN.initial(m3, "cuda")
+    assert first3["grid"] == "tiles" and first3["cache"] == "smem", first3
+    assert not GEN.valid(m3, {**first3, "cache": "regs"}, "cuda")  # the transpose reads the block's chunk
+    src3 = GEN.render(m3, first3, "cuda")
+    assert "/* the transposed outputs */" in src3 and "to_f(sm0[(pl + j) * PER + ch])" in src3
+    assert "fg_st<float, VEC, AL>(q0 + " in src3 and "(c0 / 8LL), o0);" in src3
     if shutil.which("nvcc") is None:
         return
     builder = Builder("cuda", tmp_path / "build", arch="sm_90")
-    for job in (src, GEN.render(m, {**first, "cache": "none", "tpr": 256, "bps": 4}, "cuda")):
+    for job in (src, GEN.render(m, {**first, "cache": "none", "tpr": 256, "bps": 4}, "cuda"), src3,
+                GEN.render(m3, {**first3, "cache": "none"}, "cuda")):
         r = builder.build(job)
         assert r.ok, r.log[:3000]

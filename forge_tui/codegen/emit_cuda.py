@@ -550,45 +550,66 @@ __global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
 class TileLayout:
     """Rows interleaved in memory: row ``r``'s column ``c`` at ``RL * r + c % RL + PER * (c / RL)``
     (runs of RL elements, the rows' runs side by side, PER = RL x rows elements a period): a
-    channels-last group norm's groups (RL channels a group, a period a pixel). Walked in memory
-    order, flat position ``m`` is row ``(m / RL) % rows``, column ``m % RL + RL * (m / PER)``."""
+    channels-last group norm's groups (RL channels a group, a period a pixel, PER channels). Walked
+    in memory order, flat position ``m`` is row ``(m / RL) % rows``, column ``m % RL + RL * (m / PER)``.
+    Outputs either follow the same layout or are its transpose, row-major in (row, c % RL, c / RL)
+    (``trans``: the channels-last input's group norm written in NCHW)."""
 
     rl: int
     per: int
     ref: Index
-    """The offset of the accesses that follow the layout (the output's)."""
+    """The offset of the accesses that follow the layout."""
+    trans: Index
+    """The offset, in the same (r, c), of the transposed layout."""
+    transposed: bool
+    """Whether some full output is written in the transposed layout."""
 
 
 def tile_layout(kern: Kernel) -> TileLayout | None:
-    """The interleaved layout of the kernel's full outputs, if they have one (see TileLayout)."""
+    """The interleaved layout of the kernel's largest accesses, if they have one (see TileLayout)."""
     hit = kern.memo.get("tiles", False)
     if hit is False:
         hit = kern.memo["tiles"] = _tile_layout(kern)
     return hit
 
 
-def _tile_layout(kern: Kernel) -> TileLayout | None:
-    full = [o for o in kern.outputs if not o.per_row]
-    if not full or not kern.reductions or kern.rows < 2:
-        return None
-    ref = full[0].offset
-    if any(o.offset != ref for o in full):
-        return None
-    row, col = ref.split("c")
+def _parse_interleaved(kern: Kernel, off: Index) -> int | None:
+    """RL where ``off`` is ``RL * r + c % RL + RL * rows * (c / RL)``."""
+    row, col = off.split("c")
     if row.const or col.const or len(row.terms) != 1:
         return None
-    coef, a = row.terms[0]
+    rl, a = row.terms[0]
     if not (isinstance(a, Atom) and a == Atom("r")):
         return None
-    rl, per = coef, coef * kern.rows
+    per = rl * kern.rows
     want = {(per, Atom("c", rl, None))} | ({(1, Atom("c", 1, rl))} if rl > 1 else set())
     if set(col.terms) != want or kern.cols % rl or kern.cols // rl < 2:
         return None
-    return TileLayout(rl, per, ref)
+    return rl
+
+
+def _tile_layout(kern: Kernel) -> TileLayout | None:
+    from .index import Space
+
+    full = [o for o in kern.outputs if not o.per_row]
+    if not full or not kern.reductions or kern.rows < 2:
+        return None
+    cands = [o.offset for o in full] + [n.attr[1] for n in kern.loads() if n.varying and n.kind == "f"]
+    for ref in cands:
+        rl = _parse_interleaved(kern, ref)
+        if rl is None:
+            continue
+        sp = Space({"r": kern.rows, "c": kern.cols})
+        r, c = sp.var("r"), sp.var("c")
+        trans = sp.add(sp.scale(r, kern.cols), sp.scale(sp.mod(c, rl), kern.cols // rl), sp.floordiv(c, rl))
+        if trans == ref or not all(o.offset in (ref, trans) for o in full):
+            return None
+        return TileLayout(rl, rl * kern.rows, ref, trans, any(o.offset == trans for o in full))
+    return None
 
 
 def tile_steps(kern: Kernel, threads: int, vec: int, blocks: int) -> int:
-    """Memory runs of ``threads x vec`` elements each thread of a tiles grid of ``blocks`` walks."""
+    """Runs of ``threads x vec`` elements each block of a tiles grid of ``blocks`` walks."""
     return -(-kern.rows * kern.cols // (blocks * threads * vec))
 
 
@@ -602,11 +623,13 @@ def tile_cached(kern: Kernel, cache: str) -> list[int]:
 
 
 def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
-    """A cooperative grid of ``bps`` blocks an SM walks the tensor in memory order (each block
-    ``tpr x vec`` contiguous elements a step), every thread one row's elements throughout; a
-    reduction level sums each thread's share, then the block's share of every row (shared memory,
-    in thread order), then every block's (a grid barrier, partial results in a stream-ordered
-    workspace, summed in block order by every block alike)."""
+    """A cooperative grid of ``bps`` blocks an SM, each block a contiguous chunk of NSTEP runs of
+    ``tpr x vec`` elements in memory order, each run whole periods, so that every thread's
+    elements are of one row. A reduction level sums each thread's share, then the block's share
+    of every row (shared memory, in thread order), then every block's (partial results in a
+    stream-ordered workspace, a grid barrier, summed in block order by every block alike).
+    Outputs in the layout are written where the elements were read; transposed outputs from the
+    block's chunk in shared memory (or re-read), a thread a channel's run of pixels."""
     lay = tile_layout(kern)
     assert lay is not None and p.get("split", 1) == 1 and p.get("rpb", 1) == 1, p
     w = NodeWriter(kern, "cuda")
@@ -639,21 +662,22 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             out.append(ind + w.stmt(kern.nodes[n]))
             seen.add(n)
 
+    def is_ref_load(node) -> bool:
+        return node.op == "load" and node.kind == "f" and node.attr[1] == lay.ref
+
     def loop(roots: list[int], tail: list[str], head: list[str], post: list[str]) -> list[str]:
         need = _loop_nodes(kern, roots)
         out = [ind + ("#pragma unroll" if cache == "regs" else "#pragma unroll 8"), ind + "for (int s = 0; s < NSTEP; ++s) {",
-               ind + "    const int64_t m0 = ((int64_t)(s * BLOCKS + blockIdx.x) * TPB + t) * VEC;",
+               ind + "    const int64_t m0 = (((int64_t)blockIdx.x * NSTEP + s) * TPB + t) * VEC;",
                ind + "    if (m0 < NUMEL) {"]
         pre, inner = [], []
         sub = {}
         for n in need:
             node = kern.nodes[n]
-            if node.op != "load":
-                continue
-            k, offs = node.attr
+            if not is_ref_load(node):
+                continue  # other loads are read where they are used, at their own offset of (r, c)
+            k = node.attr[0]
             lt = w.types[kern.leaves[k].dtype]
-            if node.kind != "f" or offs != lay.ref:
-                continue  # read where it is used, at its own offset of (r, c)
             if n in cached and n in filled:
                 if cache == "regs":
                     sub[n] = f"cache{n}[s][j]"
@@ -661,15 +685,15 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
                 pre.append(f"float v{n}[VEC]; fg_vec_to_f<{lt}, VEC>(*reinterpret_cast<const Vec<{lt}, VEC>*>"
                            f"(sm{n} + (s * TPB + t) * VEC), v{n});")
             elif n in cached and cache == "regs":
-                pre.append(f"load_vec<{lt}, VEC>(p{k} + m0, cache{n}[s]);")
+                pre.append(f"fg_vec_to_f<{lt}, VEC>(fg_raw<{lt}, VEC, AL>(p{k} + m0), cache{n}[s]);")
                 sub[n] = f"cache{n}[s][j]"
                 continue
             elif n in cached:
-                pre.append(f"Vec<{lt}, VEC> raw{n} = *reinterpret_cast<const Vec<{lt}, VEC>*>(p{k} + m0);")
+                pre.append(f"const Vec<{lt}, VEC> raw{n} = fg_raw<{lt}, VEC, AL>(p{k} + m0);")
                 pre.append(f"*reinterpret_cast<Vec<{lt}, VEC>*>(sm{n} + (s * TPB + t) * VEC) = raw{n};")
                 pre.append(f"float v{n}[VEC]; fg_vec_to_f<{lt}, VEC>(raw{n}, v{n});")
             else:
-                pre.append(f"float v{n}[VEC]; load_vec<{lt}, VEC>(p{k} + m0, v{n});")
+                pre.append(f"float v{n}[VEC]; fg_vec_to_f<{lt}, VEC>(fg_raw<{lt}, VEC, AL>(p{k} + m0), v{n});")
             sub[n] = f"v{n}[j]"
         filled.update(n for n in need if n in cached)
         for n in need:
@@ -693,46 +717,59 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             tail.append(f"acc{k} = fg_comb<{OPS[r.kind]}>(acc{k}, t{r.body});")
         body += loop([r.body for _, r in reds], tail, [], [])
         for k, r in reds:  # the block's share of each row, then the grid's
-            body.append(ind + f"fg_tile_block<{OPS[r.kind]}, VEC>(acc{k}, fg_red, fg_rows, fg_ws + (int64_t){k} * BLOCKS * NR);")
+            body.append(ind + f"fg_tile_block<{OPS[r.kind]}>(acc{k}, fg_red, fg_ws + (int64_t){k} * BLOCKS * NR);")
         body.append(ind + "cooperative_groups::this_grid().sync();")
         for k, r in reds:
             body.append(ind + f"fg_tile_grid<{OPS[r.kind]}>(fg_ws + (int64_t){k} * BLOCKS * NR, fg_red, fg_tot[{k}]);")
             body.append(ind + f"const float red{k} = fg_tot[{k}][r];")
     full = [o for o in kern.outputs if not o.per_row]
-    row_nodes([o.node for o in full], body, done)
-    tail, head, post = [], [], []
-    for o in full:
-        if o.dtype in FLOATS and o.offset == lay.ref:
-            head.append(f"float o{o.index}[VEC];")
-            tail.append(f"o{o.index}[j] = t{o.node};")
-            post.append(f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + m0, o{o.index});")
-        else:
-            tail.append(w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
-    body += loop([o.node for o in full], tail, head, post)
+    shared_rows: list[int] = []
+    if not lay.transposed:
+        row_nodes([o.node for o in full], body, done)
+        tail, head, post = [], [], []
+        for o in full:
+            if o.dtype in FLOATS:
+                head.append(f"float o{o.index}[VEC];")
+                tail.append(f"o{o.index}[j] = t{o.node};")
+                post.append(f"fg_st<{w.types[o.dtype]}, VEC, AL>(q{o.index} + m0, o{o.index});")
+            else:
+                tail.append(w.store(o.dtype, f"q{o.index}[m]", f"t{o.node}"))
+        body += loop([o.node for o in full], tail, head, post)
+    else:
+        body += _tiles_transposed(kern, w, lay, full, cached, cache, ind, shared_rows)
     row_outs = [o for o in kern.outputs if o.per_row]
     scope: list[str] = []
-    if row_outs:  # the per-row results: thread q of block 0 for row q
-        row_nodes([o.node for o in row_outs], scope, set())
+    if row_outs or shared_rows:  # row values: thread q of the block for row q
+        row_nodes([o.node for o in row_outs] + shared_rows, scope, set())
+        for n in shared_rows:
+            scope.append(ind + f"fg_row{n}[r] = t{n};")
         for o in row_outs:
-            scope.append(ind + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+            scope.append(ind + "if (blockIdx.x == 0) " + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
     decls = [ind + d for d in w.row_decls()]
-    if row_outs:
-        body += [ind + "if (blockIdx.x == 0 && t < NR) {", ind + "    const int64_t r = t;"]
-        body += ["    " + d for d in decls]
-        body += [ind + f"    const float red{k} = fg_tot[{k}][r];" for k in range(nred)]
-        body += ["    " + s for s in scope] + [ind + "}"]
+    head_scope: list[str] = []
+    if scope:
+        head_scope += [ind + "if (t < NR) {", ind + "    const int64_t r = t;"]
+        head_scope += ["    " + d for d in decls]
+        head_scope += [ind + f"    const float red{k} = fg_tot[{k}][r];" for k in range(nred)]
+        head_scope += ["    " + s for s in scope] + [ind + "}"]
+        if shared_rows:
+            head_scope.append(ind + "__syncthreads();")
+    if shared_rows:  # the transposed phase reads them: computed before it
+        at = body.index(ind + "/* the transposed outputs */")
+        body[at:at] = head_scope
+    else:
+        body += head_scope
+    row_smem = "".join(f"    __shared__ {w.vtype(kern.nodes[n])} fg_row{n}[NR];\n" for n in shared_rows)
     params_c, args_c = _args(kern, w)
-    outs = [o for o in full if o.dtype in FLOATS and o.offset == lay.ref]
-    vloads = [kern.nodes[n] for n in {n for n in _loop_nodes(kern, [r.body for r in kern.reductions] +
-                                                               [o.node for o in full])}
-              if kern.nodes[n].op == "load" and kern.nodes[n].kind == "f" and kern.nodes[n].attr[1] == lay.ref]
-    aligned = _aligned(kern, vec, vloads, outs)
+    vloads = [kern.nodes[n] for n in set(_loop_nodes(kern, [r.body for r in kern.reductions] + [o.node for o in full]))
+              if is_ref_load(kern.nodes[n])]
+    aligned = _aligned(kern, vec, vloads, [o for o in full if o.dtype in FLOATS])
     smem = off
     nl = "\n"
     extern = "    extern __shared__ __align__(16) unsigned char fg_smem[];\n" if smem else ""
 
-    def launch(v: int) -> str:
-        kn = f"fg_kernel<{v}>"
+    def launch(al: str) -> str:
+        kn = f"fg_kernel<{al}>"
         return (f"        cudaFuncSetAttribute({kn}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});\n"
                 "        cudaLaunchAttribute attr[1];\n"
                 "        attr[0].id = cudaLaunchAttributeCooperative;\n"
@@ -749,34 +786,33 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     cudaError_t e = cudaMallocAsync((void**)&ws, sizeof(float) * {max(1, nred)} * BLOCKS * NR, s);
     if (e != cudaSuccess) return (int)e;
     if ({aligned}) {{
-{launch(vec)}    }} else {{
-{launch(1)}    }}
+{launch("true")}    }} else {{
+{launch("false")}    }}
     cudaError_t f = cudaFreeAsync(ws, s);
     if (e != cudaSuccess) return (int)e;
     if (f != cudaSuccess) return (int)f;
 """
     return PRELUDE + f'''
-/* {kern.summary}; tiles of {threads} x {vec} elements in memory order, {blocks} blocks, cache {cache} */
+/* {kern.summary}; tiles of {threads} x {vec} elements in memory order, {blocks} blocks, cache {cache}{
+", transposed outputs" if lay.transposed else ""} */
 static const int64_t NUMEL = {kern.rows * kern.cols};
 #define NR {kern.rows}
 #define RL {lay.rl}
 #define PER {lay.per}
 #define TPB {threads}
+#define VEC {vec}
 #define BLOCKS {blocks}
-#define NSTEP (VEC == {vec} ? {nstep} : {tile_steps(kern, threads, 1, blocks)})
+#define NSTEP {nstep}
 ''' + TILE_HELPERS + f'''
-
-template <int VEC>
+/* AL: every vector access aligned to its width (else element by element, the same walk) */
+template <bool AL>
 __global__ void __launch_bounds__(TPB, {p.get("bps", 1)}) fg_kernel({params_c}, float* __restrict__ fg_ws) {{
     __shared__ float fg_red[TPB];
-    __shared__ int fg_rows[TPB];
     __shared__ float fg_tot[{max(1, nred)}][NR];
-{extern}    const int t = threadIdx.x;
-    /* every step moves BLOCKS x TPB x VEC elements, a whole number of periods: this thread's
+{row_smem}{extern}    const int t = threadIdx.x;
+    /* a block's runs start on whole periods, each TPB x VEC elements whole periods: thread t's
        elements are all of one row */
-    const int64_t r = ((((int64_t)blockIdx.x * TPB + t) * VEC) / RL) % NR;
-    fg_rows[t] = (int)r;
-    __syncthreads();
+    const int64_t r = ((int64_t)t * VEC / RL) % NR;
 {nl.join(decls)}
 {nl.join(body)}
 }}
@@ -785,26 +821,90 @@ __global__ void __launch_bounds__(TPB, {p.get("bps", 1)}) fg_kernel({params_c}, 
 '''
 
 
+def _tiles_transposed(kern: Kernel, w: NodeWriter, lay: TileLayout, full: list, cached: list[int], cache: str,
+                      ind: str, shared_rows: list[int]) -> list[str]:
+    """The output phase of a tiles kernel with transposed outputs: the block's chunk is PIX whole
+    periods (pixels); work item ``it`` is channel ``it % PER``'s run of VEC pixels ``it / PER``,
+    so a thread writes a channel's pixels in order, a vector a run. The rows' values the phase
+    needs (``shared_rows``) are computed for every row before it, into shared memory."""
+    need = _loop_nodes(kern, [o.node for o in full])
+    for n in need:
+        for a in kern.nodes[n].args:
+            if not kern.nodes[a].varying and a not in shared_rows:
+                shared_rows.append(a)
+    shared_rows.sort()
+    inner: list[str] = []
+    for n in shared_rows:
+        inner.append(f"const {w.vtype(kern.nodes[n])} t{n} = fg_row{n}[r];")
+    head, post, tail = [], [], []
+    for n in need:
+        node = kern.nodes[n]
+        if node.op == "load" and node.kind == "f" and node.attr[1] == lay.ref and n in cached and cache == "smem":
+            inner.append(w.stmt(node, f"to_f(sm{n}[(pl + j) * PER + ch])"))
+        else:
+            inner.append(w.stmt(node))
+    for o in full:
+        if o.dtype in FLOATS and o.offset == lay.trans:
+            head.append(f"float o{o.index}[VEC];")
+            tail.append(f"o{o.index}[j] = t{o.node};")
+            row, _ = o.offset.split("c")
+            post.append(f"fg_st<{w.types[o.dtype]}, VEC, AL>(q{o.index} + {w.row_name(row)} + {col0(o.offset)}, "
+                        f"o{o.index});")
+        else:
+            tail.append(w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+    out = [ind + "/* the transposed outputs */",
+           ind + "#pragma unroll 4",
+           ind + "for (int it = t; it < PER * (PIX / VEC); it += TPB) {",
+           ind + "    const int64_t ch = it % PER, pl = (it / PER) * VEC;",
+           ind + "    const int64_t px = (int64_t)blockIdx.x * PIX + pl;",
+           ind + "    if (px * PER < NUMEL) {",
+           ind + "        const int64_t r = ch / RL;",
+           ind + "        const int64_t c0 = ch % RL + RL * px;",
+           ind + "        (void)c0;"]
+    out += [ind + "        " + d for d in w.row_decls()]
+    out += [ind + "        " + s for s in head]
+    out += [ind + "        #pragma unroll", ind + "        for (int j = 0; j < VEC; ++j) {",
+            ind + "            const int64_t c = c0 + RL * j;"]
+    out += [ind + "            " + s for s in inner + tail] + [ind + "        }"]
+    out += [ind + "        " + s for s in post] + [ind + "    }", ind + "}"]
+    return out
+
+
 TILE_HELPERS = r"""
-/* The block's share of each row of a tiles kernel: thread q < NR combines the values of the
-   block's threads whose row is q, in thread order, into ws[blockIdx.x * NR + q]. Where a block's
-   TPB x VEC elements are whole periods, row q's threads are known (runs q, q + NR, ... of RL /
-   VEC threads); otherwise every thread's row is looked up. */
-template <int OP, int VEC> FG void fg_tile_block(float v, float* red, const int* rows, float* ws) {
+#define PIX (NSTEP * TPB * VEC / PER)
+
+/* A vector's elements, one access where aligned (AL), else one by one; and its store. */
+template <typename T, int N, bool AL> FG Vec<T, N> fg_raw(const T* __restrict__ p) {
+    if constexpr (AL) {
+        return *reinterpret_cast<const Vec<T, N>*>(p);
+    } else {
+        Vec<T, N> a;
+#pragma unroll
+        for (int j = 0; j < N; ++j) a.v[j] = p[j];
+        return a;
+    }
+}
+template <typename T, int N, bool AL> FG void fg_st(T* __restrict__ p, const float (&in)[N]) {
+    if constexpr (AL) {
+        store_vec<T, N>(p, in);
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) p[j] = from_f<T>(in[j]);
+    }
+}
+
+/* The block's share of each row: thread q < NR combines, in thread order, the values of the
+   block's threads of row q (runs q, q + NR, ... of RL / VEC threads) into ws[blockIdx.x * NR + q]. */
+template <int OP> FG void fg_tile_block(float v, float* red, float* ws) {
     const int t = threadIdx.x;
+    constexpr int TR = RL / VEC;
     red[t] = v;
     __syncthreads();
     if (t < NR) {
         float a = fg_ident<OP>();
-        if constexpr ((TPB * VEC) % PER == 0) {
-            constexpr int TR = RL / VEC;
-            for (int k = 0; k < TPB * VEC / PER; ++k)
+        for (int k = 0; k < TPB * VEC / PER; ++k)
 #pragma unroll
-                for (int i = 0; i < TR; ++i) a = fg_comb<OP>(a, red[(t + k * NR) * TR + i]);
-        } else {
-            for (int i = 0; i < TPB; ++i)
-                if (rows[i] == t) a = fg_comb<OP>(a, red[i]);
-        }
+            for (int i = 0; i < TR; ++i) a = fg_comb<OP>(a, red[(t + k * NR) * TR + i]);
         ws[(int64_t)blockIdx.x * NR + t] = a;
     }
     __syncthreads();

@@ -186,12 +186,16 @@ class Generated(Family):
         blocks = device.sms * bps
         if tpr < 32 or tpr % 32 or tpr % k.rows or tpr * bps > device.max_threads_per_sm:
             return False
-        if (blocks * tpr) % lay.per or (blocks * tpr * vec) % lay.per:
-            return False
+        if (tpr * vec) % lay.per:
+            return False  # a run of the block is whole periods: each thread's elements one row's
         cached = tile_cached(k, "smem")
         if cache != "none" and not cached:
             return False  # nothing is read twice: every cache setting is the same kernel
         nstep = tile_steps(k, tpr, vec, blocks)
+        if lay.transposed:
+            pix = nstep * tpr * vec // lay.per
+            if cache == "regs" or pix % vec or (k.rows * k.cols // lay.per) % vec:
+                return False  # written a channel's run of pixels at a time, from the block's chunk
         if cache == "regs":
             return nstep * vec * len(cached) <= min(64, device.max_threads_per_sm * 32 // (tpr * bps) - 40)
         if cache == "smem":
