@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kernel_abi import ITEMSIZE
-from ..templates.base import cluster_config
+from ..templates.base import cluster_config, workspace_entry
 from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
 from .emit_common import HELPERS, NodeWriter, check_inputs
@@ -782,16 +782,19 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
                 "        cfg.attrs = attr;\n"
                 "        cfg.numAttrs = 1;\n"
                 f"        e = cudaLaunchKernelEx(&cfg, {kn}, {args_c}, ws);\n")
-    launches = f"""    float* ws = nullptr;
-    cudaError_t e = cudaMallocAsync((void**)&ws, sizeof(float) * {max(1, nred)} * BLOCKS * NR, s);
-    if (e != cudaSuccess) return (int)e;
+    ws_bytes = 4 * max(1, nred) * blocks * kern.rows
+    launcher = workspace_entry(str(ws_bytes)) + f"""
+    {check_inputs(kern, card.inputs, card.outputs)}
+    if (ws_bytes < {ws_bytes}) return 3;
+    cudaStream_t s = (cudaStream_t)stream;
+    float* ws = (float*)workspace;  /* every block's partial results: written before they are read */
+    cudaError_t e;
     if ({aligned}) {{
 {launch("true")}    }} else {{
 {launch("false")}    }}
-    cudaError_t f = cudaFreeAsync(ws, s);
     if (e != cudaSuccess) return (int)e;
-    if (f != cudaSuccess) return (int)f;
-"""
+    return (int)cudaGetLastError();
+}}"""
     return PRELUDE + f'''
 /* {kern.summary}; tiles of {threads} x {vec} elements in memory order, {blocks} blocks, cache {cache}{
 ", transposed outputs" if lay.transposed else ""} */
@@ -817,7 +820,7 @@ __global__ void __launch_bounds__(TPB, {p.get("bps", 1)}) fg_kernel({params_c}, 
 {nl.join(body)}
 }}
 
-{_launcher(kern, card, launches)}
+{launcher}
 '''
 
 
