@@ -837,13 +837,17 @@ def _tiles_transposed(kern: Kernel, w: NodeWriter, lay: TileLayout, full: list, 
                 shared_rows.append(a)
     shared_rows.sort()
     inner: list[str] = []
+    hoisted: list[str] = []  # the item's values: the same for its VEC pixels (a channel's weight)
     for n in shared_rows:
-        inner.append(f"const {w.vtype(kern.nodes[n])} t{n} = fg_row{n}[r];")
+        hoisted.append(f"const {w.vtype(kern.nodes[n])} t{n} = fg_row{n}[r];")
     head, post, tail = [], [], []
+    same = _pixel_invariant(kern, lay, need)
     for n in need:
         node = kern.nodes[n]
         if node.op == "load" and node.kind == "f" and node.attr[1] == lay.ref and n in cached and cache == "smem":
             inner.append(w.stmt(node, f"to_f(sm{n}[(pl + j) * PER + ch])"))
+        elif n in same:
+            hoisted.append(w.stmt(node))
         else:
             inner.append(w.stmt(node))
     for o in full:
@@ -866,10 +870,37 @@ def _tiles_transposed(kern: Kernel, w: NodeWriter, lay: TileLayout, full: list, 
            ind + "        (void)c0;"]
     out += [ind + "        " + d for d in w.row_decls()]
     out += [ind + "        " + s for s in head]
+    if hoisted:
+        out += [ind + "        const int64_t c = c0;", ind + "        (void)c;"]
+        out += [ind + "        " + s for s in hoisted]
     out += [ind + "        #pragma unroll", ind + "        for (int j = 0; j < VEC; ++j) {",
             ind + "            const int64_t c = c0 + RL * j;"]
     out += [ind + "            " + s for s in inner + tail] + [ind + "        }"]
     out += [ind + "        " + s for s in post] + [ind + "    }", ind + "}"]
+    return out
+
+
+def _pixel_invariant(kern: Kernel, lay: TileLayout, need: list[int]) -> set[int]:
+    """The varying nodes whose value is the same at columns ``c`` and ``c + RL * j`` (a channel's
+    other pixels): loads and index values that read ``c`` only modulo a divisor of RL, and what
+    is computed from those and row values alone."""
+    def fixed(e: Index) -> bool:
+        return all(isinstance(a, Atom) and (a.var != "c" or (a.div == 1 and a.mod is not None and lay.rl % a.mod == 0))
+                   for _, a in e.terms)
+
+    out: set[int] = set()
+    for n in need:
+        node = kern.nodes[n]
+        if node.op == "load":
+            ok = fixed(node.attr[1])
+        elif node.op == "index":
+            ok = fixed(node.attr)
+        elif node.op == "icmp":
+            ok = fixed(node.attr[0]) and fixed(node.attr[2])
+        else:
+            ok = all(a in out or not kern.nodes[a].varying for a in node.args)
+        if ok:
+            out.add(n)
     return out
 
 
@@ -919,6 +950,7 @@ template <int OP> FG void fg_tile_grid(const float* ws, float* red, float* tot) 
     const int t = threadIdx.x;
     constexpr int W = TPB / NR;
     float a = fg_ident<OP>();
+#pragma unroll 8
     for (int b = t / NR; b < BLOCKS; b += W) a = fg_comb<OP>(a, __ldcg(ws + (int64_t)b * NR + t % NR));
     red[t] = a;
     __syncthreads();
