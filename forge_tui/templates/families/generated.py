@@ -220,8 +220,10 @@ class Generated(Family):
             base["bps"] = 1
             if k.rows < device.sms:
                 # few rows interleaved in memory: the whole GPU walks the tensor in memory order
+                # (the diffusion's group norm on the H200: 1024 threads twice an SM 4.8-4.9x
+                # eager, 512 threads 4.3-4.4x; 31-35 µs against 40-41 under Nsight Compute)
                 for cache in ("regs", "smem", "none"):
-                    for t, bps in ((512, 2), (1024, 1), (256, 4)):
+                    for t, bps in ((1024, 2), (512, 2), (1024, 1), (256, 4)):
                         p = {**base, "grid": "tiles", "tpr": t, "rpb": 1, "cache": cache, "bps": bps}
                         if self.valid(m, p, backend, device):
                             return p
