@@ -497,8 +497,12 @@ def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_fa
     other = copy.deepcopy(model)
     applied = apply(other, ws, device=dev, cards=cards, only_faster=only_faster, trial_calls=0)
     try:
-        stats, raw, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
-                                    names[1]: functools.partial(wl.run, other, inputs)})
+        # as the bench times its variants: the collector's scans kept off what exists before (each
+        # trial adds a copy of the model; without this the diffusion's trials on the H200 grew
+        # from 4.7 to 8.8 ms a forward, unit by unit, where the bench's own took 4.1-4.9)
+        with GcPauses():
+            stats, raw, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
+                                        names[1]: functools.partial(wl.run, other, inputs)})
     finally:
         applied.undo()
     return stats[names[0]], stats[names[1]], paired_ratio(raw[names[0]], raw[names[1]])

@@ -1477,6 +1477,33 @@ def test_the_bench_counts_garbage_collections_by_variant_with_the_setup_frozen()
     assert p.notes()[0].startswith("garbage collection in the timed eager+forge forwards: 2 pauses")
 
 
+def test_the_switch_off_trials_time_with_the_setup_frozen_too(monkeypatch):
+    """Each switch-off trial adds a copy of the model; its timed forwards, like the bench's, run
+    with what existed before out of the collector's scans, and the freeze ends with the trial."""
+    import gc
+
+    from forge_tui import e2e
+    from forge_tui.timing import Timer
+
+    class Undo:
+        def undo(self):
+            pass
+
+    monkeypatch.setattr(e2e, "apply", lambda *a, **k: Undo())
+    frozen: list[int] = []
+
+    class Wl:
+        def run(self, model, inputs):
+            frozen.append(gc.get_freeze_count())
+            return model(*inputs)
+
+    model = torch.nn.Linear(4, 4)
+    e2e._time_against(Wl(), [torch.randn(2, 4)], None, "cpu", Timer("cpu", warmup=1, repeats=3), True,
+                      model, model, [], ("with", "without"))
+    assert frozen and min(frozen) > 0
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_learned_site_checks_every_attribute_of_its_module():
     """The learned call's check of the module's attributes (one lookup of all the names): a plain
     value changed, an object rebound to an equal one, an attribute added or removed all fail it."""
