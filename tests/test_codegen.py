@@ -780,7 +780,6 @@ def test_interleaved_rows_are_walked_in_memory_order(tmp_path):
     if shutil.which("nvcc") is None:
         return
     builder = Builder("cuda", tmp_path / "build", arch="sm_90")
-    for job in (src, GEN.render(m, {**first, "cache": "none", "tpr": 256, "bps": 4}, "cuda"), src3,
-                GEN.render(m3, {**first3, "cache": "none"}, "cuda")):
+    for job in (src, src3):  # about 9 s a build on CI's cores: the two output phases
         r = builder.build(job)
         assert r.ok, r.log[:3000]
