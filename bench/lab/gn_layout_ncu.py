@@ -57,9 +57,8 @@ CONFIGS = [
 
 def main() -> int:
     import torch
-    from ncu_probe import detail, probe_source
+    from ncu_probe import probe_source, profile_source
 
-    from forge_tui.evaluator import ncu
     from forge_tui.evaluator.build import Builder
     from forge_tui.templates.families.generated import Generated
     from forge_tui.workspace import profile_into_workspace
@@ -91,24 +90,9 @@ def main() -> int:
         else:
             print(f"skip invalid {p}", flush=True)
     for label, src in sources:
-        b = builder.build(src)
-        if not b.ok:
-            print(f"{label}: build failed {b.reason[:400]}", flush=True)
-            continue
-        r = ncu.profile(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s=args.timeout)
-        r.pop("raw_csv", None)
-        row = {"config": label, "floor_us": card.floor_us, **r}
-        if r.get("available"):
-            print(f"{label[:70]:70s} {r['duration_us']:8.1f} µs  DRAM {r['dram_bytes'] / 1e6:7.1f} MB "
-                  f"{r.get('achieved_bandwidth_Bps', 0) / 1e12:5.2f} TB/s ({r.get('dram_throughput_pct') or 0:4.0f}%)  "
-                  f"occ {r.get('achieved_occupancy_pct') or 0:4.0f}%  regs {r.get('registers_per_thread') or 0:4.0f}  "
-                  f"smem {r.get('shared_bytes_per_block') or 0:7.0f}  kernels {len(r.get('kernels', []))}", flush=True)
-        else:
-            print(f"{label}: {r.get('reason')}", flush=True)
-        if args.detail:
-            row["detail"] = detail(card.model_dump(mode="json"), str(b.library), str(ws.store.root), args.timeout)
-            print(row["detail"], flush=True)
-        report["rows"].append(row)
+        row = profile_source(builder, card, ws, f"{label[:70]:70s}", src, args.timeout, args.detail)
+        if row is not None:
+            report["rows"].append({"config": label, **row})
         (out / "gn_layout_ncu.json").write_text(json.dumps(report, indent=1, default=str))
     return 0
 

@@ -170,7 +170,6 @@ def main() -> int:
     import torch
 
     from forge_tui.config import parse_config
-    from forge_tui.evaluator import ncu
     from forge_tui.evaluator.build import Builder
     from forge_tui.templates.base import describe
     from forge_tui.templates.registry import match
@@ -216,28 +215,37 @@ def main() -> int:
                 continue
             sources.append((describe(m.family, getattr(fam, "relevant", lambda q: q)(p)), fam.render(m, p, "cuda")))
         for label, src in sources:
-            b = builder.build(src)
-            if not b.ok:
-                print(f"{name}: {label}: build failed {b.reason[:400]}", flush=True)
-                continue
-            r = ncu.profile(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s=args.timeout)
-            r.pop("raw_csv", None)
-            row = {"case": name, "config": label, "floor_us": card.floor_us, **r}
-            report["rows"].append(row)
-            if r.get("available"):
-                print(f"{name:36s} {label[:58]:58s} {r['duration_us']:8.1f} µs  DRAM {r['dram_bytes'] / 1e6:7.1f} MB "
-                      f"{r.get('achieved_bandwidth_Bps', 0) / 1e12:5.2f} TB/s ({r.get('dram_throughput_pct') or 0:4.0f}%)  "
-                      f"occ {r.get('achieved_occupancy_pct') or 0:4.0f}%  regs {r.get('registers_per_thread') or 0:4.0f}  "
-                      f"smem {r.get('shared_bytes_per_block') or 0:7.0f}  local {r.get('local_memory_bytes') or 0:.0f}  "
-                      f"kernels {len(r.get('kernels', []))}", flush=True)
-            else:
-                print(f"{name}: {label}: {r.get('reason')}", flush=True)
-            if args.detail:
-                text = detail(card.model_dump(mode="json"), str(b.library), str(ws.store.root), args.timeout)
-                row["detail"] = text
-                print(text, flush=True)
+            row = profile_source(builder, card, ws, f"{name:36s} {label[:58]:58s}", src, args.timeout, args.detail)
+            if row is not None:
+                report["rows"].append({"case": name, "config": label, **row})
             (out / "ncu_probe.json").write_text(json.dumps(report, indent=1, default=str))
     return 0
+
+
+def profile_source(builder, card, ws, label: str, src: str, timeout_s: float, with_detail: bool) -> dict | None:
+    """Build ``src`` and run it under ncu on the card's captured inputs; prints one line (and the
+    details page with ``with_detail``); returns the row (None where the build failed)."""
+    from forge_tui.evaluator import ncu
+
+    b = builder.build(src)
+    if not b.ok:
+        print(f"{label}: build failed {b.reason[:400]}", flush=True)
+        return None
+    r = ncu.profile(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s=timeout_s)
+    r.pop("raw_csv", None)
+    row = {"floor_us": card.floor_us, **r}
+    if r.get("available"):
+        print(f"{label} {r['duration_us']:8.1f} µs  DRAM {r['dram_bytes'] / 1e6:7.1f} MB "
+              f"{r.get('achieved_bandwidth_Bps', 0) / 1e12:5.2f} TB/s ({r.get('dram_throughput_pct') or 0:4.0f}%)  "
+              f"occ {r.get('achieved_occupancy_pct') or 0:4.0f}%  regs {r.get('registers_per_thread') or 0:4.0f}  "
+              f"smem {r.get('shared_bytes_per_block') or 0:7.0f}  local {r.get('local_memory_bytes') or 0:.0f}  "
+              f"kernels {len(r.get('kernels', []))}", flush=True)
+    else:
+        print(f"{label}: {r.get('reason')}", flush=True)
+    if with_detail:
+        row["detail"] = detail(card.model_dump(mode="json"), str(b.library), str(ws.store.root), timeout_s)
+        print(row["detail"], flush=True)
+    return row
 
 
 if __name__ == "__main__":
