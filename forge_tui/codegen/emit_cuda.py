@@ -18,8 +18,9 @@ every block of the row gets the same value. Few long rows (a group norm's 32 gro
 elements) then fill the GPU: one block a row used 32 of the H200's 132 SMs. ``tiles``: rows
 interleaved in memory (a channels-last group norm's groups, runs of a group's channels side by
 side) walked in memory order by a cooperative grid of ``bps`` blocks an SM, each thread one row's
-elements, the blocks' partial results combined behind a grid barrier (see ``_tiles``): a cluster
-a row read 32-byte runs a kilobyte apart and reached 36% of a copy on the H200.
+elements, the blocks' partial results combined behind a grid barrier (see ``_tiles``). On the
+H200 (the diffusion's group norm) it is level with a cluster a row in the evaluator, at 36% of a
+copy, and takes 20-25% less GPU time under Nsight Compute; neither is bound by memory.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..templates.base import cluster_config, workspace_entry
 from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
 from .emit_common import HELPERS, NodeWriter, check_inputs
-from .index import Atom, Index, to_c
+from .index import Atom, Index, Space, to_c
 from .ir import FLOATS, Kernel
 
 PRELUDE = COMMON + r'''
@@ -566,7 +567,8 @@ class TileLayout:
 
 
 def tile_layout(kern: Kernel) -> TileLayout | None:
-    """The interleaved layout of the kernel's largest accesses, if they have one (see TileLayout)."""
+    """The interleaved layout of the kernel's full outputs or, failing that, of a varying float
+    load, with every full output in it or in its transpose (see TileLayout); None otherwise."""
     hit = kern.memo.get("tiles", False)
     if hit is False:
         hit = kern.memo["tiles"] = _tile_layout(kern)
@@ -589,8 +591,6 @@ def _parse_interleaved(kern: Kernel, off: Index) -> int | None:
 
 
 def _tile_layout(kern: Kernel) -> TileLayout | None:
-    from .index import Space
-
     full = [o for o in kern.outputs if not o.per_row]
     if not full or not kern.reductions or kern.rows < 2:
         return None
