@@ -622,6 +622,20 @@ def tile_cached(kern: Kernel, cache: str) -> list[int]:
     return [n for n in cached_loads(kern) if kern.nodes[n].attr[1] == lay.ref]
 
 
+def tile_smem(kern: Kernel, cache: str, threads: int, vec: int, blocks: int) -> dict[int, int]:
+    """Where a tiles kernel keeps each cached load's chunk in dynamic shared memory (cache
+    ``smem``: byte offsets, each region rounded to 16 bytes); the total under key -1."""
+    out: dict[int, int] = {}
+    off = 0
+    if cache == "smem":
+        nstep = tile_steps(kern, threads, vec, blocks)
+        for n in tile_cached(kern, cache):
+            out[n] = off
+            off += -(-nstep * threads * vec * ITEMSIZE[kern.nodes[n].dtype] // 16) * 16
+    out[-1] = off
+    return out
+
+
 def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     """A cooperative grid of ``bps`` blocks an SM, each block a contiguous chunk of NSTEP runs of
     ``tpr x vec`` elements in memory order, each run whole periods, so that every thread's
@@ -642,12 +656,7 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     body: list[str] = []
     done: set[int] = set()
     filled: set[int] = set()
-    smem_of: dict[int, int] = {}
-    off = 0
-    for n in cached:
-        if cache == "smem":
-            smem_of[n] = off
-            off += -(-nstep * threads * vec * ITEMSIZE[kern.nodes[n].dtype] // 16) * 16
+    smem_of = tile_smem(kern, cache, threads, vec, blocks)
     for n in cached:
         t_ = w.types[kern.nodes[n].dtype]
         if cache == "regs":
@@ -764,7 +773,7 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     vloads = [kern.nodes[n] for n in set(_loop_nodes(kern, [r.body for r in kern.reductions] + [o.node for o in full]))
               if is_ref_load(kern.nodes[n])]
     aligned = _aligned(kern, vec, vloads, [o for o in full if o.dtype in FLOATS])
-    smem = off
+    smem = smem_of[-1]
     nl = "\n"
     extern = "    extern __shared__ __align__(16) unsigned char fg_smem[];\n" if smem else ""
 

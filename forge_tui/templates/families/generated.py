@@ -23,7 +23,7 @@ from collections import OrderedDict
 from ...cards import Card
 from ...codegen import Unsupported, analyze
 from ...codegen.emit_cpu import emit_cpu
-from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, tile_cached, tile_layout, tile_steps, vec_ok
+from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, tile_cached, tile_layout, tile_smem, tile_steps, vec_ok
 from ...codegen.index import Index
 from ...codegen.ir import FLOATS, Kernel
 from ...kernel_abi import ITEMSIZE
@@ -199,7 +199,7 @@ class Generated(Family):
         if cache == "regs":
             return nstep * vec * len(cached) <= min(64, device.max_threads_per_sm * 32 // (tpr * bps) - 40)
         if cache == "smem":
-            need = sum(-(-nstep * tpr * vec * ITEMSIZE[k.nodes[n].dtype] // 16) * 16 for n in cached)
+            need = tile_smem(k, "smem", tpr, vec, blocks)[-1]
             static = 8 * tpr + 4 * len(k.reductions) * k.rows
             return need + static <= device.smem_per_block - 1024 and (need + static + 1024) * bps <= device.smem_per_sm
         return True
