@@ -290,6 +290,26 @@ def cmd_bench(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_fold(args) -> int:
+    from .folding import fold_workload
+    from .workload import parse_dtype
+    from .workspace import Workspace
+
+    ws = Workspace.open(args.workspace)
+    cards, why, entries = fold_workload(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
+                                        dry_run=args.dry_run, repeats=args.repeats)
+    for c in cards:
+        print(c.line())
+    for path, reason in sorted(why.items()):
+        print(f"{path or 'the model'}: no fold: {reason}")
+    if args.dry_run:
+        print(f"dry run: {sum(not c.refused for c in cards)} fold cards would be promoted")
+    else:
+        print(f"promoted {len(entries)} fold cards ({sum(len(e.signature.module_paths) for e in entries)} batch norms) "
+              f"to {ws.root}" if entries else "nothing promoted")
+    return 0
+
+
 def cmd_export(args) -> int:
     from .promotion import kernels_dir
     from .runtime.export import export
@@ -391,6 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "forward are switched off for mode='cuda_graph' only")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser("fold", help="fold the workload's batch norms into their convolutions (checked, timed, "
+                        "promoted as fold cards: running it approves them)")
+    sp.add_argument("workload", help="a workload .py file, or example:NAME")
+    sp.add_argument("-w", "--workspace", type=Path, required=True)
+    sp.add_argument("--device", choices=["cuda", "cpu"])
+    sp.add_argument("--dtype")
+    sp.add_argument("--repeats", type=int, default=20)
+    sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
+    sp.set_defaults(func=cmd_fold)
 
     sp = sub.add_parser("export", help="write the promoted kernels as a self-contained, checksummed folder")
     sp.add_argument("workspace", type=Path)

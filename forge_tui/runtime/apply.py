@@ -13,7 +13,9 @@ error disables that kernel (the call and every later one run PyTorch) and record
 mismatch disables the kernel. ``Mode.TORCH_COMPILE`` routes module cards through custom ops
 (``torch.library``), so a compiled model keeps each kernel as one opaque node and fuses around it;
 op and chain cards that reduce are served inside the compiled graphs by ``Applied.backend()``
-(``torch.compile(model, backend=applied.backend())``), as custom ops too.
+(``torch.compile(model, backend=applied.backend())``), as custom ops too. Fold cards (a batch norm
+folded into the convolution before it, ``fold.py``) rewrite the forward of the module that calls
+the pair, in inference and CUDA-graph modes.
 
     with forge_tui.runtime.apply(model, "workspaces/demo") as applied:
         y = model(x)
@@ -32,6 +34,8 @@ from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
 from .chain import ChainGuard, Run, pending_in, realize_all, realize_returned, runs_of, tensor_storages
+from .fold import FoldGuard
+from .fold import install as install_folds
 from .graph import CompileBackend, GraphScope, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
@@ -752,6 +756,8 @@ class Applied:
         self.scopes: dict[str, GraphScope] = {}
         """The scopes served compiled, by module path (``graph.py``)."""
         self.forwards = ReplacedForwards()
+        self.folds: dict[str, FoldGuard] = {}
+        """The fold cards served (``fold.py``), by card."""
         self.compile_guards: list[Guard] = []
         """torch_compile mode: the op and chain cards that ``backend()`` serves."""
         self._backends: dict[str, CompileBackend] = {}
@@ -827,6 +833,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     board = applied.board
     ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]] = {}
     """Scope path -> (its module, the op guards it serves)."""
+    folds: list[Entry] = []
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
             continue
@@ -852,6 +859,12 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         if only_faster and mode == Mode.TORCH_COMPILE and vs_compile is not None and vs_compile <= 1.0:
             # torch.compile would fuse the card better than the kernel does
             applied.skipped[card_id] = f"measured slower than torch.compile's own code for the card ({vs_compile:.3f}x)"
+            continue
+        if sig.kind == "fold":
+            if mode == Mode.TORCH_COMPILE:
+                applied.skipped[card_id] = "folds are not served in torch.compile'd models"
+            else:
+                folds.append(entry)
             continue
         # what the signature alone rules out, before the kernel's files are read
         if sig.kind == "module" and sig.returns == "other":
@@ -909,6 +922,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 applied.guards[card_id] = guard
             else:
                 applied.skipped[card_id] = "none of its modules is in this model: " + ", ".join(sig.module_paths[:3])
+    if folds:  # before the scopes: a scope's forward is the folded one, intercepted (never compiled)
+        install_folds(applied, model, folds, device, shadow_every, mode == Mode.CUDA_GRAPH)
     if ops:
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []

@@ -32,7 +32,8 @@ class Signature(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     card: str
-    kind: Literal["op", "module", "chain"]
+    kind: Literal["op", "module", "chain", "fold"]
+    """fold: a batch norm folded into the convolution before it (``runtime/fold.py``)."""
     target: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

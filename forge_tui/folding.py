@@ -1,0 +1,181 @@
+"""``forge fold WORKLOAD -w WS``: the workload's batch norms folded into their convolutions, as fold
+cards promoted to the workspace's manifest (``runtime/fold.py`` says what a fold is and how the
+runtime serves it).
+
+The model runs once on the workload's inputs with a hook on each foldable pair's convolution
+(``runtime.fold.find_pairs``); pairs whose calls look alike (the two modules' configurations, the
+convolution's input shape, strides and dtype) make one fold card, as alike calls make one
+operator card. Each card is checked and timed on its first call's captured input and on a random
+input of the same spec: the folded convolution against the pair's own two calls, within the
+evaluator's tolerance, then both timed interleaved with the evaluator's timer. A card that matches
+and is faster is promoted, its evidence (speedup with spread, the input sets) and its configuration
+(``kernels/<card>/fold.json``) committed to ``main`` with who approved it; running the command is
+the approval, as ``forge approve`` is for kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cards import TensorSpec
+from .errors import ForgeError
+from .runtime.fold import FOLD_FILE, Pair, check_fold, find_pairs, fold_card_id, fold_program, folded_params, pair_reference
+from .runtime.manifest import Entry, Evidence, Signature, now, sha256_file
+from .timing import Stats, Timer, paired_ratio
+
+
+@dataclass
+class FoldCard:
+    card: str
+    target: str
+    pairs: list[Pair]
+    input: TensorSpec
+    output: TensorSpec
+    program: dict[str, Any]
+    speedup: Stats | None = None
+    eager: Stats | None = None
+    folded: Stats | None = None
+    refused: str = ""
+    input_sets: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        sites = f"{len(self.pairs)} pair{'s' if len(self.pairs) > 1 else ''}"
+        if self.refused:
+            return f"{self.card} ({self.target}, {sites}): not folded: {self.refused}"
+        assert self.speedup is not None and self.eager is not None and self.folded is not None
+        return (f"{self.card} ({self.target}, {sites}, input {'x'.join(map(str, self.input.shape))} {self.input.dtype}): "
+                f"{self.speedup.median:.2f}x [{self.speedup.q1:.2f}, {self.speedup.q3:.2f}] the pair's own calls "
+                f"({self.eager.median:.1f} -> {self.folded.median:.1f} µs), matches on {len(self.input_sets)} input sets")
+
+
+def _spec(t: Any, role: str) -> TensorSpec:
+    return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
+
+
+def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20) -> tuple[list[FoldCard], dict[str, str]]:
+    """The fold cards of ``model`` (in eval mode) on ``inputs``, each checked and timed; and why
+    the modules with a batch norm whose forward was looked at fold nothing."""
+    import torch
+
+    pairs, why = find_pairs(model)
+    cards: dict[str, FoldCard] = {}
+    captured: dict[str, Any] = {}
+    hooks = []
+    by_conv: dict[int, list[Pair]] = {}
+    for p in pairs:
+        by_conv.setdefault(id(model.get_submodule(p.conv_path)), []).append(p)
+
+    def pre_hook(conv: Any, args: tuple) -> None:
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor):
+            return
+        for p in by_conv.get(id(conv), []):
+            bn = model.get_submodule(p.bn_path)
+            spec = _spec(x, "input")
+            cid = fold_card_id(conv, bn, spec.model_dump())
+            card = cards.get(cid)
+            if card is None:
+                out = _spec(torch.empty(0), "output")  # set below from the pair's own output
+                card = cards[cid] = FoldCard(cid, f"{type(conv).__name__}+{type(bn).__name__}", [], spec, out,
+                                             fold_program(conv, bn))
+                captured[cid] = (conv, bn, x.detach().clone())
+            if p not in card.pairs:
+                card.pairs.append(p)
+
+    for conv_id in by_conv:
+        conv = next(m for m in model.modules() if id(m) == conv_id)
+        hooks.append(conv.register_forward_pre_hook(pre_hook))
+    try:
+        with torch.no_grad():
+            run(model, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    timer = Timer(device, repeats=repeats)
+    for cid, card in cards.items():
+        conv, bn, x = captured[cid]
+        with torch.no_grad():
+            ref = pair_reference(conv, bn, x)
+            card.output = _spec(ref, "output")
+            w, b = folded_params(conv, bn, x.dtype)
+            gen = torch.Generator(device=x.device).manual_seed(0)
+            rand = (torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) * x.float().std()
+                    + x.float().mean()).to(x.dtype)
+            for name, inp in (("captured", x), ("random", rand)):
+                bad = check_fold(conv._conv_forward(inp, w, b), pair_reference(conv, bn, inp))
+                if bad is not None:
+                    card.refused = f"the folded convolution does not match the pair on the {name} input: {bad}"
+                    break
+                card.input_sets.append(name)
+            if card.refused:
+                continue
+            stats, raw, _ = timer.time({"pair": functools.partial(pair_reference, conv, bn, x),
+                                        "folded": functools.partial(conv._conv_forward, x, w, b)})
+        card.eager, card.folded = stats["pair"], stats["folded"]
+        card.speedup = paired_ratio(raw["pair"], raw["folded"])
+        if card.speedup.median <= 1.0:
+            card.refused = f"not faster than the pair's own calls ({card.speedup.median:.3f}x)"
+    return sorted(cards.values(), key=lambda c: c.card), why
+
+
+def promote(ws: Any, cards: list[FoldCard], *, by: str | None = None) -> list[Entry]:
+    """Promote the cards not refused: ``kernels/<card>/fold.json`` and a manifest entry each, one
+    commit on ``main``. Returns the entries."""
+    from .promotion import _user, commit_manifest, kernels_dir, manifest
+
+    keep = [c for c in cards if not c.refused]
+    if not keep:
+        return []
+    man = manifest(ws)
+    who = by or _user()
+    entries = []
+    root = kernels_dir(ws)
+    written = []
+    try:
+        for c in keep:
+            assert c.speedup is not None and c.eager is not None and c.folded is not None
+            folder = root / c.card
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            written.append(folder)
+            src = folder / FOLD_FILE
+            src.write_text(json.dumps({"target": c.target, "program": c.program,
+                                       "pairs": [{"parent": p.parent, "conv": p.conv, "bn": p.bn} for p in c.pairs]},
+                                      indent=1, sort_keys=True) + "\n")
+            sig = Signature(card=c.card, kind="fold", target=c.target, inputs=[c.input], outputs=[c.output],
+                            program=c.program, module_paths=[p.bn_path for p in c.pairs], flags=["fold"])
+            ev = Evidence(node="fold", commit="", speedup_vs_eager=c.speedup.median, speedup_vs_eager_q1=c.speedup.q1,
+                          speedup_vs_eager_q3=c.speedup.q3, spread=c.speedup.spread, time_us=c.folded.median,
+                          eager_us=c.eager.median, input_sets=c.input_sets)
+            e = Entry(card=c.card, signature=sig, source=str(src.relative_to(root)), source_sha256=sha256_file(src),
+                      builds=[], evidence=ev, approved_by=who, approved_at=now())
+            man.entries[c.card] = e
+            entries.append(e)
+        commit_manifest(ws, man, "approve", f"fold {len(keep)} batch norm card{'s' if len(keep) > 1 else ''} "
+                        "into their convolutions", [c.line() for c in keep], [c.card for c in keep], who)
+    except BaseException:
+        for f in written:
+            shutil.rmtree(f, ignore_errors=True)
+        raise
+    return entries
+
+
+def fold_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
+                  repeats: int = 20) -> tuple[list[FoldCard], dict[str, str], list[Entry]]:
+    """``forge fold``: propose the workload's fold cards and (unless ``dry_run``) promote them."""
+    from .workload import load_workload, resolve_device
+
+    dev = resolve_device(device)
+    wl = load_workload(spec)
+    model, inputs = wl.build(dev, dtype)
+    model.eval()
+    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats)
+    if not cards and not why:
+        raise ForgeError(f"{wl.path.name}: the model has no batch norm after a convolution to fold")
+    entries = [] if dry_run else promote(ws, cards)
+    return cards, why, entries

@@ -1,0 +1,243 @@
+"""Batch norms folded into the convolutions before them (``forge fold``, ``runtime/fold.py``): where
+they fold (read from the traced forward), the promotion, the guarded serving in the unmodified
+model, its fallbacks, refolding, the first-call check, undo, export."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from forge_tui.cli import main
+from forge_tui.e2e import switch_off_units
+from forge_tui.examples import tiny_resnet
+from forge_tui.promotion import kernels_dir, manifest
+from forge_tui.runtime import fold as fold_mod
+from forge_tui.runtime.apply import Mode, apply
+from forge_tui.runtime.export import export
+from forge_tui.runtime.fold import find_pairs
+from forge_tui.workspace import profile_into_workspace
+
+PAIRS = 17
+"""tiny_resnet's convolutions followed by their batch norm: the stem, three a block and four
+downsamples (one block a stage, four stages)."""
+
+
+def _model():
+    torch.manual_seed(0)
+    return tiny_resnet.get_model().eval()
+
+
+@pytest.fixture(scope="module")
+def folded_ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fold")
+    cfg = root / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace("example:tiny_resnet", root / "ws", device="cpu", config_path=cfg)
+    assert main(["fold", "example:tiny_resnet", "-w", str(ws.root), "--device", "cpu", "--repeats", "5"]) == 0
+    return ws
+
+
+class _ReadTwice(nn.Module):
+    """The convolution's output is read by the batch norm and by the sum: it must not fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+class _Branchy(nn.Module):
+    """Control flow on a tensor's value: its forward does not trace, so nothing folds there."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.bn(self.conv(x))
+        return x
+
+
+class _Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 1)
+        self.bn = nn.BatchNorm2d(4)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+def test_pairs_are_read_from_the_traced_forward():
+    pairs, why = find_pairs(_model())
+    assert len(pairs) == PAIRS
+    assert {"bn1", "layer1.0.bn1", "layer1.0.bn3", "layer1.0.downsample.1"} <= {p.bn_path for p in pairs}
+    assert {p.conv_path for p in pairs if p.bn_path == "layer1.0.downsample.1"} == {"layer1.0.downsample.0"}
+    assert not why
+    pairs, why = find_pairs(_ReadTwice())
+    assert pairs == [] and "no convolution there feeds only its batch norm" in why[""]
+    pairs, why = find_pairs(_Branchy())
+    assert pairs == [] and "does not trace" in why[""]
+    pairs, _ = find_pairs(_Plain())
+    assert [(p.conv, p.bn) for p in pairs] == [("conv", "bn")]
+
+
+def test_fold_promotes_cards_with_evidence(folded_ws):
+    man = manifest(folded_ws)
+    folds = {c: e for c, e in man.entries.items() if e.signature.kind == "fold"}
+    assert sum(len(e.signature.module_paths) for e in folds.values()) == PAIRS
+    for card, e in folds.items():
+        assert card.startswith("fold-Conv2d+BatchNorm2d-")
+        assert e.evidence.speedup_vs_eager and e.evidence.speedup_vs_eager > 1.0
+        assert e.evidence.input_sets == ["captured", "random"]
+        assert (kernels_dir(folded_ws) / e.source).is_file() and e.approved_by
+    log = subprocess.run(["git", "-C", str(folded_ws.root), "log", "-1", "--format=%s%n%b", "main"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "batch norm card" in log and "Forge-Event: approve" in log
+
+
+def test_a_folded_model_matches_eager_and_counts_its_served_calls(folded_ws):
+    eager, model = _model(), _model()
+    x = tiny_resnet.get_inputs()[0]
+    with torch.no_grad():
+        ref = eager(x)
+        with apply(model, folded_ws, trial_calls=0) as applied:
+            assert len(applied.folds) == len([e for e in manifest(folded_ws).entries.values()
+                                              if e.signature.kind == "fold"])
+            y = model(x)
+            model(x)
+            cards = [c for c in applied.status()["cards"] if c["kind"] == "fold"]
+            assert sum(c["served"] for c in cards) == 2 * PAIRS
+            assert all(c["active"] and not c["fallbacks"] for c in cards)
+            assert "forward" in model.layer1[0].__dict__
+        assert "forward" not in model.layer1[0].__dict__  # undone
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(y, ref)  # the folded convolutions ran (their rounding differs from eager's)
+
+
+def _fallbacks(applied) -> dict:
+    out: dict = {}
+    for c in applied.status()["cards"]:
+        if c["kind"] == "fold":
+            for k, n in c["fallbacks"].items():
+                out[k] = out.get(k, 0) + n
+    return out
+
+
+def test_fold_falls_back_where_it_would_not_compute_what_the_pair_does(folded_ws):
+    eager, model = _model(), _model()
+    x = tiny_resnet.get_inputs()[0]
+    with apply(model, folded_ws, trial_calls=0) as applied:
+        # gradients: the pair's own calls, and the backward works
+        y = model(x)
+        y.sum().backward()
+        assert _fallbacks(applied).get("gradients are needed") == PAIRS
+        assert model.conv1.weight.grad is not None
+        with torch.no_grad():
+            # forward hooks on a pair see the pair's own values
+            seen = []
+            h = model.layer1[0].conv1.register_forward_hook(lambda m, i, o: seen.append(o))
+            model(x)
+            h.remove()
+            assert len(seen) == 1 and _fallbacks(applied).get("forward hooks on the pair") == 1  # that pair alone
+            # a batch norm put in training mode on its own
+            for m in (model, eager):  # (its running statistics move in both)
+                m.layer2[0].bn2.train()
+                m(x)
+                m.layer2[0].bn2.eval()
+            assert _fallbacks(applied).get("the batch norm is in training mode") == 1
+            # the whole model in training mode: each parent runs its own forward again
+            model.train()
+            eager.train()
+            torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+            model.eval()
+            eager.eval()
+            assert _fallbacks(applied).get("the module changed since the fold was installed", 0) >= 5
+            # another dtype
+            model.double()
+            eager.double()
+            # (not bit for bit: the statistics bn2 took in training mode were of folded convolutions' outputs)
+            torch.testing.assert_close(model(x.double()), eager(x.double()), rtol=1e-6, atol=1e-8)
+            assert _fallbacks(applied).get("dtype float64") == PAIRS
+
+
+def test_fold_refolds_when_weights_or_statistics_change_in_place(folded_ws):
+    eager, model = _model(), _model()
+    x = tiny_resnet.get_inputs()[0]
+    with torch.no_grad(), apply(model, folded_ws, trial_calls=0):
+        model(x)
+        for m in (eager, model):
+            m.layer1[0].bn2.running_mean.add_(0.5)
+            m.layer1[0].bn2.weight.mul_(2.0)
+            m.layer3[0].conv3.weight.mul_(-1.0)
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-4)
+        # a replaced child is no longer the traced graph's: the parent's own forward runs
+        model.layer1[0].bn2 = copy.deepcopy(model.layer1[0].bn2)
+        eager_out = eager(x)
+        torch.testing.assert_close(model(x), eager_out, rtol=1e-4, atol=1e-4)
+
+
+def test_a_fold_that_does_not_match_is_disabled_at_its_first_call(folded_ws, monkeypatch):
+    real = fold_mod.folded_params
+
+    def wrong(conv, bn, dtype):
+        w, b = real(conv, bn, dtype)
+        return w, b + 1.0
+
+    monkeypatch.setattr(fold_mod, "folded_params", wrong)
+    eager, model = _model(), _model()
+    x = tiny_resnet.get_inputs()[0]
+    with torch.no_grad(), apply(model, folded_ws, trial_calls=0) as applied:
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-5)
+        cards = [c for c in applied.status()["cards"] if c["kind"] == "fold"]
+        assert cards and not any(c["active"] for c in cards)
+        assert all("first-call check" in c["disabled_reason"] for c in cards)
+        assert sum(c["served"] for c in cards) == 0
+
+
+def test_folds_are_one_switch_off_unit_and_skipped_under_torch_compile(folded_ws):
+    man = manifest(folded_ws)
+    folds = sorted(c for c, e in man.entries.items() if e.signature.kind == "fold")
+    assert switch_off_units(man, folds) == [folds]
+    model = _model()
+    with apply(model, folded_ws, mode=Mode.TORCH_COMPILE) as applied:
+        assert not applied.folds
+        assert all("not served in torch.compile" in applied.skipped[c] for c in folds)
+
+
+def test_an_export_serves_the_folds_in_a_fresh_process(folded_ws, tmp_path):
+    out = export(kernels_dir(folded_ws), tmp_path / "export")
+    code = (
+        "import torch\n"
+        "from forge_tui.examples import tiny_resnet\n"
+        "from forge_tui.runtime.apply import apply\n"
+        f"torch.manual_seed(0); m = tiny_resnet.get_model().eval(); x = tiny_resnet.get_inputs()[0]\n"
+        "with torch.no_grad():\n"
+        "    ref = m(x)\n"
+        f"    with apply(m, {str(out)!r}, trial_calls=0) as a:\n"
+        "        y = m(x)\n"
+        "        print(sum(c['served'] for c in a.status()['cards'] if c['kind'] == 'fold'))\n"
+        "torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(PAIRS)
+
+
+def test_fold_of_a_model_without_batch_norms_says_so(tmp_path, capsys):
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
+    ws, _ = profile_into_workspace("example:tiny_mlp", tmp_path / "ws", device="cpu", config_path=cfg)
+    assert main(["fold", "example:tiny_mlp", "-w", str(ws.root), "--device", "cpu"]) == 2
+    assert "no batch norm after a convolution" in capsys.readouterr().err
+    assert not manifest(ws).entries
