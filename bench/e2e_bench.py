@@ -9,7 +9,8 @@ of its own (a kernel that breaks the CUDA context, or a torch.compile that runs 
 workload alone): profile into a temporary workspace; search the cards with the most to gain
 (share x headroom, the search's own priority; --top of them) with the offline template proposer
 (the template families and the code generator) under --evals evaluations and a wall limit; approve
-with thresholds (promotion.approve with an AutoRule: what `forge approve --auto` runs); then
+with thresholds (promotion.approve with an AutoRule: what `forge approve --auto` runs); fold the batch
+norms into the convolutions before them (what `forge fold` runs; --no-fold skips it); then
 e2e.bench, what `forge bench` runs: eager and eager + forge first (kernels slower in the model are
 switched off), then the runtime's overheads, then the four ways interleaved (eager, eager + forge,
 torch.compile, torch.compile + forge; outputs checked against eager) when enough time is left.
@@ -218,6 +219,10 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
     applied = apply(model, ws, device=dev, only_faster=False, cards=cards)
     try:
         for cid in cards:
+            if cid in applied.folds:
+                res["cards"][cid] = {"note": "a fold card: the convolution's own call, no kernel of forge's",
+                                     "sites": list(applied.folds[cid].status.sites)}
+                continue
             guard = applied.guards.get(cid)
             card = ws.card(cid)
             if guard is None or not card.samples:
@@ -239,13 +244,17 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
+    from forge_tui.e2e import folded_share
     from forge_tui.promotion import manifest
 
     out = r.to_json()
     shares = {c.id: c.share or 0.0 for c in ws.cards()}
     served = [c for c, n in r.served.items() if n]
-    out["served_share"] = sum(shares.get(c, 0.0) for c in served)
     man = manifest(ws)
+    folded = {p for c in served if c in man.entries and man.entries[c].signature.kind == "fold"
+              for p in man.entries[c].signature.module_paths}
+    out["folded_share"] = folded_share(ws.cards(), folded, r.served)
+    out["served_share"] = sum(shares.get(c, 0.0) for c in served) + out["folded_share"]
     beats = []
     for c in served:
         e = man.entries.get(c)
@@ -363,6 +372,28 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     for r, why in refused:
         rec.log(f"left {r.card.id}: {why}")
     rec.phase("approve", t0)
+
+    t0 = time.time()
+    if opts.get("fold", True):  # what `forge fold WORKLOAD -w WS` runs: the batch norms after convolutions
+        from forge_tui.errors import ForgeError
+        from forge_tui.folding import fold_workload
+
+        try:
+            fcards, fwhy, fentries = fold_workload(spec, ws, device=dev)
+        except ForgeError as exc:
+            d["fold"] = {"none": str(exc)}
+            rec.log(f"fold: {exc}")
+        else:
+            d["fold"] = {"cards": {c.card: {"pairs": [p.bn_path for p in c.pairs], "refused": c.refused,
+                                            "speedup": c.speedup.to_json() if c.speedup else None,
+                                            "pair_us": c.eager.median if c.eager else None,
+                                            "folded_us": c.folded.median if c.folded else None} for c in fcards},
+                         "not_folded": fwhy, "promoted": [e.card for e in fentries]}
+            rec.log(f"folded {sum(len(e.signature.module_paths) for e in fentries)} batch norms in {len(fentries)} "
+                    f"fold cards ({sum(bool(c.refused) for c in fcards)} refused, {len(fwhy)} modules without a fold)")
+            for c in fcards:
+                rec.log(f"  {c.line()}")
+        rec.phase("fold", t0)
     promoted = bool(manifest(ws).entries)
 
     served: list[str] = []
@@ -634,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "replaces, eager and with every promoted kernel served; on cuda after the bench, eager and eager + "
                     "forge under torch.profiler: wall, GPU busy time and the kernels forge removed and added, per "
                     "forward (bench/lab/inplace_timeline.py)")
+    ap.add_argument("--no-fold", action="store_true", help="do not fold batch norms into their convolutions "
+                    "(what forge fold does, after the approvals)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 
@@ -654,7 +687,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
-            "timeline": args.timeline, "graphs": args.graphs}
+            "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold}
 
 
 def main(argv: list[str] | None = None) -> int:
