@@ -244,17 +244,16 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
-    from forge_tui.e2e import folded_share
+    from forge_tui.e2e import fold_shares
     from forge_tui.promotion import manifest
 
     out = r.to_json()
     shares = {c.id: c.share or 0.0 for c in ws.cards()}
     served = [c for c, n in r.served.items() if n]
     man = manifest(ws)
-    folded = {p for c in served if c in man.entries and man.entries[c].signature.kind == "fold"
-              for p in man.entries[c].signature.module_paths}
-    out["folded_share"] = folded_share(ws.cards(), folded, r.served)
-    out["served_share"] = sum(shares.get(c, 0.0) for c in served) + out["folded_share"]
+    folds = fold_shares(ws, man, r.served)
+    out["fold_share"] = sum(folds.values())
+    out["served_share"] = sum(folds.get(c, shares.get(c, 0.0)) for c in served)
     beats = []
     for c in served:
         e = man.entries.get(c)

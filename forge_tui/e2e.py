@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -406,38 +407,52 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     if graph_ratio is not None:
         speedups["graphs: forge/eager"] = graph_ratio
     served = {c["card"]: c["served"] for c in applied.status()["cards"]}
-    folded = {site for c in applied.status()["cards"] if c["kind"] == "fold" and c["served"] for site in c["sites"]}
     applied.undo()
     if compiled_applied is not None:
         compiled_applied.undo()
     if graph_applied is not None:
         graph_applied.undo()
-    return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served, folded), served, switched, notes, accuracy)
+    return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy)
 
 
-def _bound(ws: Any, man: Manifest, served: dict[str, int], folded: set[str] | None = None) -> float | None:
-    """1 / (1 - sum of share x (1 - 1/speedup)) over the served cards. A folded batch norm's time is
-    gone: its module card's share (the part of it at the folded sites, ``folded``) is saved whole."""
-    cards = ws.cards()
-    shares = {c.id: c.share for c in cards}
+def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
+    """1 / (1 - sum of share x (1 - 1/speedup)) over the served cards, fold cards included (the
+    share of a fold: its pairs' ``fold_shares``)."""
+    shares = {c.id: c.share for c in ws.cards()}
     saved = 0.0
+    folds = fold_shares(ws, man, served)
     for card, e in man.entries.items():
-        sp, share = e.evidence.speedup_vs_eager, shares.get(card)
+        sp, share = e.evidence.speedup_vs_eager, folds.get(card, shares.get(card))
         if served.get(card) and sp and share:
             saved += share * (1 - 1 / sp)
-    saved += folded_share(cards, folded or set(), served)
     return 1 / (1 - saved) if 0 < saved < 1 else None
 
 
-def folded_share(cards: list[Any], folded: set[str], served: dict[str, int]) -> float:
-    """The share of the forward in the batch norms folded at the module paths ``folded``: each
-    module card's share, in proportion to its sites folded (a card whose own kernel served calls
-    is counted by that kernel instead)."""
-    out = 0.0
-    for c in cards:
-        if c.kind == "module" and c.module_paths and c.share and not served.get(c.id):
-            at = sum(p in folded for p in c.module_paths)
-            out += c.share * at / len(c.module_paths)
+def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
+    """Per served fold card, the share of the forward its pairs took in eager: at each pair's two
+    modules, their module cards' shares per site, or the op cards' profiled there where a module
+    has none (a fold's evidence times the pair, convolution and batch norm, against the folded
+    convolution)."""
+    per_site: dict[str, float] = {}
+    ops_at: dict[str, float] = {}
+    """The op cards profiled in a module: its share where it has no module card of its own."""
+    for c in ws.cards():
+        if c.module_paths and c.share:
+            into = per_site if c.kind == "module" else ops_at
+            for p in c.module_paths:
+                into[p] = into.get(p, 0.0) + c.share / len(c.module_paths)
+    for p, share in ops_at.items():
+        per_site.setdefault(p, share)
+    out: dict[str, float] = {}
+    for card, e in man.entries.items():
+        if e.signature.kind != "fold" or not served.get(card):
+            continue
+        try:
+            pairs = json.loads((kernels_dir(ws) / e.source).read_text())["pairs"]
+        except (OSError, ValueError, KeyError):
+            continue
+        sites = [f"{p['parent']}.{k}" if p["parent"] else k for p in pairs for k in (p["conv"], p["bn"])]
+        out[card] = sum(per_site.get(s, 0.0) for s in sites)
     return out
 
 

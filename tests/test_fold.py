@@ -241,3 +241,26 @@ def test_fold_of_a_model_without_batch_norms_says_so(tmp_path, capsys):
     assert main(["fold", "example:tiny_mlp", "-w", str(ws.root), "--device", "cpu"]) == 2
     assert "no batch norm after a convolution" in capsys.readouterr().err
     assert not manifest(ws).entries
+
+
+def test_the_bound_counts_a_fold_by_its_pairs_share_and_speedup(folded_ws):
+    """A fold card's share is its pairs' (the convolution's op cards and the batch norm's module
+    card, per site), and its speedup the pair's against the folded convolution."""
+    from forge_tui.e2e import _bound, fold_shares
+
+    man = manifest(folded_ws)
+    folds = [c for c, e in man.entries.items() if e.signature.kind == "fold"]
+    served = {c: 1 for c in folds}
+    shares = fold_shares(folded_ws, man, served)
+    assert set(shares) == set(folds)
+    one = next(c for c in folds if len(man.entries[c].signature.module_paths) == 1)
+    bn_path = man.entries[one].signature.module_paths[0]
+    bn_card = next(c for c in folded_ws.cards() if c.kind == "module" and bn_path in c.module_paths)
+    conv_path = next(p.conv_path for p in find_pairs(_model())[0] if p.bn_path == bn_path)
+    conv_ops = sum(c.share / len(c.module_paths) for c in folded_ws.cards()
+                   if c.kind == "op" and conv_path in c.module_paths and c.share)
+    assert conv_ops > 0
+    assert shares[one] == pytest.approx(bn_card.share / len(bn_card.module_paths) + conv_ops)
+    saved = sum(shares[c] * (1 - 1 / man.entries[c].evidence.speedup_vs_eager) for c in folds)
+    assert _bound(folded_ws, man, served) == pytest.approx(1 / (1 - saved))
+    assert _bound(folded_ws, man, {}) is None
