@@ -264,3 +264,29 @@ def test_the_bound_counts_a_fold_by_its_pairs_share_and_speedup(folded_ws):
     saved = sum(shares[c] * (1 - 1 / man.entries[c].evidence.speedup_vs_eager) for c in folds)
     assert _bound(folded_ws, man, served) == pytest.approx(1 / (1 - saved))
     assert _bound(folded_ws, man, {}) is None
+
+
+def test_a_relu_after_the_pair_and_a_residual_before_it_are_finished_in_the_same_pass(folded_ws, monkeypatch):
+    """relu(bn(conv(x))) and relu(bn(conv(x)) + z) are computed as one folded convolution without
+    its bias and one pass (``epilogue.finish``) adding the bias and the residual, then the ReLU; a
+    hook on the ReLU makes that pair run its own modules."""
+    from forge_tui.runtime import epilogue
+
+    calls = {"relu": 0, "add_relu": 0}
+    real = epilogue.finish
+
+    def counted(y, bias, z=None):
+        calls["relu" if z is None else "add_relu"] += 1
+        return real(y, bias, z)
+
+    monkeypatch.setattr(epilogue, "finish", counted)
+    eager, model = _model(), _model()
+    x = tiny_resnet.get_inputs()[0]
+    with torch.no_grad(), apply(model, folded_ws, trial_calls=0) as applied:
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-4)
+        # the stem and two a block end in a ReLU; each block's third in its residual sum's ReLU
+        assert calls == {"relu": 1 + 2 * 4, "add_relu": 4}
+        h = model.layer2[0].relu.register_forward_hook(lambda m, i, o: None)
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-4)
+        h.remove()
+        assert _fallbacks(applied).get("forward hooks on the ReLU") == 3

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..compare import compare
+from . import epilogue as _epilogue
 
 if TYPE_CHECKING:
     import torch
@@ -230,10 +231,12 @@ def _hooked(*mods: Any) -> bool:
 class Fold:
     """One pair in one model, called from its parent's rewritten forward in the pair's place."""
 
-    def __init__(self, guard: FoldGuard, conv: Any, bn: Any) -> None:
+    def __init__(self, guard: FoldGuard, conv: Any, bn: Any, relu: Any = None) -> None:
         self.guard = guard
         self.conv = conv
         self.bn = bn
+        self.relu = relu
+        """The ReLU module after the pair, where the forward applies one (``run_relu``)."""
         self._key: list | None = None
         self._params: tuple[Any, Any] | None = None
         self._checked = False
@@ -277,32 +280,68 @@ class Fold:
         return self._params
 
     def run(self, x: Any) -> Any:
+        """The pair's output: the batch norm's of the convolution's."""
+        return self._serve(x, None, False)
+
+    def run_relu(self, x: Any) -> Any:
+        """``relu(bn(conv(x)))``, the ReLU module ``self.relu``'s (an epilogue: ``epilogue.py``)."""
+        return self._serve(x, None, True)
+
+    def run_add_relu(self, x: Any, z: Any) -> Any:
+        """``relu(bn(conv(x)) + z)``."""
+        return self._serve(x, z, True)
+
+    def _own(self, x: Any, z: Any, relu: bool) -> Any:
+        """What the forward computes there, by the modules' own calls."""
+        y = self.bn(self.conv(x))
+        if z is not None:
+            y = y + z
+        return self.relu(y) if relu else y
+
+    def _serve(self, x: Any, z: Any, relu: bool) -> Any:
         import torch
 
         g = self.guard
         st = g.status
         if not st.active:
             g.board.fell_back(st, "disabled")
-            return self.bn(self.conv(x))
+            return self._own(x, z, relu)
         why = self.why_not(x)
+        if why is None and relu:
+            if _hooked(self.relu):
+                why = "forward hooks on the ReLU"
+            elif z is not None and (type(z) is not torch.Tensor or z.requires_grad and torch.is_grad_enabled()):
+                why = "the residual is not a plain tensor"
         if why is not None:
             g.board.fell_back(st, why)
-            return self.bn(self.conv(x))
+            return self._own(x, z, relu)
         self._calls += 1
         check = not self._checked or (g.shadow_every > 0 and self._calls % g.shadow_every == 0)
         if check and g.device == "cuda" and torch.cuda.is_current_stream_capturing():
             # a comparison synchronises, which a capture forbids
             g.board.fell_back(st, "not checked yet (in a CUDA graph capture)")
-            return self.bn(self.conv(x))
+            return self._own(x, z, relu)
         try:
             w, b = self.params(x.dtype)
-            y = self.conv._conv_forward(x, w, b)
+            if relu:
+                y = self.conv._conv_forward(x, w, None)
+                if z is not None and (z.shape != y.shape or z.dtype != y.dtype or z.device != y.device):
+                    # the sum would broadcast or promote: the forward's own ops do that
+                    g.board.fell_back(st, "the residual is not of the output's shape and dtype")
+                    return self._own(x, z, relu)
+                y = _epilogue.finish(y, b, z)
+            else:
+                y = self.conv._conv_forward(x, w, b)
         except (RuntimeError, ValueError, TypeError) as exc:
             g.board.disable(st, f"fold error: {exc}")
             g.board.fell_back(st, "fold error")
-            return self.bn(self.conv(x))
+            return self._own(x, z, relu)
         if check:
             ref = pair_reference(self.conv, self.bn, x)
+            if z is not None:
+                ref = ref + z
+            if relu:
+                ref = torch.relu(ref)
             bad = check_fold(y, ref)
             if not self._checked:
                 self._checked = True
@@ -346,17 +385,57 @@ def rewrite(parent: "torch.nn.Module", graph: Any, folds: dict[str, Fold]) -> Ca
         bn_node = next(iter(conv_node.users))
         attr = f"_forge_fold_{k}"
         root[attr] = fold
-        with g.inserting_before(conv_node):
+        tail, relu_node, z = _epilogue_of(parent, bn_node)
+        fold.relu = None if relu_node is None else parent.get_submodule(relu_node.target)
+        last = relu_node if relu_node is not None else bn_node
+        with g.inserting_before(last):
             holder = g.get_attr(attr)
-            call = g.call_method("run", (holder, conv_node.args[0]))
-        bn_node.replace_all_uses_with(call)
-        g.erase_node(bn_node)
-        g.erase_node(conv_node)
+            if relu_node is None:
+                call = g.call_method("run", (holder, conv_node.args[0]))
+            elif z is None:
+                call = g.call_method("run_relu", (holder, conv_node.args[0]))
+            else:
+                call = g.call_method("run_add_relu", (holder, conv_node.args[0], z))
+        last.replace_all_uses_with(call)
+        for node in reversed([conv_node, bn_node] + tail):
+            g.erase_node(node)
     for node in g.nodes:
         if node.op in ("call_module", "get_attr") and node.target not in root:
             root[node.target] = _attr(parent, node.target)
     gm = torch.fx.GraphModule(root, g, class_name=f"Folded{type(parent).__name__}")
     return gm.forward
+
+
+def _epilogue_of(parent: Any, bn_node: Any) -> tuple[list[Any], Any, Any]:
+    """What the forward does with a pair's output that the fold can finish in the same pass
+    (``epilogue.py``): a ReLU module on it alone, or on its sum with one other value, that sum's
+    only reader. Returns (the nodes after the batch norm's that go, the ReLU's node, the other
+    summand), or ([], None, None)."""
+    import operator
+
+    from torch import nn
+
+    def relu_of(node: Any) -> Any:
+        if len(node.users) != 1:
+            return None
+        u = next(iter(node.users))
+        ok = (u.op == "call_module" and u.args == (node,) and not u.kwargs
+              and type(_attr(parent, u.target)) is nn.ReLU)
+        return u if ok else None
+
+    r = relu_of(bn_node)
+    if r is not None:
+        return [r], r, None
+    if len(bn_node.users) != 1:
+        return [], None, None
+    add = next(iter(bn_node.users))
+    if add.op == "call_function" and add.target in (operator.add, operator.iadd) and len(add.args) == 2 \
+            and not add.kwargs and (add.args[0] is bn_node) != (add.args[1] is bn_node):
+        z = add.args[1] if add.args[0] is bn_node else add.args[0]
+        r = relu_of(add)
+        if r is not None and isinstance(z, type(bn_node)):
+            return [add, r], r, z
+    return [], None, None
 
 
 def _attr(obj: Any, target: str) -> Any:
