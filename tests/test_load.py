@@ -73,8 +73,14 @@ def test_a_profile_under_load_warns_instead_of_reporting_a_confident_number(tmp_
     if loaded.forward_noisy:
         assert any("not trustworthy" in w for w in loaded.warnings)
         return
-    _, after = profile_into_workspace("example:kb_softmax", tmp_path / "after", device="cpu", config_path=cfg)
-    # trusted under load: within 20% of a quiet profile (the closer of one before and one after,
-    # should CI's other test process have disturbed one of them)
-    ratio = min((loaded.forward.median / q.forward.median for q in (before, after)), key=lambda r: abs(r - 1))
-    assert 1 / 1.2 <= ratio <= 1.2, (loaded.forward.median, before.forward.median, after.forward.median)
+    # trusted under load: within 20% of a quiet profile, the closest of one before and up to four
+    # after (CI's other test process can disturb the quiet ones too: once both of two read 15.4 and
+    # 18.9 µs where the loaded one read 10.8)
+    quiet = [before]
+    ratio = loaded.forward.median / before.forward.median
+    while not 1 / 1.2 <= ratio <= 1.2 and len(quiet) < 5:
+        _, q = profile_into_workspace("example:kb_softmax", tmp_path / f"after{len(quiet)}", device="cpu",
+                                      config_path=cfg)
+        quiet.append(q)
+        ratio = min((loaded.forward.median / x.forward.median for x in quiet), key=lambda r: abs(r - 1))
+    assert 1 / 1.2 <= ratio <= 1.2, (loaded.forward.median, [x.forward.median for x in quiet])
