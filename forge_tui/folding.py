@@ -23,7 +23,7 @@ from typing import Any
 
 from .cards import TensorSpec
 from .errors import ForgeError
-from .runtime.fold import FOLD_FILE, Pair, check_fold, find_pairs, fold_card_id, fold_program, folded_params, pair_reference
+from .runtime.fold import FOLD_FILE, Pair, check_fold, find_pairs, fold_card_id, fold_program, fold_target, folded_params, pair_reference
 from .runtime.manifest import Entry, Evidence, Signature, now, sha256_file
 from .timing import Stats, Timer, paired_ratio
 
@@ -65,29 +65,29 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
     cards: dict[str, FoldCard] = {}
     captured: dict[str, Any] = {}
     hooks = []
-    by_conv: dict[int, list[Pair]] = {}
+    by_conv: dict[int, tuple[Any, list[Pair]]] = {}
+    """id of a convolution -> (it, its pairs)."""
     for p in pairs:
-        by_conv.setdefault(id(model.get_submodule(p.conv_path)), []).append(p)
+        conv = model.get_submodule(p.conv_path)
+        by_conv.setdefault(id(conv), (conv, []))[1].append(p)
 
     def pre_hook(conv: Any, args: tuple) -> None:
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor):
             return
-        for p in by_conv.get(id(conv), []):
+        for p in by_conv.get(id(conv), (None, []))[1]:
             bn = model.get_submodule(p.bn_path)
             spec = _spec(x, "input")
             cid = fold_card_id(conv, bn, spec.model_dump())
             card = cards.get(cid)
             if card is None:
                 out = _spec(torch.empty(0), "output")  # set below from the pair's own output
-                card = cards[cid] = FoldCard(cid, f"{type(conv).__name__}+{type(bn).__name__}", [], spec, out,
-                                             fold_program(conv, bn))
+                card = cards[cid] = FoldCard(cid, fold_target(conv, bn), [], spec, out, fold_program(conv, bn))
                 captured[cid] = (conv, bn, x.detach().clone())
             if p not in card.pairs:
                 card.pairs.append(p)
 
-    for conv_id in by_conv:
-        conv = next(m for m in model.modules() if id(m) == conv_id)
+    for conv, _ in by_conv.values():
         hooks.append(conv.register_forward_pre_hook(pre_hook))
     try:
         with torch.no_grad():

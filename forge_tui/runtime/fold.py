@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from .status import CardStatus, StatusBoard
 
 FOLD_FILE = "fold.json"
-TARGET_SEP = "+"
 
 
 def _pairs_of_types() -> tuple[tuple[type, type], ...]:
@@ -127,23 +126,13 @@ def pairs_in(parent: "torch.nn.Module", path: str, graph: Any) -> list[Pair]:
     return out
 
 
-def find_pairs(model: "torch.nn.Module", parents: list[str] | None = None) -> tuple[list[Pair], dict[str, str]]:
-    """Every foldable pair in ``model`` (in the forwards of ``parents`` only, when given), and why
-    each module with a batch norm child whose forward was looked at yields none."""
-    from torch import nn
-
+def find_pairs(model: "torch.nn.Module") -> tuple[list[Pair], dict[str, str]]:
+    """Every foldable pair in ``model``, and why each module with a batch norm child yields none."""
     bns = tuple(b for _, b in _pairs_of_types())
     pairs: list[Pair] = []
     why: dict[str, str] = {}
-    todo = parents if parents is not None else [p for p, m in model.named_modules()
-                                                if any(isinstance(c, bns) for c in m.children())]
-    for path in todo:
-        try:
-            m = model.get_submodule(path) if path else model
-        except AttributeError:
-            why[path] = "not in this model"
-            continue
-        if not isinstance(m, nn.Module):
+    for path, m in model.named_modules():
+        if not any(isinstance(c, bns) for c in m.children()):
             continue
         graph, reason = trace_own(m)
         if graph is None:
@@ -173,9 +162,14 @@ def fold_program(conv: Any, bn: Any) -> dict[str, Any]:
     return {"fold": {"conv": conv_config(conv), "bn": bn_config(bn)}}
 
 
+def fold_target(conv: Any, bn: Any) -> str:
+    """A fold card's target: ``Conv2d+BatchNorm2d`` and the like."""
+    return f"{type(conv).__name__}+{type(bn).__name__}"
+
+
 def fold_card_id(conv: Any, bn: Any, spec: dict[str, Any]) -> str:
     key = json.dumps({"program": fold_program(conv, bn), "input": spec}, sort_keys=True)
-    return f"fold-{type(conv).__name__}{TARGET_SEP}{type(bn).__name__}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return f"fold-{fold_target(conv, bn)}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
 def folded_params(conv: Any, bn: Any, dtype: Any) -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -210,14 +204,13 @@ class FoldGuard:
     """One promoted fold card in one model: its status, its dtype and device, its checks."""
 
     def __init__(self, card: str, target: str, dtype: Any, device: str, board: "StatusBoard",
-                 shadow_every: int, graphs: bool) -> None:
+                 shadow_every: int) -> None:
         self.card = card
         self.dtype = dtype
         self.device = device
         self.board = board
         self.status: "CardStatus" = board.card(card, "fold", target)
         self.shadow_every = shadow_every
-        self.graphs = graphs
 
 
 def _hooked(*mods: Any) -> bool:
@@ -253,7 +246,7 @@ class Fold:
         import torch
 
         g = self.guard
-        if not isinstance(x, torch.Tensor) or type(x) is not torch.Tensor:
+        if type(x) is not torch.Tensor:
             return "the input is not a plain tensor"
         if x.device.type != g.device:
             return f"device {x.device.type}"
@@ -480,7 +473,6 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
             want.setdefault(path, e)
     parents = sorted({p for path in want for p in _ancestors(path)}, key=lambda p: -p.count("."))
     guards: dict[str, FoldGuard] = {}
-    found: dict[str, tuple[Any, Any, list[Pair]]] = {}
     why: dict[str, str] = {}
     done: set[str] = set()
     for path in parents:
@@ -507,9 +499,8 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
                 continue
             good.append(p)
             done.add(p.bn_path)
-        if good:
-            found[path] = (parent, graph, good)
-    for parent, graph, good in found.values():
+        if not good:
+            continue
         folds: dict[str, Fold] = {}
         mine_guards: list[FoldGuard] = []
         for p in good:
@@ -517,7 +508,7 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
             g = guards.get(e.card)
             if g is None:
                 g = guards[e.card] = FoldGuard(e.card, e.signature.target, getattr(torch, e.signature.inputs[0].dtype),
-                                               device, applied.board, 0 if graphs else shadow_every, graphs)
+                                               device, applied.board, 0 if graphs else shadow_every)
             g.status.sites.append(p.bn_path)
             folds[p.node] = Fold(g, parent.get_submodule(p.conv), parent.get_submodule(p.bn))
             if g not in mine_guards:
