@@ -269,8 +269,9 @@ def test_the_bound_counts_a_fold_by_its_pairs_share_and_speedup(folded_ws):
 def test_a_relu_after_the_pair_and_a_residual_before_it_are_finished_in_the_same_pass(folded_ws, monkeypatch):
     """For CUDA graphs, relu(bn(conv(x))) and relu(bn(conv(x)) + z) are computed as one folded
     convolution without its bias and one pass (``epilogue.finish``) adding the bias and the
-    residual, then the ReLU; op by op they are not (the kernel's launch costs the host more); a
-    hook on the ReLU makes that pair run its own modules."""
+    residual, then the ReLU; op by op they are not unless the native kernel serves (no GPU here:
+    ``test_op_by_op_folds_finish_their_outputs_where_the_native_kernel_serves``); a hook on the
+    ReLU makes that pair run its own modules."""
     from forge_tui.runtime import epilogue
 
     calls = {"relu": 0, "add_relu": 0}
@@ -294,3 +295,75 @@ def test_a_relu_after_the_pair_and_a_residual_before_it_are_finished_in_the_same
         torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-4)
         h.remove()
         assert _fallbacks(applied).get("forward hooks on the ReLU") == 3
+        sites = [s for c in applied.status()["cards"] if c["kind"] == "fold" for s in c["sites"]]
+        assert any(s.endswith("(with its residual sum and ReLU: PyTorch ops)") for s in sites)
+        assert sum("(with its" in s for s in sites) == 1 + 2 * 4 + 4
+
+
+def test_op_by_op_folds_finish_their_outputs_where_the_native_kernel_serves(folded_ws, monkeypatch):
+    """Op by op the epilogue is used only where the native kernel is had (its launch costs the
+    host less than the ops it replaces); where it is not, the forward's own ops run."""
+    from forge_tui.runtime import epilogue
+
+    calls = []
+    real = epilogue.finish
+    monkeypatch.setattr(epilogue, "finish", lambda y, bias, z=None: calls.append(z is None) or real(y, bias, z))
+    eager, model = _model(), _model()
+    x = tiny_resnet.get_inputs()[0]
+    monkeypatch.setattr(epilogue, "used", lambda device, graphs: graphs or device == "cpu")  # as if it served here
+    with torch.no_grad(), apply(model, folded_ws, trial_calls=0) as applied:
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-4)
+        assert len(calls) == 1 + 2 * 4 + 4 and calls.count(False) == 4
+        assert _fallbacks(applied) == {}
+    calls.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(epilogue, "finish", lambda y, bias, z=None: calls.append(z is None) or real(y, bias, z))
+    with torch.no_grad(), apply(model, folded_ws, trial_calls=0):
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-4)
+        assert calls == []  # on the CPU no native kernel: plain folds
+
+
+@pytest.mark.nvcc
+def test_the_native_epilogue_builds_once_and_refuses_what_it_cannot_serve(tmp_path, monkeypatch):
+    """``epilogue.cu`` builds with nvcc into the cache, once (a second ask is the cached library);
+    its entry point refuses sizes that are not whole planes; a compiler that fails says why."""
+    import shutil
+
+    from forge_tui.runtime import epilogue
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    lib = epilogue.build_native("sm_90", tmp_path)
+    assert lib.is_file() and lib.parent.parent == tmp_path / "runtime"
+    mtime = lib.stat().st_mtime_ns
+    assert epilogue.build_native("sm_90", tmp_path) == lib and lib.stat().st_mtime_ns == mtime
+    fn = epilogue.load_native(lib)
+    assert fn(None, None, None, 10, 3, 2, 1, None) == 1  # 10 elements are not whole planes of 3 x 2
+    assert fn(None, None, None, 12, 3, 2, 7, None) == 1  # no such dtype
+    bad = tmp_path / "nvcc"
+    bad.write_text("#!/bin/sh\necho 'epilogue.cu(1): error: no' >&2\nexit 2\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("FORGE_NVCC", str(bad))
+    with pytest.raises(RuntimeError, match="status 2: epilogue.cu\\(1\\): error: no"):
+        epilogue.build_native("sm_90", tmp_path)
+    assert not list((tmp_path / "runtime").glob("*/build-*"))  # no half-written library left
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hw", [(7, 7), (14, 14), (3, 5)])
+def test_the_native_epilogue_matches_the_ops(dtype, hw):
+    """On a GPU: relu(y + bias (+ z)) in place, as PyTorch's float32 ops rounded once, for every
+    pack width a plane allows (49, 196 and 15 elements), NaN kept."""
+    from forge_tui.runtime import epilogue
+
+    assert epilogue.native() is not None, epilogue.native_why()
+    y = torch.randn(3, 6, *hw, device="cuda", dtype=dtype)
+    y[0, 0, 0, 0] = float("nan")
+    b = torch.randn(6, device="cuda", dtype=dtype)
+    z = torch.randn_like(y)
+    for zz in (None, z):
+        want = y.float() + b.float().view(1, -1, 1, 1) + (0 if zz is None else zz.float())
+        want = torch.where(want < 0, 0.0, want).to(dtype)
+        got = epilogue.finish(y.clone(), b, zz)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

@@ -230,6 +230,8 @@ class Fold:
         self.bn = bn
         self.relu = relu
         """The ReLU module after the pair, where the forward applies one (``run_relu``)."""
+        self.epilogue = ""
+        """What the fold finishes after the pair ("ReLU", "residual sum and ReLU"; ``rewrite``)."""
         self._key: list | None = None
         self._params: tuple[Any, Any] | None = None
         self._checked = False
@@ -365,10 +367,10 @@ def _same(key: list, old: list | None) -> bool:
 def rewrite(parent: "torch.nn.Module", graph: Any, folds: dict[str, Fold], epilogues: bool = False) -> Callable[..., Any]:
     """``parent``'s forward as its traced graph with each pair (by its convolution's node name,
     ``folds``) replaced by its Fold: a callable with the forward's arguments. ``epilogues``: a
-    ReLU after the pair, and a sum before it, go into the Fold too (``epilogue.py``), for CUDA
-    graphs only: on the H200 a ResNet-50 forward ran 1.454x eager in graphs with them and 1.100x
-    without, but op by op 1.121x with them and 1.289x without, the Triton kernel's launch costing
-    the host more than the ops it replaces (bench/lab/fold_epilogue_ab.py)."""
+    ReLU after the pair, and a sum before it, go into the Fold too (``epilogue.py``; where,
+    ``epilogue.used``): on the H200 a ResNet-50 forward ran 1.454x eager in graphs with them and
+    1.100x without, but op by op with the Triton kernel 1.121x, against 1.289x without, its launch
+    costing the host more than the ops it replaces (bench/lab/fold_epilogue_ab.py)."""
     import torch.fx
 
     g = torch.fx.Graph()
@@ -384,6 +386,7 @@ def rewrite(parent: "torch.nn.Module", graph: Any, folds: dict[str, Fold], epilo
         root[attr] = fold
         tail, relu_node, z = _epilogue_of(parent, bn_node) if epilogues else ([], None, None)
         fold.relu = None if relu_node is None else parent.get_submodule(relu_node.target)
+        fold.epilogue = "" if relu_node is None else "ReLU" if z is None else "residual sum and ReLU"
         last = relu_node if relu_node is not None else bn_node
         with g.inserting_before(last):
             holder = g.get_attr(attr)
@@ -467,6 +470,7 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
     of whose pairs is found here is skipped with why."""
     import torch
 
+    epilogues = _epilogue.used(device, graphs)
     want: dict[str, Any] = {}
     for e in entries:
         for path in e.signature.module_paths:
@@ -514,8 +518,13 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
             if g not in mine_guards:
                 mine_guards.append(g)
         original = parent.forward
-        applied._replace_forward(parent, guarded_forward(parent, rewrite(parent, graph, folds, graphs), original,
+        applied._replace_forward(parent, guarded_forward(parent, rewrite(parent, graph, folds, epilogues), original,
                                                          mine_guards))
+        for p in good:
+            fold = folds[p.node]
+            if fold.relu is not None:
+                sites = fold.guard.status.sites
+                sites[sites.index(p.bn_path)] = f"{p.bn_path} (with its {fold.epilogue}: {_epilogue.way(device)})"
     for e in entries:
         if e.card in guards:
             applied.folds[e.card] = guards[e.card]
