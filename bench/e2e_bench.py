@@ -459,10 +459,12 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             rec.log(f"bench: {'four ways' if with_compile else 'eager and eager + forge'}, interleaved "
                     f"({left():.0f} s left)")
             # the torch.compile verdict is taken here, where the compiled variants are timed (forge
-            # bench takes it in the same run): the first bench times none
-            r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=with_compile, switch_off=False,
-                      only_faster=opts["only_faster"], graphs=opts.get("graphs", False),
-                      switch_off_compile=opts["switch_off"])
+            # bench takes it in the same run): the first bench times none; the op-by-op verdict is
+            # taken again on these numbers too: kernels that made this forward slower are switched
+            # off, whatever the first bench measured (the diffusion once measured 1.034x first and
+            # 0.933x here, on a slow host, and kept its kernels)
+            r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=with_compile,
+                      switch_off=opts["switch_off"], only_faster=opts["only_faster"], graphs=opts.get("graphs", False))
             d["bench"] = bench_json(r, ws)
             d["bench_kind"] = "four ways" if with_compile else "eager only, after the switch-off"
             show(r)
@@ -499,6 +501,8 @@ def _at_least(st: dict | None, x: float, never_below: bool = False) -> str:
 
 
 def targets(w: dict[str, Any]) -> dict[str, str]:
+    from forge_tui.e2e import AFTER_SWITCH_OFF
+
     name = Path(w["workload"]).stem.removeprefix("tiny_")
     b = w.get("bench") or {}
     sp = (b.get("speedups") or {}).get("eager+forge")
@@ -506,13 +510,23 @@ def targets(w: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     if not w.get("done"):
         out["finished"] = "FAIL"
+    # what the model runs once the bench's switch-off is done: the kernels left, timed again, or,
+    # with every kernel off, eager's own code (apply installs nothing)
+    after = (b.get("speedups") or {}).get(AFTER_SWITCH_OFF)
+    served = [c for c, n in (b.get("served") or {}).items() if n]
+    all_off = bool(served) and all(c in (b.get("switched_off") or {}) for c in served)
+    measured = f"; measured with them: {sp['median']:.3f}x" if sp else ""
     if sp is None and w.get("done") and "bench" not in w:
         out["eager+forge >= 1.0x"] = "pass (nothing promoted: eager)"
+    elif all_off and _at_least(sp, 1.0) != "pass":
+        out["eager+forge >= 1.0x"] = f"pass after the switch-off (all {len(served)} kernels off: eager's code{measured})"
+    elif after:
+        out["eager+forge >= 1.0x"] = _at_least(after, 1.0, never_below=True) + f" (after the switch-off{measured})"
     else:
         out["eager+forge >= 1.0x"] = _at_least(sp, 1.0, never_below=True)
     if name in SPEEDUP_TARGET:
         goal = SPEEDUP_TARGET[name]
-        verdict = _at_least(sp, goal)
+        verdict = _at_least(after or ({"median": 1.0, "q1": 1.0, "q3": 1.0} if all_off else sp), goal)
         bound = b.get("bound")
         if verdict == "FAIL" and bound is not None and bound < goal:
             # no runtime can reach it with these cards: say what is missing, not only that it failed

@@ -25,6 +25,9 @@ from .runtime.manifest import Manifest
 from .runtime.pieces import end_failed_capture as _end_failed_capture
 from .timing import Stats, Timer, paired_ratio
 
+AFTER_SWITCH_OFF = "eager+forge after the switch-off"
+"""The speedup key of eager / eager + forge re-measured with the kernels a switch-off left on."""
+
 
 @dataclass
 class BenchResult:
@@ -49,6 +52,11 @@ class BenchResult:
                 "speedups": {k: v.to_json() for k, v in self.speedups.items()}, "outputs_agree": self.outputs_agree,
                 "bound": self.bound, "served": self.served, "switched_off": self.switched_off, "notes": self.notes,
                 "accuracy": self.accuracy}
+
+    def all_switched_off(self) -> bool:
+        """Whether the op-by-op verdict switched off every kernel the eager + forge forward served."""
+        served = [c for c, n in self.served.items() if n]
+        return bool(served) and all(c in self.switched_off for c in served)
 
     def forge_mismatches(self) -> dict[str, str]:
         """The forge variants whose outputs do not agree (torch.compile's own differences from
@@ -79,6 +87,11 @@ class BenchResult:
             lines.append(f"bound from the served cards' isolated speedups and shares: {self.bound:.3f}x (reached {got})")
         for card, why in self.switched_off.items():
             lines.append(f"switched off {card}: {why}")
+        after = self.speedups.get(AFTER_SWITCH_OFF)
+        if after:
+            lines.append(f"eager + forge with the kernels left on: {after.median:.3f}x [{after.q1:.3f}, {after.q3:.3f}]")
+        elif self.all_switched_off():
+            lines.append("eager + forge serves none of its kernels now: the model runs eager's own code")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -384,8 +397,9 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         notes.extend(pauses.notes())
         notes.extend(scope_notes(applied))
         switched: dict[str, str] = {}
+        after: Stats | None = None
         if switch_off:
-            switched = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
+            switched, after = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
         if (switch_off if switch_off_compile is None else switch_off_compile) and compiled_applied is not None:
             switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
         if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
@@ -407,6 +421,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         speedups["compile+forge/compile"] = paired_ratio(raw["compile"], raw["compile+forge"])
     if graph_ratio is not None:
         speedups["graphs: forge/eager"] = graph_ratio
+    if after is not None:
+        speedups[AFTER_SWITCH_OFF] = after
     served = {c["card"]: c["served"] for c in applied.status()["cards"]}
     applied.undo()
     if compiled_applied is not None:
@@ -550,15 +566,19 @@ def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_fa
 
 def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,
                        timer: Timer, only_faster: bool, stats: dict[str, Stats],
-                       raw: dict[str, list[float]]) -> dict[str, str]:
+                       raw: dict[str, list[float]]) -> tuple[dict[str, str], Stats | None]:
     """Leave each unit of served kernels (``switch_off_units``) out in turn; one whose absence
     makes the forward faster (by more than the spread of the measurement) is switched off in the
     manifest, with the numbers. Then the kernels left, together, against eager: unless the forward
     is faster with them (``not_faster``), they are all switched off. ``stats`` and ``raw``: the bench's timing of "eager" and
-    "eager+forge", which stands for that check when no unit was switched off."""
+    "eager+forge", which stands for that check when no unit was switched off.
+
+    Returns what was switched off and why, and, where some kernels were switched off and others
+    stay, the paired ratio eager / eager + forge measured with those left (what the model runs
+    from now on; where all are off it runs eager's own code: ``apply`` installs nothing)."""
     served = [c["card"] for c in applied.status()["cards"] if c["served"]]
     if not served:
-        return {}
+        return {}, None
     out: dict[str, str] = {}
     units = switch_off_units(man, served)
     if len(units) > 1:
@@ -575,6 +595,7 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
                                  f"{together} (forge bench, {dev})")
         a.undo()
     left = [c for c in served if c not in out]
+    after: Stats | None = None
     if left:
         if out:
             e, f, ratio = _time_against(wl, inputs, ws, dev, timer, only_faster, model, model, left,
@@ -585,13 +606,15 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
             for card in left:
                 out[card] = (f"the forward ran {f.median:.1f} µs with the {len(left)} kernels left and "
                              f"{e.median:.1f} µs in eager (forge bench, {dev})")
+        elif out:
+            after = ratio
     if out:
         for card, why in out.items():
             man.entries[card].enabled = False
             man.entries[card].disabled_reason = why
         commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(out))} slower end to end",
                         [f"{c}: {w}" for c, w in out.items()], list(out))
-    return out
+    return out, after
 
 
 class GcPauses:

@@ -70,6 +70,36 @@ def test_a_speedup_target_beyond_the_served_cards_bound_says_so():
     assert bench.targets(w)["eager+forge >= 1.25x"] == "pass"
 
 
+def test_never_below_eager_is_judged_on_the_model_as_the_switch_off_left_it():
+    """A final bench that measured forge slower and switched every kernel off passes "never below
+    1.0x" (the model runs eager's code from then on) and fails the speedup target; with some left
+    on, the verdicts read the forward timed again with them; with none off, the measurement."""
+    import importlib.util
+
+    from forge_tui.e2e import AFTER_SWITCH_OFF
+
+    spec = importlib.util.spec_from_file_location("e2e_bench_never_below", ROOT / "bench" / "e2e_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def ratio(m):
+        return {"median": m, "q1": m - 0.01, "q3": m + 0.01}
+
+    b = {"speedups": {"eager+forge": ratio(0.933)}, "served": {"gn": 4, "sm": 1, "idle": 0},
+         "switched_off": {"gn": "slower", "sm": "slower"}}
+    t = bench.targets({"workload": "diffusion", "done": True, "bench": b})
+    assert t["eager+forge >= 1.0x"].startswith("pass after the switch-off (all 2 kernels off"), t
+    assert "0.933x" in t["eager+forge >= 1.0x"] and t["eager+forge >= 1.25x"] == "FAIL"
+    b["switched_off"] = {"sm": "slower"}
+    b["speedups"][AFTER_SWITCH_OFF] = ratio(1.3)
+    t = bench.targets({"workload": "diffusion", "done": True, "bench": b})
+    assert t["eager+forge >= 1.0x"].startswith("pass (after the switch-off") and t["eager+forge >= 1.25x"] == "pass"
+    b["switched_off"] = {}
+    del b["speedups"][AFTER_SWITCH_OFF]
+    t = bench.targets({"workload": "diffusion", "done": True, "bench": b})
+    assert t["eager+forge >= 1.0x"] == "FAIL" and t["eager+forge >= 1.25x"] == "FAIL"
+
+
 # ---- how the bench judges whole-model outputs -----------------------------------------------------
 def _routed(x, w):
     """A top-1 router: a last-bit difference in the scores sends a token to the other expert."""

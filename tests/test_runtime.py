@@ -657,6 +657,38 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
     assert set(r.switched_off) == {norm.id, sm.id}, r.switched_off
     assert all("kernels left" in why and "in eager" in why for why in r.switched_off.values())
     assert not any(e.enabled for e in manifest(ws).entries.values())
+    assert e2e.AFTER_SWITCH_OFF not in r.speedups
+    assert "serves none of its kernels now: the model runs eager's own code" in r.table()
+
+
+def test_the_forward_is_timed_again_with_the_kernels_a_switch_off_left_on(promoted, monkeypatch, tmp_path):
+    """Where the switch-off leaves one unit out and keeps the other, the bench reports the forward
+    as it runs from now on: eager against eager + forge with the kernels left, timed again (a
+    stand-in timer: the first unit's trial runs faster without it, the forward with the rest
+    faster than eager)."""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.workspace import Workspace
+
+    src, norm, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    trials = []
+
+    def samples(name):
+        if name == "without":
+            trials.append(name)
+            return [50.0] * 5 if len(trials) == 1 else [150.0] * 5
+        return {"eager+forge": [110.0] * 5, "with": [100.0] * 5, "forge": [80.0] * 5}.get(name, [100.0] * 5)
+
+    _stand_in_timer(monkeypatch, samples)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, with_compile=False, only_faster=False)
+    assert len(r.switched_off) == 1 and len(trials) == 2, r.switched_off
+    after = r.speedups[e2e.AFTER_SWITCH_OFF]
+    assert after.median == pytest.approx(1.25)
+    assert "eager + forge with the kernels left on: 1.250x" in r.table()
+    assert sum(e.enabled for e in manifest(ws).entries.values()) == 1
 
 
 def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted, monkeypatch, tmp_path):
