@@ -13,7 +13,9 @@ with thresholds (promotion.approve with an AutoRule: what `forge approve --auto`
 norms into the convolutions before them (what `forge fold` runs; --no-fold skips it); then
 e2e.bench, what `forge bench` runs: eager and eager + forge first (kernels slower in the model are
 switched off), then the runtime's overheads, then the four ways interleaved (eager, eager + forge,
-torch.compile, torch.compile + forge; outputs checked against eager) when enough time is left.
+torch.compile, torch.compile + forge; outputs checked against eager) when enough time is left,
+where the switch-off is decided again on its numbers (the targets then read the model as it left
+it: the forward timed again with the kernels left on, or eager's own code where none is).
 
 Reported per workload: the four times with spread, the paired ratios, whether the outputs agree,
 the kernels switched off, the share of the forward the served cards cover, the bound
