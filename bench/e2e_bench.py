@@ -223,8 +223,11 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
     try:
         for cid in cards:
             if cid in applied.folds:
-                res["cards"][cid] = {"note": "a fold card: the convolution's own call, no kernel of forge's",
-                                     "sites": list(applied.folds[cid].status.sites)}
+                sites = list(applied.folds[cid].status.sites)
+                finished = sum("(with its" in site for site in sites)
+                res["cards"][cid] = {"note": "a fold card: the convolution's own call" + (
+                    f", then forge's epilogue at {finished} of its {len(sites)} sites" if finished else ""),
+                    "sites": sites}
                 continue
             guard = applied.guards.get(cid)
             card = ws.card(cid)
