@@ -295,9 +295,11 @@ def cmd_fold(args) -> int:
     from .workload import parse_dtype
     from .workspace import Workspace
 
+    if args.min_speedup is not None and not args.min_speedup >= 0:
+        raise ForgeError(f"--min-speedup must be 0 or more, not {args.min_speedup}")
     ws = Workspace.open(args.workspace)
     cards, why, entries = fold_workload(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
-                                        dry_run=args.dry_run, repeats=args.repeats)
+                                        dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
     for c in cards:
         print(c.line())
     for path, reason in sorted(why.items()):
@@ -419,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", choices=["cuda", "cpu"])
     sp.add_argument("--dtype")
     sp.add_argument("--repeats", type=int, default=20)
+    sp.add_argument("--min-speedup", type=float, help="promote folds at least this much faster than the pair's "
+                    "own calls, alone (default: any faster; 0: every fold that matches)")
     sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
     sp.set_defaults(func=cmd_fold)
 

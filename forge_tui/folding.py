@@ -56,7 +56,8 @@ def _spec(t: Any, role: str) -> TensorSpec:
     return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
 
 
-def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20) -> tuple[list[FoldCard], dict[str, str]]:
+def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
+            min_speedup: float | None = None) -> tuple[list[FoldCard], dict[str, str]]:
     """The fold cards of ``model`` (in eval mode) on ``inputs``, each checked and timed; and why
     the modules with a batch norm whose forward was looked at fold nothing."""
     import torch
@@ -117,8 +118,10 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                                         "folded": functools.partial(conv._conv_forward, x, w, b)})
         card.eager, card.folded = stats["pair"], stats["folded"]
         card.speedup = paired_ratio(raw["pair"], raw["folded"])
-        if card.speedup.median <= 1.0:
+        if min_speedup is None and card.speedup.median <= 1.0:
             card.refused = f"not faster than the pair's own calls ({card.speedup.median:.3f}x)"
+        elif min_speedup is not None and card.speedup.median < min_speedup:
+            card.refused = f"{card.speedup.median:.3f}x the pair's own calls, below --min-speedup {min_speedup:g}"
     return sorted(cards.values(), key=lambda c: c.card), why
 
 
@@ -166,15 +169,17 @@ def promote(ws: Any, cards: list[FoldCard], *, by: str | None = None) -> list[En
 
 
 def fold_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
-                  repeats: int = 20) -> tuple[list[FoldCard], dict[str, str], list[Entry]]:
-    """``forge fold``: propose the workload's fold cards and (unless ``dry_run``) promote them."""
+                  repeats: int = 20, min_speedup: float | None = None) -> tuple[list[FoldCard], dict[str, str], list[Entry]]:
+    """``forge fold``: propose the workload's fold cards and (unless ``dry_run``) promote them.
+    ``min_speedup``: the least isolated speedup over the pair's own calls a card is promoted with
+    (default: faster, above 1.0; 0 promotes every fold that matches)."""
     from .workload import load_workload, resolve_device
 
     dev = resolve_device(device)
     wl = load_workload(spec)
     model, inputs = wl.build(dev, dtype)
     model.eval()
-    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats)
+    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
     if not cards and not why:
         raise ForgeError(f"{wl.path.name}: the model has no batch norm after a convolution to fold")
     entries = [] if dry_run else promote(ws, cards)
