@@ -117,6 +117,31 @@ class Calibration:
         return None
 
 
+def oversubscription() -> float | None:
+    """Threads ready to run on this machine now, over the CPUs this process may use (Linux's
+    ``/proc/loadavg``, whose fourth field counts them at the instant it is read, this process's
+    own included); None where it cannot be read. Above 1, some of them wait for a CPU.
+
+    A CPU-bound process beside the timed one hides from the calibration workload on some machines
+    (on a 2-core VM here, two busy-looping processes made it run faster, while a profiled forward
+    ran 1.65x slower and was trusted): the count of runnable threads sees it."""
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return running / max(cpus, 1)
+
+
+def oversubscribed_reason(factor: float | None, max_slowdown: float) -> str | None:
+    """Why a host whose runnable threads outnumber its CPUs by ``factor`` is too busy to trust a
+    CPU timing (more than ``max_slowdown``, the slowdown the calibration check tolerates), or None."""
+    if factor is not None and factor > max_slowdown:
+        return (f"{factor:.1f}x as many threads ready to run as CPUs: the machine is busy")
+    return None
+
+
 @dataclass
 class Verdict:
     reasons: list[str] = field(default_factory=list)

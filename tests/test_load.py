@@ -73,14 +73,33 @@ def test_a_profile_under_load_warns_instead_of_reporting_a_confident_number(tmp_
     if loaded.forward_noisy:
         assert any("not trustworthy" in w for w in loaded.warnings)
         return
-    # trusted under load: within 20% of a quiet profile, the closest of one before and up to four
-    # after (CI's other test process can disturb the quiet ones too: once both of two read 15.4 and
-    # 18.9 µs where the loaded one read 10.8)
+    # trusted under load: not inflated by it, at most 20% above the fastest quiet profile of one
+    # before and up to four after. Load makes a forward slower, never faster: a loaded profile
+    # faster than the quiet ones says that CI's other test process disturbed those (once all five
+    # read 8.5-11.3 µs where the loaded one read 6.3; earlier two read 15.4 and 18.9 against 10.8)
     quiet = [before]
-    ratio = loaded.forward.median / before.forward.median
-    while not 1 / 1.2 <= ratio <= 1.2 and len(quiet) < 5:
+    while loaded.forward.median > 1.2 * min(x.forward.median for x in quiet) and len(quiet) < 5:
         _, q = profile_into_workspace("example:kb_softmax", tmp_path / f"after{len(quiet)}", device="cpu",
                                       config_path=cfg)
         quiet.append(q)
-        ratio = min((loaded.forward.median / x.forward.median for x in quiet), key=lambda r: abs(r - 1))
-    assert 1 / 1.2 <= ratio <= 1.2, (loaded.forward.median, [x.forward.median for x in quiet])
+    fastest = min(x.forward.median for x in quiet)
+    assert fastest / 2 <= loaded.forward.median <= 1.2 * fastest, (loaded.forward.median, [x.forward.median for x in quiet])
+
+
+def test_a_profile_counts_the_threads_waiting_for_a_cpu(tmp_path, monkeypatch):
+    """The forward's time is not trusted while more threads are ready to run than there are CPUs
+    by more than the tolerated slowdown (a load the calibration workload can miss); at or under
+    it, that check says nothing. The count is a stand-in: nothing depends on this machine's load."""
+    from forge_tui.profiler import run as run_mod
+    from forge_tui.quiet import oversubscription
+
+    assert oversubscription() is None or oversubscription() > 0
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nmax_spread = 10.0\nnoisy_retries = 0\n")
+    monkeypatch.setattr(run_mod, "oversubscription", lambda: 2.0)
+    _, busy_result = profile_into_workspace("example:kb_softmax", tmp_path / "busy", device="cpu", config_path=cfg)
+    assert any("2.0x as many threads ready to run as CPUs" in r for r in busy_result.forward_noisy)
+    assert any("not trustworthy" in w for w in busy_result.warnings)
+    monkeypatch.setattr(run_mod, "oversubscription", lambda: 1.5)
+    _, calm = profile_into_workspace("example:kb_softmax", tmp_path / "calm", device="cpu", config_path=cfg)
+    assert not any("threads ready to run" in r for r in calm.forward_noisy)

@@ -14,7 +14,7 @@ from ..compare import compare
 from ..config import ForgeConfig
 from ..inputs import random_inputs
 from ..program import bind_program, run_program
-from ..quiet import Calibration, spread_reason
+from ..quiet import Calibration, oversubscribed_reason, oversubscription, spread_reason
 from ..tensorstore import TensorStore, unpack
 from ..timing import Stats, Timer
 from ..workload import Workload
@@ -100,7 +100,7 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
         for _ in range(cfg.profile.forwards):
             rec.run(functools.partial(workload.run, model, inputs))
         progress("timing the forward")
-        fwd_stats, noisy = quiet.time("forward", functools.partial(model, *inputs))
+        fwd_stats, noisy = quiet.time("forward", functools.partial(model, *inputs), host_load=True)
         if noisy:
             warnings.append("the forward's time is not trustworthy, the machine was busy: " + "; ".join(noisy)
                             + " (shares and times below are suspect; profile again on a quiet machine)")
@@ -140,16 +140,22 @@ class QuietTimer:
         self.cfg = cfg
         self.cal.measure()
 
-    def time(self, name: str, fn: Callable[[], object]) -> tuple[Stats, list[str]]:
+    def time(self, name: str, fn: Callable[[], object], host_load: bool = False) -> tuple[Stats, list[str]]:
+        """``host_load`` (the CPU): also count the threads ready to run before and after
+        (``quiet.oversubscription``), a load the calibration workload can miss."""
         reasons: list[str] = []
+        check_host = host_load and self.cal.device == "cpu"
         for _ in range(1 + self.cfg.noisy_retries):
+            load = [oversubscription()] if check_host else []
             before = self.cal.measure()
             stats, _, _ = self.timer.time({name: fn})
             after = self.cal.measure()
+            load += [oversubscription()] if check_host else []
             st = stats[name]
+            host = [oversubscribed_reason(max((x for x in load if x is not None), default=None), self.cfg.max_slowdown)]
             reasons = [r for r in (self.cal.loaded(before, self.cfg.max_slowdown),
                                    self.cal.loaded(after, self.cfg.max_slowdown),
-                                   spread_reason(name, st, self.cfg.max_spread, self.timer.overhead_iqr_us)) if r]
+                                   spread_reason(name, st, self.cfg.max_spread, self.timer.overhead_iqr_us), *host) if r]
             if not reasons:
                 break
         return st, reasons
