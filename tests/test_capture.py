@@ -216,8 +216,8 @@ def test_a_card_timed_longer_than_the_whole_forward_is_flagged(tmp_path, fast_cf
 
     real = run_mod.QuietTimer.time
 
-    def slow_softmax(self, name, fn):
-        stats, noisy = real(self, name, fn)
+    def slow_softmax(self, name, fn, **kw):
+        stats, noisy = real(self, name, fn, **kw)
         if name == "_softmax":
             stats = stats.__class__.from_samples([s * 0 + 1e6 for s in [stats.median] * 3])  # 1 s a call
         return stats, noisy
