@@ -10,7 +10,8 @@ workload alone): profile into a temporary workspace; search the cards with the m
 (share x headroom, the search's own priority; --top of them) with the offline template proposer
 (the template families and the code generator) under --evals evaluations and a wall limit; approve
 with thresholds (promotion.approve with an AutoRule: what `forge approve --auto` runs); fold the batch
-norms into the convolutions before them (what `forge fold` runs; --no-fold skips it); then
+norms into the convolutions before them (what `forge fold` runs; --no-fold skips it); serve the routed
+mixture-of-experts blocks in one grouped pass each (what `forge experts` runs; --no-experts skips it); then
 e2e.bench, what `forge bench` runs: eager and eager + forge first (kernels slower in the model are
 switched off), then the runtime's overheads, then the four ways interleaved (eager, eager + forge,
 torch.compile, torch.compile + forge; outputs checked against eager) when enough time is left,
@@ -222,6 +223,10 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
     applied = apply(model, ws, device=dev, only_faster=False, cards=cards)
     try:
         for cid in cards:
+            if cid in applied.experts:
+                res["cards"][cid] = {"note": "an experts card: the block's forward in one grouped pass",
+                                     "sites": list(applied.experts[cid].status.sites)}
+                continue
             if cid in applied.folds:
                 sites = list(applied.folds[cid].status.sites)
                 finished = sum("(with its" in site for site in sites)
@@ -250,7 +255,7 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
-    from forge_tui.e2e import fold_shares
+    from forge_tui.e2e import experts_shares, fold_shares
     from forge_tui.promotion import manifest
 
     out = r.to_json()
@@ -259,6 +264,9 @@ def bench_json(r: Any, ws: Any) -> dict[str, Any]:
     man = manifest(ws)
     folds = fold_shares(ws, man, r.served)
     out["fold_share"] = sum(folds.values())
+    xs = experts_shares(ws, man, r.served)
+    out["experts_share"] = sum(xs.values())
+    folds |= xs
     out["served_share"] = sum(folds.get(c, shares.get(c, 0.0)) for c in served)
     beats = []
     for c in served:
@@ -399,6 +407,28 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             for c in fcards:
                 rec.log(f"  {c.line()}")
         rec.phase("fold", t0)
+    t0 = time.time()
+    if opts.get("experts", True):  # what `forge experts WORKLOAD -w WS` runs: routed experts in one grouped pass
+        from forge_tui.errors import ForgeError
+        from forge_tui.experts import experts_workload
+
+        try:
+            xcards, xwhy, xentries = experts_workload(spec, ws, device=dev)
+        except ForgeError as exc:
+            d["experts"] = {"none": str(exc)}
+            rec.log(f"experts: {exc}")
+        else:
+            d["experts"] = {"cards": {c.card: {"blocks": c.blocks, "refused": c.refused, "share": c.share,
+                                               "speedup": c.speedup.to_json() if c.speedup else None,
+                                               "block_us": c.eager.median if c.eager else None,
+                                               "grouped_us": c.grouped.median if c.grouped else None}
+                                      for c in xcards},
+                            "not_served": xwhy, "promoted": [e.card for e in xentries]}
+            rec.log(f"experts: {sum(len(e.signature.module_paths) for e in xentries)} blocks in {len(xentries)} "
+                    f"cards ({sum(bool(c.refused) for c in xcards)} refused, {len(xwhy)} look-alikes not served)")
+            for c in xcards:
+                rec.log(f"  {c.line()}")
+        rec.phase("experts", t0)
     promoted = bool(manifest(ws).entries)
 
     served: list[str] = []
@@ -684,6 +714,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "replaces, eager and with every promoted kernel served; on cuda after the bench, eager and eager + "
                     "forge under torch.profiler: wall, GPU busy time and the kernels forge removed and added, per "
                     "forward (bench/lab/inplace_timeline.py)")
+    ap.add_argument("--no-experts", action="store_true", help="do not serve routed experts in one grouped pass "
+                    "(what forge experts does, after the folds)")
     ap.add_argument("--no-fold", action="store_true", help="do not fold batch norms into their convolutions "
                     "(what forge fold does, after the approvals)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -706,7 +738,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
-            "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold}
+            "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold,
+            "experts": not args.no_experts}
 
 
 def main(argv: list[str] | None = None) -> int:

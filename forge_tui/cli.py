@@ -312,6 +312,28 @@ def cmd_fold(args) -> int:
     return 0
 
 
+def cmd_experts(args) -> int:
+    from .experts import experts_workload
+    from .workload import parse_dtype
+    from .workspace import Workspace
+
+    if args.min_speedup is not None and not args.min_speedup >= 0:
+        raise ForgeError(f"--min-speedup must be 0 or more, not {args.min_speedup}")
+    ws = Workspace.open(args.workspace)
+    cards, why, entries = experts_workload(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
+                                           dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
+    for c in cards:
+        print(c.line())
+    for path, reason in sorted(why.items()):
+        print(f"{path or 'the model'}: not served: {reason}")
+    if args.dry_run:
+        print(f"dry run: {sum(not c.refused for c in cards)} experts cards would be promoted")
+    else:
+        print(f"promoted {len(entries)} experts cards ({sum(len(e.signature.module_paths) for e in entries)} blocks) "
+              f"to {ws.root}" if entries else "nothing promoted")
+    return 0
+
+
 def cmd_export(args) -> int:
     from .promotion import kernels_dir
     from .runtime.export import export
@@ -425,6 +447,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "own calls, alone (default: any faster; 0: every fold that matches)")
     sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
     sp.set_defaults(func=cmd_fold)
+
+    sp = sub.add_parser("experts", help="compute the workload's routed mixture-of-experts blocks in one grouped "
+                        "pass each, without their Python loop (checked, timed, promoted as experts cards: running "
+                        "it approves them)")
+    sp.add_argument("workload", help="a workload .py file, or example:NAME")
+    sp.add_argument("-w", "--workspace", type=Path, required=True)
+    sp.add_argument("--device", choices=["cuda", "cpu"])
+    sp.add_argument("--dtype")
+    sp.add_argument("--repeats", type=int, default=20)
+    sp.add_argument("--min-speedup", type=float, help="promote cards at least this much faster than the block's "
+                    "own forward, alone (default: any faster; 0: every card that matches)")
+    sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
+    sp.set_defaults(func=cmd_experts)
 
     sp = sub.add_parser("export", help="write the promoted kernels as a self-contained, checksummed folder")
     sp.add_argument("workspace", type=Path)

@@ -437,7 +437,7 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
     share of a fold: its pairs' ``fold_shares``)."""
     shares = {c.id: c.share for c in ws.cards()}
     saved = 0.0
-    folds = fold_shares(ws, man, served)
+    folds = fold_shares(ws, man, served) | experts_shares(ws, man, served)
     for card, e in man.entries.items():
         sp, share = e.evidence.speedup_vs_eager, folds.get(card, shares.get(card))
         if served.get(card) and sp and share:
@@ -471,6 +471,22 @@ def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, flo
         at = [Pair(p["parent"], p["conv"], p["bn"], "") for p in pairs]
         sites = [s for p in at for s in (p.conv_path, p.bn_path)]
         out[card] = sum(per_site.get(s, 0.0) for s in sites)
+    return out
+
+
+def experts_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
+    """Per served experts card, its blocks' share of the forward in eager, as ``forge experts``
+    measured it (the blocks' calls times the block's own time, over the forward's)."""
+    out: dict[str, float] = {}
+    for card, e in man.entries.items():
+        if e.signature.kind != "experts" or not served.get(card):
+            continue
+        try:
+            share = json.loads((kernels_dir(ws) / e.source).read_text()).get("share")
+        except (OSError, ValueError):
+            continue
+        if isinstance(share, (int, float)) and share > 0:
+            out[card] = float(share)
     return out
 
 
@@ -531,7 +547,7 @@ def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
         sig = man.entries[card].signature
         if sig.kind == "fold":
             continue
-        if sig.kind == "module":
+        if sig.kind in ("module", "experts"):
             units.append([card])
             scopes.append(set())
             continue

@@ -34,6 +34,8 @@ from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
 from .chain import ChainGuard, Run, pending_in, realize_all, realize_returned, runs_of, tensor_storages
+from .experts import ExpertsGuard
+from .experts import install as install_experts
 from .fold import FoldGuard
 from .fold import install as install_folds
 from .graph import CompileBackend, GraphScope, compilable, compile_worthy
@@ -758,6 +760,9 @@ class Applied:
         self.forwards = ReplacedForwards()
         self.folds: dict[str, FoldGuard] = {}
         """The fold cards served (``fold.py``), by card."""
+        self.experts: dict[str, ExpertsGuard] = {}
+        """The experts cards served (``experts.py``), by card."""
+        self._on_undo: list[Callable[[], None]] = []
         self.compile_guards: list[Guard] = []
         """torch_compile mode: the op and chain cards that ``backend()`` serves."""
         self._backends: dict[str, CompileBackend] = {}
@@ -776,8 +781,14 @@ class Applied:
     def _replace_forward(self, module: Any, new: Callable[..., Any]) -> None:
         self.forwards.replace(module, new)
 
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when undone, after the forwards are restored (last registered first)."""
+        self._on_undo.append(fn)
+
     def undo(self) -> None:
         self.forwards.restore()
+        while self._on_undo:
+            self._on_undo.pop()()
         self.board.write()
 
     def status(self) -> dict[str, Any]:
@@ -834,6 +845,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]] = {}
     """Scope path -> (its module, the op guards it serves)."""
     folds: list[Entry] = []
+    experts: list[Entry] = []
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
             continue
@@ -865,6 +877,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 applied.skipped[card_id] = "folds are not served in torch.compile'd models"
             else:
                 folds.append(entry)
+            continue
+        if sig.kind == "experts":
+            experts.append(entry)
             continue
         # what the signature alone rules out, before the kernel's files are read
         if sig.kind == "module" and sig.returns == "other":
@@ -924,6 +939,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 applied.skipped[card_id] = "none of its modules is in this model: " + ", ".join(sig.module_paths[:3])
     if folds:  # before the scopes: a scope's forward is the folded one, intercepted (never compiled)
         install_folds(applied, model, folds, device, shadow_every, mode == Mode.CUDA_GRAPH)
+    if experts:
+        install_experts(applied, model, experts, device, 0 if mode == Mode.CUDA_GRAPH else shadow_every,
+                        compiled=mode == Mode.TORCH_COMPILE)
     if ops:
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []

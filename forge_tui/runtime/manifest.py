@@ -32,8 +32,9 @@ class Signature(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     card: str
-    kind: Literal["op", "module", "chain", "fold"]
-    """fold: a batch norm folded into the convolution before it (``runtime/fold.py``)."""
+    kind: Literal["op", "module", "chain", "fold", "experts"]
+    """fold: a batch norm folded into the convolution before it (``runtime/fold.py``); experts: a
+    routed mixture-of-experts block in one grouped pass (``runtime/experts.py``)."""
     target: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

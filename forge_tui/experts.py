@@ -1,0 +1,221 @@
+"""``forge experts WORKLOAD -w WS``: the workload's routed mixture-of-experts blocks computed in one
+grouped pass each, as experts cards promoted to the workspace's manifest
+(``runtime/experts.py`` says what the grouped pass is and how the runtime serves it).
+
+The model runs once on the workload's inputs with a hook on each block found
+(``runtime.experts.find_blocks``); blocks whose calls look alike (their structure, activation and
+the input's shape, strides and dtype) make one experts card. Each card is checked on its first
+call's captured input and on a random input of the same spec (the grouped pass against the
+block's own forward, within the evaluator's tolerance), with the top-k weights renormalised or
+not as the block's ``norm_topk_prob`` says, else as its output shows; then both are timed
+interleaved with the evaluator's timer. A card that matches and is faster is promoted: its
+evidence (speedup with spread, the input sets), its configuration (``kernels/<card>/experts.json``)
+committed to ``main`` with who approved it; running the command is the approval, as
+``forge approve`` is for kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cards import TensorSpec
+from .errors import ForgeError
+from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
+from .runtime.manifest import Entry, Evidence, Signature, now, sha256_file
+from .timing import Stats, Timer, paired_ratio
+
+
+@dataclass
+class ExpertsCard:
+    card: str
+    target: str
+    blocks: list[str]
+    input: TensorSpec
+    output: TensorSpec
+    program: dict[str, Any]
+    speedup: Stats | None = None
+    eager: Stats | None = None
+    grouped: Stats | None = None
+    share: float | None = None
+    """The blocks' share of the forward in eager: calls x the block's own time / the forward."""
+    refused: str = ""
+    input_sets: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        sites = f"{len(self.blocks)} block{'s' if len(self.blocks) > 1 else ''}"
+        if self.refused:
+            return f"{self.card} ({self.target}, {sites}): not served: {self.refused}"
+        assert self.speedup is not None and self.eager is not None and self.grouped is not None
+        return (f"{self.card} ({self.target}, {sites}, input {'x'.join(map(str, self.input.shape))} {self.input.dtype}): "
+                f"{self.speedup.median:.2f}x [{self.speedup.q1:.2f}, {self.speedup.q3:.2f}] the block's own forward "
+                f"({self.eager.median:.1f} -> {self.grouped.median:.1f} µs), matches on {len(self.input_sets)} input sets")
+
+
+def _spec(t: Any, role: str) -> TensorSpec:
+    return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
+
+
+def _random_like(x: Any) -> Any:
+    import torch
+
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    r = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
+    return (r * x.float().std() + x.float().mean()).to(x.dtype)
+
+
+def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
+            min_speedup: float | None = None) -> tuple[list[ExpertsCard], dict[str, str]]:
+    """The experts cards of ``model`` (in eval mode) on ``inputs``, each checked and timed; and why
+    the modules that look like routed-experts blocks are not served."""
+    import torch
+
+    blocks, why = find_blocks(model)
+    by_id: dict[int, Block] = {id(model.get_submodule(b.path)): b for b in blocks}
+    cards: dict[str, ExpertsCard] = {}
+    captured: dict[str, tuple[Any, Block, Any]] = {}
+    calls: dict[str, int] = {}
+
+    def pre_hook(m: Any, args: tuple, kwargs: dict) -> None:
+        b = by_id.get(id(m))
+        if b is None:
+            return
+        if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
+            why[b.path] = "called with other arguments than the hidden states"
+            return
+        x = args[0]
+        spec = _spec(x, "input")
+        key = json.dumps({"block": b.program(False, "")} | {"input": spec.model_dump()}, sort_keys=True)
+        calls[b.path] = calls.get(b.path, 0) + 1
+        if key not in captured:
+            captured[key] = (m, b, x.detach().clone())
+            cards[key] = ExpertsCard("", target(b), [], spec, _spec(torch.empty(0), "output"), {})
+        if b.path not in cards[key].blocks:
+            cards[key].blocks.append(b.path)
+
+    hooks = [model.get_submodule(b.path).register_forward_pre_hook(pre_hook, with_kwargs=True) for b in blocks]
+    try:
+        with torch.no_grad():
+            run(model, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    timer = Timer(device, repeats=repeats)
+    forward_us: float | None = None
+    out: list[ExpertsCard] = []
+    for key, card in cards.items():
+        m, b, x = captured[key]
+        with torch.no_grad():
+            ref = m(x)
+            rets = returns_of(ref, b, x)
+            if rets is None:
+                card.refused = "the block returns something other than its output (and router logits)"
+                card.card = card_id(b, b.program(False, "other"), card.input.model_dump())
+                out.append(card)
+                continue
+            card.output = _spec(ref[0] if isinstance(ref, tuple) else ref, "output")
+            stacked = Stacked(b, m, repoint=False)
+            gate = m._modules["gate"].weight
+            norms = [b.norm] if b.norm is not None else [True, False]
+            bad = ""
+            for norm in norms:
+                bad = check(routed(x, gate, stacked, b, norm, rets == "tensor_logits"), ref) or ""
+                if not bad:
+                    break
+            card.program = b.program(norm, rets)
+            card.card = card_id(b, card.program, card.input.model_dump())
+            out.append(card)
+            if bad:
+                card.refused = f"the grouped pass does not match the block on the captured input: {bad}"
+                continue
+            card.input_sets.append("captured")
+            rand = _random_like(x)
+            bad = check(routed(rand, gate, stacked, b, norm, rets == "tensor_logits"), m(rand)) or ""
+            if bad:
+                card.refused = f"the grouped pass does not match the block on the random input: {bad}"
+                continue
+            card.input_sets.append("random")
+            stats, raw, _ = timer.time({"block": functools.partial(m, x),
+                                        "grouped": functools.partial(routed, x, gate, stacked, b, norm,
+                                                                     rets == "tensor_logits")})
+            if forward_us is None:
+                fstats, _, _ = timer.time({"forward": functools.partial(run, model, inputs)})
+                forward_us = fstats["forward"].median
+            del stacked
+        card.eager, card.grouped = stats["block"], stats["grouped"]
+        card.speedup = paired_ratio(raw["block"], raw["grouped"])
+        n = sum(calls.get(p, 0) for p in card.blocks)
+        card.share = min(1.0, n * card.eager.median / forward_us) if forward_us else None
+        if min_speedup is None and card.speedup.median <= 1.0:
+            card.refused = f"not faster than the block's own forward ({card.speedup.median:.3f}x)"
+        elif min_speedup is not None and card.speedup.median < min_speedup:
+            card.refused = f"{card.speedup.median:.3f}x the block's own forward, below --min-speedup {min_speedup:g}"
+    return sorted(out, key=lambda c: c.card), why
+
+
+def promote(ws: Any, cards: list[ExpertsCard], *, by: str | None = None) -> list[Entry]:
+    """Promote the cards not refused: ``kernels/<card>/experts.json`` and a manifest entry each, one
+    commit on ``main``. Returns the entries."""
+    from .promotion import _user, commit_manifest, kernels_dir, manifest
+
+    keep = [c for c in cards if not c.refused]
+    if not keep:
+        return []
+    man = manifest(ws)
+    who = by or _user()
+    entries = []
+    root = kernels_dir(ws)
+    written = []
+    try:
+        for c in keep:
+            assert c.speedup is not None and c.eager is not None and c.grouped is not None
+            folder = root / c.card
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            written.append(folder)
+            src = folder / EXPERTS_FILE
+            src.write_text(json.dumps({"target": c.target, "program": c.program, "blocks": c.blocks,
+                                       "share": c.share}, indent=1, sort_keys=True) + "\n")
+            sig = Signature(card=c.card, kind="experts", target=c.target, inputs=[c.input], outputs=[c.output],
+                            program=c.program, module_paths=list(c.blocks), returns=c.program["returns"],
+                            flags=["experts"])
+            ev = Evidence(node="experts", commit="", speedup_vs_eager=c.speedup.median, speedup_vs_eager_q1=c.speedup.q1,
+                          speedup_vs_eager_q3=c.speedup.q3, spread=c.speedup.spread, time_us=c.grouped.median,
+                          eager_us=c.eager.median, input_sets=c.input_sets)
+            e = Entry(card=c.card, signature=sig, source=str(src.relative_to(root)), source_sha256=sha256_file(src),
+                      builds=[], evidence=ev, approved_by=who, approved_at=now())
+            man.entries[c.card] = e
+            entries.append(e)
+        commit_manifest(ws, man, "approve", f"serve {len(keep)} routed-experts card{'s' if len(keep) > 1 else ''} "
+                        "in one grouped pass", [c.line() for c in keep], [c.card for c in keep], who)
+    except BaseException:
+        for f in written:
+            shutil.rmtree(f, ignore_errors=True)
+        raise
+    return entries
+
+
+def experts_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
+                     repeats: int = 20, min_speedup: float | None = None
+                     ) -> tuple[list[ExpertsCard], dict[str, str], list[Entry]]:
+    """``forge experts``: propose the workload's experts cards and (unless ``dry_run``) promote
+    them. ``min_speedup``: the least isolated speedup over the block's own forward a card is
+    promoted with (default: faster, above 1.0; 0 promotes every card that matches)."""
+    from .workload import load_workload, resolve_device
+
+    if min_speedup is not None and min_speedup < 0:
+        raise ForgeError(f"--min-speedup must be 0 or more, not {min_speedup:g}")
+    dev = resolve_device(device)
+    wl = load_workload(spec)
+    model, inputs = wl.build(dev, dtype)
+    model.eval()
+    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
+    if not cards and not why:
+        raise ForgeError(f"{wl.path.name}: the model has no routed mixture-of-experts block "
+                         "(a gate linear and a ModuleList of gated-MLP experts)")
+    entries = [] if dry_run else promote(ws, cards)
+    return cards, why, entries
