@@ -186,9 +186,11 @@ def measure_overhead(spec: str, ws: Any, dev: str, repeats: int, tmp: Path, with
     if with_kernels:
         m1 = copy.deepcopy(model)
         a1 = apply(m1, ws, device=dev, only_faster=False)
-        for g in a1.guards.values():
-            a1.board.disable(g.status, "e2e_bench: timing the interception alone")
-        if a1.guards:
+        # every card on the board: kernels, folds and experts cards alike (before 2026-12-03 only the
+        # kernels' guards were, so folds and experts cards went on serving in this variant)
+        for st in list(a1.board.cards.values()):
+            a1.board.disable(st, "e2e_bench: timing the interception alone")
+        if a1.board.cards:
             variants["every kernel falling back"] = m1
     timer = Timer(dev, warmup=3, repeats=repeats, cold_l2=False)
     with torch.no_grad():

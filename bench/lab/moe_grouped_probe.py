@@ -36,6 +36,10 @@ def med_ms(fn, reps=15, warm=3):
     return statistics.median(ts), min(ts), max(ts)
 
 
+def _grouped_forward(m, st, b):
+    return lambda x: routed(x, m.gate.weight, st, b, True, False)
+
+
 def probe_dtypes(out):
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         a = torch.randn(100, 64, device="cuda", dtype=dt)
@@ -119,7 +123,7 @@ def main():
             m = model.get_submodule(b.path)
             st = Stacked(b, m, repoint=True)
             stacks.append(st)
-            m.forward = (lambda m, st, b: (lambda x: routed(x, m.gate.weight, st, b, True, False)))(m, st, b)
+            m.forward = _grouped_forward(m, st, b)
         y = model(*inputs)
         y, ref = (y[0], ref[0]) if isinstance(y, tuple) else (y, ref)
         g_ms = med_ms(lambda: model(*inputs), reps=7, warm=2)
@@ -132,15 +136,14 @@ def main():
                           "max_abs_diff": float((y.float() - ref.float()).abs().max()),
                           "mem_gib": torch.cuda.max_memory_allocated() / 2**30}
     print(f"moe forward: {json.dumps(out['moe forward'], default=str)}", flush=True)
-    del model, stacks
+    model = stacks = None
     torch.cuda.empty_cache()
 
     try:
+        import transformers
         from transformers import MixtralConfig, Qwen3MoeConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-        import transformers
         out["transformers"] = transformers.__version__
         torch.manual_seed(0)
         cfg = Qwen3MoeConfig(hidden_size=2048, moe_intermediate_size=768, num_experts=64, num_experts_per_tok=8,

@@ -154,7 +154,8 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
         if names is None:
             why[path] = "its experts are not gated MLPs (gate_proj, up_proj, down_proj or w1, w3, w2)"
             continue
-        inter = first.get_submodule(names[0]).out_features
+        inter = int(getattr(first._modules[names[0]], "out_features", 0))
+        hidden = int(hidden)
         dtypes = {p.dtype for p in m.parameters()}
         devices = {p.device for p in m.parameters()}
         bad = ""
@@ -164,7 +165,8 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
                                                   and _linear_ok(lin[2], hidden, inter)):
                 bad = f"expert {k} is not shaped as expert 0 (linears without bias, {hidden} -> {inter} -> {hidden})"
                 break
-            extra = [c for c in e._modules if c not in names and any(True for _ in e._modules[c].parameters())]
+            extra = [c for c, sub in e._modules.items() if c not in names and sub is not None
+                     and any(True for _ in sub.parameters())]
             if extra:
                 bad = f"expert {k} has other children with weights: {', '.join(extra)}"
                 break
@@ -207,7 +209,13 @@ class Stacked:
             self.gate_up = torch.empty(E, 2 * I_, H, dtype=first.dtype, device=first.device)
             self.down = torch.empty(E, H, I_, dtype=first.dtype, device=first.device)
             self.params: list[Any] = []
+            self._experts: tuple[dict[str, Any], list[Any]] = (experts._modules, list(experts._modules.values()))
+            self._slots: list[tuple[dict[str, Any], str, Any, Any]] = []
+            """(an expert's children, a linear's name, the linear, its weight) as installed."""
             for k, e in enumerate(experts):
+                for n in (g, u, d):
+                    lin = e._modules[n]
+                    self._slots.append((e._modules, n, lin, lin._parameters["weight"]))
                 pg, pu, pd = (e.get_submodule(n).weight for n in (g, u, d))
                 self.gate_up[k, :I_].copy_(pg)
                 self.gate_up[k, I_:].copy_(pu)
@@ -219,7 +227,16 @@ class Stacked:
         self.repointed = repoint
 
     def intact(self) -> bool:
-        """Whether every expert weight is still its slice of the stacked tensors."""
+        """Whether every expert weight the block has now is still its slice of the stacked tensors:
+        not where an expert, a linear or a weight was replaced by another object, or a weight's
+        data by other data."""
+        mods, kept = self._experts
+        if len(mods) != len(kept) or any(a is not b for a, b in zip(mods.values(), kept)):
+            return False
+        for children, name, lin, p in self._slots:
+            now = children.get(name)
+            if now is not lin or getattr(now, "_parameters", {}).get("weight") is not p:
+                return False
         return tuple(p.data_ptr() for p in self.params) == self.ptrs
 
     def release(self) -> None:
@@ -291,7 +308,7 @@ def check(y: Any, ref: Any) -> str | None:
         if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return f"output {i} is not shaped as the block's"
         scale = float(b.float().pow(2).mean().sqrt()) if b.numel() else 1.0
-        m = compare(a, b, 0, scale=scale or 1.0)
+        m = compare(a, b, i, scale=scale or 1.0)
         if m is not None:
             return f"output {i}: {m}"
     return None
