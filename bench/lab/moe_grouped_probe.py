@@ -1,7 +1,8 @@
-"""Answers: does the routed-experts grouped pass (``forge_tui/runtime/experts.py``) run on this
+"""Answers (1): does the routed-experts grouped pass (``forge_tui/runtime/experts.py``) run on this
 GPU's torch (``torch._grouped_mm`` per dtype), match the bundled moe example's block and Hugging
 Face's Qwen3-MoE and Mixtral blocks, capture in a CUDA graph, and how much faster is it, per block
-and for the whole moe forward?
+and for the whole moe forward? (2, ``--sweep``) From how many tokens does it pay, for the moe
+example's block (64 experts top-8, bf16) and a Mixtral-style one (8 experts top-2, w1/w3/w2, fp16)?
 
 Run: ``python bench/lab/moe_grouped_probe.py`` (GPU). Prints a table; JSON to ``$OUT`` if set.
 """
@@ -98,8 +99,89 @@ def block_case(name, model, x, out):
     print(f"{name}: {json.dumps(res, default=str)}", flush=True)
 
 
+class _Expert(torch.nn.Module):
+    def __init__(self, h, i):
+        super().__init__()
+        self.w1 = torch.nn.Linear(h, i, bias=False)
+        self.w3 = torch.nn.Linear(h, i, bias=False)
+        self.w2 = torch.nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class _MixtralLike(torch.nn.Module):
+    """Mixtral's eager block as transformers 4.x writes it: softmax, top-2, renormalised, a loop."""
+
+    def __init__(self, h=4096, i=14336, e=8, k=2):
+        super().__init__()
+        self.num_experts_per_tok = k
+        self.gate = torch.nn.Linear(h, e, bias=False)
+        self.experts = torch.nn.ModuleList(_Expert(h, i) for _ in range(e))
+
+    def forward(self, x):
+        b, s, h = x.shape
+        x = x.view(-1, h)
+        logits = self.gate(x)
+        w = torch.nn.functional.softmax(logits, dim=1, dtype=torch.float)
+        w, sel = torch.topk(w, self.num_experts_per_tok, dim=-1)
+        w /= w.sum(dim=-1, keepdim=True)
+        w = w.to(x.dtype)
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(sel, num_classes=len(self.experts)).permute(2, 1, 0)
+        for e in range(len(self.experts)):
+            idx, top_x = torch.where(mask[e])
+            cur = x[None, top_x].reshape(-1, h)
+            out.index_add_(0, top_x, (self.experts[e](cur) * w[top_x, idx, None]).to(x.dtype))
+        return out.reshape(b, s, h), logits
+
+
+def _on_cuda(cls):
+    with torch.device("cuda"):  # random init of large weights is fast there
+        return cls()
+
+
+def sweep(out):
+    from forge_tui.examples import moe
+
+    cases = {"moe example block (64 experts top-8, 2048 -> 768, bf16)":
+             lambda: moe.get_model("cuda").to(torch.bfloat16).eval().layers[0].mlp,
+             "Mixtral-style block (8 experts top-2, 4096 -> 14336, fp16)":
+             lambda: _on_cuda(_MixtralLike).to(torch.float16).eval()}
+    for name, make in cases.items():
+        torch.manual_seed(0)
+        out[f"sweep: {name}"] = _sweep_block(name, make())
+        torch.cuda.empty_cache()
+
+
+def _sweep_block(name, blk):
+    holder = torch.nn.Module()
+    holder.add_module("mlp", blk)
+    (b,), _ = find_blocks(holder)
+    dt = next(blk.parameters()).dtype
+    st = Stacked(b, blk, repoint=False)
+    rows = []
+    with torch.no_grad():
+        for tokens in (1, 8, 64, 512, 4096):
+            x = torch.randn(1, tokens, b.hidden, device="cuda", dtype=dt)
+            ref = blk(x)
+            logits = returns_of(ref, b, x) == "tensor_logits"
+            y = routed(x, blk.gate.weight, st, b, True, logits)
+            e_ms = med_ms(lambda x=x: blk(x))
+            g_ms = med_ms(lambda x=x, lg=logits: routed(x, blk.gate.weight, st, b, True, lg))
+            rows.append({"tokens": tokens, "eager_ms": e_ms[0], "grouped_ms": g_ms[0], "speedup": e_ms[0] / g_ms[0],
+                         "check": check(y, ref) or "match"})
+            print(f"{name} tokens {tokens}: {rows[-1]}", flush=True)
+    return rows
+
+
 def main():
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if "--sweep" in sys.argv:
+        sweep(out)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "moe_grouped_sweep.json").write_text(json.dumps(out, indent=1, default=str))
+        return
     probe_dtypes(out)
     from forge_tui.examples import moe
 
