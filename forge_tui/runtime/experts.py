@@ -129,8 +129,8 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
         gate, experts = kids["gate"], kids["experts"]
         if not isinstance(experts, torch.nn.ModuleList) or len(experts) == 0:
             fused = isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor) and experts.gate_up_proj.dim() == 3
-            why[path] = ("its experts are stored fused, [experts, rows, cols] (transformers 5's layout, whose "
-                         "config's experts_implementation='grouped_mm' runs them grouped)" if fused
+            why[path] = ("its experts are stored fused, [experts, rows, cols] (transformers 5's layout, which runs them "
+                         "grouped by default: experts_implementation='grouped_mm')" if fused
                          else "its experts are not a ModuleList")
             continue
         others = sorted(k for k in kids if k not in ("gate", "experts") and kids[k] is not None
