@@ -122,7 +122,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             norms = [b.norm] if b.norm is not None else [True, False]
             bad = ""
             for norm in norms:
-                bad = check(routed(x, gate, stacked, b, norm, rets == "tensor_logits"), ref) or ""
+                bad = check(routed(x, gate, stacked, b, norm, rets == "tensor_logits", m), ref) or ""
                 if not bad:
                     break
             card.program = b.program(norm, rets)
@@ -133,14 +133,14 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                 continue
             card.input_sets.append("captured")
             rand = _random_like(x)
-            bad = check(routed(rand, gate, stacked, b, norm, rets == "tensor_logits"), m(rand)) or ""
+            bad = check(routed(rand, gate, stacked, b, norm, rets == "tensor_logits", m), m(rand)) or ""
             if bad:
                 card.refused = f"the grouped pass does not match the block on the random input: {bad}"
                 continue
             card.input_sets.append("random")
             stats, raw, _ = timer.time({"block": functools.partial(m, x),
                                         "grouped": functools.partial(routed, x, gate, stacked, b, norm,
-                                                                     rets == "tensor_logits")})
+                                                                     rets == "tensor_logits", m)})
             if forward_us is None:
                 fstats, _, _ = timer.time({"forward": functools.partial(run, model, inputs)})
                 forward_us = fstats["forward"].median

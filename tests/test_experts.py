@@ -86,7 +86,7 @@ class _Expert(nn.Module):
 
 
 class _WithSharedExpert(nn.Module):
-    """Qwen2-MoE's shape: a shared expert beside the routed ones (a child with weights)."""
+    """A shared expert beside the routed ones but no gate for it (a child with weights)."""
 
     def __init__(self):
         super().__init__()
@@ -174,6 +174,53 @@ def test_blocks_are_found_by_structure_and_look_alikes_say_why_not():
     blocks, why = find_blocks(_Mixtral())
     assert not why and len(blocks) == 1
     assert (blocks[0].names, blocks[0].act, blocks[0].top_k) == (("w1", "w3", "w2"), "gelu", 2)
+
+
+class _Qwen2Moe(nn.Module):
+    """Qwen2-MoE's block as transformers 4.x writes it: routed experts without renormalising their
+    top-k weights, plus a shared expert scaled by a sigmoid gate, returning the router logits."""
+
+    def __init__(self, hidden=64, inter=32, experts=8, top_k=4):
+        super().__init__()
+        self.num_experts, self.top_k, self.norm_topk_prob = experts, top_k, False
+        self.gate = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(_Expert(hidden, inter) for _ in range(experts))
+        self.shared_expert = _Expert(hidden, 2 * inter)
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, hidden_states):
+        bsz, seq, hidden = hidden_states.shape
+        h = hidden_states.view(-1, hidden)
+        logits = self.gate(h)
+        w = F.softmax(logits, dim=1, dtype=torch.float)
+        w, selected = torch.topk(w, self.top_k, dim=-1)
+        w = w.to(h.dtype)
+        final = torch.zeros_like(h)
+        mask = F.one_hot(selected, num_classes=self.num_experts).permute(2, 1, 0)
+        for e in range(self.num_experts):
+            idx, top_x = torch.where(mask[e])
+            out = self.experts[e](h[None, top_x].reshape(-1, hidden)) * w[top_x, idx, None]
+            final.index_add_(0, top_x, out.to(h.dtype))
+        shared = F.sigmoid(self.shared_expert_gate(h)) * self.shared_expert(h)
+        return (final + shared).reshape(bsz, seq, hidden), logits
+
+
+def test_a_shared_expert_with_its_gate_is_served_in_the_same_pass():
+    torch.manual_seed(0)
+    block = _Qwen2Moe().to(torch.bfloat16).eval()
+    wrapper = nn.Module()
+    wrapper.add_module("mlp", block)
+    (b,), why = find_blocks(wrapper)
+    assert not why and b.shared and b.norm is False and b.program(False, "tensor_logits")["shared"]
+    x = _hidden(dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = block(x)
+        stacked = Stacked(b, block, repoint=False)
+        y = routed(x, block.gate.weight, stacked, b, False, True, block)
+        assert torch.equal(y[0], ref[0]) and torch.equal(y[1], ref[1])
+        # the same pass without the shared expert is another block
+        alone = dataclasses.replace(b, shared=False)
+        assert check(routed(x, block.gate.weight, stacked, alone, False, True, block), ref) is not None
 
 
 def _bf16_block(top_k: int):

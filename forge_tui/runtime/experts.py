@@ -26,7 +26,9 @@ again.
 Which modules are such blocks is read from their structure and then proven by their output: a
 module with a ``gate`` linear to E outputs, an ``experts`` module list of E gated MLPs (linears
 ``gate_proj``/``up_proj``/``down_proj`` or ``w1``/``w3``/``w2``, no bias), a ``top_k`` (or
-``num_experts_per_tok``) and no other child. The activation is found by calling one expert
+``num_experts_per_tok``) and no other child with weights but a shared expert with its sigmoid
+gate (``shared_expert`` and ``shared_expert_gate``, a linear to one output: Qwen2-MoE), which the
+grouped pass calls and adds as the block does. The activation is found by calling one expert
 (SiLU, tanh-GELU, GELU or ReLU, the one that reproduces it exactly), and whether the top-k weights
 are renormalised by ``norm_topk_prob`` where the block has it, else by the block's output. A card
 is promoted only where its output matches the block's own on the captured input and on a random
@@ -73,11 +75,17 @@ class Block:
     act: str
     norm: bool | None
     """``norm_topk_prob`` where the block has it; None: decided by the block's output."""
+    shared: bool = False
+    """A shared expert every token also goes through, scaled by a sigmoid gate (Qwen2-MoE):
+    ``+ sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
 
     def program(self, norm: bool, returns: str) -> dict[str, Any]:
-        return {"experts": self.experts, "top_k": self.top_k, "hidden": self.hidden,
-                "intermediate": self.intermediate, "names": list(self.names), "act": self.act, "norm": norm,
-                "returns": returns}
+        out = {"experts": self.experts, "top_k": self.top_k, "hidden": self.hidden,
+               "intermediate": self.intermediate, "names": list(self.names), "act": self.act, "norm": norm,
+               "returns": returns}
+        if self.shared:
+            out["shared"] = True
+        return out
 
 
 def _linear_ok(m: Any, out_f: int | None, in_f: int | None) -> bool:
@@ -135,8 +143,11 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
             continue
         others = sorted(k for k in kids if k not in ("gate", "experts") and kids[k] is not None
                         and any(True for _ in kids[k].parameters()))
-        if others:
-            why[path] = f"it has children besides the router and the experts: {', '.join(others)}"
+        shared = others == ["shared_expert", "shared_expert_gate"] and _linear_ok(kids["shared_expert_gate"], 1, None)
+        if others and not shared:
+            why[path] = f"it has children besides the router and the experts: {', '.join(others)}" + (
+                " (a shared expert is served with a linear gate to one output, shared_expert_gate)"
+                if "shared_expert" in others else "")
             continue
         n = len(experts)
         if not _linear_ok(gate, n, None):
@@ -181,7 +192,11 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
             why[path] = f"its experts' forward is not down(act(gate(x)) * up(x)) for act in {', '.join(ACTIVATIONS)}"
             continue
         norm = getattr(m, "norm_topk_prob", None)
-        blocks.append(Block(path, n, top_k, hidden, inter, names, act, norm if isinstance(norm, bool) else None))
+        if shared and kids["shared_expert_gate"].in_features != hidden:
+            why[path] = "its shared expert's gate does not read the hidden states"
+            continue
+        blocks.append(Block(path, n, top_k, hidden, inter, names, act, norm if isinstance(norm, bool) else None,
+                            shared))
     return blocks, why
 
 
@@ -260,8 +275,9 @@ def grouped_mm(a: "torch.Tensor", w: "torch.Tensor", offs: "torch.Tensor") -> "t
 
 
 def routed(x: "torch.Tensor", gate_weight: "torch.Tensor", stacked: Stacked, block: Block, norm: bool,
-           want_logits: bool) -> Any:
-    """The block's forward on ``x`` (``[..., hidden]``) in one grouped pass: no host sync."""
+           want_logits: bool, module: Any = None) -> Any:
+    """The block's forward on ``x`` (``[..., hidden]``) in one grouped pass: no host sync.
+    ``module``: the block, whose shared expert and its gate are called where it has them."""
     import torch
     import torch.nn.functional as F
 
@@ -291,6 +307,9 @@ def routed(x: "torch.Tensor", gate_weight: "torch.Tensor", stacked: Stacked, blo
     final = byexp[:, 0].clone()
     for j in range(1, k):
         final += byexp[:, j]
+    if block.shared:
+        kids = module._modules
+        final = final + torch.sigmoid(kids["shared_expert_gate"](h)) * kids["shared_expert"](h)
     final = final.reshape(shape)
     return (final, logits) if want_logits else final
 
@@ -406,7 +425,7 @@ class Served:
         p = g.program
         try:
             y = routed(args[0], self.module._modules["gate"].weight, self.stacked, self.block, p["norm"],
-                       p["returns"] == "tensor_logits")
+                       p["returns"] == "tensor_logits", self.module)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
             g.board.disable(st, f"grouped pass error: {exc}")
             g.board.fell_back(st, "grouped pass error")
@@ -435,7 +454,7 @@ def program_block(module: Any, path: str, program: dict[str, Any]) -> Block | No
     blocks, _ = find_blocks(wrapper)
     for b in blocks:
         if b.path == "m":
-            b = Block(path, b.experts, b.top_k, b.hidden, b.intermediate, b.names, b.act, b.norm)
+            b = Block(path, b.experts, b.top_k, b.hidden, b.intermediate, b.names, b.act, b.norm, b.shared)
             return b if b.program(program["norm"], program["returns"]) == program else None
     return None
 
