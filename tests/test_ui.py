@@ -17,6 +17,7 @@ from conftest import FAST_TOML
 from forge_tui.ui.app import ForgeApp
 from forge_tui.ui.backend import Backend
 from forge_tui.ui.screens.approvals import ApprovalsScreen
+from forge_tui.ui.screens.fallback import FallbackScreen
 from forge_tui.ui.screens.replay import ReplayScreen
 from forge_tui.ui.widgets.approvals.queue import RequestQueue
 from forge_tui.ui.widgets.fallback.status_table import RuntimeStatus
@@ -334,6 +335,43 @@ def test_a_failing_worker_becomes_a_message(searched):
             assert any("error in reading the node from git" in line for line in app.log_lines)
             await pilot.press("1", "down")
             assert app.is_running and app.screen.query_one(OpTable).row_count and card
+
+    asyncio.run(scenario())
+
+
+def test_m_folds_and_groups_the_model_from_the_app(tmp_path):
+    """On the fallback screen, m runs forge fold and forge experts on the workspace's model in a
+    worker: a mixture-of-experts model gets its experts card promoted (the guide then points to the
+    model run), a model without batch norms says so, and b then serves the card end to end."""
+    from forge_tui.promotion import manifest
+    from forge_tui.workspace import Workspace, profile_into_workspace
+
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text(FAST_TOML)
+    ws, _ = profile_into_workspace("example:tiny_moe", tmp_path / "ws", device="cpu", config_path=cfg)
+
+    async def scenario():
+        app = ForgeApp(ws.root, autostart=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.cards, 30, "the cards")
+            await pilot.press("3")
+            await until(pilot, lambda: isinstance(app.screen, FallbackScreen), 10, "the fallback screen")
+            await pilot.press("m")
+            await until(pilot, lambda: not app.rewriting and any(line.startswith("experts: promoted")
+                                                                 for line in app.log_lines), 120, "forge experts")
+            assert not app.failures, [f.error for f in app.failures]
+            assert any(line.startswith("fold:") and "no batch norm" in line for line in app.log_lines)
+            assert any(line.startswith("experts: experts-") and "2 blocks" in line for line in app.log_lines)
+            await until(pilot, lambda: app.promoted_count >= 1, 30, "the promoted count")
+            assert "3 then b runs the whole model" in app.guide_text()
+            kinds = {e.signature.kind for e in manifest(Workspace.open(ws.root)).entries.values()}
+            assert kinds == {"experts"}
+            await pilot.press("b")
+            await until(pilot, lambda: app.bench_outcome is not None or app.failures, 240, "the model run")
+            assert not app.failures, [f.error for f in app.failures]
+            assert app.bench_outcome.outputs_agree.get("eager+forge") is None
+            app.rewriting = True  # while the worker runs, the guide says what it does
+            assert "grouping routed experts" in app.guide_text()
 
     asyncio.run(scenario())
 

@@ -14,7 +14,7 @@ from forge_tui.evaluator.result import BuildReport, Correctness, Diagnostic, Eva
 from forge_tui.promotion import Request, evidence_of
 from forge_tui.runtime.manifest import Entry, Evidence, Signature
 from forge_tui.search.events import BestImproved, CardFinished, NodeAdded, ProposerFailed, SearchEvent, SearchStarted, SearchStopped
-from forge_tui.ui.backend import Backend, BenchOutcome, NodeDetail
+from forge_tui.ui.backend import Backend, BenchOutcome, NodeDetail, RewriteOutcome
 from forge_tui.ui.describe_api import Draft
 
 CARDS_DIR = Path(__file__).parent / "data" / "ui" / "cards"
@@ -185,6 +185,10 @@ class FixtureBackend(Backend):
             {"card": SOFTMAX, "kind": "op", "target": "aten._softmax.default", "active": False,
              "disabled_reason": "kernel error: forge_launch returned 3", "served": 7, "fallbacks": {"disabled": 40},
              "shadow_checks": 0, "dispatch_us": None, "sites": []}]}
+
+    def rewrites(self) -> RewriteOutcome:
+        return RewriteOutcome(["fold: fixture.py: the model has no batch norm after a convolution to fold",
+                               "experts: fixture.py: the model has no routed mixture-of-experts block"], 0)
 
     def bench(self, repeats: int = 10) -> BenchOutcome:
         return BenchOutcome("variant  median µs  vs eager\neager        842.8         -\neager+forge  771.0    1.093x",

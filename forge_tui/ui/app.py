@@ -33,7 +33,7 @@ from ..errors import ForgeError
 from .backend import Backend, BenchOutcome
 from .describe_api import Describer, describer_for
 from .feed import LiveFeed
-from .messages import BenchDone, CardsLoaded, Failed, Progress, SearchEventPosted, SearchFinished
+from .messages import BenchDone, CardsLoaded, Failed, Progress, RewritesDone, SearchEventPosted, SearchFinished
 from .screens.approvals import ApprovalsScreen
 from .screens.describe import DescribeScreen
 from .screens.fallback import FallbackScreen
@@ -95,6 +95,8 @@ class ForgeApp(App[None]):
         self.promoted_count = 0
         self.bench_outcome: BenchOutcome | None = None
         self.bench_running = False
+        self.rewriting = False
+        """``forge fold`` and ``forge experts`` are running on the model (``m``)."""
         self.failures: list[Failed] = []
         # the search in progress
         self._search: Search | None = None
@@ -199,6 +201,10 @@ class ForgeApp(App[None]):
             self.bench_running = False
             self.bench_changed.publish(None)
             self._guide()
+        if worker.group == "rewrites" and state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+            self.rewriting = False
+            self.requests_worker()
+            self._guide()
 
     def guide_text(self) -> str:
         s = self.state
@@ -213,6 +219,8 @@ class ForgeApp(App[None]):
                     "p pauses, x stops")
         if self.bench_running:
             return "running the whole model: eager, then eager + forge, outputs compared ..."
+        if self.rewriting:
+            return "folding batch norms and grouping routed experts: each checked against the model, then timed ..."
         if self.bench_outcome is not None:
             sp = self.bench_outcome.speedup
             bad = [k for k, v in self.bench_outcome.outputs_agree.items() if v and "forge" in k]
@@ -225,6 +233,9 @@ class ForgeApp(App[None]):
             return "paused: g resumes the search where it stopped (every finished node is kept)"
         if s.runs == 0:
             chosen = f"the {len(self.picks)} chosen cards" if self.picks else "every card"
+            if self.promoted_count:
+                return (f"g searches kernels for {chosen}; {self.promoted_count} card(s) promoted already: 3 then b "
+                        "runs the whole model with them")
             return f"g searches kernels for {chosen} (space chooses cards, Enter shows a card's tree)"
         more = f" (4: {self.requests_pending} more request(s))" if self.requests_pending else ""
         if self.promoted_count:
@@ -323,6 +334,28 @@ class ForgeApp(App[None]):
         self.bench_changed.publish(None)
         self.note("running the model end to end (forge bench, without torch.compile) ...")
         self.bench_worker()
+        self._guide()
+
+    def action_rewrite(self) -> None:
+        if self.rewriting or self.bench_running:
+            self.notify("the model is already running", severity="warning")
+            return
+        self.rewriting = True
+        self.note("folding batch norms into their convolutions and grouping routed experts (forge fold, "
+                  "forge experts) ...")
+        self.rewrite_worker()
+        self._guide()
+
+    @work(thread=True, exclusive=True, group="rewrites", exit_on_error=False, name="rewriting the model")
+    def rewrite_worker(self) -> None:
+        self.post_message(RewritesDone(self.backend.rewrites()))
+
+    def on_rewrites_done(self, message: RewritesDone) -> None:
+        for line in message.outcome.lines:
+            self.note(line)
+        self.rewriting = False
+        self.requests_stale.publish(None)
+        self.requests_worker()
         self._guide()
 
     @work(thread=True, exclusive=True, group="bench", exit_on_error=False, name="running the model")

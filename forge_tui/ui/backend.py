@@ -53,6 +53,15 @@ class BenchOutcome:
     """Kernels switched off because the whole forward ran faster without them."""
 
 
+@dataclass
+class RewriteOutcome:
+    """What ``forge fold`` and ``forge experts`` did to the workspace's model, line by line."""
+
+    lines: list[str]
+    promoted: int
+    """Fold and experts cards promoted by this run."""
+
+
 def language_of(name: str) -> str:
     return "python" if name.endswith(".py") else "cuda"
 
@@ -182,16 +191,46 @@ class Backend:
 
         return read_status(self.root)
 
+    def _workload(self) -> tuple[str, Any, Any]:
+        """(the workspace's own copy of its workload, or the path it was profiled from; the device;
+        the dtype) as the profile ran it."""
+        from ..workload import parse_dtype
+
+        meta = self._ws().meta
+        spec = str(self.root / "workload.py") if (self.root / "workload.py").is_file() else meta["workload"]["path"]
+        return spec, meta.get("device"), parse_dtype(meta["dtype"]) if meta.get("dtype") else None
+
+    def rewrites(self) -> RewriteOutcome:
+        """``forge fold`` then ``forge experts`` on the workspace's workload: the model's batch norms
+        folded into their convolutions and its routed experts grouped, each card checked against the
+        model's own modules, timed, and promoted when faster (the user's key press approves them,
+        as running the commands does)."""
+        from ..errors import ForgeError
+        from ..experts import experts_workload
+        from ..folding import fold_workload
+
+        ws = self._ws()
+        spec, device, dtype = self._workload()
+        lines: list[str] = []
+        promoted = 0
+        for name, run in (("fold", fold_workload), ("experts", experts_workload)):
+            try:
+                cards, why, entries = run(spec, ws, device=device, dtype=dtype)
+            except ForgeError as exc:
+                lines.append(f"{name}: {exc}")
+                continue
+            lines += [f"{name}: {c.line()}" for c in cards]
+            lines += [f"{name}: {path or 'the model'}: {reason}" for path, reason in sorted(why.items())]
+            lines.append(f"{name}: promoted {len(entries)} card(s)")
+            promoted += len(entries)
+        return RewriteOutcome(lines, promoted)
+
     def bench(self, repeats: int = 10) -> BenchOutcome:
         """``forge bench`` on the workspace's own copy of its workload (eager against eager + forge;
         torch.compile is left out here: it takes minutes on a small machine)."""
         from ..e2e import bench
-        from ..workload import parse_dtype
 
-        ws = self._ws()
-        meta = ws.meta
-        spec = str(ws.root / "workload.py") if (ws.root / "workload.py").is_file() else meta["workload"]["path"]
-        dtype = parse_dtype(meta["dtype"]) if meta.get("dtype") else None
-        r = bench(spec, ws, device=meta.get("device"), dtype=dtype, repeats=repeats, warmup=2, with_compile=False)
+        spec, device, dtype = self._workload()
+        r = bench(spec, self._ws(), device=device, dtype=dtype, repeats=repeats, warmup=2, with_compile=False)
         sp = r.speedups.get("eager+forge")
         return BenchOutcome(r.table(), sp.median if sp else None, dict(r.outputs_agree), dict(r.switched_off))

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..cards import Card
     from ..promotion import Request
     from ..runtime.manifest import Entry
-    from .backend import BenchOutcome, NodeDetail
+    from .backend import BenchOutcome, NodeDetail, RewriteOutcome
 
 
 class SearchEventPosted(Message):
@@ -79,6 +79,14 @@ class RuntimeStatusRead(Message):
         super().__init__()
         self.status = status
         self.promoted = promoted
+
+
+class RewritesDone(Message):
+    """``forge fold`` and ``forge experts`` ran on the workspace's model."""
+
+    def __init__(self, outcome: "RewriteOutcome") -> None:
+        super().__init__()
+        self.outcome = outcome
 
 
 class BenchDone(Message):
