@@ -2,7 +2,8 @@
 GPU's torch (``torch._grouped_mm`` per dtype), match the bundled moe example's block and Hugging
 Face's Qwen3-MoE and Mixtral blocks, capture in a CUDA graph, and how much faster is it, per block
 and for the whole moe forward? (2, ``--sweep``) From how many tokens does it pay, for the moe
-example's block (64 experts top-8, bf16) and a Mixtral-style one (8 experts top-2, w1/w3/w2, fp16)?
+example's block (64 experts top-8, bf16), a Mixtral-style one (8 experts top-2, w1/w3/w2, fp16)
+and a Qwen1.5-MoE-style one (60 experts top-4 and a gated shared expert, bf16)?
 
 Run: ``python bench/lab/moe_grouped_probe.py`` (GPU). Prints a table; JSON to ``$OUT`` if set.
 """
@@ -136,6 +137,38 @@ class _MixtralLike(torch.nn.Module):
         return out.reshape(b, s, h), logits
 
 
+class _Qwen2MoeLike(torch.nn.Module):
+    """Qwen1.5-MoE-A2.7B's block as transformers 4.x writes it: 60 experts top-4 without
+    renormalising, and a shared expert scaled by a sigmoid gate."""
+
+    def __init__(self, h=2048, i=1408, shared_i=5632, e=60, k=4):
+        super().__init__()
+        from forge_tui.examples._decoder_parts import GatedMLP
+
+        self.num_experts, self.top_k, self.norm_topk_prob = e, k, False
+        self.gate = torch.nn.Linear(h, e, bias=False)
+        self.experts = torch.nn.ModuleList(GatedMLP(h, i, "silu") for _ in range(e))
+        self.shared_expert = GatedMLP(h, shared_i, "silu")
+        self.shared_expert_gate = torch.nn.Linear(h, 1, bias=False)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        x = x.view(-1, h)
+        logits = self.gate(x)
+        w = torch.nn.functional.softmax(logits, dim=1, dtype=torch.float)
+        w, sel = torch.topk(w, self.top_k, dim=-1)
+        w = w.to(x.dtype)
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(sel, num_classes=self.num_experts).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit.flatten().tolist():
+            idx, top_x = torch.where(mask[e])
+            cur = x[None, top_x].reshape(-1, h)
+            out.index_add_(0, top_x, (self.experts[e](cur) * w[top_x, idx, None]).to(x.dtype))
+        shared = torch.nn.functional.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return (out + shared).reshape(b, s, h), logits
+
+
 def _on_cuda(cls):
     with torch.device("cuda"):  # random init of large weights is fast there
         return cls()
@@ -147,7 +180,9 @@ def sweep(out):
     cases = {"moe example block (64 experts top-8, 2048 -> 768, bf16)":
              lambda: moe.get_model("cuda").to(torch.bfloat16).eval().layers[0].mlp,
              "Mixtral-style block (8 experts top-2, 4096 -> 14336, fp16)":
-             lambda: _on_cuda(_MixtralLike).to(torch.float16).eval()}
+             lambda: _on_cuda(_MixtralLike).to(torch.float16).eval(),
+             "Qwen1.5-MoE-style block (60 experts top-4 + a gated shared expert, 2048 -> 1408, bf16)":
+             lambda: _on_cuda(_Qwen2MoeLike).to(torch.bfloat16).eval()}
     for name, make in cases.items():
         torch.manual_seed(0)
         out[f"sweep: {name}"] = _sweep_block(name, make())
@@ -162,13 +197,14 @@ def _sweep_block(name, blk):
     st = Stacked(b, blk, repoint=False)
     rows = []
     with torch.no_grad():
+        norm = b.norm if b.norm is not None else True
         for tokens in (1, 8, 64, 512, 4096):
             x = torch.randn(1, tokens, b.hidden, device="cuda", dtype=dt)
             ref = blk(x)
             logits = returns_of(ref, b, x) == "tensor_logits"
-            y = routed(x, blk.gate.weight, st, b, True, logits)
+            y = routed(x, blk.gate.weight, st, b, norm, logits, blk)
             e_ms = med_ms(lambda x=x: blk(x))
-            g_ms = med_ms(lambda x=x, lg=logits: routed(x, blk.gate.weight, st, b, True, lg))
+            g_ms = med_ms(lambda x=x, lg=logits: routed(x, blk.gate.weight, st, b, norm, lg, blk))
             rows.append({"tokens": tokens, "eager_ms": e_ms[0], "grouped_ms": g_ms[0], "speedup": e_ms[0] / g_ms[0],
                          "check": check(y, ref) or "match"})
             print(f"{name} tokens {tokens}: {rows[-1]}", flush=True)
