@@ -290,48 +290,39 @@ def cmd_bench(args) -> int:
     return 1 if bad else 0
 
 
-def cmd_fold(args) -> int:
-    from .folding import fold_workload
+def _cmd_rewrite(args, run, name: str, unit: str, no: str) -> int:
+    """``forge fold`` and ``forge experts``: propose the workload's cards of one kind of rewrite,
+    print them and why the look-alikes are not served, and promote them unless ``--dry-run``."""
     from .workload import parse_dtype
     from .workspace import Workspace
 
     if args.min_speedup is not None and not args.min_speedup >= 0:
         raise ForgeError(f"--min-speedup must be 0 or more, not {args.min_speedup}")
     ws = Workspace.open(args.workspace)
-    cards, why, entries = fold_workload(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
-                                        dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
+    cards, why, entries = run(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
+                              dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
     for c in cards:
         print(c.line())
     for path, reason in sorted(why.items()):
-        print(f"{path or 'the model'}: no fold: {reason}")
+        print(f"{path or 'the model'}: {no}: {reason}")
     if args.dry_run:
-        print(f"dry run: {sum(not c.refused for c in cards)} fold cards would be promoted")
+        print(f"dry run: {sum(not c.refused for c in cards)} {name} cards would be promoted")
     else:
-        print(f"promoted {len(entries)} fold cards ({sum(len(e.signature.module_paths) for e in entries)} batch norms) "
+        print(f"promoted {len(entries)} {name} cards ({sum(len(e.signature.module_paths) for e in entries)} {unit}) "
               f"to {ws.root}" if entries else "nothing promoted")
     return 0
+
+
+def cmd_fold(args) -> int:
+    from .folding import fold_workload
+
+    return _cmd_rewrite(args, fold_workload, "fold", "batch norms", "no fold")
 
 
 def cmd_experts(args) -> int:
     from .experts import experts_workload
-    from .workload import parse_dtype
-    from .workspace import Workspace
 
-    if args.min_speedup is not None and not args.min_speedup >= 0:
-        raise ForgeError(f"--min-speedup must be 0 or more, not {args.min_speedup}")
-    ws = Workspace.open(args.workspace)
-    cards, why, entries = experts_workload(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
-                                           dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
-    for c in cards:
-        print(c.line())
-    for path, reason in sorted(why.items()):
-        print(f"{path or 'the model'}: not served: {reason}")
-    if args.dry_run:
-        print(f"dry run: {sum(not c.refused for c in cards)} experts cards would be promoted")
-    else:
-        print(f"promoted {len(entries)} experts cards ({sum(len(e.signature.module_paths) for e in entries)} blocks) "
-              f"to {ws.root}" if entries else "nothing promoted")
-    return 0
+    return _cmd_rewrite(args, experts_workload, "experts", "blocks", "not served")
 
 
 def cmd_export(args) -> int:

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cards import TensorSpec
 from .errors import ForgeError
 from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
-from .runtime.manifest import Entry, Evidence, Signature, now, sha256_file
+from .runtime.manifest import Entry, Signature
 from .timing import Stats, Timer, paired_ratio
 
 
@@ -159,44 +158,20 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
 def promote(ws: Any, cards: list[ExpertsCard], *, by: str | None = None) -> list[Entry]:
     """Promote the cards not refused: ``kernels/<card>/experts.json`` and a manifest entry each, one
     commit on ``main``. Returns the entries."""
-    from .promotion import _user, commit_manifest, kernels_dir, manifest
+    from .promotion import Rewrite, promote_rewrites
 
     keep = [c for c in cards if not c.refused]
-    if not keep:
-        return []
-    man = manifest(ws)
-    who = by or _user()
-    entries = []
-    root = kernels_dir(ws)
-    written = []
-    try:
-        for c in keep:
-            assert c.speedup is not None and c.eager is not None and c.grouped is not None
-            folder = root / c.card
-            if folder.exists():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
-            written.append(folder)
-            src = folder / EXPERTS_FILE
-            src.write_text(json.dumps({"target": c.target, "program": c.program, "blocks": c.blocks,
-                                       "share": c.share}, indent=1, sort_keys=True) + "\n")
-            sig = Signature(card=c.card, kind="experts", target=c.target, inputs=[c.input], outputs=[c.output],
-                            program=c.program, module_paths=list(c.blocks), returns=c.program["returns"],
-                            flags=["experts"])
-            ev = Evidence(node="experts", commit="", speedup_vs_eager=c.speedup.median, speedup_vs_eager_q1=c.speedup.q1,
-                          speedup_vs_eager_q3=c.speedup.q3, spread=c.speedup.spread, time_us=c.grouped.median,
-                          eager_us=c.eager.median, input_sets=c.input_sets)
-            e = Entry(card=c.card, signature=sig, source=str(src.relative_to(root)), source_sha256=sha256_file(src),
-                      builds=[], evidence=ev, approved_by=who, approved_at=now())
-            man.entries[c.card] = e
-            entries.append(e)
-        commit_manifest(ws, man, "approve", f"serve {len(keep)} routed-experts card{'s' if len(keep) > 1 else ''} "
-                        "in one grouped pass", [c.line() for c in keep], [c.card for c in keep], who)
-    except BaseException:
-        for f in written:
-            shutil.rmtree(f, ignore_errors=True)
-        raise
-    return entries
+    rewrites = []
+    for c in keep:
+        assert c.speedup is not None and c.eager is not None and c.grouped is not None
+        sig = Signature(card=c.card, kind="experts", target=c.target, inputs=[c.input], outputs=[c.output],
+                        program=c.program, module_paths=list(c.blocks), returns=c.program["returns"],
+                        flags=["experts"])
+        config = {"target": c.target, "program": c.program, "blocks": c.blocks, "share": c.share}
+        rewrites.append(Rewrite(sig, EXPERTS_FILE, config, c.speedup, c.eager.median, c.grouped.median,
+                                c.input_sets, c.line()))
+    return promote_rewrites(ws, rewrites, f"serve {len(keep)} routed-experts card{'s' if len(keep) > 1 else ''} "
+                            "in one grouped pass", by=by)
 
 
 def experts_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,

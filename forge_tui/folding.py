@@ -16,15 +16,13 @@ the approval, as ``forge approve`` is for kernels.
 from __future__ import annotations
 
 import functools
-import json
-import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cards import TensorSpec
 from .errors import ForgeError
 from .runtime.fold import FOLD_FILE, Pair, check_fold, find_pairs, fold_card_id, fold_program, fold_target, folded_params, pair_reference
-from .runtime.manifest import Entry, Evidence, Signature, now, sha256_file
+from .runtime.manifest import Entry, Signature
 from .timing import Stats, Timer, paired_ratio
 
 
@@ -128,44 +126,20 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
 def promote(ws: Any, cards: list[FoldCard], *, by: str | None = None) -> list[Entry]:
     """Promote the cards not refused: ``kernels/<card>/fold.json`` and a manifest entry each, one
     commit on ``main``. Returns the entries."""
-    from .promotion import _user, commit_manifest, kernels_dir, manifest
+    from .promotion import Rewrite, promote_rewrites
 
     keep = [c for c in cards if not c.refused]
-    if not keep:
-        return []
-    man = manifest(ws)
-    who = by or _user()
-    entries = []
-    root = kernels_dir(ws)
-    written = []
-    try:
-        for c in keep:
-            assert c.speedup is not None and c.eager is not None and c.folded is not None
-            folder = root / c.card
-            if folder.exists():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
-            written.append(folder)
-            src = folder / FOLD_FILE
-            src.write_text(json.dumps({"target": c.target, "program": c.program,
-                                       "pairs": [{"parent": p.parent, "conv": p.conv, "bn": p.bn} for p in c.pairs]},
-                                      indent=1, sort_keys=True) + "\n")
-            sig = Signature(card=c.card, kind="fold", target=c.target, inputs=[c.input], outputs=[c.output],
-                            program=c.program, module_paths=[p.bn_path for p in c.pairs], flags=["fold"])
-            ev = Evidence(node="fold", commit="", speedup_vs_eager=c.speedup.median, speedup_vs_eager_q1=c.speedup.q1,
-                          speedup_vs_eager_q3=c.speedup.q3, spread=c.speedup.spread, time_us=c.folded.median,
-                          eager_us=c.eager.median, input_sets=c.input_sets)
-            e = Entry(card=c.card, signature=sig, source=str(src.relative_to(root)), source_sha256=sha256_file(src),
-                      builds=[], evidence=ev, approved_by=who, approved_at=now())
-            man.entries[c.card] = e
-            entries.append(e)
-        commit_manifest(ws, man, "approve", f"fold {len(keep)} batch norm card{'s' if len(keep) > 1 else ''} "
-                        "into their convolutions", [c.line() for c in keep], [c.card for c in keep], who)
-    except BaseException:
-        for f in written:
-            shutil.rmtree(f, ignore_errors=True)
-        raise
-    return entries
+    rewrites = []
+    for c in keep:
+        assert c.speedup is not None and c.eager is not None and c.folded is not None
+        sig = Signature(card=c.card, kind="fold", target=c.target, inputs=[c.input], outputs=[c.output],
+                        program=c.program, module_paths=[p.bn_path for p in c.pairs], flags=["fold"])
+        config = {"target": c.target, "program": c.program,
+                  "pairs": [{"parent": p.parent, "conv": p.conv, "bn": p.bn} for p in c.pairs]}
+        rewrites.append(Rewrite(sig, FOLD_FILE, config, c.speedup, c.eager.median, c.folded.median, c.input_sets,
+                                c.line()))
+    return promote_rewrites(ws, rewrites, f"fold {len(keep)} batch norm card{'s' if len(keep) > 1 else ''} into "
+                            "their convolutions", by=by)
 
 
 def fold_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,

@@ -11,6 +11,7 @@ import getpass
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .cards import Card, id_matches
 from .errors import ForgeError
@@ -76,6 +77,61 @@ def commit_manifest(ws: Workspace, man: Manifest, event: str, subject: str, line
         trailers["Forge-By"] = who
     with ws.git() as repo:
         repo.commit_worktree(subject, "\n".join(lines), trailers)
+
+
+@dataclass
+class Rewrite:
+    """A card that rewrites the model's own code rather than adding a kernel (a fold, grouped
+    experts), ready to promote: its configuration file and what its approval rests on."""
+
+    signature: Signature
+    file: str
+    """Its configuration's name in ``kernels/<card>/``."""
+    config: dict[str, Any]
+    speedup: Any
+    """``timing.Stats`` of the paired ratio, the model's own calls over the rewrite."""
+    eager_us: float
+    time_us: float
+    input_sets: list[str]
+    line: str
+
+
+def promote_rewrites(ws: Workspace, rewrites: list[Rewrite], subject: str, *, by: str | None = None) -> list[Entry]:
+    """``kernels/<card>/<file>`` and a manifest entry each (its evidence, who approved it), one
+    commit on ``main`` with ``subject``; on a failure part way, nothing is left written. Returns
+    the entries."""
+    import json
+
+    if not rewrites:
+        return []
+    man = manifest(ws)
+    who = by or _user()
+    root = kernels_dir(ws)
+    entries, written = [], []
+    try:
+        for r in rewrites:
+            sig, sp = r.signature, r.speedup
+            folder = root / sig.card
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            written.append(folder)
+            src = folder / r.file
+            src.write_text(json.dumps(r.config, indent=1, sort_keys=True) + "\n")
+            ev = Evidence(node=sig.kind, commit="", speedup_vs_eager=sp.median, speedup_vs_eager_q1=sp.q1,
+                          speedup_vs_eager_q3=sp.q3, spread=sp.spread, time_us=r.time_us, eager_us=r.eager_us,
+                          input_sets=r.input_sets)
+            e = Entry(card=sig.card, signature=sig, source=str(src.relative_to(root)), source_sha256=sha256_file(src),
+                      builds=[], evidence=ev, approved_by=who, approved_at=now())
+            man.entries[sig.card] = e
+            entries.append(e)
+        commit_manifest(ws, man, "approve", subject, [r.line for r in rewrites], [r.signature.card for r in rewrites],
+                        who)
+    except BaseException:
+        for f in written:
+            shutil.rmtree(f, ignore_errors=True)
+        raise
+    return entries
 
 
 def kernels(n: int) -> str:
