@@ -23,6 +23,7 @@ from typing import Any
 
 from .cards import TensorSpec
 from .errors import ForgeError
+from .folding import tensor_spec
 from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
 from .runtime.manifest import Entry, Signature
 from .timing import Stats, Timer, paired_ratio
@@ -54,10 +55,6 @@ class ExpertsCard:
                 f"({self.eager.median:.1f} -> {self.grouped.median:.1f} µs), matches on {len(self.input_sets)} input sets")
 
 
-def _spec(t: Any, role: str) -> TensorSpec:
-    return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
-
-
 def _random_like(x: Any) -> Any:
     import torch
 
@@ -86,12 +83,12 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             why[b.path] = "called with other arguments than the hidden states"
             return
         x = args[0]
-        spec = _spec(x, "input")
+        spec = tensor_spec(x, "input")
         key = json.dumps({"block": b.program(False, "")} | {"input": spec.model_dump()}, sort_keys=True)
         calls[b.path] = calls.get(b.path, 0) + 1
         if key not in captured:
             captured[key] = (m, b, x.detach().clone())
-            cards[key] = ExpertsCard("", target(b), [], spec, _spec(torch.empty(0), "output"), {})
+            cards[key] = ExpertsCard("", target(b), [], spec, tensor_spec(torch.empty(0), "output"), {})
         if b.path not in cards[key].blocks:
             cards[key].blocks.append(b.path)
 
@@ -115,7 +112,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                 card.card = card_id(b, b.program(False, "other"), card.input.model_dump())
                 out.append(card)
                 continue
-            card.output = _spec(ref[0] if isinstance(ref, tuple) else ref, "output")
+            card.output = tensor_spec(ref[0] if isinstance(ref, tuple) else ref, "output")
             stacked = Stacked(b, m, repoint=False)
             gate = m._modules["gate"].weight
             norms = [b.norm] if b.norm is not None else [True, False]

@@ -50,7 +50,8 @@ class FoldCard:
                 f"({self.eager.median:.1f} -> {self.folded.median:.1f} µs), matches on {len(self.input_sets)} input sets")
 
 
-def _spec(t: Any, role: str) -> TensorSpec:
+def tensor_spec(t: Any, role: str) -> TensorSpec:
+    """A tensor's shape, strides, dtype and role, as fold and experts cards key their calls."""
     return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
 
 
@@ -76,11 +77,11 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             return
         for p in by_conv.get(id(conv), (None, []))[1]:
             bn = model.get_submodule(p.bn_path)
-            spec = _spec(x, "input")
+            spec = tensor_spec(x, "input")
             cid = fold_card_id(conv, bn, spec.model_dump())
             card = cards.get(cid)
             if card is None:
-                out = _spec(torch.empty(0), "output")  # set below from the pair's own output
+                out = tensor_spec(torch.empty(0), "output")  # set below from the pair's own output
                 card = cards[cid] = FoldCard(cid, fold_target(conv, bn), [], spec, out, fold_program(conv, bn))
                 captured[cid] = (conv, bn, x.detach().clone())
             if p not in card.pairs:
@@ -99,7 +100,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
         conv, bn, x = captured[cid]
         with torch.no_grad():
             ref = pair_reference(conv, bn, x)
-            card.output = _spec(ref, "output")
+            card.output = tensor_spec(ref, "output")
             w, b = folded_params(conv, bn, x.dtype)
             gen = torch.Generator(device=x.device).manual_seed(0)
             rand = (torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) * x.float().std()
