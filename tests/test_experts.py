@@ -344,6 +344,10 @@ def test_the_grouped_pass_falls_back_where_it_would_not_compute_what_the_block_d
             torch.testing.assert_close(block(x), _own(block, x), rtol=0, atol=0)
             block.eval()
             assert _status(applied)["fallbacks"].get("the block is in training mode") == 1
+            # hidden states of another rank: the block's own forward, which refuses them
+            with pytest.raises(ValueError):
+                block(x[0])
+            assert _status(applied)["fallbacks"].get("2 dims where the card's calls had 3") == 1
             # a forward hook on one expert sees the expert's own calls
             seen = []
             h = block.experts[3].register_forward_hook(lambda m, i, o: seen.append(o))

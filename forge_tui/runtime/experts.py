@@ -36,8 +36,8 @@ one (``experts.py`` beside the package root: ``forge experts``).
 
 Every call is guarded and falls back to the block's own forward (hooks and all) where the grouped
 pass would not compute what it does: gradients needed, the block in training mode, forward hooks
-on it or any child, another device, dtype or hidden size than the card's, another call signature,
-or an expert's weight no longer the stacked slice (a parameter replaced). The first served call
+on it or any child, another device, dtype, number of dims or hidden size than the card's, another
+call signature, or an expert's weight no longer the stacked slice (a parameter replaced). The first served call
 (and every ``shadow_every``-th) is checked against the block's own forward; a mismatch or an
 error disables the card and that call returns the block's own value.
 """
@@ -228,10 +228,12 @@ class Stacked:
             self._slots: list[tuple[dict[str, Any], str, Any, Any]] = []
             """(an expert's children, a linear's name, the linear, its weight) as installed."""
             for k, e in enumerate(experts):
+                weights = []
                 for n in (g, u, d):
                     lin = e._modules[n]
-                    self._slots.append((e._modules, n, lin, lin._parameters["weight"]))
-                pg, pu, pd = (e.get_submodule(n).weight for n in (g, u, d))
+                    weights.append(lin._parameters["weight"])
+                    self._slots.append((e._modules, n, lin, weights[-1]))
+                pg, pu, pd = weights
                 self.gate_up[k, :I_].copy_(pg)
                 self.gate_up[k, I_:].copy_(pu)
                 self.down[k].copy_(pd)
@@ -357,8 +359,10 @@ class ExpertsGuard:
     """One promoted experts card in one model: its status and what its calls must be."""
 
     def __init__(self, card: str, target: str, program: dict[str, Any], dtype: Any, device: str,
-                 board: "StatusBoard", shadow_every: int) -> None:
+                 board: "StatusBoard", shadow_every: int, rank: int = 3) -> None:
         self.card = card
+        self.rank = rank
+        """The hidden states' number of dims in the card's calls (the block may read them as [b, s, h])."""
         self.program = program
         self.dtype = dtype
         self.device = device
@@ -393,8 +397,10 @@ class Served:
             return f"device {x.device.type}"
         if x.dtype is not g.dtype:
             return f"dtype {str(x.dtype).removeprefix('torch.')}"
-        if x.dim() < 2 or x.shape[-1] != self.block.hidden:
-            return f"hidden size {x.shape[-1] if x.dim() else 0}"
+        if x.dim() != g.rank:
+            return f"{x.dim()} dims where the card's calls had {g.rank}"
+        if x.shape[-1] != self.block.hidden:
+            return f"hidden size {x.shape[-1]}"
         if self.module.training:
             return "the block is in training mode"
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.stacked.params)):
@@ -469,8 +475,9 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
     import torch
 
     for e in entries:
-        guard = ExpertsGuard(e.card, e.signature.target, e.signature.program, getattr(torch, e.signature.inputs[0].dtype),
-                             device, applied.board, shadow_every)
+        spec = e.signature.inputs[0]
+        guard = ExpertsGuard(e.card, e.signature.target, e.signature.program, getattr(torch, spec.dtype), device,
+                             applied.board, shadow_every, len(spec.shape))
         why: list[str] = []
         for path in e.signature.module_paths:
             try:
