@@ -118,7 +118,10 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             norms = [b.norm] if b.norm is not None else [True, False]
             bad = ""
             for norm in norms:
-                bad = check(routed(x, gate, stacked, b, norm, rets == "tensor_logits", m), ref) or ""
+                try:
+                    bad = check(routed(x, gate, stacked, b, norm, rets == "tensor_logits", m), ref) or ""
+                except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+                    bad = f"it failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 if not bad:
                     break
             card.program = b.program(norm, rets)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge_tui import experts as experts_workspace_mod
 from forge_tui.cli import main
 from forge_tui.e2e import _bound, experts_shares, switch_off_units
 from forge_tui.examples import tiny_moe
@@ -221,6 +222,26 @@ def test_a_shared_expert_with_its_gate_is_served_in_the_same_pass():
         # the same pass without the shared expert is another block
         alone = dataclasses.replace(b, shared=False)
         assert check(routed(x, block.gate.weight, stacked, alone, False, True, block), ref) is not None
+
+
+def test_quantized_experts_are_refused_and_a_failing_grouped_pass_is_a_refusal_not_a_crash(monkeypatch):
+    model = _model()
+    for p in model.layers[1].mlp.parameters():
+        p.requires_grad_(False)
+        p.data = p.data.to(torch.int8)
+    blocks, why = find_blocks(model)
+    assert [b.path for b in blocks] == ["layers.0.mlp"]
+    assert why == {"layers.1.mlp": "its weights are int8 (quantized), not floating point"}
+
+    def broken(*a, **k):
+        raise RuntimeError("grouped_mm: no kernel for this dtype\nmore")
+
+    monkeypatch.setattr(experts_workspace_mod, "routed", broken)
+    model = _model()
+    cards, _ = experts_workspace_mod.propose(model, tiny_moe.get_inputs(), lambda m, i: m(*i), "cpu", repeats=3)
+    assert len(cards) == 1 and cards[0].speedup is None
+    assert cards[0].refused == ("the grouped pass does not match the block on the captured input: it failed: "
+                                "RuntimeError: grouped_mm: no kernel for this dtype")
 
 
 def _bf16_block(top_k: int):

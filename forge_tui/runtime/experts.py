@@ -187,6 +187,9 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
         if len(dtypes) != 1 or len(devices) != 1:
             why[path] = "its weights are not of one dtype on one device"
             continue
+        if not next(iter(dtypes)).is_floating_point:
+            why[path] = f"its weights are {str(next(iter(dtypes))).removeprefix('torch.')} (quantized), not floating point"
+            continue
         act = _expert_act(first, names, hidden)
         if act is None:
             why[path] = f"its experts' forward is not down(act(gate(x)) * up(x)) for act in {', '.join(ACTIVATIONS)}"
