@@ -114,7 +114,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                 continue
             card.output = tensor_spec(ref[0] if isinstance(ref, tuple) else ref, "output")
             stacked = Stacked(b, m, repoint=False)
-            gate = m._modules["gate"].weight
+            gate = m._modules[b.router].weight
             norms = [b.norm] if b.norm is not None else [True, False]
             bad = ""
             for norm in norms:

@@ -24,6 +24,7 @@ from forge_tui.runtime import experts as experts_mod
 from forge_tui.runtime.apply import Mode, apply
 from forge_tui.runtime.experts import Stacked, check, find_blocks, routed
 from forge_tui.runtime.export import export
+from forge_tui.runtime.status import StatusBoard
 from forge_tui.workspace import profile_into_workspace
 
 BLOCKS = ("layers.0.mlp", "layers.1.mlp")
@@ -222,6 +223,54 @@ def test_a_shared_expert_with_its_gate_is_served_in_the_same_pass():
         # the same pass without the shared expert is another block
         alone = dataclasses.replace(b, shared=False)
         assert check(routed(x, block.gate.weight, stacked, alone, False, True, block), ref) is not None
+
+
+class _Jamba(nn.Module):
+    """Jamba's block as transformers 4.x writes it: its router linear is named router, its top-k
+    weights are not renormalised, and it returns its router logits."""
+
+    def __init__(self, hidden=64, inter=32, experts=8, top_k=2):
+        super().__init__()
+        self.num_experts, self.top_k = experts, top_k
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(_Expert(hidden, inter) for _ in range(experts))
+
+    def forward(self, hidden_states):
+        bsz, seq, hidden = hidden_states.shape
+        h = hidden_states.view(-1, hidden)
+        logits = self.router(h)
+        w = F.softmax(logits, dim=1, dtype=torch.float)
+        w, selected = torch.topk(w, self.top_k, dim=-1)
+        w = w.to(h.dtype)
+        final = torch.zeros_like(h)
+        mask = F.one_hot(selected, num_classes=self.num_experts).permute(2, 1, 0)
+        for e in range(self.num_experts):
+            idx, top_x = torch.where(mask[e])
+            out = self.experts[e](h[None, top_x].reshape(-1, hidden)) * w[top_x, idx, None]
+            final.index_add_(0, top_x, out.to(h.dtype))
+        return final.reshape(bsz, seq, hidden), logits
+
+
+def test_a_router_named_router_is_found_and_served():
+    torch.manual_seed(0)
+    block = _Jamba().to(torch.bfloat16).eval()
+    wrapper = nn.Module()
+    wrapper.add_module("feed_forward", block)
+    (b,), why = find_blocks(wrapper)
+    assert not why and b.router == "router" and b.program(False, "tensor_logits")["router"] == "router"
+    x = _hidden(dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = block(x)
+        y = routed(x, block.router.weight, Stacked(b, block, repoint=False), b, False, True, block)
+        assert torch.equal(y[0], ref[0]) and torch.equal(y[1], ref[1])
+        # served as the runtime serves it: the guard reads the router by its name
+        board = StatusBoard(None)
+        guard = experts_mod.ExpertsGuard("c", "t", b.program(False, "tensor_logits"), torch.bfloat16, "cpu", board, 0)
+        stacked = Stacked(b, block, repoint=True)
+        served = experts_mod.Served(guard, b, block, block.forward, stacked, list(block.modules()))
+        out = served(x)
+        stacked.release()
+    assert torch.equal(out[0], ref[0]) and guard.status.served == 1 and guard.status.active
 
 
 def test_quantized_experts_are_refused_and_a_failing_grouped_pass_is_a_refusal_not_a_crash(monkeypatch):

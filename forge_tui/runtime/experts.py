@@ -24,8 +24,8 @@ Loading weights in place writes through the views; undoing gives every parameter
 again.
 
 Which modules are such blocks is read from their structure and then proven by their output: a
-module with a ``gate`` linear to E outputs, an ``experts`` module list of E gated MLPs (linears
-``gate_proj``/``up_proj``/``down_proj`` or ``w1``/``w3``/``w2``, no bias), a ``top_k`` (or
+module with a ``gate`` (or ``router``: Jamba) linear to E outputs, an ``experts`` module list of E
+gated MLPs (linears ``gate_proj``/``up_proj``/``down_proj`` or ``w1``/``w3``/``w2``, no bias), a ``top_k`` (or
 ``num_experts_per_tok``) and no other child with weights but a shared expert with its sigmoid
 gate (``shared_expert`` and ``shared_expert_gate``, a linear to one output: Qwen2-MoE), which the
 grouped pass calls and adds as the block does. The activation is found by calling one expert
@@ -44,6 +44,7 @@ error disables the card and that call returns the block's own value.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 EXPERTS_FILE = "experts.json"
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+ROUTERS = ("gate", "router")
+"""The router linear's names (``router``: Jamba)."""
 """An expert's linears by name: gate, up, down (Llama-style, Mixtral-style)."""
 
 
@@ -75,6 +78,8 @@ class Block:
     act: str
     norm: bool | None
     """``norm_topk_prob`` where the block has it; None: decided by the block's output."""
+    router: str = "gate"
+    """The router linear's name: ``gate``, or ``router`` (Jamba)."""
     shared: bool = False
     """A shared expert every token also goes through, scaled by a sigmoid gate (Qwen2-MoE):
     ``+ sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
@@ -85,6 +90,8 @@ class Block:
                "returns": returns}
         if self.shared:
             out["shared"] = True
+        if self.router != "gate":
+            out["router"] = self.router
         return out
 
 
@@ -132,16 +139,17 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
     why: dict[str, str] = {}
     for path, m in model.named_modules():
         kids = m._modules
-        if "gate" not in kids or "experts" not in kids:
+        router = next((r for r in ROUTERS if r in kids), None)
+        if router is None or "experts" not in kids:
             continue
-        gate, experts = kids["gate"], kids["experts"]
+        gate, experts = kids[router], kids["experts"]
         if not isinstance(experts, torch.nn.ModuleList) or len(experts) == 0:
             fused = isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor) and experts.gate_up_proj.dim() == 3
             why[path] = ("its experts are stored fused, [experts, rows, cols] (transformers 5's layout, which runs them "
                          "grouped by default: experts_implementation='grouped_mm')" if fused
                          else "its experts are not a ModuleList")
             continue
-        others = sorted(k for k in kids if k not in ("gate", "experts") and kids[k] is not None
+        others = sorted(k for k in kids if k not in (router, "experts") and kids[k] is not None
                         and any(True for _ in kids[k].parameters()))
         shared = others == ["shared_expert", "shared_expert_gate"] and _linear_ok(kids["shared_expert_gate"], 1, None)
         if others and not shared:
@@ -199,7 +207,7 @@ def find_blocks(model: "torch.nn.Module") -> tuple[list[Block], dict[str, str]]:
             why[path] = "its shared expert's gate does not read the hidden states"
             continue
         blocks.append(Block(path, n, top_k, hidden, inter, names, act, norm if isinstance(norm, bool) else None,
-                            shared))
+                            router, shared))
     return blocks, why
 
 
@@ -433,7 +441,7 @@ class Served:
             return self.original(*args, **kwargs)
         p = g.program
         try:
-            y = routed(args[0], self.module._modules["gate"].weight, self.stacked, self.block, p["norm"],
+            y = routed(args[0], self.module._modules[self.block.router].weight, self.stacked, self.block, p["norm"],
                        p["returns"] == "tensor_logits", self.module)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
             g.board.disable(st, f"grouped pass error: {exc}")
@@ -463,7 +471,7 @@ def program_block(module: Any, path: str, program: dict[str, Any]) -> Block | No
     blocks, _ = find_blocks(wrapper)
     for b in blocks:
         if b.path == "m":
-            b = Block(path, b.experts, b.top_k, b.hidden, b.intermediate, b.names, b.act, b.norm, b.shared)
+            b = dataclasses.replace(b, path=path)
             return b if b.program(program["norm"], program["returns"]) == program else None
     return None
 
