@@ -193,7 +193,7 @@ class _Qwen2Moe(nn.Module):
     def forward(self, hidden_states):
         bsz, seq, hidden = hidden_states.shape
         h = hidden_states.view(-1, hidden)
-        logits = self.gate(h)
+        logits = (self.gate if "gate" in self._modules else self.router)(h)
         w = F.softmax(logits, dim=1, dtype=torch.float)
         w, selected = torch.topk(w, self.top_k, dim=-1)
         w = w.to(h.dtype)
@@ -203,8 +203,9 @@ class _Qwen2Moe(nn.Module):
             idx, top_x = torch.where(mask[e])
             out = self.experts[e](h[None, top_x].reshape(-1, hidden)) * w[top_x, idx, None]
             final.index_add_(0, top_x, out.to(h.dtype))
-        shared = F.sigmoid(self.shared_expert_gate(h)) * self.shared_expert(h)
-        return (final + shared).reshape(bsz, seq, hidden), logits
+        if "shared_expert" in self._modules:
+            final = final + F.sigmoid(self.shared_expert_gate(h)) * self.shared_expert(h)
+        return final.reshape(bsz, seq, hidden), logits
 
 
 def test_a_shared_expert_with_its_gate_is_served_in_the_same_pass():
@@ -225,30 +226,15 @@ def test_a_shared_expert_with_its_gate_is_served_in_the_same_pass():
         assert check(routed(x, block.gate.weight, stacked, alone, False, True, block), ref) is not None
 
 
-class _Jamba(nn.Module):
-    """Jamba's block as transformers 4.x writes it: its router linear is named router, its top-k
-    weights are not renormalised, and it returns its router logits."""
+class _Jamba(_Qwen2Moe):
+    """Jamba's block as transformers 4.x writes it: its router linear is named router, no shared
+    expert; its top-k weights are not renormalised, and it returns its router logits."""
 
     def __init__(self, hidden=64, inter=32, experts=8, top_k=2):
-        super().__init__()
+        nn.Module.__init__(self)
         self.num_experts, self.top_k = experts, top_k
         self.router = nn.Linear(hidden, experts, bias=False)
         self.experts = nn.ModuleList(_Expert(hidden, inter) for _ in range(experts))
-
-    def forward(self, hidden_states):
-        bsz, seq, hidden = hidden_states.shape
-        h = hidden_states.view(-1, hidden)
-        logits = self.router(h)
-        w = F.softmax(logits, dim=1, dtype=torch.float)
-        w, selected = torch.topk(w, self.top_k, dim=-1)
-        w = w.to(h.dtype)
-        final = torch.zeros_like(h)
-        mask = F.one_hot(selected, num_classes=self.num_experts).permute(2, 1, 0)
-        for e in range(self.num_experts):
-            idx, top_x = torch.where(mask[e])
-            out = self.experts[e](h[None, top_x].reshape(-1, hidden)) * w[top_x, idx, None]
-            final.index_add_(0, top_x, out.to(h.dtype))
-        return final.reshape(bsz, seq, hidden), logits
 
 
 def test_a_router_named_router_is_found_and_served():
