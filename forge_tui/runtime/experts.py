@@ -248,9 +248,11 @@ class Stacked:
                 self.gate_up[k, :I_].copy_(pg)
                 self.gate_up[k, I_:].copy_(pu)
                 self.down[k].copy_(pd)
-                if repoint:
-                    pg.data, pu.data, pd.data = self.gate_up[k, :I_], self.gate_up[k, I_:], self.down[k]
                 self.params += [pg, pu, pd]
+            if repoint:  # once every copy is made: a failure before leaves the parameters as they were
+                for k in range(E):
+                    pg, pu, pd = self.params[3 * k: 3 * k + 3]
+                    pg.data, pu.data, pd.data = self.gate_up[k, :I_], self.gate_up[k, I_:], self.down[k]
         self.ptrs = tuple(p.data_ptr() for p in self.params) if repoint else ()
         self.repointed = repoint
 
