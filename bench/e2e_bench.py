@@ -361,8 +361,10 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     for c in odd:
         d["notes"].append(f"not searched: {c.id}, profiled at {100 * (c.share or 0):.0f}% of the forward (an outlier)")
         rec.log(d["notes"][-1])
+    if opts.get("cards"):  # named: the search takes the cards these ids begin with, whatever the profile ranked
+        only = list(opts["cards"])
     rec.log(f"searching: up to {opts['evals']} evaluations, {opts['evals_per_card']} a card, top {opts['top']} "
-            f"cards, {wall:.0f} s")
+            f"cards{' among ' + ', '.join(only) if opts.get('cards') and only else ''}, {wall:.0f} s")
     with s.search(proposer="templates", backend=dev, bus=bus, cards=only) as search:
         summary = search.run()
     cards = {c.id: c for c in ws.cards()}
@@ -689,6 +691,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--evals", type=int, help="evaluations per workload (default 12; --small 3)")
     ap.add_argument("--evals-per-card", type=int, help="default 2 (the families' first choice is often their best)")
     ap.add_argument("--top", type=int, help="cards searched per workload, by share x headroom (default 6; --small 2)")
+    ap.add_argument("--cards", nargs="+", help="search only the cards whose ids begin with these (a run that must "
+                    "not depend on how a busy machine ranked the profile's cards)")
     ap.add_argument("--parallel", type=int, help="evaluations in flight (default 3; --small 1)")
     ap.add_argument("--workload-wall", type=float, help="wall limit of one workload's search, s (default 60; --small 20)")
     ap.add_argument("--budget-s", type=float, help="wall limit of the whole run, s (default 540; --small 170)")
@@ -740,7 +744,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
-            "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold,
+            "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold, "cards": args.cards,
             "experts": not args.no_experts}
 
 
