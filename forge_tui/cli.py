@@ -427,30 +427,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_bench)
 
-    sp = sub.add_parser("fold", help="fold the workload's batch norms into their convolutions (checked, timed, "
-                        "promoted as fold cards: running it approves them)")
-    sp.add_argument("workload", help="a workload .py file, or example:NAME")
-    sp.add_argument("-w", "--workspace", type=Path, required=True)
-    sp.add_argument("--device", choices=["cuda", "cpu"])
-    sp.add_argument("--dtype")
-    sp.add_argument("--repeats", type=int, default=20)
-    sp.add_argument("--min-speedup", type=float, help="promote folds at least this much faster than the pair's "
-                    "own calls, alone (default: any faster; 0: every fold that matches)")
-    sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
-    sp.set_defaults(func=cmd_fold)
-
-    sp = sub.add_parser("experts", help="compute the workload's routed mixture-of-experts blocks in one grouped "
-                        "pass each, without their Python loop (checked, timed, promoted as experts cards: running "
-                        "it approves them)")
-    sp.add_argument("workload", help="a workload .py file, or example:NAME")
-    sp.add_argument("-w", "--workspace", type=Path, required=True)
-    sp.add_argument("--device", choices=["cuda", "cpu"])
-    sp.add_argument("--dtype")
-    sp.add_argument("--repeats", type=int, default=20)
-    sp.add_argument("--min-speedup", type=float, help="promote cards at least this much faster than the block's "
-                    "own forward, alone (default: any faster; 0: every card that matches)")
-    sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
-    sp.set_defaults(func=cmd_experts)
+    for name, func, what, own in (
+            ("fold", cmd_fold, "fold the workload's batch norms into their convolutions", "the pair's own calls"),
+            ("experts", cmd_experts, "compute the workload's routed mixture-of-experts blocks in one grouped pass "
+             "each, without their Python loop", "the block's own forward")):
+        sp = sub.add_parser(name, help=f"{what} (checked, timed, promoted as {name} cards: running it approves them)")
+        sp.add_argument("workload", help="a workload .py file, or example:NAME")
+        sp.add_argument("-w", "--workspace", type=Path, required=True)
+        sp.add_argument("--device", choices=["cuda", "cpu"])
+        sp.add_argument("--dtype")
+        sp.add_argument("--repeats", type=int, default=20)
+        sp.add_argument("--min-speedup", type=float, help=f"promote cards at least this much faster than {own}, "
+                        "alone (default: any faster; 0: every card that matches)")
+        sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
+        sp.set_defaults(func=func)
 
     sp = sub.add_parser("export", help="write the promoted kernels as a self-contained, checksummed folder")
     sp.add_argument("workspace", type=Path)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .cards import TensorSpec
 from .errors import ForgeError
-from .folding import tensor_spec
+from .folding import rewrite_line, tensor_spec
 from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
 from .runtime.manifest import Entry, Signature
 from .timing import Stats, Timer, paired_ratio
@@ -46,13 +46,7 @@ class ExpertsCard:
     input_sets: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        sites = f"{len(self.blocks)} block{'s' if len(self.blocks) > 1 else ''}"
-        if self.refused:
-            return f"{self.card} ({self.target}, {sites}): not served: {self.refused}"
-        assert self.speedup is not None and self.eager is not None and self.grouped is not None
-        return (f"{self.card} ({self.target}, {sites}, input {'x'.join(map(str, self.input.shape))} {self.input.dtype}): "
-                f"{self.speedup.median:.2f}x [{self.speedup.q1:.2f}, {self.speedup.q3:.2f}] the block's own forward "
-                f"({self.eager.median:.1f} -> {self.grouped.median:.1f} µs), matches on {len(self.input_sets)} input sets")
+        return rewrite_line(self, len(self.blocks), "block", "not served", "the block's own forward", self.grouped)
 
 
 def _random_like(x: Any) -> Any:
@@ -115,11 +109,12 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             card.output = tensor_spec(ref[0] if isinstance(ref, tuple) else ref, "output")
             stacked = Stacked(b, m, repoint=False)
             gate = m._modules[b.router].weight
+            logits = rets == "tensor_logits"
             norms = [b.norm] if b.norm is not None else [True, False]
             bad = ""
             for norm in norms:
                 try:
-                    bad = check(routed(x, gate, stacked, b, norm, rets == "tensor_logits", m), ref) or ""
+                    bad = check(routed(x, gate, stacked, b, norm, logits, m), ref) or ""
                 except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
                     bad = f"it failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 if not bad:
@@ -132,14 +127,13 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                 continue
             card.input_sets.append("captured")
             rand = _random_like(x)
-            bad = check(routed(rand, gate, stacked, b, norm, rets == "tensor_logits", m), m(rand)) or ""
+            bad = check(routed(rand, gate, stacked, b, norm, logits, m), m(rand)) or ""
             if bad:
                 card.refused = f"the grouped pass does not match the block on the random input: {bad}"
                 continue
             card.input_sets.append("random")
             stats, raw, _ = timer.time({"block": functools.partial(m, x),
-                                        "grouped": functools.partial(routed, x, gate, stacked, b, norm,
-                                                                     rets == "tensor_logits", m)})
+                                        "grouped": functools.partial(routed, x, gate, stacked, b, norm, logits, m)})
             if forward_us is None:
                 fstats, _, _ = timer.time({"forward": functools.partial(run, model, inputs)})
                 forward_us = fstats["forward"].median

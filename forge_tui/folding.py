@@ -41,13 +41,19 @@ class FoldCard:
     input_sets: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        sites = f"{len(self.pairs)} pair{'s' if len(self.pairs) > 1 else ''}"
-        if self.refused:
-            return f"{self.card} ({self.target}, {sites}): not folded: {self.refused}"
-        assert self.speedup is not None and self.eager is not None and self.folded is not None
-        return (f"{self.card} ({self.target}, {sites}, input {'x'.join(map(str, self.input.shape))} {self.input.dtype}): "
-                f"{self.speedup.median:.2f}x [{self.speedup.q1:.2f}, {self.speedup.q3:.2f}] the pair's own calls "
-                f"({self.eager.median:.1f} -> {self.folded.median:.1f} µs), matches on {len(self.input_sets)} input sets")
+        return rewrite_line(self, len(self.pairs), "pair", "not folded", "the pair's own calls", self.folded)
+
+
+def rewrite_line(c: Any, sites: int, site: str, refused: str, own: str, after: Stats | None) -> str:
+    """A fold or experts card in one line: its sites, and why it was refused or its isolated
+    speedup over the model's own calls (``own``) with spread, before -> ``after`` µs."""
+    at = f"{sites} {site}{'s' if sites > 1 else ''}"
+    if c.refused:
+        return f"{c.card} ({c.target}, {at}): {refused}: {c.refused}"
+    assert c.speedup is not None and c.eager is not None and after is not None
+    return (f"{c.card} ({c.target}, {at}, input {'x'.join(map(str, c.input.shape))} {c.input.dtype}): "
+            f"{c.speedup.median:.2f}x [{c.speedup.q1:.2f}, {c.speedup.q3:.2f}] {own} "
+            f"({c.eager.median:.1f} -> {after.median:.1f} µs), matches on {len(c.input_sets)} input sets")
 
 
 def tensor_spec(t: Any, role: str) -> TensorSpec:

@@ -50,7 +50,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..compare import compare
+from .fold import check_fold, hooked
 
 if TYPE_CHECKING:
     import torch
@@ -341,10 +341,9 @@ def check(y: Any, ref: Any) -> str | None:
     for i, (a, b) in enumerate(zip(ys, rs)):
         if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return f"output {i} is not shaped as the block's"
-        scale = float(b.float().pow(2).mean().sqrt()) if b.numel() else 1.0
-        m = compare(a, b, i, scale=scale or 1.0)
-        if m is not None:
-            return f"output {i}: {m}"
+        bad = check_fold(a, b, i)
+        if bad is not None:
+            return bad
     return None
 
 
@@ -358,14 +357,6 @@ def returns_of(ref: Any, block: Block, x: Any) -> str | None:
             and ref[0].shape == x.shape and ref[1].shape[-1] == block.experts:
         return "tensor_logits"
     return None
-
-
-def _hooked(mods: list[Any]) -> bool:
-    from torch.nn.modules import module as mm
-
-    if mm._global_forward_hooks or mm._global_forward_pre_hooks:
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in mods)
 
 
 class ExpertsGuard:
@@ -418,7 +409,7 @@ class Served:
             return "the block is in training mode"
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.stacked.params)):
             return "gradients are needed"
-        if _hooked(self.mods):
+        if hooked(*self.mods):
             return "forward hooks on the block or its children"
         if not self.stacked.intact():
             return "an expert's weight was replaced since the install"
@@ -451,14 +442,8 @@ class Served:
             return self.original(*args, **kwargs)
         if check_now:
             ref = self.original(*args, **kwargs)
-            bad = check(y, ref)
-            if not self.checked:
-                self.checked = True
-            else:
-                st.shadow_checks += 1
-            if bad is not None:
-                g.board.disable(st, f"{'first-call' if st.shadow_checks == 0 else 'shadow'} check: {bad}")
-                g.board.fell_back(st, "check mismatch")
+            first, self.checked = not self.checked, True
+            if not g.board.checked(st, check(y, ref), first):
                 return ref
         g.board.served(st)
         return y

@@ -192,11 +192,11 @@ def pair_reference(conv: Any, bn: Any, x: "torch.Tensor") -> "torch.Tensor":
     return type(bn).forward(bn, type(conv).forward(conv, x))
 
 
-def check_fold(y: "torch.Tensor", ref: "torch.Tensor") -> str | None:
-    """Why the folded output does not match the pair's (the evaluator's tolerance for the dtype,
-    relative to the reference's root mean square), or None."""
+def check_fold(y: "torch.Tensor", ref: "torch.Tensor", index: int = 0) -> str | None:
+    """Why the folded output (output ``index`` of a rewrite) does not match the model's own (the
+    evaluator's tolerance for the dtype, relative to the reference's root mean square), or None."""
     scale = float(ref.float().pow(2).mean().sqrt()) if ref.numel() else 1.0
-    m = compare(y, ref, 0, scale=scale or 1.0)
+    m = compare(y, ref, index, scale=scale or 1.0)
     return None if m is None else str(m)
 
 
@@ -213,7 +213,8 @@ class FoldGuard:
         self.shadow_every = shadow_every
 
 
-def _hooked(*mods: Any) -> bool:
+def hooked(*mods: Any) -> bool:
+    """Whether forward hooks (any module's, or global ones) would run around these modules' calls."""
     from torch.nn.modules import module as mm
 
     if mm._global_forward_hooks or mm._global_forward_pre_hooks:
@@ -258,7 +259,7 @@ class Fold:
             return "the batch norm is in training mode"
         if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in self._tensors())):
             return "gradients are needed"
-        if _hooked(self.conv, self.bn):
+        if hooked(self.conv, self.bn):
             return "forward hooks on the pair"
         return None
 
@@ -303,7 +304,7 @@ class Fold:
             return self._own(x, z, relu)
         why = self.why_not(x)
         if why is None and relu:
-            if _hooked(self.relu):
+            if hooked(self.relu):
                 why = "forward hooks on the ReLU"
             elif z is not None and (type(z) is not torch.Tensor or z.requires_grad and torch.is_grad_enabled()):
                 why = "the residual is not a plain tensor"
@@ -337,14 +338,8 @@ class Fold:
                 ref = ref + z
             if relu:
                 ref = torch.relu(ref)
-            bad = check_fold(y, ref)
-            if not self._checked:
-                self._checked = True
-            else:
-                st.shadow_checks += 1
-            if bad is not None:
-                g.board.disable(st, f"{'first-call' if st.shadow_checks == 0 else 'shadow'} check: {bad}")
-                g.board.fell_back(st, "check mismatch")
+            first, self._checked = not self._checked, True
+            if not g.board.checked(st, check_fold(y, ref), first):
                 return ref
         g.board.served(st)
         return y

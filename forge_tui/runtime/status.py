@@ -73,6 +73,19 @@ class StatusBoard:
             st.fallbacks[reason] += 1
         self._maybe_write()
 
+    def checked(self, st: CardStatus, bad: str | None, first: bool) -> bool:
+        """Record a check of a served call against the model's own (the first call's, or a shadow
+        check): a mismatch ``bad`` disables the card and counts the call as fallen back. Returns
+        whether the served output may be used."""
+        if not first:
+            with self._lock:
+                st.shadow_checks += 1
+        if bad is None:
+            return True
+        self.disable(st, f"{'first-call' if first else 'shadow'} check: {bad}")
+        self.fell_back(st, "check mismatch")
+        return False
+
     def disable(self, st: CardStatus, reason: str) -> None:
         with self._lock:
             if st.active:
