@@ -23,7 +23,7 @@ from typing import Any
 
 from .cards import TensorSpec
 from .errors import ForgeError
-from .folding import rewrite_line, tensor_spec
+from .folding import random_like, rewrite_line, speed_refusal, tensor_spec
 from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
 from .runtime.manifest import Entry, Signature
 from .timing import Stats, Timer, paired_ratio
@@ -47,14 +47,6 @@ class ExpertsCard:
 
     def line(self) -> str:
         return rewrite_line(self, len(self.blocks), "block", "not served", "the block's own forward", self.grouped)
-
-
-def _random_like(x: Any) -> Any:
-    import torch
-
-    gen = torch.Generator(device=x.device).manual_seed(0)
-    r = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
-    return (r * x.float().std() + x.float().mean()).to(x.dtype)
 
 
 def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
@@ -126,7 +118,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                 card.refused = f"the grouped pass does not match the block on the captured input: {bad}"
                 continue
             card.input_sets.append("captured")
-            rand = _random_like(x)
+            rand = random_like(x)
             bad = check(routed(rand, gate, stacked, b, norm, logits, m), m(rand)) or ""
             if bad:
                 card.refused = f"the grouped pass does not match the block on the random input: {bad}"
@@ -142,10 +134,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
         card.speedup = paired_ratio(raw["block"], raw["grouped"])
         n = sum(calls.get(p, 0) for p in card.blocks)
         card.share = min(1.0, n * card.eager.median / forward_us) if forward_us else None
-        if min_speedup is None and card.speedup.median <= 1.0:
-            card.refused = f"not faster than the block's own forward ({card.speedup.median:.3f}x)"
-        elif min_speedup is not None and card.speedup.median < min_speedup:
-            card.refused = f"{card.speedup.median:.3f}x the block's own forward, below --min-speedup {min_speedup:g}"
+        card.refused = speed_refusal(card.speedup, min_speedup, "the block's own forward")
     return sorted(out, key=lambda c: c.card), why
 
 

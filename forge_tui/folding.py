@@ -61,6 +61,26 @@ def tensor_spec(t: Any, role: str) -> TensorSpec:
     return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
 
 
+def random_like(x: Any) -> Any:
+    """A random tensor of ``x``'s shape and dtype with its mean and spread (seeded): the second
+    input set a rewrite card is checked on."""
+    import torch
+
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    r = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
+    return (r * x.float().std() + x.float().mean()).to(x.dtype)
+
+
+def speed_refusal(speedup: Stats, min_speedup: float | None, own: str) -> str:
+    """Why a rewrite card with this isolated speedup over the model's own calls (``own``) is not
+    promoted: not faster (by default), or below ``min_speedup``; "" if it is."""
+    if min_speedup is None and speedup.median <= 1.0:
+        return f"not faster than {own} ({speedup.median:.3f}x)"
+    if min_speedup is not None and speedup.median < min_speedup:
+        return f"{speedup.median:.3f}x {own}, below --min-speedup {min_speedup:g}"
+    return ""
+
+
 def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
             min_speedup: float | None = None) -> tuple[list[FoldCard], dict[str, str]]:
     """The fold cards of ``model`` (in eval mode) on ``inputs``, each checked and timed; and why
@@ -108,10 +128,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             ref = pair_reference(conv, bn, x)
             card.output = tensor_spec(ref, "output")
             w, b = folded_params(conv, bn, x.dtype)
-            gen = torch.Generator(device=x.device).manual_seed(0)
-            rand = (torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) * x.float().std()
-                    + x.float().mean()).to(x.dtype)
-            for name, inp in (("captured", x), ("random", rand)):
+            for name, inp in (("captured", x), ("random", random_like(x))):
                 bad = check_fold(conv._conv_forward(inp, w, b), pair_reference(conv, bn, inp))
                 if bad is not None:
                     card.refused = f"the folded convolution does not match the pair on the {name} input: {bad}"
@@ -123,10 +140,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                                         "folded": functools.partial(conv._conv_forward, x, w, b)})
         card.eager, card.folded = stats["pair"], stats["folded"]
         card.speedup = paired_ratio(raw["pair"], raw["folded"])
-        if min_speedup is None and card.speedup.median <= 1.0:
-            card.refused = f"not faster than the pair's own calls ({card.speedup.median:.3f}x)"
-        elif min_speedup is not None and card.speedup.median < min_speedup:
-            card.refused = f"{card.speedup.median:.3f}x the pair's own calls, below --min-speedup {min_speedup:g}"
+        card.refused = speed_refusal(card.speedup, min_speedup, "the pair's own calls")
     return sorted(cards.values(), key=lambda c: c.card), why
 
 

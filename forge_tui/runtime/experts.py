@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from .fold import check_fold, hooked
+from .pinned import Pinned
 
 if TYPE_CHECKING:
     import torch
@@ -222,7 +223,8 @@ def target(block: Block) -> str:
 
 class Stacked:
     """A block's expert weights as two ``[experts, rows, cols]`` tensors: gate and up
-    projections one above the other, ``[E, 2I, H]``, and down projections, ``[E, H, I]``."""
+    projections one above the other, ``[E, 2I, H]``, and down projections, ``[E, H, I]``
+    (``pinned.Pinned``: each expert's weight pointed at its slice when ``repoint``)."""
 
     def __init__(self, block: Block, module: Any, *, repoint: bool) -> None:
         import torch
@@ -231,54 +233,36 @@ class Stacked:
         g, u, d = block.names
         first = experts[0].get_submodule(g).weight
         E, H, I_ = block.experts, block.hidden, block.intermediate
+        self.pins = pins = Pinned()
+        views = []
         with torch.no_grad():
             self.gate_up = torch.empty(E, 2 * I_, H, dtype=first.dtype, device=first.device)
             self.down = torch.empty(E, H, I_, dtype=first.dtype, device=first.device)
-            self.params: list[Any] = []
-            self._experts: tuple[dict[str, Any], list[Any]] = (experts._modules, list(experts._modules.values()))
-            self._slots: list[tuple[dict[str, Any], str, Any, Any]] = []
-            """(an expert's children, a linear's name, the linear, its weight) as installed."""
-            for k, e in enumerate(experts):
-                weights = []
-                for n in (g, u, d):
-                    lin = e._modules[n]
-                    weights.append(lin._parameters["weight"])
-                    self._slots.append((e._modules, n, lin, weights[-1]))
-                pg, pu, pd = weights
-                self.gate_up[k, :I_].copy_(pg)
-                self.gate_up[k, I_:].copy_(pu)
-                self.down[k].copy_(pd)
-                self.params += [pg, pu, pd]
-            if repoint:  # once every copy is made: a failure before leaves the parameters as they were
-                for k in range(E):
-                    pg, pu, pd = self.params[3 * k: 3 * k + 3]
-                    pg.data, pu.data, pd.data = self.gate_up[k, :I_], self.gate_up[k, I_:], self.down[k]
-        self.ptrs = tuple(p.data_ptr() for p in self.params) if repoint else ()
-        self.repointed = repoint
+            pins.size(experts._modules)
+            for k in range(E):
+                e = pins.link(experts._modules, str(k)) if str(k) in experts._modules else experts[k]
+                for n, dst in zip((g, u, d), (self.gate_up[k, :I_], self.gate_up[k, I_:], self.down[k])):
+                    lin = pins.link(e._modules, n)
+                    p = pins.link(lin._parameters, "weight")
+                    dst.copy_(p)
+                    pins.params.append(p)
+                    views.append(dst)
+            if repoint:
+                pins.repoint(views)
+
+    @property
+    def params(self) -> list[Any]:
+        return self.pins.params
 
     def intact(self) -> bool:
         """Whether every expert weight the block has now is still its slice of the stacked tensors:
         not where an expert, a linear or a weight was replaced by another object, or a weight's
         data by other data."""
-        mods, kept = self._experts
-        if len(mods) != len(kept) or any(a is not b for a, b in zip(mods.values(), kept)):
-            return False
-        for children, name, lin, p in self._slots:
-            now = children.get(name)
-            if now is not lin or getattr(now, "_parameters", {}).get("weight") is not p:
-                return False
-        return tuple(p.data_ptr() for p in self.params) == self.ptrs
+        return self.pins.intact()
 
     def release(self) -> None:
         """Give each parameter its own storage again (undo)."""
-        if self.repointed:
-            import torch
-
-            with torch.no_grad():
-                mine = set(self.ptrs)
-                for p in self.params:
-                    if p.data_ptr() in mine:
-                        p.data = p.data.clone()
+        self.pins.release()
         self.gate_up = self.down = None  # type: ignore[assignment]
 
 
