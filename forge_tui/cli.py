@@ -291,7 +291,7 @@ def cmd_bench(args) -> int:
 
 
 def _cmd_rewrite(args, run, name: str, unit: str, no: str) -> int:
-    """``forge fold`` and ``forge experts``: propose the workload's cards of one kind of rewrite,
+    """``forge fold``, ``forge experts`` and ``forge merge``: propose the workload's cards of one kind of rewrite,
     print them and why the look-alikes are not served, and promote them unless ``--dry-run``."""
     from .workload import parse_dtype
     from .workspace import Workspace
@@ -323,6 +323,12 @@ def cmd_experts(args) -> int:
     from .experts import experts_workload
 
     return _cmd_rewrite(args, experts_workload, "experts", "blocks", "not served")
+
+
+def cmd_merge(args) -> int:
+    from .merging import merge_workload
+
+    return _cmd_rewrite(args, merge_workload, "merge", "linears", "not merged")
 
 
 def cmd_export(args) -> int:
@@ -430,7 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, what, own in (
             ("fold", cmd_fold, "fold the workload's batch norms into their convolutions", "the pair's own calls"),
             ("experts", cmd_experts, "compute the workload's routed mixture-of-experts blocks in one grouped pass "
-             "each, without their Python loop", "the block's own forward")):
+             "each, without their Python loop", "the block's own forward"),
+            ("merge", cmd_merge, "compute the workload's sibling linears (called one after another on one input: "
+             "q/k/v, gate and up) in one batched product", "the separate linears")):
         sp = sub.add_parser(name, help=f"{what} (checked, timed, promoted as {name} cards: running it approves them)")
         sp.add_argument("workload", help="a workload .py file, or example:NAME")
         sp.add_argument("-w", "--workspace", type=Path, required=True)

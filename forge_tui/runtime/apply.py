@@ -41,6 +41,8 @@ from .fold import install as install_folds
 from .graph import CompileBackend, GraphScope, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
+from .merge import MergeGuard
+from .merge import install as install_merges
 from .status import STATUS_FILE, CardStatus, StatusBoard
 
 if TYPE_CHECKING:
@@ -762,6 +764,8 @@ class Applied:
         """The fold cards served (``fold.py``), by card."""
         self.experts: dict[str, ExpertsGuard] = {}
         """The experts cards served (``experts.py``), by card."""
+        self.merges: dict[str, MergeGuard] = {}
+        """The merge cards served (``merge.py``), by card."""
         self._on_undo: list[Callable[[], None]] = []
         self.compile_guards: list[Guard] = []
         """torch_compile mode: the op and chain cards that ``backend()`` serves."""
@@ -846,6 +850,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     """Scope path -> (its module, the op guards it serves)."""
     folds: list[Entry] = []
     experts: list[Entry] = []
+    merges: list[Entry] = []
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
             continue
@@ -880,6 +885,13 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             continue
         if sig.kind == "experts":
             experts.append(entry)
+            continue
+        if sig.kind == "merge":
+            if mode == Mode.TORCH_COMPILE:
+                applied.skipped[card_id] = "merged linears are not served in torch.compile'd models (a graph break " \
+                                           "at each call)"
+            else:
+                merges.append(entry)
             continue
         # what the signature alone rules out, before the kernel's files are read
         if sig.kind == "module" and sig.returns == "other":
@@ -942,6 +954,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     if experts:
         install_experts(applied, model, experts, device, 0 if mode == Mode.CUDA_GRAPH else shadow_every,
                         compiled=mode == Mode.TORCH_COMPILE)
+    if merges:
+        install_merges(applied, model, merges, device, 0 if mode == Mode.CUDA_GRAPH else shadow_every)
     if ops:
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []

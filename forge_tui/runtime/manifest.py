@@ -32,9 +32,10 @@ class Signature(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     card: str
-    kind: Literal["op", "module", "chain", "fold", "experts"]
+    kind: Literal["op", "module", "chain", "fold", "experts", "merge"]
     """fold: a batch norm folded into the convolution before it (``runtime/fold.py``); experts: a
-    routed mixture-of-experts block in one grouped pass (``runtime/experts.py``)."""
+    routed mixture-of-experts block in one grouped pass (``runtime/experts.py``); merge: sibling
+    linears on one input in one batched product (``runtime/merge.py``)."""
     target: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

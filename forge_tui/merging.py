@@ -1,0 +1,244 @@
+"""``forge merge WORKLOAD -w WS``: the workload's sibling linears (called one after another on one
+input: q/k/v projections, gate and up) computed in one batched product, as merge cards promoted to
+the workspace's manifest (``runtime/merge.py`` says what the product is and how the runtime
+serves it).
+
+The model runs once on the workload's inputs with a hook on every ``nn.Linear``: linears called
+on the same tensor object, unchanged between the calls, are siblings where they are so in every
+call (a linear called on one input alone in some call and with others in another is not), and a
+set of siblings merges where they have the same sizes, bias or none, dtype and device (grouped
+query attention's k and v merge; its wider q stays alone). Linears inside routed-experts blocks
+are left to ``forge experts``. Sets whose calls look alike (the number of siblings, their sizes,
+the input's shape, strides and dtype) make one merge card. Each card is checked on its first
+call's captured input and on a random one (every sibling's output against its own, within the
+evaluator's tolerance), then both ways are timed interleaved with the evaluator's timer. A card
+that matches and is faster is promoted with its evidence (speedup with spread, the input sets,
+its share of the forward) and its configuration (``kernels/<card>/merge.json``), committed to
+``main`` with who approved it; running the command is the approval, as ``forge approve`` is for
+kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cards import TensorSpec
+from .errors import ForgeError
+from .folding import random_like, rewrite_line, speed_refusal, tensor_spec
+from .runtime.manifest import Entry, Signature
+from .runtime.merge import MERGE_FILE, Stacked, card_id, check, is_linear, merged, program_of, target, unmergeable
+from .timing import Stats, Timer, paired_ratio
+
+
+@dataclass
+class MergeCard:
+    card: str
+    target: str
+    groups: list[list[str]]
+    input: TensorSpec
+    output: TensorSpec
+    program: dict[str, Any]
+    speedup: Stats | None = None
+    eager: Stats | None = None
+    merged: Stats | None = None
+    share: float | None = None
+    """The sets' share of the forward in eager: calls x the separate linears' time / the forward."""
+    refused: str = ""
+    input_sets: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return rewrite_line(self, len(self.groups), "set", "not merged", "the separate linears", self.merged)
+
+
+def find_siblings(model: Any, inputs: list[Any], run: Any
+                  ) -> tuple[list[list[str]], dict[str, str], dict[str, Any], dict[str, int]]:
+    """The sets of sibling linears of ``model`` on ``inputs`` (module paths, in call order), why
+    linears that share an input with others are not merged, each set's first input (by its first
+    path) and each linear's calls in the run."""
+    import torch
+
+    from .runtime.experts import find_blocks
+
+    blocks, _ = find_blocks(model)
+    inside = tuple(b.path + "." for b in blocks)
+    linears = {id(m): p for p, m in model.named_modules() if is_linear(m) and not (inside and p.startswith(inside))}
+    calls: list[tuple[str, Any, int | None]] = []
+    """(a linear's path, its input (held: ids stay unique), the input's version or None)."""
+    odd: set[str] = set()
+
+    def pre_hook(m: Any, args: tuple, kwargs: dict) -> None:
+        path = linears.get(id(m))
+        if path is None:
+            return
+        if kwargs or len(args) != 1 or type(args[0]) is not torch.Tensor:
+            odd.add(path)
+            return
+        x = args[0]
+        calls.append((path, x, None if x.is_inference() else x._version))
+
+    hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True)
+             for m in model.modules() if id(m) in linears]
+    try:
+        with torch.no_grad():
+            run(model, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    on: dict[tuple[int, int | None], list[str]] = {}
+    for path, x, ver in calls:
+        on.setdefault((id(x), ver), []).append(path)
+    seen: dict[str, set[frozenset[str]]] = {}
+    twice: set[str] = set()
+    for paths in on.values():
+        if len(set(paths)) != len(paths):
+            twice.update(p for p in paths if paths.count(p) > 1)
+        for p in paths:
+            seen.setdefault(p, set()).add(frozenset(paths))
+    why: dict[str, str] = {}
+    order = {p: i for i, (p, _, _) in reversed(list(enumerate(calls)))}
+    sets: list[list[str]] = []
+    first: dict[str, Any] = {}
+    done: set[frozenset[str]] = set()
+    for p, partners in seen.items():
+        if len(partners) == 1 and len(next(iter(partners))) == 1:
+            continue  # a linear alone on its inputs: nothing to merge, nothing to say
+        if p in odd or p in twice or len(partners) != 1:
+            why[p] = ("called with other arguments than one input tensor" if p in odd else
+                      "called twice on one input" if p in twice else
+                      "its input is shared with other linears in some calls and not in others")
+            continue
+        s = next(iter(partners))
+        if s in done or any(seen.get(q) != {s} or q in odd or q in twice for q in s):
+            continue
+        done.add(s)
+        mods = {q: model.get_submodule(q) for q in s}
+        by_prog: dict[str, list[str]] = {}
+        for q in sorted(s, key=order.__getitem__):
+            m = mods[q]
+            key = json.dumps(program_of([m]) | {"dtype": str(m.weight.dtype), "device": str(m.weight.device)})
+            by_prog.setdefault(key, []).append(q)
+        for qs in by_prog.values():
+            if len(qs) < 2:
+                why[qs[0]] = "its siblings on the same input have other sizes, biases, dtype or device"
+                continue
+            bad = unmergeable([mods[q] for q in qs])
+            if bad:
+                for q in qs:
+                    why[q] = bad
+                continue
+            sets.append(qs)
+    for path, x, _ in calls:
+        for qs in sets:
+            if qs[0] == path and path not in first:
+                first[path] = x
+    sets.sort(key=lambda qs: order[qs[0]])
+    counts: dict[str, int] = {}
+    for path, _, _ in calls:
+        counts[path] = counts.get(path, 0) + 1
+    return sets, why, first, counts
+
+
+def _owners(model: Any, paths: list[str]) -> list[tuple[Any, str]]:
+    out = []
+    for p in paths:
+        parent, _, name = p.rpartition(".")
+        out.append((model.get_submodule(parent) if parent else model, name))
+    return out
+
+
+def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
+            min_speedup: float | None = None) -> tuple[list[MergeCard], dict[str, str]]:
+    """The merge cards of ``model`` (in eval mode) on ``inputs``, each checked and timed; and why
+    linears that share an input with others are not merged."""
+    import torch
+
+    sets, why, first, counts = find_siblings(model, inputs, run)
+    cards: dict[str, MergeCard] = {}
+    captured: dict[str, tuple[list[str], Any]] = {}
+    for qs in sets:
+        x = first[qs[0]]
+        mods = [model.get_submodule(q) for q in qs]
+        spec = tensor_spec(x, "input")
+        prog = program_of(mods)
+        cid = card_id(prog, spec.model_dump())
+        if cid not in cards:
+            cards[cid] = MergeCard(cid, target(prog), [], spec, tensor_spec(torch.empty(0), "output"), prog)
+            captured[cid] = (qs, x.detach().clone())
+        cards[cid].groups.append(qs)
+    timer = Timer(device, repeats=repeats)
+    forward_us: float | None = None
+    for cid, card in cards.items():
+        qs, x = captured[cid]
+        mods = [model.get_submodule(q) for q in qs]
+        with torch.no_grad():
+            st = Stacked(_owners(model, qs), repoint=False)
+            refs = [m(x) for m in mods]
+            card.output = tensor_spec(refs[0], "output")
+            for name, inp in (("captured", x), ("random", random_like(x))):
+                try:
+                    bad = check(merged(inp, st), [m(inp) for m in mods])
+                except (RuntimeError, ValueError, TypeError) as exc:
+                    bad = f"it failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if bad is not None:
+                    card.refused = f"the batched product does not match the linears on the {name} input: {bad}"
+                    break
+                card.input_sets.append(name)
+            if card.refused:
+                continue
+            stats, raw, _ = timer.time({"separate": functools.partial(_separate, mods, x),
+                                        "merged": functools.partial(merged, x, st)})
+            if forward_us is None:
+                fstats, _, _ = timer.time({"forward": functools.partial(run, model, inputs)})
+                forward_us = fstats["forward"].median
+        card.eager, card.merged = stats["separate"], stats["merged"]
+        card.speedup = paired_ratio(raw["separate"], raw["merged"])
+        n = sum(counts.get(qs[0], 1) for qs in card.groups)
+        card.share = min(1.0, n * card.eager.median / forward_us) if forward_us else None
+        card.refused = speed_refusal(card.speedup, min_speedup, "the separate linears")
+    return sorted(cards.values(), key=lambda c: c.card), why
+
+
+def _separate(mods: list[Any], x: Any) -> list[Any]:
+    return [m(x) for m in mods]
+
+
+def promote(ws: Any, cards: list[MergeCard], *, by: str | None = None) -> list[Entry]:
+    """Promote the cards not refused: ``kernels/<card>/merge.json`` and a manifest entry each, one
+    commit on ``main``. Returns the entries."""
+    from .promotion import Rewrite, promote_rewrites
+
+    keep = [c for c in cards if not c.refused]
+    rewrites = []
+    for c in keep:
+        assert c.speedup is not None and c.eager is not None and c.merged is not None
+        sig = Signature(card=c.card, kind="merge", target=c.target, inputs=[c.input], outputs=[c.output],
+                        program=c.program, module_paths=[p for qs in c.groups for p in qs], flags=["merge"])
+        config = {"target": c.target, "program": c.program, "groups": c.groups, "share": c.share}
+        rewrites.append(Rewrite(sig, MERGE_FILE, config, c.speedup, c.eager.median, c.merged.median, c.input_sets,
+                                c.line()))
+    return promote_rewrites(ws, rewrites, f"merge {len(keep)} card{'s' if len(keep) > 1 else ''} of sibling "
+                            "linears into one product each", by=by)
+
+
+def merge_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
+                   repeats: int = 20, min_speedup: float | None = None
+                   ) -> tuple[list[MergeCard], dict[str, str], list[Entry]]:
+    """``forge merge``: propose the workload's merge cards and (unless ``dry_run``) promote them.
+    ``min_speedup``: the least isolated speedup over the separate linears a card is promoted with
+    (default: faster, above 1.0; 0 promotes every card that matches)."""
+    from .workload import load_workload, resolve_device
+
+    if min_speedup is not None and min_speedup < 0:
+        raise ForgeError(f"--min-speedup must be 0 or more, not {min_speedup:g}")
+    dev = resolve_device(device)
+    wl = load_workload(spec)
+    model, inputs = wl.build(dev, dtype)
+    model.eval()
+    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
+    if not cards and not why:
+        raise ForgeError(f"{wl.path.name}: the model has no linears called one after another on one input to merge")
+    entries = [] if dry_run else promote(ws, cards)
+    return cards, why, entries
