@@ -11,7 +11,8 @@ workload alone): profile into a temporary workspace; search the cards with the m
 (the template families and the code generator) under --evals evaluations and a wall limit; approve
 with thresholds (promotion.approve with an AutoRule: what `forge approve --auto` runs); fold the batch
 norms into the convolutions before them (what `forge fold` runs; --no-fold skips it); serve the routed
-mixture-of-experts blocks in one grouped pass each (what `forge experts` runs; --no-experts skips it); then
+mixture-of-experts blocks in one grouped pass each (what `forge experts` runs; --no-experts skips it);
+compute sibling linears on one input in one batched product (what `forge merge` runs; --no-merge skips it); then
 e2e.bench, what `forge bench` runs: eager and eager + forge first (kernels slower in the model are
 switched off), then the runtime's overheads, then the four ways interleaved (eager, eager + forge,
 torch.compile, torch.compile + forge; outputs checked against eager) when enough time is left,
@@ -225,9 +226,11 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
     applied = apply(model, ws, device=dev, only_faster=False, cards=cards)
     try:
         for cid in cards:
-            if cid in applied.experts:
-                res["cards"][cid] = {"note": "an experts card: the block's forward in one grouped pass",
-                                     "sites": list(applied.experts[cid].status.sites)}
+            if cid in applied.experts or cid in applied.merges:
+                g = applied.experts.get(cid) or applied.merges[cid]
+                res["cards"][cid] = {"note": "an experts card: the block's forward in one grouped pass"
+                                     if cid in applied.experts else "a merge card: sibling linears in one product",
+                                     "sites": list(g.status.sites)}
                 continue
             if cid in applied.folds:
                 sites = list(applied.folds[cid].status.sites)
@@ -257,7 +260,7 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
-    from forge_tui.e2e import experts_shares, fold_shares
+    from forge_tui.e2e import config_shares, fold_shares
     from forge_tui.promotion import manifest
 
     out = r.to_json()
@@ -266,8 +269,9 @@ def bench_json(r: Any, ws: Any) -> dict[str, Any]:
     man = manifest(ws)
     folds = fold_shares(ws, man, r.served)
     out["fold_share"] = sum(folds.values())
-    xs = experts_shares(ws, man, r.served)
-    out["experts_share"] = sum(xs.values())
+    xs = config_shares(ws, man, r.served)
+    for kind in ("experts", "merge"):
+        out[f"{kind}_share"] = sum(v for c, v in xs.items() if man.entries[c].signature.kind == kind)
     folds |= xs
     out["served_share"] = sum(folds.get(c, shares.get(c, 0.0)) for c in served)
     beats = []
@@ -390,49 +394,41 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         rec.log(f"left {r.card.id}: {why}")
     rec.phase("approve", t0)
 
-    t0 = time.time()
-    if opts.get("fold", True):  # what `forge fold WORKLOAD -w WS` runs: the batch norms after convolutions
-        from forge_tui.errors import ForgeError
-        from forge_tui.folding import fold_workload
+    # what `forge fold`, `forge experts` and `forge merge` run: batch norms folded into the
+    # convolutions before them, routed experts in one grouped pass, sibling linears in one product
+    from forge_tui.errors import ForgeError
+    from forge_tui.experts import experts_workload
+    from forge_tui.folding import fold_workload
+    from forge_tui.merging import merge_workload
 
-        try:
-            fcards, fwhy, fentries = fold_workload(spec, ws, device=dev)
-        except ForgeError as exc:
-            d["fold"] = {"none": str(exc)}
-            rec.log(f"fold: {exc}")
-        else:
-            d["fold"] = {"cards": {c.card: {"pairs": [p.bn_path for p in c.pairs], "refused": c.refused,
-                                            "speedup": c.speedup.to_json() if c.speedup else None,
-                                            "pair_us": c.eager.median if c.eager else None,
-                                            "folded_us": c.folded.median if c.folded else None} for c in fcards},
-                         "not_folded": fwhy, "promoted": [e.card for e in fentries]}
-            rec.log(f"folded {sum(len(e.signature.module_paths) for e in fentries)} batch norms in {len(fentries)} "
-                    f"fold cards ({sum(bool(c.refused) for c in fcards)} refused, {len(fwhy)} modules without a fold)")
-            for c in fcards:
-                rec.log(f"  {c.line()}")
-        rec.phase("fold", t0)
-    t0 = time.time()
-    if opts.get("experts", True):  # what `forge experts WORKLOAD -w WS` runs: routed experts in one grouped pass
-        from forge_tui.errors import ForgeError
-        from forge_tui.experts import experts_workload
+    def times(c: Any, before: str, after: str) -> dict:
+        own, new = (c.eager, getattr(c, after.removesuffix("_us")))
+        return {"speedup": c.speedup.to_json() if c.speedup else None, before: own.median if own else None,
+                after: new.median if new else None}
 
+    for key, run, sites, cards_json, left in (
+            ("fold", fold_workload, "batch norms",
+             lambda c: {"pairs": [p.bn_path for p in c.pairs]} | times(c, "pair_us", "folded_us"), "not_folded"),
+            ("experts", experts_workload, "blocks",
+             lambda c: {"blocks": c.blocks, "share": c.share} | times(c, "block_us", "grouped_us"), "not_served"),
+            ("merge", merge_workload, "linears",
+             lambda c: {"groups": c.groups, "share": c.share} | times(c, "separate_us", "merged_us"), "not_merged")):
+        if not opts.get(key, True):
+            continue
+        t0 = time.time()
         try:
-            xcards, xwhy, xentries = experts_workload(spec, ws, device=dev)
+            rcards, rwhy, rentries = run(spec, ws, device=dev)
         except ForgeError as exc:
-            d["experts"] = {"none": str(exc)}
-            rec.log(f"experts: {exc}")
+            d[key] = {"none": str(exc)}
+            rec.log(f"{key}: {exc}")
         else:
-            d["experts"] = {"cards": {c.card: {"blocks": c.blocks, "refused": c.refused, "share": c.share,
-                                               "speedup": c.speedup.to_json() if c.speedup else None,
-                                               "block_us": c.eager.median if c.eager else None,
-                                               "grouped_us": c.grouped.median if c.grouped else None}
-                                      for c in xcards},
-                            "not_served": xwhy, "promoted": [e.card for e in xentries]}
-            rec.log(f"experts: {sum(len(e.signature.module_paths) for e in xentries)} blocks in {len(xentries)} "
-                    f"cards ({sum(bool(c.refused) for c in xcards)} refused, {len(xwhy)} look-alikes not served)")
-            for c in xcards:
+            d[key] = {"cards": {c.card: {"refused": c.refused} | cards_json(c) for c in rcards}, left: rwhy,
+                      "promoted": [e.card for e in rentries]}
+            rec.log(f"{key}: {sum(len(e.signature.module_paths) for e in rentries)} {sites} in {len(rentries)} "
+                    f"cards ({sum(bool(c.refused) for c in rcards)} refused, {len(rwhy)} look-alikes not served)")
+            for c in rcards:
                 rec.log(f"  {c.line()}")
-        rec.phase("experts", t0)
+        rec.phase(key, t0)
     promoted = bool(manifest(ws).entries)
 
     served: list[str] = []
@@ -722,6 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "forward (bench/lab/inplace_timeline.py)")
     ap.add_argument("--no-experts", action="store_true", help="do not serve routed experts in one grouped pass "
                     "(what forge experts does, after the folds)")
+    ap.add_argument("--no-merge", action="store_true", help="do not compute sibling linears in one batched product "
+                    "(what forge merge does, after the experts)")
     ap.add_argument("--no-fold", action="store_true", help="do not fold batch norms into their convolutions "
                     "(what forge fold does, after the approvals)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -745,7 +743,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
             "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold, "cards": args.cards,
-            "experts": not args.no_experts}
+            "experts": not args.no_experts, "merge": not args.no_merge}
 
 
 def main(argv: list[str] | None = None) -> int:

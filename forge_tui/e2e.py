@@ -437,7 +437,7 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
     share of a fold: its pairs' ``fold_shares``)."""
     shares = {c.id: c.share for c in ws.cards()}
     saved = 0.0
-    folds = fold_shares(ws, man, served) | experts_shares(ws, man, served)
+    folds = fold_shares(ws, man, served) | config_shares(ws, man, served)
     for card, e in man.entries.items():
         sp, share = e.evidence.speedup_vs_eager, folds.get(card, shares.get(card))
         if served.get(card) and sp and share:
@@ -474,12 +474,13 @@ def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, flo
     return out
 
 
-def experts_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
-    """Per served experts card, its blocks' share of the forward in eager, as ``forge experts``
-    measured it (the blocks' calls times the block's own time, over the forward's)."""
+def config_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
+    """Per served experts or merge card, its sites' share of the forward in eager, as ``forge
+    experts`` and ``forge merge`` measured it (the sites' calls times their own time, over the
+    forward's), from the card's configuration."""
     out: dict[str, float] = {}
     for card, e in man.entries.items():
-        if e.signature.kind != "experts" or not served.get(card):
+        if e.signature.kind not in ("experts", "merge") or not served.get(card):
             continue
         try:
             share = json.loads((kernels_dir(ws) / e.source).read_text()).get("share")
@@ -539,13 +540,16 @@ def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
     intercepted, and that costs every op in it, so leaving one out alone shows nothing)."""
     units: list[list[str]] = []
     scopes: list[set[str]] = []
-    folds = [c for c in served if man.entries[c].signature.kind == "fold"]
-    if folds:  # one unit: a model's folds are many (ResNet-50: 52 pairs in 22 cards), each saving a little
-        units.append(folds)
-        scopes.append(set())
+    for kind in ("fold", "merge"):
+        # one unit each: a model's folds are many (ResNet-50: 52 pairs in 22 cards), and its merges
+        # (a few per layer), each saving a little
+        same = [c for c in served if man.entries[c].signature.kind == kind]
+        if same:
+            units.append(same)
+            scopes.append(set())
     for card in served:
         sig = man.entries[card].signature
-        if sig.kind == "fold":
+        if sig.kind in ("fold", "merge"):
             continue
         if sig.kind in ("module", "experts"):
             units.append([card])

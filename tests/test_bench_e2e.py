@@ -42,7 +42,9 @@ def test_e2e_bench_small_on_one_workload(tmp_path):
     assert o["installed_nothing"] and "overhead" in o["nothing promoted"]
     pc = w["per_call"]
     assert pc["eager_op_launch_us"] > 0
-    assert all(v["served_us"] > 0 and v["eager_card_us"] > 0 for v in pc["cards"].values()), pc
+    # kernels' rows (a fold, experts or merge card's row is a note: it calls PyTorch's own ops)
+    kernels = [v for v in pc["cards"].values() if "note" not in v]
+    assert kernels and all(v["served_us"] > 0 and v["eager_card_us"] > 0 for v in kernels), pc
     t = w["targets"]
     assert t["outputs agree"] == "pass"
     assert {"eager+forge >= 1.0x", "eager+forge >= 1.25x", "compile+forge >= compile", ">= 90% of bound",

@@ -16,7 +16,7 @@ from torch import nn
 
 from forge_tui import experts as experts_workspace_mod
 from forge_tui.cli import main
-from forge_tui.e2e import _bound, experts_shares, switch_off_units
+from forge_tui.e2e import _bound, config_shares, switch_off_units
 from forge_tui.examples import tiny_moe
 from forge_tui.examples._decoder_parts import SparseMoE, init_random
 from forge_tui.promotion import kernels_dir, manifest
@@ -478,10 +478,10 @@ def test_experts_cards_are_units_of_their_own_with_their_share_in_the_bound(moe_
     assert switch_off_units(man, [op.card, *cards]) == [[op.card]] + [[c] for c in cards]
     del man.entries[op.card]
     served = {c: 1 for c in cards}
-    shares = experts_shares(moe_ws, man, served)
+    shares = config_shares(moe_ws, man, served)
     want = {c: json.loads((kernels_dir(moe_ws) / man.entries[c].source).read_text())["share"] for c in cards}
     assert shares == pytest.approx(want) and all(s > 0 for s in shares.values())
-    assert experts_shares(moe_ws, man, {}) == {}
+    assert config_shares(moe_ws, man, {}) == {}
     saved = sum(shares[c] * (1 - 1 / man.entries[c].evidence.speedup_vs_eager) for c in cards)
     bound = _bound(moe_ws, man, served)
     if 0 < saved < 1:  # (a card promoted at --min-speedup 0 may have timed slower here: no bound then)

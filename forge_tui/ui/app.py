@@ -96,7 +96,7 @@ class ForgeApp(App[None]):
         self.bench_outcome: BenchOutcome | None = None
         self.bench_running = False
         self.rewriting = False
-        """``forge fold`` and ``forge experts`` are running on the model (``m``)."""
+        """``forge fold``, ``forge experts`` and ``forge merge`` are running on the model (``m``)."""
         self.failures: list[Failed] = []
         # the search in progress
         self._search: Search | None = None
@@ -220,7 +220,8 @@ class ForgeApp(App[None]):
         if self.bench_running:
             return "running the whole model: eager, then eager + forge, outputs compared ..."
         if self.rewriting:
-            return "folding batch norms and grouping routed experts: each checked against the model, then timed ..."
+            return ("folding batch norms, grouping routed experts and merging sibling linears: each checked against the "
+                    "model, then timed ...")
         if self.bench_outcome is not None:
             sp = self.bench_outcome.speedup
             bad = [k for k, v in self.bench_outcome.outputs_agree.items() if v and "forge" in k]
@@ -341,8 +342,8 @@ class ForgeApp(App[None]):
             self.notify("the model is already running", severity="warning")
             return
         self.rewriting = True
-        self.note("folding batch norms into their convolutions and grouping routed experts (forge fold, "
-                  "forge experts) ...")
+        self.note("folding batch norms into their convolutions, grouping routed experts and merging sibling linears "
+                  "(forge fold, forge experts, forge merge) ...")
         self.rewrite_worker()
         self._guide()
 

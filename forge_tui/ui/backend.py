@@ -201,19 +201,20 @@ class Backend:
         return spec, meta.get("device"), parse_dtype(meta["dtype"]) if meta.get("dtype") else None
 
     def rewrites(self) -> RewriteOutcome:
-        """``forge fold`` then ``forge experts`` on the workspace's workload: the model's batch norms
-        folded into their convolutions and its routed experts grouped, each card checked against the
-        model's own modules, timed, and promoted when faster (the user's key press approves them,
-        as running the commands does)."""
+        """``forge fold``, ``forge experts`` and ``forge merge`` on the workspace's workload: the
+        model's batch norms folded into their convolutions, its routed experts grouped and its
+        sibling linears merged, each card checked against the model's own modules, timed, and
+        promoted when faster (the user's key press approves them, as running the commands does)."""
         from ..errors import ForgeError
         from ..experts import experts_workload
         from ..folding import fold_workload
+        from ..merging import merge_workload
 
         ws = self._ws()
         spec, device, dtype = self._workload()
         lines: list[str] = []
         promoted = 0
-        for name, run in (("fold", fold_workload), ("experts", experts_workload)):
+        for name, run in (("fold", fold_workload), ("experts", experts_workload), ("merge", merge_workload)):
             try:
                 cards, why, entries = run(spec, ws, device=device, dtype=dtype)
             except ForgeError as exc:

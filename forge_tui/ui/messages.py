@@ -82,7 +82,7 @@ class RuntimeStatusRead(Message):
 
 
 class RewritesDone(Message):
-    """``forge fold`` and ``forge experts`` ran on the workspace's model."""
+    """``forge fold``, ``forge experts`` and ``forge merge`` ran on the workspace's model."""
 
     def __init__(self, outcome: "RewriteOutcome") -> None:
         super().__init__()

@@ -1,7 +1,8 @@
 """Fallback status: per promoted card, kernel active or disabled and why, calls served and fallen
 back with their reasons, re-read every second from the runtime's status.json while a model runs
-(``forge bench``, an applied model, or ``b`` here); and the end-to-end result. ``m`` runs ``forge fold``
-and ``forge experts`` on the model first (batch norms folded, routed experts grouped)."""
+(``forge bench``, an applied model, or ``b`` here); and the end-to-end result. ``m`` runs ``forge fold``,
+``forge experts`` and ``forge merge`` on the model first (batch norms folded, routed experts grouped,
+sibling linears merged)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .base import ForgeScreen
 class FallbackScreen(ForgeScreen):
     BINDINGS = [
         Binding("b", "app.bench", "Run the model"),
-        Binding("m", "app.rewrite", "Fold, group experts"),
+        Binding("m", "app.rewrite", "Fold, group, merge"),
         Binding("r", "refresh_status", "Refresh", show=False),
     ]
     REFRESH_S = 1.0
