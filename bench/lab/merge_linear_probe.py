@@ -4,7 +4,9 @@ shapes of the bundled diffusion and decoder examples; does ``torch.bmm`` read an
 (stride-0) input without copying it; and how far from the separate linears' outputs is the
 batched product's (max abs difference, bit-equal or not)?
 
-Three ways per case: the separate ``F.linear`` calls; ``bmm`` (``baddbmm`` with a bias) over the
+Four ways per case: the separate ``F.linear`` calls; the linears as ``nn.Linear`` modules served by
+forge's runtime (``runtime/merge.py``: guards, the product at the first call, the stored slices
+after; against the same modules unserved, ``modules``); ``bmm`` (``baddbmm`` with a bias) over the
 input expanded to [G, M, K], every output contiguous; one ``mm`` into [M, G x N] returning column
 slices (not contiguous, for reference). Each timed two ways: one call then a device sync (host
 clock, median of 30), and 50 calls back to back (the host-bound regime of an op-by-op forward).
@@ -83,6 +85,36 @@ def probe_case(name, shape, trans, g, k, n, bias, dt) -> dict:
         out = torch.baddbmm(b.unsqueeze(1), xe, wt) if b is not None else torch.bmm(xe, wt)
         return [out[i].view(*x.shape[:-1], n) for i in range(g)]
 
+    from torch import nn
+
+    from forge_tui.runtime.merge import Group, Member, MergeGuard, Stacked
+    from forge_tui.runtime.status import StatusBoard
+
+    def holder():
+        h = nn.Module()
+        for i in range(g):
+            lin = nn.Linear(k, n, bias=bias, device="cuda", dtype=dt)
+            with torch.no_grad():
+                lin.weight.copy_(w[i])
+                if bias:
+                    lin.bias.copy_(b[i])
+            h.add_module(f"l{i}", lin)
+        return h
+
+    plain, served_h = holder(), holder()
+    mods = [served_h.get_submodule(f"l{i}") for i in range(g)]
+    guard = MergeGuard("probe", "probe", {}, dt, "cuda", StatusBoard(), 0)
+    group = Group(guard, [f"l{i}" for i in range(g)], mods, Stacked([(served_h, f"l{i}") for i in range(g)],
+                                                                    repoint=True))
+    for i, m in enumerate(mods):
+        m.forward = Member(group, i)
+
+    def modules():
+        return [plain.get_submodule(f"l{i}")(x) for i in range(g)]
+
+    def runtime():
+        return [m(x) for m in mods]
+
     def concat():
         y = F.linear(x, w.reshape(g * n, k), b.reshape(-1) if b is not None else None)
         return [y[..., i * n:(i + 1) * n] for i in range(g)]
@@ -90,7 +122,9 @@ def probe_case(name, shape, trans, g, k, n, bias, dt) -> dict:
     ref = separate()
     row = {"case": name, "shape": list(shape), "transposed": trans, "members": g, "in": k, "out": n,
            "bias": bias, "dtype": str(dt).removeprefix("torch.")}
-    for label, fn in (("separate", separate), ("batched", batched), ("concat", concat)):
+    ways = (("separate", separate), ("batched", batched), ("concat", concat), ("modules", modules),
+            ("runtime", runtime))
+    for label, fn in ways:
         got = fn()
         diff = max((a.float() - r.float()).abs().max().item() for a, r in zip(got, ref))
         equal = all(torch.equal(a, r) for a, r in zip(got, ref))
@@ -99,6 +133,7 @@ def probe_case(name, shape, trans, g, k, n, bias, dt) -> dict:
         row[label] = {"one_us": round(one, 1), "pipelined_us": round(pipe, 1), "max_abs_diff": diff,
                       "bit_equal": equal, "kernels": len(ks), "kernel_names": ks,
                       "contiguous": all(t.is_contiguous() for t in got)}
+    row["runtime_served"] = guard.status.served
     return row
 
 
@@ -107,7 +142,7 @@ def main() -> int:
     print(f"{'case':34s} {'way':9s} {'1 call µs':>10s} {'50 calls µs/call':>17s} {'kernels':>8s} "
           f"{'max diff':>9s} {'equal':>6s} contig")
     for r in rows:
-        for label in ("separate", "batched", "concat"):
+        for label in ("separate", "batched", "concat", "modules", "runtime"):
             v = r[label]
             print(f"{r['case']:34s} {label:9s} {v['one_us']:10.1f} {v['pipelined_us']:17.1f} {v['kernels']:8d} "
                   f"{v['max_abs_diff']:9.2e} {str(v['bit_equal']):>6s} {v['contiguous']}")
