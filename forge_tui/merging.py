@@ -189,7 +189,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             if card.refused:
                 continue
             stats, raw, _ = timer.time({"separate": functools.partial(_separate, mods, x),
-                                        "merged": functools.partial(merged, x, st)})
+                                        "merged": functools.partial(_separate, _served_copies(mods, device), x)})
             if forward_us is None:
                 fstats, _, _ = timer.time({"forward": functools.partial(run, model, inputs)})
                 forward_us = fstats["forward"].median
@@ -203,6 +203,28 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
 
 def _separate(mods: list[Any], x: Any) -> list[Any]:
     return [m(x) for m in mods]
+
+
+def _served_copies(mods: list[Any], device: str) -> list[Any]:
+    """Copies of the siblings served as the runtime serves them (guards, the product at the first
+    call, the stored slices after): what a served set costs, module calls included."""
+    import copy
+
+    from torch import nn
+
+    from .runtime.merge import Group, Member, MergeGuard
+    from .runtime.status import StatusBoard
+
+    holder = nn.Module()
+    names = [f"s{i}" for i in range(len(mods))]
+    for n, m in zip(names, mods):
+        holder.add_module(n, copy.deepcopy(m))
+    copies = [holder.get_submodule(n) for n in names]
+    guard = MergeGuard("proposal", "proposal", program_of(copies), copies[0].weight.dtype, device, StatusBoard(), 0)
+    group = Group(guard, names, copies, Stacked([(holder, n) for n in names], repoint=True))
+    for i, c in enumerate(copies):
+        c.forward = Member(group, i)
+    return copies
 
 
 def promote(ws: Any, cards: list[MergeCard], *, by: str | None = None) -> list[Entry]:
