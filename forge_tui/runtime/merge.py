@@ -218,7 +218,7 @@ class Group:
 
     def _own(self, i: int) -> bool:
         """Whether sibling ``i`` still holds the parameters installed, with their data in place."""
-        return all(d.get(n) is p and p.data_ptr() == ptr for d, n, p, ptr in self.params[i])
+        return all(p.data_ptr() == ptr and d.get(n) is p for d, n, p, ptr in self.params[i])
 
     def _versions(self, i: int) -> tuple[int, ...]:
         return tuple(p._version for _, _, p, _ in self.params[i])
