@@ -406,7 +406,7 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         return {"speedup": c.speedup.to_json() if c.speedup else None, before: own.median if own else None,
                 after: new.median if new else None}
 
-    for key, run, sites, cards_json, left in (
+    for key, run, sites, cards_json, why_key in (
             ("fold", fold_workload, "batch norms",
              lambda c: {"pairs": [p.bn_path for p in c.pairs]} | times(c, "pair_us", "folded_us"), "not_folded"),
             ("experts", experts_workload, "blocks",
@@ -422,7 +422,7 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             d[key] = {"none": str(exc)}
             rec.log(f"{key}: {exc}")
         else:
-            d[key] = {"cards": {c.card: {"refused": c.refused} | cards_json(c) for c in rcards}, left: rwhy,
+            d[key] = {"cards": {c.card: {"refused": c.refused} | cards_json(c) for c in rcards}, why_key: rwhy,
                       "promoted": [e.card for e in rentries]}
             rec.log(f"{key}: {sum(len(e.signature.module_paths) for e in rentries)} {sites} in {len(rentries)} "
                     f"cards ({sum(bool(c.refused) for c in rcards)} refused, {len(rwhy)} look-alikes not served)")
