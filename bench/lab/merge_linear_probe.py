@@ -134,11 +134,13 @@ def probe_case(name, shape, trans, g, k, n, bias, dt) -> dict:
                       "bit_equal": equal, "kernels": len(ks), "kernel_names": ks,
                       "contiguous": all(t.is_contiguous() for t in got)}
     row["runtime_served"] = guard.status.served
+    row["runtime_fallbacks"] = dict(guard.status.fallbacks)
     return row
 
 
 def main() -> int:
-    rows = [probe_case(*case) for case in CASES]
+    with torch.no_grad():  # as inference runs (with gradients on, the served path falls back)
+        rows = [probe_case(*case) for case in CASES]
     print(f"{'case':34s} {'way':9s} {'1 call µs':>10s} {'50 calls µs/call':>17s} {'kernels':>8s} "
           f"{'max diff':>9s} {'equal':>6s} contig")
     for r in rows:
