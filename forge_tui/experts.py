@@ -19,31 +19,33 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from .cards import TensorSpec
-from .errors import ForgeError
-from .folding import random_like, rewrite_line, speed_refusal, tensor_spec
+from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, speed_refusal, tensor_spec
 from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
-from .runtime.manifest import Entry, Signature
+from .runtime.manifest import Entry
 from .timing import Stats, Timer, paired_ratio
 
 
 @dataclass
-class ExpertsCard:
-    card: str
-    target: str
-    blocks: list[str]
-    input: TensorSpec
-    output: TensorSpec
-    program: dict[str, Any]
-    speedup: Stats | None = None
-    eager: Stats | None = None
+class ExpertsCard(RewriteCard):
+    blocks: list[str] = field(default_factory=list)
     grouped: Stats | None = None
-    share: float | None = None
-    """The blocks' share of the forward in eager: calls x the block's own time / the forward."""
-    refused: str = ""
-    input_sets: list[str] = field(default_factory=list)
+
+    kind: ClassVar[str] = "experts"
+    file: ClassVar[str] = EXPERTS_FILE
+
+    def after(self) -> Stats | None:
+        return self.grouped
+
+    def sites(self) -> list[str]:
+        return list(self.blocks)
+
+    def config(self) -> dict[str, Any]:
+        return {"blocks": self.blocks, "share": self.share}
+
+    def returns(self) -> str:
+        return str(self.program["returns"])
 
     def line(self) -> str:
         return rewrite_line(self, len(self.blocks), "block", "not served", "the block's own forward", self.grouped)
@@ -74,7 +76,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
         calls[b.path] = calls.get(b.path, 0) + 1
         if key not in captured:
             captured[key] = (m, b, x.detach().clone())
-            cards[key] = ExpertsCard("", target(b), [], spec, tensor_spec(torch.empty(0), "output"), {})
+            cards[key] = ExpertsCard("", target(b), spec, tensor_spec(torch.empty(0), "output"), {})
         if b.path not in cards[key].blocks:
             cards[key].blocks.append(b.path)
 
@@ -139,22 +141,8 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
 
 
 def promote(ws: Any, cards: list[ExpertsCard], *, by: str | None = None) -> list[Entry]:
-    """Promote the cards not refused: ``kernels/<card>/experts.json`` and a manifest entry each, one
-    commit on ``main``. Returns the entries."""
-    from .promotion import Rewrite, promote_rewrites
-
-    keep = [c for c in cards if not c.refused]
-    rewrites = []
-    for c in keep:
-        assert c.speedup is not None and c.eager is not None and c.grouped is not None
-        sig = Signature(card=c.card, kind="experts", target=c.target, inputs=[c.input], outputs=[c.output],
-                        program=c.program, module_paths=list(c.blocks), returns=c.program["returns"],
-                        flags=["experts"])
-        config = {"target": c.target, "program": c.program, "blocks": c.blocks, "share": c.share}
-        rewrites.append(Rewrite(sig, EXPERTS_FILE, config, c.speedup, c.eager.median, c.grouped.median,
-                                c.input_sets, c.line()))
-    return promote_rewrites(ws, rewrites, f"serve {len(keep)} routed-experts card{'s' if len(keep) > 1 else ''} "
-                            "in one grouped pass", by=by)
+    """Promote the experts cards not refused (``kernels/<card>/experts.json``)."""
+    return promote_cards(ws, list(cards), "serve {n} routed-experts card{s} in one grouped pass", by=by)
 
 
 def experts_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
@@ -163,17 +151,6 @@ def experts_workload(spec: str, ws: Any, *, device: str | None = None, dtype: An
     """``forge experts``: propose the workload's experts cards and (unless ``dry_run``) promote
     them. ``min_speedup``: the least isolated speedup over the block's own forward a card is
     promoted with (default: faster, above 1.0; 0 promotes every card that matches)."""
-    from .workload import load_workload, resolve_device
-
-    if min_speedup is not None and min_speedup < 0:
-        raise ForgeError(f"--min-speedup must be 0 or more, not {min_speedup:g}")
-    dev = resolve_device(device)
-    wl = load_workload(spec)
-    model, inputs = wl.build(dev, dtype)
-    model.eval()
-    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
-    if not cards and not why:
-        raise ForgeError(f"{wl.path.name}: the model has no routed mixture-of-experts block "
-                         "(a gate linear and a ModuleList of gated-MLP experts)")
-    entries = [] if dry_run else promote(ws, cards)
-    return cards, why, entries
+    return run_rewrite(spec, ws, propose, promote, "the model has no routed mixture-of-experts block "
+                       "(a gate linear and a ModuleList of gated-MLP experts)",
+                       device=device, dtype=dtype, dry_run=dry_run, repeats=repeats, min_speedup=min_speedup)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .cards import TensorSpec
 from .errors import ForgeError
@@ -27,25 +27,69 @@ from .timing import Stats, Timer, paired_ratio
 
 
 @dataclass
-class FoldCard:
+class RewriteCard:
+    """A card of a rewrite of the model's own code (fold, experts, merge): what it serves, its
+    checks, its isolated timing against the model's own calls (``eager``), its share of the
+    forward and why it was refused."""
+
     card: str
     target: str
-    pairs: list[Pair]
     input: TensorSpec
     output: TensorSpec
     program: dict[str, Any]
     speedup: Stats | None = None
     eager: Stats | None = None
-    folded: Stats | None = None
+    share: float | None = None
+    """The sites' share of the forward in eager: their calls x their own time / the forward."""
     refused: str = ""
     input_sets: list[str] = field(default_factory=list)
+
+    kind: ClassVar[str] = ""
+    file: ClassVar[str] = ""
+    """Its configuration's name in ``kernels/<card>/``."""
+
+    def after(self) -> Stats | None:
+        """The rewrite's own time alone."""
+        raise NotImplementedError
+
+    def sites(self) -> list[str]:
+        """The module paths its manifest entry names."""
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        """What its configuration file holds besides its target and program."""
+        raise NotImplementedError
+
+    def returns(self) -> str:
+        return "tensor"
+
+    def line(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass
+class FoldCard(RewriteCard):
+    pairs: list[Pair] = field(default_factory=list)
+    folded: Stats | None = None
+
+    kind: ClassVar[str] = "fold"
+    file: ClassVar[str] = FOLD_FILE
+
+    def after(self) -> Stats | None:
+        return self.folded
+
+    def sites(self) -> list[str]:
+        return [p.bn_path for p in self.pairs]
+
+    def config(self) -> dict[str, Any]:
+        return {"pairs": [{"parent": p.parent, "conv": p.conv, "bn": p.bn} for p in self.pairs]}
 
     def line(self) -> str:
         return rewrite_line(self, len(self.pairs), "pair", "not folded", "the pair's own calls", self.folded)
 
 
 def rewrite_line(c: Any, sites: int, site: str, refused: str, own: str, after: Stats | None) -> str:
-    """A fold or experts card in one line: its sites, and why it was refused or its isolated
+    """A rewrite card in one line: its sites, and why it was refused or its isolated
     speedup over the model's own calls (``own``) with spread, before -> ``after`` µs."""
     at = f"{sites} {site}{'s' if sites > 1 else ''}"
     if c.refused:
@@ -108,7 +152,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             card = cards.get(cid)
             if card is None:
                 out = tensor_spec(torch.empty(0), "output")  # set below from the pair's own output
-                card = cards[cid] = FoldCard(cid, fold_target(conv, bn), [], spec, out, fold_program(conv, bn))
+                card = cards[cid] = FoldCard(cid, fold_target(conv, bn), spec, out, fold_program(conv, bn))
                 captured[cid] = (conv, bn, x.detach().clone())
             if p not in card.pairs:
                 card.pairs.append(p)
@@ -144,23 +188,48 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
     return sorted(cards.values(), key=lambda c: c.card), why
 
 
-def promote(ws: Any, cards: list[FoldCard], *, by: str | None = None) -> list[Entry]:
-    """Promote the cards not refused: ``kernels/<card>/fold.json`` and a manifest entry each, one
-    commit on ``main``. Returns the entries."""
+def promote_cards(ws: Any, cards: list[RewriteCard], subject: str, *, by: str | None = None) -> list[Entry]:
+    """Promote the rewrite cards not refused: ``kernels/<card>/<file>`` and a manifest entry each
+    (its evidence: the isolated speedup with spread, the input sets), one commit on ``main`` with
+    ``subject`` (``{n}``: how many). Returns the entries."""
     from .promotion import Rewrite, promote_rewrites
 
     keep = [c for c in cards if not c.refused]
     rewrites = []
     for c in keep:
-        assert c.speedup is not None and c.eager is not None and c.folded is not None
-        sig = Signature(card=c.card, kind="fold", target=c.target, inputs=[c.input], outputs=[c.output],
-                        program=c.program, module_paths=[p.bn_path for p in c.pairs], flags=["fold"])
-        config = {"target": c.target, "program": c.program,
-                  "pairs": [{"parent": p.parent, "conv": p.conv, "bn": p.bn} for p in c.pairs]}
-        rewrites.append(Rewrite(sig, FOLD_FILE, config, c.speedup, c.eager.median, c.folded.median, c.input_sets,
+        after = c.after()
+        assert c.speedup is not None and c.eager is not None and after is not None
+        sig = Signature(card=c.card, kind=c.kind, target=c.target, inputs=[c.input], outputs=[c.output],
+                        program=c.program, module_paths=c.sites(), returns=c.returns(), flags=[c.kind])
+        config = {"target": c.target, "program": c.program} | c.config()
+        rewrites.append(Rewrite(sig, c.file, config, c.speedup, c.eager.median, after.median, c.input_sets,
                                 c.line()))
-    return promote_rewrites(ws, rewrites, f"fold {len(keep)} batch norm card{'s' if len(keep) > 1 else ''} into "
-                            "their convolutions", by=by)
+    return promote_rewrites(ws, rewrites, subject.format(n=len(keep), s="s" if len(keep) > 1 else ""), by=by)
+
+
+def promote(ws: Any, cards: list[FoldCard], *, by: str | None = None) -> list[Entry]:
+    """Promote the fold cards not refused (``kernels/<card>/fold.json``)."""
+    return promote_cards(ws, list(cards), "fold {n} batch norm card{s} into their convolutions", by=by)
+
+
+def run_rewrite(spec: str, ws: Any, propose: Any, promote: Any, none: str, *, device: str | None, dtype: Any,
+                dry_run: bool, repeats: int, min_speedup: float | None) -> tuple[list[Any], dict[str, str], list[Entry]]:
+    """A rewrite command on a workload: build its model (eval mode) where it runs, ``propose`` the
+    cards, ``promote`` them unless ``dry_run``; ``none``: the error where the model has nothing
+    the rewrite looks for."""
+    from .workload import load_workload, resolve_device
+
+    if min_speedup is not None and min_speedup < 0:
+        raise ForgeError(f"--min-speedup must be 0 or more, not {min_speedup:g}")
+    dev = resolve_device(device)
+    wl = load_workload(spec)
+    model, inputs = wl.build(dev, dtype)
+    model.eval()
+    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
+    if not cards and not why:
+        raise ForgeError(f"{wl.path.name}: {none}")
+    entries = [] if dry_run else promote(ws, cards)
+    return cards, why, entries
 
 
 def fold_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
@@ -168,14 +237,5 @@ def fold_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any =
     """``forge fold``: propose the workload's fold cards and (unless ``dry_run``) promote them.
     ``min_speedup``: the least isolated speedup over the pair's own calls a card is promoted with
     (default: faster, above 1.0; 0 promotes every fold that matches)."""
-    from .workload import load_workload, resolve_device
-
-    dev = resolve_device(device)
-    wl = load_workload(spec)
-    model, inputs = wl.build(dev, dtype)
-    model.eval()
-    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
-    if not cards and not why:
-        raise ForgeError(f"{wl.path.name}: the model has no batch norm after a convolution to fold")
-    entries = [] if dry_run else promote(ws, cards)
-    return cards, why, entries
+    return run_rewrite(spec, ws, propose, promote, "the model has no batch norm after a convolution to fold",
+                       device=device, dtype=dtype, dry_run=dry_run, repeats=repeats, min_speedup=min_speedup)

@@ -23,31 +23,30 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from .cards import TensorSpec
-from .errors import ForgeError
-from .folding import random_like, rewrite_line, speed_refusal, tensor_spec
-from .runtime.manifest import Entry, Signature
+from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, speed_refusal, tensor_spec
+from .runtime.manifest import Entry
 from .runtime.merge import MERGE_FILE, Stacked, card_id, check, is_linear, merged, program_of, target, unmergeable
 from .timing import Stats, Timer, paired_ratio
 
 
 @dataclass
-class MergeCard:
-    card: str
-    target: str
-    groups: list[list[str]]
-    input: TensorSpec
-    output: TensorSpec
-    program: dict[str, Any]
-    speedup: Stats | None = None
-    eager: Stats | None = None
+class MergeCard(RewriteCard):
+    groups: list[list[str]] = field(default_factory=list)
     merged: Stats | None = None
-    share: float | None = None
-    """The sets' share of the forward in eager: calls x the separate linears' time / the forward."""
-    refused: str = ""
-    input_sets: list[str] = field(default_factory=list)
+
+    kind: ClassVar[str] = "merge"
+    file: ClassVar[str] = MERGE_FILE
+
+    def after(self) -> Stats | None:
+        return self.merged
+
+    def sites(self) -> list[str]:
+        return [p for qs in self.groups for p in qs]
+
+    def config(self) -> dict[str, Any]:
+        return {"groups": self.groups, "share": self.share}
 
     def line(self) -> str:
         return rewrite_line(self, len(self.groups), "set", "not merged", "the separate linears", self.merged)
@@ -165,7 +164,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
         prog = program_of(mods)
         cid = card_id(prog, spec.model_dump())
         if cid not in cards:
-            cards[cid] = MergeCard(cid, target(prog), [], spec, tensor_spec(torch.empty(0), "output"), prog)
+            cards[cid] = MergeCard(cid, target(prog), spec, tensor_spec(torch.empty(0), "output"), prog)
             captured[cid] = (qs, x.detach().clone())
         cards[cid].groups.append(qs)
     timer = Timer(device, repeats=repeats)
@@ -220,7 +219,7 @@ def _served_copies(mods: list[Any], device: str) -> list[Any]:
     for n, m in zip(names, mods):
         holder.add_module(n, copy.deepcopy(m))
     copies = [holder.get_submodule(n) for n in names]
-    guard = MergeGuard("proposal", "proposal", program_of(copies), copies[0].weight.dtype, device, StatusBoard(), 0)
+    guard = MergeGuard("proposal", "proposal", copies[0].weight.dtype, device, StatusBoard(), 0, program_of(copies))
     group = Group(guard, names, copies, Stacked([(holder, n) for n in names], repoint=True))
     for i, c in enumerate(copies):
         c.forward = Member(group, i)
@@ -228,21 +227,8 @@ def _served_copies(mods: list[Any], device: str) -> list[Any]:
 
 
 def promote(ws: Any, cards: list[MergeCard], *, by: str | None = None) -> list[Entry]:
-    """Promote the cards not refused: ``kernels/<card>/merge.json`` and a manifest entry each, one
-    commit on ``main``. Returns the entries."""
-    from .promotion import Rewrite, promote_rewrites
-
-    keep = [c for c in cards if not c.refused]
-    rewrites = []
-    for c in keep:
-        assert c.speedup is not None and c.eager is not None and c.merged is not None
-        sig = Signature(card=c.card, kind="merge", target=c.target, inputs=[c.input], outputs=[c.output],
-                        program=c.program, module_paths=[p for qs in c.groups for p in qs], flags=["merge"])
-        config = {"target": c.target, "program": c.program, "groups": c.groups, "share": c.share}
-        rewrites.append(Rewrite(sig, MERGE_FILE, config, c.speedup, c.eager.median, c.merged.median, c.input_sets,
-                                c.line()))
-    return promote_rewrites(ws, rewrites, f"merge {len(keep)} card{'s' if len(keep) > 1 else ''} of sibling "
-                            "linears into one product each", by=by)
+    """Promote the merge cards not refused (``kernels/<card>/merge.json``)."""
+    return promote_cards(ws, list(cards), "merge {n} card{s} of sibling linears into one product each", by=by)
 
 
 def merge_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any = None, dry_run: bool = False,
@@ -251,16 +237,5 @@ def merge_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any 
     """``forge merge``: propose the workload's merge cards and (unless ``dry_run``) promote them.
     ``min_speedup``: the least isolated speedup over the separate linears a card is promoted with
     (default: faster, above 1.0; 0 promotes every card that matches)."""
-    from .workload import load_workload, resolve_device
-
-    if min_speedup is not None and min_speedup < 0:
-        raise ForgeError(f"--min-speedup must be 0 or more, not {min_speedup:g}")
-    dev = resolve_device(device)
-    wl = load_workload(spec)
-    model, inputs = wl.build(dev, dtype)
-    model.eval()
-    cards, why = propose(model, inputs, wl.run, dev, repeats=repeats, min_speedup=min_speedup)
-    if not cards and not why:
-        raise ForgeError(f"{wl.path.name}: the model has no linears called one after another on one input to merge")
-    entries = [] if dry_run else promote(ws, cards)
-    return cards, why, entries
+    return run_rewrite(spec, ws, propose, promote, "the model has no linears called one after another on one input to merge",
+                       device=device, dtype=dtype, dry_run=dry_run, repeats=repeats, min_speedup=min_speedup)

@@ -50,13 +50,13 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .fold import check_fold, hooked
+from .fold import RewriteGuard, check_fold, hooked
 from .pinned import Pinned
 
 if TYPE_CHECKING:
     import torch
 
-    from .status import CardStatus, StatusBoard
+    from .status import StatusBoard
 
 EXPERTS_FILE = "experts.json"
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
@@ -343,20 +343,16 @@ def returns_of(ref: Any, block: Block, x: Any) -> str | None:
     return None
 
 
-class ExpertsGuard:
+class ExpertsGuard(RewriteGuard):
     """One promoted experts card in one model: its status and what its calls must be."""
+
+    kind = "experts"
 
     def __init__(self, card: str, target: str, program: dict[str, Any], dtype: Any, device: str,
                  board: "StatusBoard", shadow_every: int, rank: int = 3) -> None:
-        self.card = card
+        super().__init__(card, target, dtype, device, board, shadow_every, program)
         self.rank = rank
         """The hidden states' number of dims in the card's calls (the block may read them as [b, s, h])."""
-        self.program = program
-        self.dtype = dtype
-        self.device = device
-        self.board = board
-        self.status: "CardStatus" = board.card(card, "experts", target)
-        self.shadow_every = shadow_every
 
 
 @dataclass

@@ -200,17 +200,25 @@ def check_fold(y: "torch.Tensor", ref: "torch.Tensor", index: int = 0) -> str | 
     return None if m is None else str(m)
 
 
-class FoldGuard:
-    """One promoted fold card in one model: its status, its dtype and device, its checks."""
+class RewriteGuard:
+    """One promoted card of a rewrite (fold, experts, merge) in one model: its status on the
+    board, the dtype and device of its calls, its shadow checks."""
+
+    kind = ""
 
     def __init__(self, card: str, target: str, dtype: Any, device: str, board: "StatusBoard",
-                 shadow_every: int) -> None:
+                 shadow_every: int, program: dict[str, Any] | None = None) -> None:
         self.card = card
+        self.program = program or {}
         self.dtype = dtype
         self.device = device
         self.board = board
-        self.status: "CardStatus" = board.card(card, "fold", target)
+        self.status: "CardStatus" = board.card(card, self.kind, target)
         self.shadow_every = shadow_every
+
+
+class FoldGuard(RewriteGuard):
+    kind = "fold"
 
 
 def hooked(*mods: Any) -> bool:

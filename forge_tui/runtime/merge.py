@@ -37,13 +37,12 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from .fold import check_fold
+from .fold import RewriteGuard, check_fold
 from .pinned import Pinned, owns_storage
 
 if TYPE_CHECKING:
     import torch
 
-    from .status import CardStatus, StatusBoard
 
 MERGE_FILE = "merge.json"
 
@@ -153,18 +152,10 @@ def check(ys: list["torch.Tensor"], refs: list["torch.Tensor"]) -> str | None:
     return None
 
 
-class MergeGuard:
+class MergeGuard(RewriteGuard):
     """One promoted merge card in one model: its status and what its calls must be."""
 
-    def __init__(self, card: str, target: str, program: dict[str, Any], dtype: Any, device: str,
-                 board: "StatusBoard", shadow_every: int) -> None:
-        self.card = card
-        self.program = program
-        self.dtype = dtype
-        self.device = device
-        self.board = board
-        self.status: "CardStatus" = board.card(card, "merge", target)
-        self.shadow_every = shadow_every
+    kind = "merge"
 
 
 @dataclass
@@ -335,8 +326,8 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
 
     for e in entries:
         prog = e.signature.program
-        guard = MergeGuard(e.card, e.signature.target, prog, getattr(torch, e.signature.inputs[0].dtype), device,
-                           applied.board, shadow_every)
+        guard = MergeGuard(e.card, e.signature.target, getattr(torch, e.signature.inputs[0].dtype), device,
+                           applied.board, shadow_every, prog)
         why: list[str] = []
         for paths in groups_of(e):
             try:
