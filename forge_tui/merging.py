@@ -9,8 +9,8 @@ call (a linear called on one input alone in some call and with others in another
 set of siblings merges where they have the same sizes, bias or none, dtype and device (grouped
 query attention's k and v merge; its wider q stays alone). Linears inside routed-experts blocks
 are left to ``forge experts``. Sets whose calls look alike (the number of siblings, their sizes,
-the input's shape, strides and dtype) make one merge card. Each card is checked on its first
-call's captured input and on a random one (every sibling's output against its own, within the
+the input's shape, strides and dtype) make one merge card. Each card is checked on a captured
+input of its first call's spec (the run keeps one input of each spec) and on a random one (every sibling's output against its own, within the
 evaluator's tolerance), then both ways are timed interleaved with the evaluator's timer. A card
 that matches and is faster is promoted with its evidence (speedup with spread, the input sets,
 its share of the forward) and its configuration (``kernels/<card>/merge.json``), committed to
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,8 +56,9 @@ class MergeCard(RewriteCard):
 def find_siblings(model: Any, inputs: list[Any], run: Any
                   ) -> tuple[list[list[str]], dict[str, str], dict[str, Any], dict[str, int]]:
     """The sets of sibling linears of ``model`` on ``inputs`` (module paths, in call order), why
-    linears that share an input with others are not merged, each set's first input (by its first
-    path) and each linear's calls in the run."""
+    linears that share an input with others are not merged, a real input for each set (by its
+    first path: one kept of the spec of that path's first call) and each linear's calls in the
+    run. No other input is kept alive by the run."""
     import torch
 
     from .runtime.experts import find_blocks
@@ -64,8 +66,13 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
     blocks, _ = find_blocks(model)
     inside = tuple(b.path + "." for b in blocks)
     linears = {id(m): p for p, m in model.named_modules() if is_linear(m) and not (inside and p.startswith(inside))}
-    calls: list[tuple[str, Any, int | None]] = []
-    """(a linear's path, its input (held: ids stay unique), the input's version or None)."""
+    calls: list[tuple[str, int, int | None, str]] = []
+    """(a linear's path, its input's token, the input's version or None, the input's spec)."""
+    tokens: dict[int, tuple[Any, int]] = {}
+    """id of an input -> (a weak reference to it, its token): a tensor freed and another made at
+    its address get different tokens, and no input is kept alive by the run."""
+    held: dict[str, Any] = {}
+    """One input of each spec (shape, strides, dtype), kept for the cards' checks and timing."""
     odd: set[str] = set()
 
     def pre_hook(m: Any, args: tuple, kwargs: dict) -> None:
@@ -76,7 +83,12 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
             odd.add(path)
             return
         x = args[0]
-        calls.append((path, x, None if x.is_inference() else x._version))
+        seen_as = tokens.get(id(x))
+        if seen_as is None or seen_as[0]() is not x:
+            seen_as = tokens[id(x)] = (weakref.ref(x), len(calls))
+        spec = tensor_spec(x, "input").model_dump_json()
+        held.setdefault(spec, x)
+        calls.append((path, seen_as[1], None if x.is_inference() else x._version, spec))
 
     hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True)
              for m in model.modules() if id(m) in linears]
@@ -87,8 +99,8 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
         for h in hooks:
             h.remove()
     on: dict[tuple[int, int | None], list[str]] = {}
-    for path, x, ver in calls:
-        on.setdefault((id(x), ver), []).append(path)
+    for path, token, ver, _ in calls:
+        on.setdefault((token, ver), []).append(path)
     seen: dict[str, set[frozenset[str]]] = {}
     twice: set[str] = set()
     for paths in on.values():
@@ -97,7 +109,7 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
         for p in paths:
             seen.setdefault(p, set()).add(frozenset(paths))
     why: dict[str, str] = {}
-    order = {p: i for i, (p, _, _) in reversed(list(enumerate(calls)))}
+    order = {c[0]: i for i, c in reversed(list(enumerate(calls)))}
     sets: list[list[str]] = []
     first: dict[str, Any] = {}
     done: set[frozenset[str]] = set()
@@ -129,14 +141,14 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
                     why[q] = bad
                 continue
             sets.append(qs)
-    for path, x, _ in calls:
+    for path, _, _, spec in calls:
         for qs in sets:
             if qs[0] == path and path not in first:
-                first[path] = x
+                first[path] = held[spec]
     sets.sort(key=lambda qs: order[qs[0]])
     counts: dict[str, int] = {}
-    for path, _, _ in calls:
-        counts[path] = counts.get(path, 0) + 1
+    for c in calls:
+        counts[c[0]] = counts.get(c[0], 0) + 1
     return sets, why, first, counts
 
 

@@ -166,6 +166,26 @@ def test_siblings_are_the_linears_called_on_one_unchanged_input_in_every_call(wo
     assert sets == [] and why["a"] == "its input is shared with other linears in some calls and not in others"
 
 
+
+def test_a_tensor_made_where_a_freed_one_was_is_another_input(monkeypatch):
+    """A temporary freed after one linear's call and another made at its address for the next
+    linear's are two inputs: the run keeps no input alive, so it tells them apart by a weak
+    reference. Every object here is given one address, as CPython may reuse a freed one."""
+    from forge_tui import merging as merging_mod
+
+    class Temps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x + 1) + self.b(x + 2)
+
+    monkeypatch.setattr(merging_mod, "id", lambda obj: 1, raising=False)
+    sets, why, _, _ = find_siblings(Temps(), [torch.randn(3, 4)], lambda mod, inp: mod(*inp))
+    assert sets == [] and why == {}
+
+
 def test_linears_that_cannot_share_one_stacked_weight_say_why():
     a, b = nn.Linear(8, 8), nn.Linear(8, 8)
     assert unmergeable([a, b]) is None

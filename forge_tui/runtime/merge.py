@@ -8,7 +8,9 @@ siblings to be called computes all of them in one ``bmm`` (``baddbmm`` with bias
 expanded to ``[siblings, rows, in]`` (a stride-0 view: no copy), each output a contiguous slice
 of one ``[siblings, rows, out]`` tensor; the others, called next on the same ``x``, return their
 slice. On the H200 (``bench/lab/merge_linear_probe.py``, 2026-12-03) the outputs were bit for bit
-the separate linears', and the diffusion's three q/k/v projections took 50 µs against 101.
+the separate linears', and the bare product of the diffusion's q/k/v took 50 µs against 101; as
+served (guards, stored slices, module calls) only some sets gain: ``forge merge`` times each card
+that way and promotes only those faster (docs/benchmarks.md, 2026-12-03 evening).
 
 Which linears are siblings is read from a run of the model (``merging.py``: ``forge merge``): the
 ``nn.Linear`` modules called on the same tensor object, unchanged between the calls, in every
@@ -17,8 +19,9 @@ call, with the same input and output sizes, bias or none, dtype and device.
 Installing stacks the siblings' weights (and biases) into one tensor and points each parameter at
 its slice (``pinned.Pinned``). A sibling's call returns a stored output only where it can be
 nothing else: the same tensor object (a weak reference: never a new tensor at a freed one's
-address) at the same version (no in-place change since), the stacked weights at their version,
-the same thread and CUDA stream, and that sibling not yet served from this product; anything
+address) at the same version and shape (no in-place change since), that sibling's own weight and
+bias the same objects at the same versions, the same thread and CUDA stream, no gradient or
+autocast wanted since, and that sibling not yet served from this product; anything
 else computes the product again. Every call is guarded and runs the linear's own forward where
 the product would not compute what it does: another call signature, device, dtype or input
 size, a tensor subclass, an inference tensor (it keeps no version counter to prove the input
@@ -120,11 +123,6 @@ class Stacked:
         self.bias3 = self.bias.unsqueeze(1) if self.bias is not None else None
         """``[members, 1, out]``: the biases as the product adds them (a view, made once)."""
 
-    def version(self) -> tuple[int, ...]:
-        """The parameters' version counters (each its own: an in-place change through a
-        parameter counts on the parameter, not on the stacked tensor it views)."""
-        return tuple(p._version for p in self.pins.params)
-
     def release(self) -> None:
         self.pins.release()
         self.weight = self.bias = self.wt = self.bias3 = None  # type: ignore[assignment]
@@ -212,6 +210,8 @@ class Group:
         return all(p.data_ptr() == ptr and d.get(n) is p for d, n, p, ptr in self.params[i])
 
     def _versions(self, i: int) -> tuple[int, ...]:
+        """Sibling ``i``'s parameters' version counters (each its own: an in-place change through
+        a parameter counts on the parameter, not on the stacked tensor it views)."""
         return tuple(p._version for _, _, p, _ in self.params[i])
 
     def why_not(self, i: int, args: tuple, kwargs: dict) -> str | None:
