@@ -156,7 +156,7 @@ class MergeGuard(RewriteGuard):
     kind = "merge"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """A product's outputs not yet returned, and what a sibling's call must be to take one."""
 
@@ -209,10 +209,12 @@ class Group:
         """Whether sibling ``i`` still holds the parameters installed, with their data in place."""
         return all(p.data_ptr() == ptr and d.get(n) is p for d, n, p, ptr in self.params[i])
 
-    def _versions(self, i: int) -> tuple[int, ...]:
-        """Sibling ``i``'s parameters' version counters (each its own: an in-place change through
-        a parameter counts on the parameter, not on the stacked tensor it views)."""
-        return tuple(p._version for _, _, p, _ in self.params[i])
+    def _unchanged(self, i: int, versions: tuple[int, ...]) -> bool:
+        """``_own(i)``, and its parameters still at ``versions``."""
+        for (d, n, q, ptr), v in zip(self.params[i], versions):
+            if q._version != v or q.data_ptr() != ptr or d.get(n) is not q:
+                return False
+        return True
 
     def why_not(self, i: int, args: tuple, kwargs: dict) -> str | None:
         import torch
@@ -247,8 +249,8 @@ class Group:
             x = args[0]
             # the stored output is this call's only for the very tensor, unchanged, on the same
             # stream, the sibling's own weights as they were, no gradient or autocast wanted since
-            if p.x() is x and x._version == p.version and x.shape == p.shape and self._own(i) \
-                    and self._versions(i) == p.versions[i] and p.stream == self._stream(x) \
+            if p.x() is x and x._version == p.version and x.shape == p.shape and self._unchanged(i, p.versions[i]) \
+                    and (not self.cuda or p.stream == self._stream(x)) \
                     and not self._grad() and not self._autocast(self.devtype):
                 p.left.discard(i)
                 y, p.outs[i] = p.outs[i], None
@@ -288,7 +290,9 @@ class Group:
             if not g.board.checked(st, check(outs, refs), first):
                 return refs[i]
         self._local.pending = _Pending(weakref.ref(x), x._version, x.shape, self._stream(x),
-                                       [self._versions(j) for j in range(len(outs))], outs,
+                                       # each sibling's parameters' own version counters (an in-place change
+                                       # through a parameter counts on it, not on the stacked tensor it views)
+                                       [tuple(q._version for _, _, q, _ in ps) for ps in self.params], outs,
                                        set(range(len(outs))) - {i})
         g.board.served(st)
         return outs[i]
@@ -296,6 +300,8 @@ class Group:
 
 class Member:
     """A sibling's forward: its group's call for sibling ``i``."""
+
+    __slots__ = ("group", "i")
 
     def __init__(self, group: Group, i: int) -> None:
         self.group = group
