@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, speed_refusal, tensor_spec
+from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, run_with_pre_hooks, speed_refusal, tensor_spec
 from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
 from .runtime.manifest import Entry
 from .timing import Stats, Timer, paired_ratio
@@ -80,13 +80,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
         if b.path not in cards[key].blocks:
             cards[key].blocks.append(b.path)
 
-    hooks = [model.get_submodule(b.path).register_forward_pre_hook(pre_hook, with_kwargs=True) for b in blocks]
-    try:
-        with torch.no_grad():
-            run(model, inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_with_pre_hooks(model, inputs, run, [model.get_submodule(b.path) for b in blocks], pre_hook, with_kwargs=True)
     timer = Timer(device, repeats=repeats)
     forward_us: float | None = None
     out: list[ExpertsCard] = []

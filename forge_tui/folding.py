@@ -105,6 +105,22 @@ def tensor_spec(t: Any, role: str) -> TensorSpec:
     return TensorSpec(shape=list(t.shape), stride=list(t.stride()), dtype=str(t.dtype).removeprefix("torch."), role=role)
 
 
+def run_with_pre_hooks(model: Any, inputs: list[Any], run: Any, modules: Any, hook: Any, *,
+                       with_kwargs: bool = False) -> None:
+    """Run the workload's forward once, without gradients, with ``hook`` a forward pre-hook on
+    each of ``modules`` (removed after, whatever happens): how the rewrite commands see the
+    model's calls."""
+    import torch
+
+    hooks = [m.register_forward_pre_hook(hook, with_kwargs=with_kwargs) for m in modules]
+    try:
+        with torch.no_grad():
+            run(model, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def random_like(x: Any) -> Any:
     """A random tensor of ``x``'s shape and dtype with its mean and spread (seeded): the second
     input set a rewrite card is checked on."""
@@ -134,7 +150,6 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
     pairs, why = find_pairs(model)
     cards: dict[str, FoldCard] = {}
     captured: dict[str, Any] = {}
-    hooks = []
     by_conv: dict[int, tuple[Any, list[Pair]]] = {}
     """id of a convolution -> (it, its pairs)."""
     for p in pairs:
@@ -157,14 +172,7 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
             if p not in card.pairs:
                 card.pairs.append(p)
 
-    for conv, _ in by_conv.values():
-        hooks.append(conv.register_forward_pre_hook(pre_hook))
-    try:
-        with torch.no_grad():
-            run(model, inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_with_pre_hooks(model, inputs, run, [conv for conv, _ in by_conv.values()], pre_hook)
     timer = Timer(device, repeats=repeats)
     for cid, card in cards.items():
         conv, bn, x = captured[cid]

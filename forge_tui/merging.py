@@ -26,7 +26,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, speed_refusal, tensor_spec
+from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, run_with_pre_hooks, speed_refusal, tensor_spec
 from .runtime.manifest import Entry
 from .runtime.merge import MERGE_FILE, Stacked, card_id, check, is_linear, merged, program_of, target, unmergeable
 from .timing import Stats, Timer, paired_ratio
@@ -90,14 +90,8 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
         held.setdefault(spec, x)
         calls.append((path, seen_as[1], None if x.is_inference() else x._version, spec))
 
-    hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True)
-             for m in model.modules() if id(m) in linears]
-    try:
-        with torch.no_grad():
-            run(model, inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_with_pre_hooks(model, inputs, run, [m for m in model.modules() if id(m) in linears], pre_hook,
+                       with_kwargs=True)
     on: dict[tuple[int, int | None], list[str]] = {}
     for path, token, ver, _ in calls:
         on.setdefault((token, ver), []).append(path)
@@ -232,7 +226,7 @@ def _served_copies(mods: list[Any], device: str) -> list[Any]:
         holder.add_module(n, copy.deepcopy(m))
     copies = [holder.get_submodule(n) for n in names]
     guard = MergeGuard("proposal", "proposal", copies[0].weight.dtype, device, StatusBoard(), 0, program_of(copies))
-    group = Group(guard, names, copies, Stacked([(holder, n) for n in names], repoint=True))
+    group = Group(guard, copies, Stacked([(holder, n) for n in names], repoint=True))
     for i, c in enumerate(copies):
         c.forward = Member(group, i)
     return copies

@@ -104,8 +104,7 @@ def probe_case(name, shape, trans, g, k, n, bias, dt) -> dict:
     plain, served_h = holder(), holder()
     mods = [served_h.get_submodule(f"l{i}") for i in range(g)]
     guard = MergeGuard("probe", "probe", dt, "cuda", StatusBoard(), 0)
-    group = Group(guard, [f"l{i}" for i in range(g)], mods, Stacked([(served_h, f"l{i}") for i in range(g)],
-                                                                    repoint=True))
+    group = Group(guard, mods, Stacked([(served_h, f"l{i}") for i in range(g)], repoint=True))
     for i, m in enumerate(mods):
         m.forward = Member(group, i)
 

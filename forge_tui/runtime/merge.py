@@ -177,12 +177,10 @@ class Group:
     same objects in the linear, their data where the install put it, and for a stored output
     their versions then) rather than the whole set's."""
 
-    def __init__(self, guard: MergeGuard, paths: list[str], mods: list[Any], stacked: Stacked) -> None:
+    def __init__(self, guard: MergeGuard, mods: list[Any], stacked: Stacked) -> None:
         import torch
 
         self.guard = guard
-        self.paths = paths
-        self.mods = mods
         self.originals: list[Callable[..., Any]] = [m.forward for m in mods]
         self.stacked = stacked
         self.k = int(mods[0].in_features)
@@ -347,7 +345,7 @@ def install(applied: Any, model: "torch.nn.Module", entries: list[Any], device: 
                 why.append(f"{', '.join(paths)}: {bad}")
                 continue
             stacked = Stacked(owners, repoint=True)
-            group = Group(guard, paths, mods, stacked)
+            group = Group(guard, mods, stacked)
             for i, m in enumerate(mods):
                 applied._replace_forward(m, Member(group, i))
             applied.on_undo(stacked.release)
