@@ -336,6 +336,78 @@ def same_size_copy_us(nbytes: int, device: str, threads: int = 0) -> float:
     return stats["copy"].median
 
 
+COPY_WORKLOAD = '''"""A device copy of {n} {dtype} elements as a module card: the copy codegen_bench.py times as a candidate."""
+import torch
+from torch import nn
+
+
+class Copy(nn.Module):
+    forge_card = True
+
+    def forward(self, x):
+        return x.clone()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.copy = Copy()
+
+    def forward(self, x):
+        return self.copy(x)
+
+
+def get_model(device="cpu"):
+    return Model()
+
+
+def get_inputs(device="cpu"):
+    return [torch.randn({n}, dtype=torch.{dtype}, device=device)]
+'''
+
+COPY_KERNEL = r'''// the same-size copy, as a candidate: 16 bytes a thread, one pass
+#include <cuda_runtime.h>
+#include "forge_kernel.h"
+#define ITEMSIZE {itemsize}
+__global__ void copy16(const int4* __restrict__ a, int4* __restrict__ b, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) b[i] = a[i];
+}
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {
+    if (n_in != 1 || n_out != 1 || in[0].dtype != out[0].dtype) return 2;
+    if (!forge_is_contiguous(&in[0]) || !forge_is_contiguous(&out[0]) || (forge_numel(&in[0]) * ITEMSIZE) % 16) return 2;
+    const int64_t n = forge_numel(&in[0]) * ITEMSIZE / 16;
+    copy16<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>((const int4*)in[0].data, (int4*)out[0].data, n);
+    return (int)cudaGetLastError();
+}
+'''
+
+
+def copy_as_candidate_us(nbytes: int, dtype: str, tmp: Path, cfg_path: Path, config) -> float | None:
+    """Median time (µs) of a same-size copy timed the way the evaluator times a candidate: a vector
+    copy kernel through the candidate's runner (another process: its round trip and the GPU's
+    switch between the two processes' contexts included, as they are in ours), on a card that
+    reads and writes nbytes / 2 each way, of the card's dtype (the evaluator's calls a sample depend
+    on the elements: the same count as the card's then). The copy ``same_size_copy_us`` times runs in the judge's
+    own process, without them: against it, a large card's kernel (a few calls a sample) pays
+    about 20 µs that the copy does not (bench/lab/pointwise_probe.cu: the 11008-wide SiLU gate
+    takes 68 µs on the device, 99% of a device copy, where the evaluator measured 91 µs)."""
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.kernel_abi import ITEMSIZE
+    from forge_tui.workspace import profile_into_workspace
+
+    size = ITEMSIZE[dtype]
+    n = max(16, nbytes // 2 // size // 16 * 16)
+    spec = tmp / f"copy_{dtype}_{n}.py"
+    spec.write_text(COPY_WORKLOAD.format(n=n, dtype=dtype))
+    ws, _ = profile_into_workspace(spec, tmp / f"ws_copy_{dtype}_{n}", device="cuda", config_path=cfg_path)
+    card = next(c for c in ws.cards() if c.kind == "module")
+    with Evaluator(ws.store, ws.cache, config, backend="cuda") as ev:
+        r = ev.evaluate(card, COPY_KERNEL.replace("{itemsize}", str(size)))
+    return r.time_us if r.status == "passed" else None
+
+
 def case_name(source: str, card, taken: set[str]) -> str:
     first = next((s for s in card.inputs if s.role == "input"), card.inputs[0] if card.inputs else None)
     shape = "x".join(str(d) for d in first.shape) if first is not None and first.shape else "scalar"
@@ -388,10 +460,11 @@ def node_rows(ws, card_id: str) -> list[dict]:
     return rows
 
 
-def pct_copy(case: dict) -> float | None:
+def pct_copy(case: dict, which: str = "copy_us") -> float | None:
     """Our best time as a share of the same-size copy's (None where either is missing or our time
-    is below what the timer resolves)."""
-    b, copy = case.get("best"), case.get("copy_us")
+    is below what the timer resolves). ``which``: ``copy_us`` (the copy in the judge's process) or
+    ``copy_candidate_us`` (the copy timed as a candidate is, where measured)."""
+    b, copy = case.get("best"), case.get(which)
     if not b or not copy or not b.get("time_us") or b["time_us"] <= 0:
         return None
     return 100.0 * copy / b["time_us"]
@@ -406,8 +479,10 @@ def targets(case: dict, device: str, evals: int, large_bytes: int) -> dict:
         return out
     copy = case.get("copy_us")
     out["copy_85"] = None
-    if b and pct_copy(case) is not None and case.get("bytes", 0) >= large_bytes:
-        out["copy_85"] = (pct_copy(case) or 0.0) >= 85.0
+    # against the copy timed as ours are where it was measured (large cards): the same protocol
+    pct = pct_copy(case, "copy_candidate_us") if case.get("copy_candidate_us") else pct_copy(case)
+    if b and pct is not None and case.get("bytes", 0) >= large_bytes:
+        out["copy_85"] = pct >= 85.0
     out["vs_compile"] = None
     if b and b.get("compile_us") and b.get("speedup_vs_compile"):
         at_floor = bool(copy) and copy / b["compile_us"] >= 0.90
@@ -593,6 +668,13 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             try:
                 case["copy_us"] = same_size_copy_us(card.bytes, args.device, threads)
+                if args.device == "cuda" and card.bytes >= args.large_mib * (1 << 20):
+                    try:
+                        case["copy_candidate_us"] = copy_as_candidate_us(card.bytes, card.dtype, tmp, cfg_path, pool_cfg)
+                        log(f"{name}: the same-size copy timed as a candidate: {case['copy_candidate_us']} µs")
+                    except Exception as exc:  # noqa: BLE001 - the reference is extra: the case goes on
+                        case["copy_candidate_error"] = f"{type(exc).__name__}: {exc}"
+                        log(f"{name}: the copy as a candidate failed: {case['copy_candidate_error'][:300]}")
                 log(f"{name}: searching {card.id} with {case['family']} (eager {card.time_us or 0:.1f} µs in the "
                     f"profile, same-size copy {case['copy_us']:.1f} µs, {wall:.0f} s)")
                 cfg = parse_config(dict(base, search={
@@ -629,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
             b = case.get("best")
             log(f"{name}: " + (
                 f"best {b['speedup_vs_eager']:.2f}x eager, {b['speedup_vs_compile'] or float('nan'):.2f}x compile, "
-                f"{_fmt(pct_copy(case), '.0f')}% of a same-size copy, first correct at eval "
+                f"{_fmt(pct_copy(case), '.0f')}% of a same-size copy "
+                f"({_fmt(pct_copy(case, 'copy_candidate_us'), '.0f')}% of one timed as a candidate), first correct at eval "
                 f"{case['first_correct']} of {case['evals']} ({b['move']})" if b else
                 f"no passing candidate: {case.get('error') or case.get('skipped_why') or [r['reason'][:160] for r in case.get('nodes', [])][:2]}"))
     finally:
@@ -653,7 +736,7 @@ def print_table(report: dict) -> None:
     print(f"\ncode generator bench, {report['device_name']}, torch {report['torch']}, {report['date']}: "
           f"{report['command']}")
     head = (f"{'case':50s} {'family':11s} {'eager µs':>9s} {'compile µs':>10s} {'ours µs':>9s} {'vs eager [q1, q3]':>20s} "
-            f"{'vs compile [q1, q3]':>20s} {'%copy':>6s} {'1st ok':>6s} {'evals':>5s}  targets")
+            f"{'vs compile [q1, q3]':>20s} {'%copy':>6s} {'%cand':>6s} {'1st ok':>6s} {'evals':>5s}  targets")
     print(head)
     for name, c in report["cases"].items():
         b, t = c.get("best"), c.get("targets", {})
@@ -670,11 +753,12 @@ def print_table(report: dict) -> None:
         res = b.get("resolution_us") or 0.0
         ours = f"{b['time_us']:9.1f}" if b["time_us"] > res else f"<{res:.1f}"
         pct = "-" if pct_copy(c) is None or b["time_us"] <= res else f"{pct_copy(c):5.0f}%"
+        pcand = "-" if pct_copy(c, "copy_candidate_us") is None else f"{pct_copy(c, 'copy_candidate_us'):5.0f}%"
         sp = f"{b['speedup_vs_eager']:.2f}x [{_fmt(b['sp_q1'], '.2f')}, {_fmt(b['sp_q3'], '.2f')}]"
         spc = (f"{b['speedup_vs_compile']:.2f}x [{_fmt(b['spc_q1'], '.2f')}, {_fmt(b['spc_q3'], '.2f')}]"
                if b.get("speedup_vs_compile") else "-")
         print(f"{name:50s} {str(c['family']):11s} {_fmt(b['eager_us'], '9.1f'):>9s} {_fmt(b['compile_us'], '10.1f'):>10s} "
-              f"{ours:>9s} {sp:>20s} {spc:>20s} {pct:>6s} "
+              f"{ours:>9s} {sp:>20s} {spc:>20s} {pct:>6s} {pcand:>6s} "
               f"{_fmt(c['first_correct'], '6d'):>6s} {c['evals']:5d}  {tg}")
     for name, why in report["skipped"].items():
         print(f"{name:50s} skipped: {why}")

@@ -44,3 +44,26 @@ def test_codegen_bench_small_gives_every_case_a_correct_kernel(tmp_path):
     assert "n0001: passed" in run.stdout or "n0001: noisy" in run.stdout
     table = run.stdout[run.stdout.index("code generator bench, cpu"):]
     assert all(name in table for name in report["cases"]) and "correct pass" in table
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_copy_timed_as_a_candidate_is_a_card_of_the_same_bytes_and_a_kernel_that_builds(tmp_path):
+    """codegen_bench.py's reference for the 85% target on the GPU: a copy of the card's bytes, of
+    its dtype, as a module card, evaluated as a candidate (here: the card and the build; the
+    timing needs the GPU)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import codegen_bench as cb
+
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.workspace import profile_into_workspace
+
+    nbytes = 3 * 4096 * 2 * 2  # a 3-tensor bf16 card of 4096 elements each
+    n = nbytes // 2 // 2 // 16 * 16
+    spec = tmp_path / "copy.py"
+    spec.write_text(cb.COPY_WORKLOAD.format(n=n, dtype="bfloat16"))
+    ws, _ = profile_into_workspace(spec, tmp_path / "ws", device="cpu")
+    cards = [c for c in ws.cards() if c.kind == "module"]
+    assert len(cards) == 1 and cards[0].bytes == 2 * n * 2 and cards[0].dtype == "bfloat16"
+    res = Builder("cuda", tmp_path / "build", arch="sm_90").build(cb.COPY_KERNEL.replace("{itemsize}", "2"))
+    assert res.ok, res.log[:2000]

@@ -456,11 +456,14 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     for name in ("HandGroupNorm", "Rotary", "ContiguousGroupNorm", "RouterMask"):
         card = next(c for (n, _), c in by.items() if n == name)
         m = GEN.match(card)
-        jobs.append(GEN.render(m, GEN.initial(m, "cuda"), "cuda"))
+        jobs.append(GEN.render(m, {**GEN.initial(m, "cuda"), "fold": 1}, "cuda"))
+    rot = GEN.match(next(c for (n, _), c in by.items() if n == "Rotary"))
+    jobs.insert(0, GEN.render(rot, GEN.initial(rot, "cuda"), "cuda"))  # folded in two
+    assert "folded 2 ways" in jobs[0] and "__builtin_assume" in jobs[0]
     assert "fg_row_reduce<TPR, 1>" in jobs[-1] and "#define TPR 4" in jobs[-1]  # the router's 8 experts: 4 threads a row
-    assert "load_vec<__nv_bfloat16, VEC>" in jobs[0] and "keep1[NV][VEC]" in jobs[0] and "fg_smem" in jobs[1]
-    # rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
-    assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[4], jobs[4][-2500:]
+    assert "load_vec<__nv_bfloat16, VEC>" in jobs[1] and "keep1[NV][VEC]" in jobs[1] and "fg_smem" in jobs[2]
+    # unfolded, rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
+    assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[5], jobs[5][-2500:]
     builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(builder.build, jobs))
@@ -620,6 +623,47 @@ def test_a_split_index_folds_back(k, off, a):
     rr, cc = torch.arange(7).view(-1, 1), torch.arange(12).view(1, -1)
     assert torch.equal(torch.as_tensor(evaluate(split, {"r": rr, "c": cc})), a * (rr * 3 + cc + off))
     assert split == sp.scale(e, a)
+
+
+def test_a_folded_row_addresses_what_the_unfolded_one_does_and_reads_each_element_once(table_ws):
+    """Folded P ways, a thread's part p reads and writes at column c + p * H (H = cols / P): every
+    shifted offset equals the original one at that column, for every row and column of every
+    pointwise program of the table; the rotary then reads each element of q once (its rotate-half
+    partner is the other part's own element), where the unfolded kernel reads q three times a
+    column (at c, at c % H + H and at c % H)."""
+    from forge_tui.codegen.emit_cuda import _shifted, fold_gains, fold_loads
+
+    checked = 0
+    for card in table_ws.cards():
+        k = analyze(card)
+        if k.reductions:
+            continue
+        for parts in (2, 4):
+            if k.cols % parts:
+                continue
+            h = k.cols // parts
+            sp = Space({"r": k.rows, "c": h})
+            rr, cc = torch.arange(k.rows).view(-1, 1), torch.arange(h).view(1, -1)
+            offs = [n.attr[1] for n in k.loads()] + [o.offset for o in k.outputs]
+            for off in offs:
+                for part in range(parts):
+                    got = torch.as_tensor(evaluate(_shifted(off, part * h, sp), {"r": rr, "c": cc}))
+                    want = torch.as_tensor(evaluate(off, {"r": rr, "c": cc + part * h}))
+                    assert torch.equal(got.expand(k.rows, h), want.expand(k.rows, h)), (_name(card), parts, part, off)
+                    checked += 1
+    assert checked > 100
+    rot = next(c for c in table_ws.cards() if _name(c) == "Rotary" and c.dtype == "float32")
+    k = analyze(rot)
+    q = next(i for i, s in enumerate(rot.inputs) if list(s.shape) == [2, 4, 8, 16])
+    unfolded = [n for n in k.loads() if n.attr[0] == q]
+    assert len(unfolded) == 3
+    folded, scalar = fold_loads(k, 2, 4)
+    assert scalar == 0 and len([1 for leaf, _ in folded if leaf == q]) == 2  # two parts, each q once
+    assert fold_gains(k, 2, 4) and not fold_gains(analyze(next(c for c in table_ws.cards() if _name(c) == "SoftCap")), 2, 4)
+    m = GEN.match(rot)
+    assert GEN.initial(m, "cuda")["fold"] == 2 and 2 in GEN.axes(m, "cuda")["fold"]
+    src = GEN.render(m, GEN.initial(m, "cuda"), "cuda")
+    assert src.count(f"load_vec<float, VEC>(p{q} + ") == 2 and "folded 2 ways" in src
 
 
 def test_the_card_pane_names_the_offline_kernel_or_why_none(table_ws):

@@ -2,7 +2,9 @@
 
 Pointwise programs: a flat grid-stride kernel, VEC consecutive columns a thread (16-byte vector
 loads and stores where an access is contiguous along the row and aligned; a VEC=1 instantiation
-runs when a pointer is not aligned), grid ``full`` or capped at whole waves.
+runs when a pointer is not aligned), grid ``full`` or capped at whole waves; ``fold`` P: a thread
+computes its VEC columns in each of the row's P parts, and an element two parts read (rotate-half's
+partner) is loaded once.
 
 Programs with reductions: TPR threads a row (4 to 1024: below 32, several rows share a warp and
 the shuffles stay within each row's lanes), RPB rows a block, one phase a reduction level
@@ -165,65 +167,157 @@ def emit_cuda(kern: Kernel, params: dict, card, device: DeviceProps = DEFAULT_DE
 
 
 # ---- pointwise -----------------------------------------------------------------------------------
+def _shifted(e: Index, shift: int, space: Space) -> Index:
+    """``e`` (over ``r`` and ``c``) at column ``c + shift``, in ``space`` (where ``c`` ranges over one
+    part of the row): exact index arithmetic, canonical, so two accesses of one element compare
+    equal whatever their parts."""
+    out = space.const(e.const)
+    for coef, a in e.terms:
+        if isinstance(a, Atom):
+            if a.var != "c":
+                out = space.add(out, space.canon(0, [(coef, a)]))
+                continue
+            x = space.add(space.const(shift), space.var("c"))
+            x = space.floordiv(x, a.div)
+            if a.mod is not None:
+                x = space.mod(x, a.mod)
+        else:
+            inner = _shifted(a.inner, shift, space)
+            x = space.floordiv(inner, a.k) if a.op == "/" else space.mod(inner, a.k)
+        out = space.add(out, space.scale(x, coef))
+    return out
+
+
+def fold_loads(kern: Kernel, parts: int, vec: int) -> tuple[list[tuple[int, Index]], int] | None:
+    """Folded ``parts`` ways (a thread computes column c and c + H, c + 2H ... of its row, H = cols /
+    parts): the distinct vector loads a thread makes for its ``parts`` x VEC elements, as (leaf,
+    offset over c in [0, H)), and how many scalar (not vectorisable) loads remain per element.
+    None where the row does not fold that way."""
+    if parts == 1 or kern.reductions or kern.cols % (parts * vec):
+        return None
+    key = ("fold", parts, vec)
+    hit = kern.memo.get(key)
+    if hit is None:
+        h = kern.cols // parts
+        space = Space({"r": kern.rows, "c": h})
+        need = kern.needed([o.node for o in kern.outputs])
+        seen: dict[tuple[int, Index], None] = {}
+        scalar = 0
+        for n in need:
+            node = kern.nodes[n]
+            if node.op != "load" or not node.varying:
+                continue
+            k, off = node.attr
+            for p in range(parts):
+                o = _shifted(off, p * h, space)
+                if node.kind == "f" and vec_ok(o, vec):
+                    seen[(k, o)] = None
+                else:
+                    scalar += 1
+        hit = kern.memo[key] = (list(seen), scalar)
+    return hit
+
+
+def fold_gains(kern: Kernel, parts: int, vec: int) -> bool:
+    """Whether folding ``parts`` ways reads fewer vectors per element than not folding (the rotary's
+    rotate-half reads x at c and at its partner c +- H: folded in two, each x once)."""
+    folded = fold_loads(kern, parts, vec)
+    flat = fold_loads_flat(kern, vec)
+    return folded is not None and folded[1] == 0 and len(folded[0]) < parts * flat
+
+
+def fold_loads_flat(kern: Kernel, vec: int) -> int:
+    need = kern.needed([o.node for o in kern.outputs])
+    return sum(1 for n in need if kern.nodes[n].op == "load" and kern.nodes[n].varying)
+
+
 def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
+    """``fold`` = P > 1: each thread computes VEC columns in each of the row's P parts (c, c + H,
+    ... with H = cols / P) and reads every distinct element once: accesses that meet across parts
+    (rotate-half's x at c + H in part 0 and at c in part 1) are one load."""
     w = NodeWriter(kern, "cuda")
-    threads, vec = p["threads"], p["vec"]
+    threads, vec, parts = p["threads"], p["vec"], p.get("fold", 1)
+    h = kern.cols // parts
+    space = Space({"r": kern.rows, "c": h})
     ind = "        "
     roots = [o.node for o in kern.outputs]
     need = kern.needed(roots)
     row_stmts = [ind + w.stmt(kern.nodes[n]) for n in need if not kern.nodes[n].varying]
-    vloads = [kern.nodes[n] for n in need if kern.nodes[n].op == "load" and kern.nodes[n].varying
-              and kern.nodes[n].kind == "f" and vec_ok(kern.nodes[n].attr[1], vec)]
-    vouts = [o for o in kern.outputs if o.dtype in ("float32", "float16", "bfloat16") and vec_ok(o.offset, vec)]
-    pre = []
-    for ld in vloads:
-        k, off = ld.attr
-        row, _ = off.split("c")
-        pre.append(ind + f"float v{ld.id}[VEC]; load_vec<{w.types[kern.leaves[k].dtype]}, VEC>(p{k} + {w.row_name(row)} + {col0(off)}, v{ld.id});")
-    for o in vouts:
-        pre.append(ind + f"float o{o.index}[VEC];")
-    inner = []
-    vids = {ld.id for ld in vloads}
-    for n in need:
-        node = kern.nodes[n]
-        if not node.varying:
-            continue
-        inner.append(ind + "    " + w.stmt(node, f"v{n}[j]" if n in vids else None))
-    post = []
-    for o in kern.outputs:
-        if o in vouts:
-            inner.append(ind + f"    o{o.index}[j] = t{o.node};")
-            row, _ = o.offset.split("c")
-            post.append(ind + f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(row)} + {col0(o.offset)}, "
-                                  f"o{o.index});")
-        else:
-            inner.append(ind + "    " + w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+    vloads: list = []  # the load nodes read as vectors (for the alignment check)
+    pre: list[str] = []
+    names: dict[tuple[int, Index], str] = {}
+    part_vec: list[dict[int, str]] = []  # per part: load node -> the vector holding it
+    for part in range(parts):
+        here: dict[int, str] = {}
+        for n in need:
+            ld = kern.nodes[n]
+            if ld.op != "load" or not ld.varying or ld.kind != "f":
+                continue
+            k, off = ld.attr
+            o = _shifted(off, part * h, space) if parts > 1 else off
+            if not vec_ok(o, vec):
+                continue
+            name = names.get((k, o))
+            if name is None:
+                name = names[(k, o)] = f"v{len(names)}"
+                row, _ = o.split("c")
+                pre.append(ind + f"float {name}[VEC]; load_vec<{w.types[kern.leaves[k].dtype]}, VEC>(p{k} + "
+                                 f"{w.row_name(row)} + {col0(o)}, {name});")
+                vloads.append(ld)
+            here[n] = name
+        part_vec.append(here)
+    vouts = [o for o in kern.outputs if o.dtype in FLOATS
+             and all(vec_ok(_shifted(o.offset, q * h, space) if parts > 1 else o.offset, vec) for q in range(parts))]
+    inner: list[str] = []
+    post: list[str] = []
+    for part in range(parts):
+        body = []
+        for n in need:
+            node = kern.nodes[n]
+            if not node.varying:
+                continue
+            vn = part_vec[part].get(n)
+            body.append(w.stmt(node, f"{vn}[j]" if vn else None))
+        for o in kern.outputs:
+            if o in vouts:
+                pre.append(ind + f"float o{o.index}_{part}[VEC];")
+                body.append(f"o{o.index}_{part}[j] = t{o.node};")
+                off = _shifted(o.offset, part * h, space) if parts > 1 else o.offset
+                row, _ = off.split("c")
+                post.append(ind + f"store_vec<{w.types[o.dtype]}, VEC>(q{o.index} + {w.row_name(row)} + {col0(off)}, "
+                                  f"o{o.index}_{part});")
+            else:
+                body.append(w.store(o.dtype, f"q{o.index}[{w.offset(o.offset)}]", f"t{o.node}"))
+        shift = f" + {part * h}LL" if part else ""
+        inner.append(ind + "    {\n" + ind + f"        const int64_t c = c0 + j{shift};\n" + ind + "        (void)c;\n"
+                     + "\n".join(ind + "        " + b for b in body) + "\n" + ind + "    }")
     decls = [ind + d for d in w.row_decls()]
     params_c, args_c = _args(kern, w)
-    numel = kern.rows * kern.cols
+    numel = kern.rows * h
     full = -(-numel // (threads * vec))
     wave = device.sms * max(1, device.max_threads_per_sm // threads)
     grid = {"full": full, "waves4": min(full, 4 * wave), "waves1": min(full, wave)}[p["grid"]]
     grid1 = -(-numel // threads) if p["grid"] == "full" else grid
     aligned = _aligned(kern, vec, vloads, vouts)
     nl = "\n"
+    folded = f", folded {parts} ways (a thread: columns c + k x {h})" if parts > 1 else ""
+    # the parts' column tests (rotate-half's c < H) then fold to constants
+    assume = "\n        __builtin_assume(c0 >= 0 && c0 + VEC <= COLS);" if parts > 1 else ""
     return PRELUDE + f'''
-/* {kern.summary} */
-static const int64_t NUMEL = {numel}, COLS = {kern.cols};
+/* {kern.summary}{folded} */
+static const int64_t NUMEL = {numel}, COLS = {h};
 
 template <int VEC>
 __global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{
     for (int64_t e0 = ((int64_t)blockIdx.x * {threads} + threadIdx.x) * VEC; e0 < NUMEL;
          e0 += (int64_t)gridDim.x * {threads} * VEC) {{
         const int64_t r = e0 / COLS;
-        const int64_t c0 = e0 - r * COLS;
+        const int64_t c0 = e0 - r * COLS;{assume}
 {nl.join(decls)}
 {nl.join(row_stmts)}
 {nl.join(pre)}
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {{
-            const int64_t c = c0 + j;
-            (void)c;
 {nl.join(inner)}
         }}
 {nl.join(post)}

@@ -5,7 +5,9 @@ Tried after every hand-written family, so those keep the cards they match.
 Axes (cuda, programs with reductions): ``tpr`` threads a row, ``rpb`` rows a block, ``vec``
 elements an access, ``cache`` (what later phases read again: registers, shared memory, or
 re-read), ``grid`` (a block per row group, or a persistent grid of whole waves). Pointwise
-programs: ``threads``, ``vec``, ``grid``. cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
+programs: ``threads``, ``vec``, ``grid``, and ``fold`` (a thread computes its columns in each of
+the row's 1, 2 or 4 parts, offered where that reads fewer vectors: rotate-half's partner is the
+other part's own element). cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
 ``cblock`` (columns a work item) for pointwise programs. ``split`` (cuda, sm_90 and later): blocks a
 row, a cluster of them sharing its reductions (few long rows: a group norm's groups). ``grid`` =
 ``tiles`` with ``bps`` blocks an SM (cuda, rows interleaved in memory: a channels-last group
@@ -23,7 +25,18 @@ from collections import OrderedDict
 from ...cards import Card
 from ...codegen import Unsupported, analyze
 from ...codegen.emit_cpu import emit_cpu
-from ...codegen.emit_cuda import cached_loads, emit_cuda, resident_blocks, smem_bytes, tile_cached, tile_layout, tile_smem, tile_steps, vec_ok
+from ...codegen.emit_cuda import (
+    cached_loads,
+    emit_cuda,
+    fold_gains,
+    resident_blocks,
+    smem_bytes,
+    tile_cached,
+    tile_layout,
+    tile_smem,
+    tile_steps,
+    vec_ok,
+)
 from ...codegen.index import Index
 from ...codegen.ir import FLOATS, Kernel
 from ...kernel_abi import ITEMSIZE
@@ -121,6 +134,14 @@ class Generated(Family):
             hit = k.memo["vecs"] = widths + [1]
         return list(hit)
 
+    def _folds(self, k: Kernel) -> list[int]:
+        """1, and the ways of folding a row (see codegen.emit_cuda._flat) that read fewer vectors an
+        element at some vector width."""
+        hit = k.memo.get("folds")
+        if hit is None:
+            hit = k.memo["folds"] = [1] + [f for f in (2, 4) if any(fold_gains(k, f, v) for v in self._vecs(k))]
+        return list(hit)
+
     def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
         k = self._k(m)
         if backend == "cpu":
@@ -129,7 +150,8 @@ class Generated(Family):
                 ax["cblock"] = [0, 1024, 4096, 16384]
             return ax
         if not k.reductions:
-            return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"]}
+            return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"],
+                    "fold": self._folds(k)}
         ax = {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
               "grid": ["rows", "waves"], "split": SPLITS if device.clusters else [1]}
         if tile_layout(k) is not None:  # rows interleaved in memory: also walked in memory order
@@ -144,7 +166,8 @@ class Generated(Family):
         if p["vec"] not in self._vecs(k):
             return False
         if not k.reductions:
-            return True
+            fold = p.get("fold", 1)
+            return fold == 1 or (fold in self._folds(k) and fold_gains(k, fold, p["vec"]))
         tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
         split = p.get("split", 1)
         if p["grid"] == "tiles":
@@ -213,7 +236,10 @@ class Generated(Family):
             return p
         vec = self._vecs(k)[0]
         if not k.reductions:
-            return {"threads": 256, "vec": vec, "grid": "full"}
+            # folded where that reads each element once (rotate-half: 76% of a copy's device time
+            # unfolded, 95% folded in two on the H200, bench/lab/pointwise_probe.cu)
+            fold = next((f for f in self._folds(k) if f > 1 and fold_gains(k, f, vec)), 1)
+            return {"threads": 256, "vec": vec, "grid": "full", "fold": fold}
         tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
         base = {"vec": vec, "cache": "regs", "grid": "rows", "split": 1}
         if tile_layout(k) is not None:
