@@ -40,6 +40,7 @@ def test_codegen_bench_small_gives_every_case_a_correct_kernel(tmp_path):
         for key in ("speedup_vs_eager", "sp_q1", "sp_q3", "eager_us", "time_us", "move"):
             assert best[key] is not None, (name, key)
         assert best["sp_q1"] <= best["speedup_vs_eager"] <= best["sp_q3"]
+        assert case["reloaded_matches_eager"] is True  # the kernel reported, loaded again, is eager's
     # the per-evaluation lines and the table, its last lines
     assert "n0001: passed" in run.stdout or "n0001: noisy" in run.stdout
     table = run.stdout[run.stdout.index("code generator bench, cpu"):]
