@@ -298,6 +298,15 @@ def test_a_stored_output_is_returned_only_for_the_same_unchanged_input(merge_ws,
         eager.attn.to_v.weight.mul_(2)
         torch.testing.assert_close(attn.to_v(x4), eager.attn.to_v(x4), rtol=0, atol=1e-6)
         assert _status(applied, "attn.to_q")["active"]
+        # each sibling's own parameters' versions decide, not another's: q's changed (values
+        # kept), v's not, so v still takes its slice of the product q's call made afterwards
+        attn.to_q.weight.mul_(1)
+        attn.to_q.weight.mul_(1)
+        x5 = _x(7)
+        attn.to_q(x5)
+        products = g.products
+        torch.testing.assert_close(attn.to_v(x5), eager.attn.to_v(x5), rtol=0, atol=1e-6)
+        assert g.products == products
 
 
 def test_merged_linears_fall_back_where_the_product_would_not_compute_what_they_do(merge_ws, workload):

@@ -164,8 +164,9 @@ class _Pending:
     version: int
     shape: Any
     stream: int
-    versions: list[tuple[int, ...]]
-    """Each sibling's weight (and bias) version counters when the product was computed."""
+    versions: list[int]
+    """Every sibling's parameters' version counters when the product was computed, in
+    ``Group.flat`` order (sibling ``i``'s at ``Group.spans[i]``)."""
     outs: list[Any]
     left: set[int]
 
@@ -190,6 +191,13 @@ class Group:
             [(m._parameters, n, m._parameters[n], m._parameters[n].data_ptr())
              for n in ("weight", "bias") if m._parameters.get(n) is not None] for m in mods]
         """Per sibling: (its parameters' dict, a name, the parameter installed, its data pointer)."""
+        self.flat = [q for ps in self.params for _, _, q, _ in ps]
+        """Every sibling's parameters, in order: their version counters are read in one pass."""
+        self.spans: list[tuple[int, int]] = []
+        at = 0
+        for ps in self.params:
+            self.spans.append((at, at + len(ps)))
+            at += len(ps)
         self.checked = False
         self.products = 0
         self._local = threading.local()
@@ -207,10 +215,11 @@ class Group:
         """Whether sibling ``i`` still holds the parameters installed, with their data in place."""
         return all(p.data_ptr() == ptr and d.get(n) is p for d, n, p, ptr in self.params[i])
 
-    def _unchanged(self, i: int, versions: tuple[int, ...]) -> bool:
-        """``_own(i)``, and its parameters still at ``versions``."""
-        for (d, n, q, ptr), v in zip(self.params[i], versions):
-            if q._version != v or q.data_ptr() != ptr or d.get(n) is not q:
+    def _unchanged(self, i: int, versions: list[int]) -> bool:
+        """``_own(i)``, and its parameters still at ``versions`` (all siblings', flat)."""
+        at = self.spans[i][0]
+        for j, (d, n, q, ptr) in enumerate(self.params[i]):
+            if q._version != versions[at + j] or q.data_ptr() != ptr or d.get(n) is not q:
                 return False
         return True
 
@@ -247,7 +256,7 @@ class Group:
             x = args[0]
             # the stored output is this call's only for the very tensor, unchanged, on the same
             # stream, the sibling's own weights as they were, no gradient or autocast wanted since
-            if p.x() is x and x._version == p.version and x.shape == p.shape and self._unchanged(i, p.versions[i]) \
+            if p.x() is x and x._version == p.version and x.shape == p.shape and self._unchanged(i, p.versions) \
                     and (not self.cuda or p.stream == self._stream(x)) \
                     and not self._grad() and not self._autocast(self.devtype):
                 p.left.discard(i)
@@ -290,8 +299,7 @@ class Group:
         self._local.pending = _Pending(weakref.ref(x), x._version, x.shape, self._stream(x),
                                        # each sibling's parameters' own version counters (an in-place change
                                        # through a parameter counts on it, not on the stacked tensor it views)
-                                       [tuple(q._version for _, _, q, _ in ps) for ps in self.params], outs,
-                                       set(range(len(outs))) - {i})
+                                       [q._version for q in self.flat], outs, set(range(len(outs))) - {i})
         g.board.served(st)
         return outs[i]
 
