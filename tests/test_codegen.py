@@ -43,7 +43,8 @@ CFG = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spr
                     "evaluator": {"run_timeout_s": 30.0}})
 GEN = Generated()
 # every leaf module of codegen_modules.py that makes a module card (dtype variants count once)
-MODULES = {"GemmaRMSNorm", "HFRMSNorm", "QKNorm", "T5LayerNorm", "FP32LayerNorm", "Rotary", "PartialRotary", "SoftCap",
+MODULES = {"GemmaRMSNorm", "HFRMSNorm", "QKNorm", "T5LayerNorm", "FP32LayerNorm", "Rotary", "GQARotary", "PartialRotary",
+           "SoftCap",
            "SiluGate", "GeluGate", "ChunkSwiGLU", "ChunkGeGLU", "RouterMask", "MaskedScale", "HandGroupNorm",
            "ContiguousGroupNorm",
            "GroupNormSiLU", "MaskedSoftmax", "LogSumExp", "L2Normalize", "Standardize", "AbsMaxQuant", "MinMaxScale",
@@ -460,7 +461,10 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     rot = GEN.match(next(c for (n, _), c in by.items() if n == "Rotary"))
     jobs.insert(0, GEN.render(rot, GEN.initial(rot, "cuda"), "cuda"))  # folded in two
     assert "folded 2 ways" in jobs[0] and "__builtin_assume" in jobs[0]
-    assert "fg_row_reduce<TPR, 1>" in jobs[-1] and "#define TPR 4" in jobs[-1]  # the router's 8 experts: 4 threads a row
+    gqa = GEN.match(next(c for (n, _), c in by.items() if n == "GQARotary"))
+    jobs.append(GEN.render(gqa, GEN.initial(gqa, "cuda"), "cuda"))  # q and k: a kernel each
+    assert "fg_kernel1<8><<<" in jobs[-1] and "q1[" not in jobs[-1].split("fg_kernel1")[0]
+    assert "fg_row_reduce<TPR, 1>" in jobs[-2] and "#define TPR 4" in jobs[-2]  # the router's 8 experts: 4 threads a row
     assert "load_vec<__nv_bfloat16, VEC>" in jobs[1] and "keep1[NV][VEC]" in jobs[1] and "fg_smem" in jobs[2]
     # unfolded, rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
     assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[5], jobs[5][-2500:]

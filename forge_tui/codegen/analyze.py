@@ -1307,13 +1307,15 @@ def column_order(kern: Kernel, space: Space) -> Index | None:
     return space.add(*parts)
 
 
-def build(card: Card, outs: list[Val], rows: int, cols: int, column: Index | None = None) -> Kernel:
+def build(card: Card, outs: list[Val], rows: int, cols: int, column: Index | None = None,
+          only: set[int] | None = None) -> Kernel:
+    """The kernel of the card's outputs over ``rows`` x ``cols`` (those in ``only`` where given)."""
     space = Space({"r": rows, "c": cols})
     b = Builder(space, rows, cols, column)
     outputs: list[Output] = []
     for k, (v, spec) in enumerate(zip(outs, card.outputs)):
         n = numel(spec.shape)
-        if n == 0:
+        if n == 0 or (only is not None and k not in only):
             continue
         if n == rows * cols:
             idx = space.delinearize(b.flat, spec.shape)
@@ -1358,18 +1360,33 @@ def analyze(card: Card) -> Kernel:
         kern = build(card, outs, rows, cols)
         column = column_order(kern, Space({"r": rows, "c": cols}))
         return kern if column is None else build(card, outs, rows, cols, column)
-    sizes = {numel(s.shape) for s in card.outputs if numel(s.shape)}
-    if len(sizes) > 1:
-        raise Unsupported(f"pointwise outputs of different sizes ({sorted(sizes)})")
+    sizes = sorted({numel(s.shape) for s in card.outputs if numel(s.shape)}, reverse=True)
     if not sizes:
         raise Unsupported("every output is empty")
-    n = sizes.pop()
-    shape = next(list(s.shape) for s in card.outputs if numel(s.shape) == n)
-    # the widest cut that keeps every access linear in c (the whole output when nothing
-    # broadcasts); else the last dimension alone
+    if len(sizes) > MAX_DOMAINS:
+        raise Unsupported(f"pointwise outputs of {len(sizes)} different sizes ({sizes}; at most {MAX_DOMAINS})")
+    # outputs of different sizes (a rotary's q and k, fewer k heads): a kernel each size, the
+    # largest first, launched one after the other
+    kerns = [_pointwise(card, outs, n, {k for k, s in enumerate(card.outputs) if numel(s.shape) == n})
+             for n in sizes]
+    first = kerns[0]
+    if len(kerns) > 1:
+        first.more = kerns[1:]
+        first.summary += "; then " + "; then ".join(k.summary for k in kerns[1:])
+    return first
+
+
+MAX_DOMAINS = 4
+"""Output sizes one pointwise card may have: a kernel (and a launch) each."""
+
+
+def _pointwise(card: Card, outs: list[Val], n: int, only: set[int]) -> Kernel:
+    """The kernel of the outputs of ``n`` elements (``only``): the widest cut that keeps every
+    access linear in c (the whole output when nothing broadcasts); else the last dimension alone."""
+    shape = next(list(card.outputs[k].shape) for k in sorted(only))
     for k in range(max(len(shape), 1)):
         cols = numel(shape[k:])
-        kern = build(card, outs, n // cols, cols)
+        kern = build(card, outs, n // cols, cols, only=only)
         offsets = [nd.attr[1] for nd in kern.loads() if nd.varying] + [o.offset for o in kern.outputs]
         if all(_linear_in_c(e) for e in offsets):
             return kern

@@ -21,7 +21,32 @@ FG float fg_rsqrt(float v) { return 1.f / sqrtf(v); }
 
 def emit_cpu(kern: Kernel, params: dict, card) -> str:
     """The candidate's source (without its header line). params: chunk (rows an OpenMP chunk),
-    cblock (columns a block, 0 for whole rows; pointwise programs only), simd (0/1)."""
+    cblock (columns a block, 0 for whole rows; pointwise programs only), simd (0/1). A program
+    with outputs of different sizes (``kern.more``) runs one loop nest a size, in turn."""
+    w = NodeWriter(kern, "cpu")
+    ptrs = []
+    for leaf in kern.leaves:
+        ptrs.append(f"    const {w.types[leaf.dtype]}* __restrict__ p{leaf.index} = "
+                    f"(const {w.types[leaf.dtype]}*)in[{leaf.index}].data; (void)p{leaf.index};")
+    for k in kern.domains:
+        for o in k.outputs:
+            ptrs.append(f"    {w.types[o.dtype]}* __restrict__ q{o.index} = ({w.types[o.dtype]}*)out[{o.index}].data;")
+    nests = "\n".join(_nest(k, params) for k in kern.domains)
+    return PRELUDE + f'''
+/* {kern.summary} */
+
+FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
+                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
+    {check_inputs(kern, card.inputs, card.outputs)}
+{chr(10).join(ptrs)}
+{nests}
+    return 0;
+}}
+'''
+
+
+def _nest(kern: Kernel, params: dict) -> str:
+    """One domain's loops over its rows (and column blocks), in a scope of its own."""
     w = NodeWriter(kern, "cpu")
     simd = "#pragma omp simd" if params.get("simd", 1) else ""
     body: list[str] = []
@@ -99,12 +124,6 @@ def emit_cpu(kern: Kernel, params: dict, card) -> str:
         body.extend(inner)
         body.append(ind + "}")
 
-    ptrs = []
-    for leaf in kern.leaves:
-        ptrs.append(f"    const {w.types[leaf.dtype]}* __restrict__ p{leaf.index} = "
-                    f"(const {w.types[leaf.dtype]}*)in[{leaf.index}].data; (void)p{leaf.index};")
-    for o in kern.outputs:
-        ptrs.append(f"    {w.types[o.dtype]}* __restrict__ q{o.index} = ({w.types[o.dtype]}*)out[{o.index}].data;")
     decls = [ind + d for d in w.row_decls()]
     chunk = params.get("chunk", 1)
     if cblock:
@@ -116,18 +135,10 @@ def emit_cpu(kern: Kernel, params: dict, card) -> str:
     else:
         loop = f'''#pragma omp parallel for schedule(static, {chunk}) if(ROWS * COLS >= PARALLEL_MIN)
     for (int64_t r = 0; r < ROWS; ++r) {{'''
-    return PRELUDE + f'''
-/* {kern.summary} */
-static const int64_t ROWS = {kern.rows}, COLS = {kern.cols};
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    {check_inputs(kern, card.inputs, card.outputs)}
-{chr(10).join(ptrs)}
+    return f'''    {{
+    const int64_t ROWS = {kern.rows}, COLS = {kern.cols};
 {loop}
 {chr(10).join(decls)}
 {chr(10).join(body)}
     }}
-    return 0;
-}}
-'''
+    }}'''

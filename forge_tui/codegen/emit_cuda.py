@@ -117,7 +117,7 @@ def _args(kern: Kernel, w: NodeWriter) -> tuple[str, str]:
         t = w.types[leaf.dtype]
         params.append(f"const {t}* __restrict__ p{leaf.index}")
         args.append(f"(const {t}*)in[{leaf.index}].data")
-    for o in kern.outputs:
+    for o in sorted((o for d in kern.domains for o in d.outputs), key=lambda o: o.index):
         t = w.types[o.dtype]
         params.append(f"{t}* __restrict__ q{o.index}")
         args.append(f"({t}*)out[{o.index}].data")
@@ -234,7 +234,25 @@ def fold_loads_flat(kern: Kernel, vec: int) -> int:
 def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     """``fold`` = P > 1: each thread computes VEC columns in each of the row's P parts (c, c + H,
     ... with H = cols / P) and reads every distinct element once: accesses that meet across parts
-    (rotate-half's x at c + H in part 0 and at c in part 1) are one load."""
+    (rotate-half's x at c + H in part 0 and at c in part 1) are one load; a domain that P does not
+    divide that way (see ``fold_gains``) is not folded. A program with outputs of different sizes
+    (``kern.more``): a kernel a size, launched one after the other on the stream."""
+    w = NodeWriter(kern, "cuda")
+    params_c, args_c = _args(kern, w)
+    sources, launches = [], []
+    for d, k in enumerate(kern.domains):
+        fold = p.get("fold", 1)
+        src, launch = _flat_domain(k, {**p, "fold": fold if fold > 1 and fold_gains(k, fold, p["vec"]) else 1},
+                                   device, f"fg_kernel{d if d else ''}", params_c, args_c)
+        sources.append(src)
+        launches.append(launch)
+    return PRELUDE + "\n".join(sources) + f"""
+{_launcher(kern, card, "".join(launches))}
+"""
+
+
+def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_c: str, args_c: str) -> tuple[str, str]:
+    """One domain's kernel (named ``kname``) and the host code launching it."""
     w = NodeWriter(kern, "cuda")
     threads, vec, parts = p["threads"], p["vec"], p.get("fold", 1)
     h = kern.cols // parts
@@ -292,7 +310,6 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         inner.append(ind + "    {\n" + ind + f"        const int64_t c = c0 + j{shift};\n" + ind + "        (void)c;\n"
                      + "\n".join(ind + "        " + b for b in body) + "\n" + ind + "    }")
     decls = [ind + d for d in w.row_decls()]
-    params_c, args_c = _args(kern, w)
     numel = kern.rows * h
     full = -(-numel // (threads * vec))
     wave = device.sms * max(1, device.max_threads_per_sm // threads)
@@ -303,12 +320,11 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     folded = f", folded {parts} ways (a thread: columns c + k x {h})" if parts > 1 else ""
     # the parts' column tests (rotate-half's c < H) then fold to constants
     assume = "\n        __builtin_assume(c0 >= 0 && c0 + VEC <= COLS);" if parts > 1 else ""
-    return PRELUDE + f'''
+    return f'''
 /* {kern.summary}{folded} */
-static const int64_t NUMEL = {numel}, COLS = {h};
-
 template <int VEC>
-__global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{
+__global__ void __launch_bounds__({threads}) {kname}({params_c}) {{
+    constexpr int64_t NUMEL = {numel}, COLS = {h};
     for (int64_t e0 = ((int64_t)blockIdx.x * {threads} + threadIdx.x) * VEC; e0 < NUMEL;
          e0 += (int64_t)gridDim.x * {threads} * VEC) {{
         const int64_t r = e0 / COLS;
@@ -323,11 +339,9 @@ __global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{
 {nl.join(post)}
     }}
 }}
-
-{_launcher(kern, card, f"""    if ({aligned}) fg_kernel<{vec}><<<{grid}, {threads}, 0, s>>>({args_c});
-    else fg_kernel<1><<<{grid1}, {threads}, 0, s>>>({args_c});
-""")}
-'''
+''', f"""    if ({aligned}) {kname}<{vec}><<<{grid}, {threads}, 0, s>>>({args_c});
+    else {kname}<1><<<{grid1}, {threads}, 0, s>>>({args_c});
+"""
 
 
 # ---- rows ----------------------------------------------------------------------------------------

@@ -108,5 +108,6 @@ def interpret(kern: Kernel, card, inputs: list) -> list:
     from ..kernel_abi import alloc_outputs
 
     outs = alloc_outputs(card.outputs, inputs[0].device.type if inputs else "cpu")
-    run_kernel(kern, inputs, outs)
+    for k in kern.domains:
+        run_kernel(k, inputs, outs)
     return outs

@@ -194,6 +194,14 @@ class Kernel:
     summary: str = ""
     memo: dict = field(default_factory=dict, repr=False)
     """Derived facts the emitters and the family ask for repeatedly."""
+    more: list["Kernel"] = field(default_factory=list)
+    """Pointwise programs whose outputs differ in size (a rotary's q and k with fewer k heads): the
+    other outputs' kernels, each over its own rows and columns, launched after this one."""
+
+    @property
+    def domains(self) -> list["Kernel"]:
+        """This kernel and the others of its program (see ``more``)."""
+        return [self, *self.more]
 
     @property
     def levels(self) -> int:

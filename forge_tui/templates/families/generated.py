@@ -110,23 +110,24 @@ class Generated(Family):
     # ---- the parameter space ---------------------------------------------------------------------
     def _vec_accesses(self, k: Kernel) -> list[tuple[Index, str]]:
         out = []
-        for n in k.loads():
-            if n.varying and n.kind == "f":
-                out.append((n.attr[1], n.dtype))
-        for o in k.outputs:
-            if not o.per_row and o.dtype in FLOATS:
-                out.append((o.offset, o.dtype))
+        for d in k.domains:
+            for n in d.loads():
+                if n.varying and n.kind == "f":
+                    out.append((n.attr[1], n.dtype))
+            for o in d.outputs:
+                if not o.per_row and o.dtype in FLOATS:
+                    out.append((o.offset, o.dtype))
         return out
 
     def _vecs(self, k: Kernel) -> list[int]:
-        """The vector widths every access of the kernel allows (computed once a kernel: the search
-        asks for every configuration it considers)."""
+        """The vector widths every access of the kernel (of each of its domains) allows (computed
+        once a kernel: the search asks for every configuration it considers)."""
         hit = k.memo.get("vecs")
         if hit is None:
             acc = self._vec_accesses(k)
             widths = []
             for v in (8, 4, 2):
-                if k.cols % v:
+                if any(d.cols % v for d in k.domains):
                     continue
                 ok = [dt for off, dt in acc if vec_ok(off, v)]
                 if ok and all(v * ITEMSIZE[dt] <= 16 for dt in ok):
@@ -139,7 +140,8 @@ class Generated(Family):
         element at some vector width."""
         hit = k.memo.get("folds")
         if hit is None:
-            hit = k.memo["folds"] = [1] + [f for f in (2, 4) if any(fold_gains(k, f, v) for v in self._vecs(k))]
+            hit = k.memo["folds"] = [1] + [f for f in (2, 4) if any(fold_gains(d, f, v) for v in self._vecs(k)
+                                                                   for d in k.domains)]
         return list(hit)
 
     def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
@@ -167,7 +169,7 @@ class Generated(Family):
             return False
         if not k.reductions:
             fold = p.get("fold", 1)
-            return fold == 1 or (fold in self._folds(k) and fold_gains(k, fold, p["vec"]))
+            return fold == 1 or (fold in self._folds(k) and any(fold_gains(d, fold, p["vec"]) for d in k.domains))
         tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
         split = p.get("split", 1)
         if p["grid"] == "tiles":
@@ -238,7 +240,7 @@ class Generated(Family):
         if not k.reductions:
             # folded where that reads each element once (rotate-half: 76% of a copy's device time
             # unfolded, 95% folded in two on the H200, bench/lab/pointwise_probe.cu)
-            fold = next((f for f in self._folds(k) if f > 1 and fold_gains(k, f, vec)), 1)
+            fold = next((f for f in self._folds(k) if f > 1 and any(fold_gains(d, f, vec) for d in k.domains)), 1)
             return {"threads": 256, "vec": vec, "grid": "full", "fold": fold}
         tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
         base = {"vec": vec, "cache": "regs", "grid": "rows", "split": 1}

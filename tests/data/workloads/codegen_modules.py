@@ -82,6 +82,15 @@ class Rotary(nn.Module):
         return (q * cos) + (rotate_half(q) * sin)
 
 
+class GQARotary(nn.Module):
+    """apply_rotary_pos_emb on q and k with fewer k heads (grouped-query attention: Llama 3, Qwen,
+    Gemma): two outputs of different sizes, a kernel each."""
+
+    def forward(self, q, k, cos, sin):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
 class PartialRotary(nn.Module):
     """GPT-NeoX / Phi: rotary on the first 6 of 16 (Phi-2's partial_rotary_factor of 0.4), the rest
     passed through: a concatenation whose second part starts off its own size's multiple."""
@@ -309,6 +318,7 @@ class Model(nn.Module):
         self.t5_norm_bf16 = T5LayerNorm(H).to(torch.bfloat16)
         self.ln32 = FP32LayerNorm(H).to(torch.bfloat16)
         self.rotary = Rotary()
+        self.gqa_rotary = GQARotary().to(torch.bfloat16)
         self.partial_rotary = PartialRotary()
         self.softcap = SoftCap()
         self.silu_gate = SiluGate()
@@ -339,6 +349,7 @@ class Model(nn.Module):
         return [
             self.gemma_norm(x), self.gemma_norm_bf16(bf), self.hf_norm(x), self.q_norm(x.view(B, S, NH, D)),
             self.t5_norm(x), self.t5_norm_bf16(bf), self.ln32(bf), self.rotary(q, cos, sin),
+            *self.gqa_rotary(q.bfloat16(), q[:, :2].bfloat16() * 0.5, cos.bfloat16(), sin.bfloat16()),
             self.partial_rotary(q, cos, sin), self.softcap(bf * 40.0), self.silu_gate(x, x * 0.5),
             self.gelu_gate(bf, bf * 2.0), self.swiglu(x), self.geglu(x), self.router(x[:, :8], keep),
             self.masked_scale(x, x[:, 0], x[0], mask), self.group_norm(img), self.gn_silu(img),
