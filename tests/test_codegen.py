@@ -464,7 +464,9 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     gqa = GEN.match(next(c for (n, _), c in by.items() if n == "GQARotary"))
     jobs.append(GEN.render(gqa, GEN.initial(gqa, "cuda"), "cuda"))  # q and k: a kernel each
     assert "fg_kernel1<8><<<" in jobs[-1] and "q1[" not in jobs[-1].split("fg_kernel1")[0]
-    assert "fg_row_reduce<TPR, 1>" in jobs[-2] and "#define TPR 4" in jobs[-2]  # the router's 8 experts: 4 threads a row
+    jobs.append(GEN.render(gqa, {**GEN.initial(gqa, "cuda"), "launch": "one"}, "cuda"))  # or one launch
+    assert "fg_domain1<VEC>(b - " in jobs[-1] and "fg_kernel1" not in jobs[-1]
+    assert "fg_row_reduce<TPR, 1>" in jobs[-3] and "#define TPR 4" in jobs[-3]  # the router's 8 experts: 4 threads a row
     assert "load_vec<__nv_bfloat16, VEC>" in jobs[1] and "keep1[NV][VEC]" in jobs[1] and "fg_smem" in jobs[2]
     # unfolded, rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
     assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[5], jobs[5][-2500:]
@@ -668,6 +670,37 @@ def test_a_folded_row_addresses_what_the_unfolded_one_does_and_reads_each_elemen
     assert GEN.initial(m, "cuda")["fold"] == 2 and 2 in GEN.axes(m, "cuda")["fold"]
     src = GEN.render(m, GEN.initial(m, "cuda"), "cuda")
     assert src.count(f"load_vec<float, VEC>(p{q} + ") == 2 and "folded 2 ways" in src
+
+
+def test_one_launch_for_outputs_of_different_sizes_gives_each_size_its_whole_grid(table_ws):
+    """The GQA rotary's q and k in one launch: the blocks are split among the sizes in turn, the
+    ranges tile the launch's grid exactly at the vector width and at 1 (the unaligned fallback),
+    and each size gets the grid its own kernel would launch with."""
+    import re
+
+    card = next(c for c in table_ws.cards() if _name(c) == "GQARotary")
+    m = GEN.match(card)
+    k = GEN._k(m)
+    assert [(d.rows, d.cols) for d in k.domains] == [(2 * 4 * 8, 16), (2 * 2 * 8, 16)]
+    assert GEN.axes(m, "cuda")["launch"] == ["each", "one"]
+    for threads in (128, 256):
+        p = {**GEN.initial(m, "cuda"), "threads": threads, "launch": "one"}
+        assert GEN.valid(m, p, "cuda") and not GEN.valid(m, {**p, "grid": "waves4"}, "cuda")
+        one = GEN.render(m, p, "cuda")
+        each = GEN.render(m, {**p, "launch": "each"}, "cuda")
+        own = [(int(a), int(b)) for a, b in re.findall(r"fg_kernel1?<\d+><<<(\d+), \d+, 0, s>>>.*\n    else fg_kernel1?<1><<<(\d+),", each)]
+        assert len(own) == 2, each[-1500:]
+        rows = re.findall(r"if \(b < \(VEC == 1 \? (\d+)u : (\d+)u\)\) \{ fg_domain(\d)<VEC>\(b - \(VEC == 1 \? (\d+)u : (\d+)u\), "
+                          r"VEC == 1 \? (\d+)u : (\d+)u", one)
+        assert [int(r[2]) for r in rows] == [0, 1]
+        grid = [int(x) for x in re.search(r"fg_kernel<\d+><<<(\d+),.*\n    else fg_kernel<1><<<(\d+),", one).groups()]
+        for vec1 in (0, 1):  # 0: the VEC instantiation, 1: VEC = 1
+            start = 0
+            for d, r in enumerate(rows):
+                end, base, n = int(r[1 - vec1]), int(r[4 - vec1]), int(r[6 - vec1])
+                assert base == start and end == start + n and n == own[d][vec1], (vec1, d, r, own)
+                start = end
+            assert start == grid[vec1]
 
 
 def test_the_card_pane_names_the_offline_kernel_or_why_none(table_ws):

@@ -236,23 +236,45 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     ... with H = cols / P) and reads every distinct element once: accesses that meet across parts
     (rotate-half's x at c + H in part 0 and at c in part 1) are one load; a domain that P does not
     divide that way (see ``fold_gains``) is not folded. A program with outputs of different sizes
-    (``kern.more``): a kernel a size, launched one after the other on the stream."""
+    (``kern.more``): a kernel a size, launched one after the other on the stream (``launch`` =
+    ``each``), or one launch whose blocks are split among the sizes (``one``)."""
     w = NodeWriter(kern, "cuda")
     params_c, args_c = _args(kern, w)
-    sources, launches = [], []
+    one = p.get("launch", "each") == "one" and len(kern.domains) > 1
+    vec, threads = p["vec"], p["threads"]
+    parts = []
     for d, k in enumerate(kern.domains):
         fold = p.get("fold", 1)
-        src, launch = _flat_domain(k, {**p, "fold": fold if fold > 1 and fold_gains(k, fold, p["vec"]) else 1},
-                                   device, f"fg_kernel{d if d else ''}", params_c, args_c)
-        sources.append(src)
-        launches.append(launch)
-    return PRELUDE + "\n".join(sources) + f"""
-{_launcher(kern, card, "".join(launches))}
-"""
+        parts.append(_flat_domain(k, {**p, "fold": fold if fold > 1 and fold_gains(k, fold, vec) else 1},
+                                  device, f"fg_domain{d}" if one else f"fg_kernel{d if d else ''}", params_c, one))
+    sources = "\n".join(src for src, _, _, _ in parts)
+    if not one:
+        launches = "".join(
+            f"    if ({al}) {name}<{vec}><<<{g}, {threads}, 0, s>>>({args_c});\n"
+            f"    else {name}<1><<<{g1}, {threads}, 0, s>>>({args_c});\n"
+            for (_, g, g1, al), name in zip(parts, [f"fg_kernel{d if d else ''}" for d in range(len(parts))]))
+        return PRELUDE + sources + "\n" + _launcher(kern, card, launches) + "\n"
+    names = ", ".join(a.split("__restrict__ ")[1] for a in params_c.split(", "))
+    calls = []
+    total = total1 = 0
+    for d, (_, g, g1, _) in enumerate(parts):
+        calls.append(f"    if (b < (VEC == 1 ? {total1 + g1}u : {total + g}u)) {{ fg_domain{d}<VEC>(b - (VEC == 1 ? "
+                     f"{total1}u : {total}u), VEC == 1 ? {g1}u : {g}u, {names}); return; }}")
+        total, total1 = total + g, total1 + g1
+    aligned = " && ".join(sorted({c for _, _, _, al in parts for c in al.split(" && ") if c != "true"})) or "true"
+    kernel = ("/* one launch: the blocks of every size's kernel, in turn */\n"
+              f"template <int VEC>\n__global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{\n"
+              "    const unsigned b = blockIdx.x;\n" + "\n".join(calls) + "\n}\n")
+    launch = (f"    if ({aligned}) fg_kernel<{vec}><<<{total}, {threads}, 0, s>>>({args_c});\n"
+              f"    else fg_kernel<1><<<{total1}, {threads}, 0, s>>>({args_c});\n")
+    return PRELUDE + sources + "\n" + kernel + "\n" + _launcher(kern, card, launch) + "\n"
 
 
-def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_c: str, args_c: str) -> tuple[str, str]:
-    """One domain's kernel (named ``kname``) and the host code launching it."""
+def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_c: str,
+                 device_fn: bool = False) -> tuple[str, int, int, str]:
+    """One domain's kernel named ``kname`` (a ``__global__`` one, or with ``device_fn`` a device
+    function of its block index and block count, for a launch shared with other domains), its grid
+    at VEC and at 1, and the condition for the VEC instantiation."""
     w = NodeWriter(kern, "cuda")
     threads, vec, parts = p["threads"], p["vec"], p.get("fold", 1)
     h = kern.cols // parts
@@ -320,13 +342,16 @@ def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_
     folded = f", folded {parts} ways (a thread: columns c + k x {h})" if parts > 1 else ""
     # the parts' column tests (rotate-half's c < H) then fold to constants
     assume = "\n        __builtin_assume(c0 >= 0 && c0 + VEC <= COLS);" if parts > 1 else ""
+    head = (f"__device__ __forceinline__ void {kname}(const unsigned blk, const unsigned nblk, {params_c})"
+            if device_fn else f"__global__ void __launch_bounds__({threads}) {kname}({params_c})")
+    blk, nblk = ("blk", "nblk") if device_fn else ("blockIdx.x", "gridDim.x")
     return f'''
 /* {kern.summary}{folded} */
 template <int VEC>
-__global__ void __launch_bounds__({threads}) {kname}({params_c}) {{
+{head} {{
     constexpr int64_t NUMEL = {numel}, COLS = {h};
-    for (int64_t e0 = ((int64_t)blockIdx.x * {threads} + threadIdx.x) * VEC; e0 < NUMEL;
-         e0 += (int64_t)gridDim.x * {threads} * VEC) {{
+    for (int64_t e0 = ((int64_t){blk} * {threads} + threadIdx.x) * VEC; e0 < NUMEL;
+         e0 += (int64_t){nblk} * {threads} * VEC) {{
         const int64_t r = e0 / COLS;
         const int64_t c0 = e0 - r * COLS;{assume}
 {nl.join(decls)}
@@ -339,9 +364,7 @@ __global__ void __launch_bounds__({threads}) {kname}({params_c}) {{
 {nl.join(post)}
     }}
 }}
-''', f"""    if ({aligned}) {kname}<{vec}><<<{grid}, {threads}, 0, s>>>({args_c});
-    else {kname}<1><<<{grid1}, {threads}, 0, s>>>({args_c});
-"""
+''', grid, grid1, aligned
 
 
 # ---- rows ----------------------------------------------------------------------------------------

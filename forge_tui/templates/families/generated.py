@@ -5,9 +5,10 @@ Tried after every hand-written family, so those keep the cards they match.
 Axes (cuda, programs with reductions): ``tpr`` threads a row, ``rpb`` rows a block, ``vec``
 elements an access, ``cache`` (what later phases read again: registers, shared memory, or
 re-read), ``grid`` (a block per row group, or a persistent grid of whole waves). Pointwise
-programs: ``threads``, ``vec``, ``grid``, and ``fold`` (a thread computes its columns in each of
+programs: ``threads``, ``vec``, ``grid``, ``fold`` (a thread computes its columns in each of
 the row's 1, 2 or 4 parts, offered where that reads fewer vectors: rotate-half's partner is the
-other part's own element). cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
+other part's own element), and ``launch`` where the outputs differ in size (a kernel a size, or
+one launch whose blocks are split among them). cpu: ``chunk`` rows an OpenMP chunk, ``simd``, and
 ``cblock`` (columns a work item) for pointwise programs. ``split`` (cuda, sm_90 and later): blocks a
 row, a cluster of them sharing its reductions (few long rows: a group norm's groups). ``grid`` =
 ``tiles`` with ``bps`` blocks an SM (cuda, rows interleaved in memory: a channels-last group
@@ -153,7 +154,7 @@ class Generated(Family):
             return ax
         if not k.reductions:
             return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"],
-                    "fold": self._folds(k)}
+                    "fold": self._folds(k), "launch": ["each", "one"] if k.more else ["each"]}
         ax = {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
               "grid": ["rows", "waves"], "split": SPLITS if device.clusters else [1]}
         if tile_layout(k) is not None:  # rows interleaved in memory: also walked in memory order
@@ -169,6 +170,8 @@ class Generated(Family):
             return False
         if not k.reductions:
             fold = p.get("fold", 1)
+            if p.get("launch", "each") == "one" and (not k.more or p["grid"] != "full"):
+                return False  # one launch for several sizes: each size's whole grid, in turn
             return fold == 1 or (fold in self._folds(k) and any(fold_gains(d, fold, p["vec"]) for d in k.domains))
         tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
         split = p.get("split", 1)
@@ -241,7 +244,7 @@ class Generated(Family):
             # folded where that reads each element once (rotate-half: 76% of a copy's device time
             # unfolded, 95% folded in two on the H200, bench/lab/pointwise_probe.cu)
             fold = next((f for f in self._folds(k) if f > 1 and any(fold_gains(d, f, vec) for d in k.domains)), 1)
-            return {"threads": 256, "vec": vec, "grid": "full", "fold": fold}
+            return {"threads": 256, "vec": vec, "grid": "full", "fold": fold, "launch": "each"}
         tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
         base = {"vec": vec, "cache": "regs", "grid": "rows", "split": 1}
         if tile_layout(k) is not None:
