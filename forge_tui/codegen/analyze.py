@@ -1369,11 +1369,11 @@ def analyze(card: Card) -> Kernel:
     # largest first, launched one after the other
     kerns = [_pointwise(card, outs, n, {k for k, s in enumerate(card.outputs) if numel(s.shape) == n})
              for n in sizes]
-    first = kerns[0]
+    largest = kerns[0]
     if len(kerns) > 1:
-        first.more = kerns[1:]
-        first.summary += "; then " + "; then ".join(k.summary for k in kerns[1:])
-    return first
+        largest.more = kerns[1:]
+        largest.summary += "; then " + "; then ".join(k.summary for k in kerns[1:])
+    return largest
 
 
 MAX_DOMAINS = 4
