@@ -222,13 +222,9 @@ def fold_gains(kern: Kernel, parts: int, vec: int) -> bool:
     """Whether folding ``parts`` ways reads fewer vectors per element than not folding (the rotary's
     rotate-half reads x at c and at its partner c +- H: folded in two, each x once)."""
     folded = fold_loads(kern, parts, vec)
-    flat = fold_loads_flat(kern, vec)
-    return folded is not None and folded[1] == 0 and len(folded[0]) < parts * flat
-
-
-def fold_loads_flat(kern: Kernel, vec: int) -> int:
     need = kern.needed([o.node for o in kern.outputs])
-    return sum(1 for n in need if kern.nodes[n].op == "load" and kern.nodes[n].varying)
+    flat = sum(1 for n in need if kern.nodes[n].op == "load" and kern.nodes[n].varying)
+    return folded is not None and folded[1] == 0 and len(folded[0]) < parts * flat
 
 
 def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
@@ -242,26 +238,26 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     params_c, args_c = _args(kern, w)
     one = p.get("launch", "each") == "one" and len(kern.domains) > 1
     vec, threads = p["vec"], p["threads"]
-    parts = []
+    doms = []  # per domain: (source, grid at VEC, grid at 1, the VEC instantiation's condition)
+    fold = p.get("fold", 1)
     for d, k in enumerate(kern.domains):
-        fold = p.get("fold", 1)
-        parts.append(_flat_domain(k, {**p, "fold": fold if fold > 1 and fold_gains(k, fold, vec) else 1},
-                                  device, f"fg_domain{d}" if one else f"fg_kernel{d if d else ''}", params_c, one))
-    sources = "\n".join(src for src, _, _, _ in parts)
+        doms.append(_flat_domain(k, {**p, "fold": fold if fold > 1 and fold_gains(k, fold, vec) else 1},
+                                 device, f"fg_domain{d}" if one else f"fg_kernel{d if d else ''}", params_c, one))
+    sources = "\n".join(src for src, _, _, _ in doms)
     if not one:
         launches = "".join(
             f"    if ({al}) {name}<{vec}><<<{g}, {threads}, 0, s>>>({args_c});\n"
             f"    else {name}<1><<<{g1}, {threads}, 0, s>>>({args_c});\n"
-            for (_, g, g1, al), name in zip(parts, [f"fg_kernel{d if d else ''}" for d in range(len(parts))]))
+            for (_, g, g1, al), name in zip(doms, [f"fg_kernel{d if d else ''}" for d in range(len(doms))]))
         return PRELUDE + sources + "\n" + _launcher(kern, card, launches) + "\n"
     names = ", ".join(a.split("__restrict__ ")[1] for a in params_c.split(", "))
     calls = []
     total = total1 = 0
-    for d, (_, g, g1, _) in enumerate(parts):
+    for d, (_, g, g1, _) in enumerate(doms):
         calls.append(f"    if (b < (VEC == 1 ? {total1 + g1}u : {total + g}u)) {{ fg_domain{d}<VEC>(b - (VEC == 1 ? "
                      f"{total1}u : {total}u), VEC == 1 ? {g1}u : {g}u, {names}); return; }}")
         total, total1 = total + g, total1 + g1
-    aligned = " && ".join(sorted({c for _, _, _, al in parts for c in al.split(" && ") if c != "true"})) or "true"
+    aligned = " && ".join(sorted({c for _, _, _, al in doms for c in al.split(" && ") if c != "true"})) or "true"
     kernel = ("/* one launch: the blocks of every size's kernel, in turn */\n"
               f"template <int VEC>\n__global__ void __launch_bounds__({threads}) fg_kernel({params_c}) {{\n"
               "    const unsigned b = blockIdx.x;\n" + "\n".join(calls) + "\n}\n")
