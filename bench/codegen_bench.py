@@ -454,19 +454,16 @@ def outputs_match(card, ws, loaded) -> bool:
     return all(compare(o, e, i) is None for i, (o, e) in enumerate(zip(outs, want)))
 
 
-def device_times_us(ws, card, commit: str, reps: int = 30) -> dict | None:
+def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     """Device time (CUDA events around one launch, L2 flushed before each; median µs) of the node's
     kernel, loaded into this process (it passed the evaluator: correct on every input set), and of
     a torch copy of the card's bytes, interleaved. What the 85% target asks, measured without a
     host in it: the evaluator's protocol times a candidate through another process (a round trip
     and a GPU context switch a sample, spread over its calls) and the copy in the judge's own, so
-    the ratio of those two charges a large card's kernel what the copy is not charged. None where
-    the node has no CUDA source."""
+    the ratio of those two charges a large card's kernel what the copy is not charged. ``loaded``:
+    ``load_node``'s answer for the node on cuda."""
     import torch
 
-    loaded = load_node(ws, card, commit, "cuda")
-    if loaded is None:
-        return None
     call = loaded[0]
     n = max(16, card.bytes // 2 // 16 * 16)
     src_b = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -785,14 +782,16 @@ def main(argv: list[str] | None = None) -> int:
                 first = next((i + 1 for i, r in enumerate(rows) if r["correct"]), None)
                 case.update(nodes=rows, best=best, evals=len(rows), first_correct=first, stopped=summary.stopped,
                             finished=summary.finished.get(card.id), skipped_why=summary.skipped.get(card.id))
+                loaded = None
                 if best is not None:
                     # the reported kernel, built again and loaded here, gives eager's outputs
                     loaded = load_node(ws, card, best["commit"], args.device)
                     case["reloaded_matches_eager"] = loaded is not None and loaded[0]() == 0 and \
                         outputs_match(card, ws, loaded)
-                if best is not None and args.device == "cuda" and card.bytes >= args.large_mib * (1 << 20):
+                if best is not None and loaded is not None and args.device == "cuda" \
+                        and card.bytes >= args.large_mib * (1 << 20):
                     try:
-                        case["device_time"] = device_times_us(ws, card, best["commit"])
+                        case["device_time"] = device_times_us(ws, card, loaded)
                         log(f"{name}: device time (CUDA events, this process): {case['device_time']}")
                     except Exception as exc:  # noqa: BLE001 - the extra measurement must not lose the case
                         case["device_time_error"] = f"{type(exc).__name__}: {exc}"

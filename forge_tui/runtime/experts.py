@@ -375,12 +375,9 @@ class Served:
         if kwargs or len(args) != 1:
             return "called with other arguments than the hidden states"
         x = args[0]
-        if type(x) is not torch.Tensor:
-            return "the input is not a plain tensor"
-        if x.device.type != g.device:
-            return f"device {x.device.type}"
-        if x.dtype is not g.dtype:
-            return f"dtype {str(x.dtype).removeprefix('torch.')}"
+        why = g.input_mismatch(x)
+        if why is not None:
+            return why
         if x.dim() != g.rank:
             return f"{x.dim()} dims where the card's calls had {g.rank}"
         if x.shape[-1] != self.block.hidden:

@@ -216,6 +216,19 @@ class RewriteGuard:
         self.status: "CardStatus" = board.card(card, self.kind, target)
         self.shadow_every = shadow_every
 
+    def input_mismatch(self, x: Any) -> str | None:
+        """Why ``x`` is not an input of this card's calls (a plain tensor of its device and
+        dtype), or None."""
+        import torch
+
+        if type(x) is not torch.Tensor:
+            return "the input is not a plain tensor"
+        if x.device.type != self.device:
+            return f"device {x.device.type}"
+        if x.dtype is not self.dtype:
+            return f"dtype {str(x.dtype).removeprefix('torch.')}"
+        return None
+
 
 class FoldGuard(RewriteGuard):
     kind = "fold"
@@ -256,13 +269,9 @@ class Fold:
     def why_not(self, x: Any) -> str | None:
         import torch
 
-        g = self.guard
-        if type(x) is not torch.Tensor:
-            return "the input is not a plain tensor"
-        if x.device.type != g.device:
-            return f"device {x.device.type}"
-        if x.dtype is not g.dtype:
-            return f"dtype {str(x.dtype).removeprefix('torch.')}"
+        why = self.guard.input_mismatch(x)
+        if why is not None:
+            return why
         if self.bn.training:
             return "the batch norm is in training mode"
         if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in self._tensors())):

@@ -224,18 +224,14 @@ class Group:
         return True
 
     def why_not(self, i: int, args: tuple, kwargs: dict) -> str | None:
-        import torch
 
         g = self.guard
         if kwargs or len(args) != 1:
             return "called with other arguments than the input"
         x = args[0]
-        if type(x) is not torch.Tensor:
-            return "the input is not a plain tensor"
-        if x.is_cuda != self.cuda:
-            return f"device {x.device.type}"
-        if x.dtype is not g.dtype:
-            return f"dtype {str(x.dtype).removeprefix('torch.')}"
+        why = g.input_mismatch(x)
+        if why is not None:
+            return why
         if x.dim() == 0 or x.shape[-1] != self.k:
             return f"input size {x.shape[-1] if x.dim() else 'of a scalar'}"
         if x.is_inference():
