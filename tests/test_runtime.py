@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import timed_win, won_request
 from torch.overrides import TorchFunctionMode
 
 from forge_tui.cli import main
@@ -463,16 +464,22 @@ def test_approval_from_a_search(tmp_path, capsys):
     from forge_tui.errors import ForgeError
     from forge_tui.session import Session
 
-    cfg = tmp_path / "forge.toml"
-    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n"
-                   "[search]\nmin_gain = 0.0\n")
-    ws, _ = profile_into_workspace(WORKLOAD, tmp_path / "ws", device="cpu", config_path=cfg)
-    norm = next(c for c in ws.cards() if c.kind == "module")
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"cards": {norm.id: [str(CPU / "rmsnorm_good.cpp")]}}))
-    session = Session.open(ws.root, cfg).with_search_settings(max_evals=1)
-    with session.search(proposer=f"scripted:{plan}", backend="cpu", cards=[norm.id]) as search:
-        search.run()
+    def search(attempt: int) -> tuple[Any, bool]:
+        root = tmp_path / f"try{attempt}"
+        root.mkdir()
+        cfg = root / "forge.toml"
+        cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n"
+                       "[search]\nmin_gain = 0.0\n")
+        ws, _ = profile_into_workspace(WORKLOAD, root / "ws", device="cpu", config_path=cfg)
+        norm = next(c for c in ws.cards() if c.kind == "module")
+        plan = root / "plan.json"
+        plan.write_text(json.dumps({"cards": {norm.id: [str(CPU / "rmsnorm_good.cpp")]}}))
+        session = Session.open(ws.root, cfg).with_search_settings(max_evals=1)
+        with session.search(proposer=f"scripted:{plan}", backend="cpu", cards=[norm.id]) as s:
+            s.run()
+        return (ws, norm), won_request(ws.root)
+
+    ws, norm = timed_win(search)
     pending = requests(ws)
     assert [r.card.id for r in pending] == [norm.id]
     req = pending[0]
