@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import timed_win
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,10 +23,18 @@ def test_e2e_bench_small_on_one_workload(tmp_path):
            "--top", "1", "--cards", "mod-RMSNorm", "--evals", "1", "--budget-s", "50", "--grace-s", "5",
            # a CPU shared with other work: approve whatever passed faster than eager, however it spread
            "--min-speedup", "1.0", "--max-spread", "1000", "--keep-slower", "--all-kernels"]
-    env = {**os.environ, "OUT": str(tmp_path), "FORGE_CACHE_DIR": str(tmp_path / "cache")}
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    report = json.loads((tmp_path / "e2e.json").read_text())
+
+    def run(attempt: int):
+        out = tmp_path / f"try{attempt}"
+        out.mkdir()
+        env = {**os.environ, "OUT": str(out), "FORGE_CACHE_DIR": str(out / "cache")}
+        r = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=90)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        report = json.loads((out / "e2e.json").read_text())
+        # the search's kernel measured faster than eager, or nothing is approved (timed_win)
+        return (r, report), bool(report["workloads"]["tiny_decoder"].get("approve", {}).get("approved"))
+
+    r, report = timed_win(run)
     assert report["options"]["device"] == "cpu" and report["command"].startswith("python bench/e2e_bench.py")
     w = report["workloads"]["tiny_decoder"]
     assert w.get("done"), w.get("error") or w.get("notes")

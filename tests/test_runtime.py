@@ -1101,9 +1101,10 @@ def test_scopes_serving_the_same_cards_share_one_trial():
 # ---- the served call's fast paths ----------------------------------------------------------------
 def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
     """The guard fixes every shape, stride and scalar the size depends on, so the runtime asks
-    once, and every call still gets a workspace of that size."""
+    once, and every call still gets a workspace of that size: one buffer, kept for the stream."""
     import shutil
 
+    import forge_tui.runtime.kernel as kernel_mod
     from forge_tui.kernel_abi import Library
     from forge_tui.workspace import Workspace
 
@@ -1127,8 +1128,15 @@ def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
         a[-1].zero_()  # the candidate refuses a workspace that still holds its last call's marker
         return real_call(self, *a)
 
+    made, real_alloc = [], kernel_mod.alloc_workspace
+
+    def alloc(*a):
+        made.append(a)
+        return real_alloc(*a)
+
     monkeypatch.setattr(Library, "workspace_bytes", size)
     monkeypatch.setattr(Library, "call_raw", call)
+    monkeypatch.setattr(kernel_mod, "alloc_workspace", alloc)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     with torch.no_grad():
@@ -1138,6 +1146,7 @@ def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
             st = applied.status()["cards"][0]
     assert st["served"] == 4 and st["active"], st
     assert len(asked) == 1 and len(given) == 4 and len(set(given)) == 1 and given[0] > 0
+    assert len(made) == 1, made  # the workspace of the first call, kept for the others
     for o in outs:
         torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
 

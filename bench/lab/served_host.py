@@ -14,6 +14,13 @@ the learned leaf site and 7.8 µs for the module card (one run); since, 10.8-13.
 (five runs), where eager's nn.LayerNorm call costs 5.9-9.3 µs in all. On the H200 (the e2e bench's
 per-module times, docs/benchmarks.md, seventh session) a served leaf group norm then cost the host
 what eager's does, 28-34 µs a call.
+
+Third case (2026-12-03, late): a kernel with a workspace. Before `CardKernel._workspace` every
+served call allocated its workspace (a fresh buffer and an aligned view of it): 3.7-6.0 µs a call
+on this machine's CPU (three runs, the last column), now paid once per stream. The case's own
+kernel (a scalar two-pass softmax) takes 45-60 µs and moves between runs by more than that, so
+its "runtime" column (7-15 µs) does not resolve the difference; the allocation's cost is timed
+alone.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ def _load(path: Path):
     return mod
 
 
-def _promote(workload: Path, root: Path, pick, source: str):
+def _promote(workload: Path, root: Path, pick, source: str, edit=None):
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
@@ -50,6 +57,8 @@ def _promote(workload: Path, root: Path, pick, source: str):
     ws, _ = profile_into_workspace(workload, root / "ws", device="cpu", config_path=root / "forge.toml")
     card = next(c for c in ws.cards() if pick(c))
     src = (TESTS / "candidates" / "cpu" / source).read_text()
+    if edit is not None:
+        src = edit(src)
     cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0,
                                    "max_slowdown": 100.0}})
     with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
@@ -84,6 +93,39 @@ def bare_launch(applied, x_like):
     return lambda: k.lib.call_raw(k._ins, n_in, k._outs, n_out, k._scs, n_sc, None, None), outs
 
 
+def workspace_case(tmp: Path, calls: int) -> dict:
+    """A served op card whose kernel asks for a workspace (the repo's softmax_workspace.cpp
+    without the marker check that makes it refuse a buffer it wrote before): the guard's served
+    call, the bare launch on a kept workspace, and what allocating the workspace (an aligned view
+    of a fresh buffer, what every call paid before ``CardKernel._workspace``) costs on its own."""
+    import torch
+
+    from forge_tui.kernel_abi import alloc_workspace
+
+    ws = _promote(TESTS / "data/workloads/runtime_model.py", tmp, lambda c: c.target == "aten._softmax.default",
+                  "softmax_workspace.cpp", lambda src: src.replace("if (marker == MARKER) return 9;", ""))
+    wl = _load(TESTS / "data/workloads/runtime_model.py")
+    from forge_tui.runtime.apply import apply
+
+    model = wl.get_model()
+    x = torch.randn(16, 256)
+    eager = per_call_us(lambda: torch.softmax(x, dim=-1), calls)
+    with apply(model, ws, only_faster=False) as applied:
+        guard = next(iter(applied.guards.values()))
+        if guard.serve([x]) is None:
+            raise SystemExit("the workspace kernel was not served")
+        served = per_call_us(lambda: guard.serve([x]), calls)
+        k = guard.kernel()
+        outs = k._outputs([x])
+        k._ins[0].data, k._outs[0].data = x.data_ptr(), outs[0].data_ptr()
+        scratch = k._workspace("cpu", None)
+        n_in, n_out, n_sc = k._n
+        launch = per_call_us(lambda: k.lib.call_raw(k._ins, n_in, k._outs, n_out, k._scs, n_sc, None, scratch), calls)
+        alloc = per_call_us(lambda: alloc_workspace(k._ws_bytes or 0, "cpu"), calls)
+    return {"case": "op card with a workspace (softmax)", "eager_us": eager, "served_us": served,
+            "bare_launch_us": launch, "runtime_us": served - launch, "workspace_alloc_us": alloc}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=20000)
@@ -94,7 +136,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp2, torch.no_grad():
         cases = [
             ("leaf site (nn.LayerNorm, op card)", TESTS / "data/workloads/layernorm.py",
              lambda c: c.target == "aten.native_layer_norm.default", "layernorm_twopass.cpp"),
@@ -121,10 +163,12 @@ def main() -> None:
                 launch = per_call_us(bare, a.calls)
             rows.append({"case": name, "eager_us": eager, "served_us": served, "bare_launch_us": launch,
                          "runtime_us": served - launch})
+    rows.append(workspace_case(Path(tmp2), a.calls))
     print(f"{'case':36s} {'eager':>8s} {'served':>8s} {'bare':>8s} {'runtime':>8s}  (µs a call)")
     for r in rows:
         print(f"{r['case']:36s} {r['eager_us']:8.2f} {r['served_us']:8.2f} {r['bare_launch_us']:8.2f} "
-              f"{r['runtime_us']:8.2f}")
+              f"{r['runtime_us']:8.2f}" + (f"  (a fresh workspace: {r['workspace_alloc_us']:.2f})"
+                                           if "workspace_alloc_us" in r else ""))
     out = os.environ.get("OUT")
     if out:
         Path(out, "served_host.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))

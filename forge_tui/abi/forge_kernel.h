@@ -16,11 +16,11 @@
  *
  * Scratch memory: a candidate that needs device scratch between its kernels (partial sums of a
  * row or group split over several blocks) defines forge_workspace_bytes() and, instead of
- * forge_launch(), forge_launch_ws(). The caller allocates the workspace on the stream (the
- * evaluator and the runtime use PyTorch's stream-ordered allocator, so no call pays a real
- * allocation) with at least the requested size, 256-byte aligned. Its contents are undefined on
- * entry: the evaluator fills it with a different poison before every call, so nothing may be
- * carried in it from one call to the next. A candidate defines exactly one of the two entry points.
+ * forge_launch(), forge_launch_ws(). The caller provides the workspace on the stream (the
+ * evaluator from PyTorch's stream-ordered allocator; the runtime keeps one per stream) with at
+ * least the requested size, 256-byte aligned. Its contents are undefined on entry: the evaluator
+ * fills it with a different poison before every call, so nothing may be carried in it from one
+ * call to the next. A candidate defines exactly one of the two entry points.
  *
  * Return 0 on success; any other value is an error code and the candidate is rejected.
  * Rules checked before a candidate runs: at least one __global__ kernel defined and launched

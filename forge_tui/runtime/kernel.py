@@ -2,7 +2,8 @@
 
 The guard has already checked that a call's tensors have the card's shapes, strides and dtypes,
 so the descriptors are built once; a call only writes the data pointers, allocates the outputs
-(and the workspace, from PyTorch's stream-ordered allocator) and launches on the current stream.
+(from PyTorch's stream-ordered allocator; a kernel's workspace is kept per stream) and launches
+on the current stream.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class CardKernel:
         self._empty_plain = torch.empty
         self._dead: dict[tuple[int, Any, int | None], torch.Tensor] = {}
         """The outputs callers drop, kept (``_dead_output``)."""
+        self._scratch: dict[tuple[str, int | None], torch.Tensor] = {}
+        """The workspace, one per device and stream, kept (``_workspace``)."""
+        self._capturing = torch.cuda.is_current_stream_capturing if device == "cuda" else None
         self._launch = self.lib.plain_launch
         """forge_launch itself, None for a kernel with a workspace (``Library.plain_launch``)."""
         self.last_host_ns = 0
@@ -125,6 +129,21 @@ class CardKernel:
             self._dead[key] = t
         return t
 
+    def _workspace(self, device: str, stream: int | None) -> "torch.Tensor":
+        """The kernel's scratch for a call on ``stream``: one buffer per device and stream, kept
+        from call to call (an allocation and an aligned view cost the host more than the launch).
+        The ABI leaves its contents undefined on entry and the evaluator poisons it before every
+        call, so no promoted kernel reads what an earlier call left; kernels on one stream run in
+        order, so one call's scratch is never another's while it runs. A call captured in a CUDA
+        graph gets a fresh one from the graph's pool, neither kept nor shared with eager calls."""
+        if self._capturing is not None and self._capturing():
+            return alloc_workspace(self._ws_bytes or 0, device)
+        key = (device, stream)
+        ws = self._scratch.get(key)
+        if ws is None:
+            ws = self._scratch[key] = alloc_workspace(self._ws_bytes or 0, device)
+        return ws
+
     def __call__(self, inputs: list["torch.Tensor"], timed: bool = False, keep: int = -1) -> list["torch.Tensor"]:
         """The kernel's outputs for inputs the guard has matched. ``timed``: record in
         ``last_host_ns`` the host time spent before the launch. ``keep`` >= 0: the caller uses
@@ -149,7 +168,7 @@ class CardKernel:
                         self._ws_bytes = self.lib.workspace_bytes(inputs, outs, self._scalars)
                     except ValueError as exc:
                         raise KernelError(str(exc)) from None
-                ws = alloc_workspace(self._ws_bytes, str(outs[0].device) if outs else self.device)
+                ws = self._workspace(str(outs[0].device) if outs else self.device, stream)
             if timed:
                 self.last_host_ns = time.perf_counter_ns() - t0
             if ws is not None:
