@@ -217,16 +217,22 @@ def cmd_examples(args) -> int:
 
 
 def cmd_approve(args) -> int:
-    from .promotion import AutoRule, approve, requests
+    from .promotion import AutoRule, approve, requests, unrequested
     from .workspace import Workspace
 
     ws = Workspace.open(args.workspace)
+
+    def not_offered() -> None:
+        for card, why in unrequested(ws, args.cards or None):
+            print(f"not offered {card}: {why}")
+
     if args.list:
         pending = requests(ws, args.cards or None)
         for r in pending:
             print(r.line())
         if not pending:
             print("no pending promotion request")
+        not_offered()
         return 0
     auto = AutoRule(args.min_speedup, args.max_spread) if args.auto else None
     done, left = approve(ws, args.cards or None, auto=auto)
@@ -237,6 +243,7 @@ def cmd_approve(args) -> int:
         print(f"left {r.card.id}: {why}")
     if not done and not left:
         print("no pending promotion request")
+        not_offered()
     return 0
 
 

@@ -193,6 +193,54 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
     return out
 
 
+def unrequested(ws: Workspace, cards: list[str] | None = None) -> list[tuple[str, str]]:
+    """(card, why) for each searched card that has no promotion request and no promoted kernel:
+    what its kernels came to, so that an empty approvals queue is never unexplained. A correct
+    kernel timed while the machine was busy ("noisy") claims no speedup and is not offered; nor is
+    one that ran no faster than eager."""
+    from .search.store import SearchStore
+    from .search.tree import ROOT
+
+    man = manifest(ws)
+    pending = {r.card.id for r in requests(ws, cards)}
+    by_card: dict[str, list[Any]] = {}
+    with ws.git() as repo:
+        for rec in SearchStore(repo).load().nodes:
+            if rec.node == ROOT or (cards and not any(id_matches(rec.card, c) for c in cards)):
+                continue
+            by_card.setdefault(rec.card, []).append(rec)
+    out = []
+    for card_id, nodes in sorted(by_card.items()):
+        if card_id in pending or card_id in man.entries:
+            continue
+        refused = man.rejected_nodes(card_id)
+        left = [n for n in nodes if n.node not in refused]
+        passed = [n for n in left if n.status == "passed" and n.speedup]
+        noisy = [n for n in left if n.status == "noisy"]
+        if not left:
+            out.append((card_id, f"every kernel offered was rejected ({len(nodes)})"))
+        elif passed and max(n.speedup for n in passed) > 1.0:
+            continue  # a request once its node's result is readable again (requests() skipped it)
+        elif noisy:
+            why = (noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded")[:160]
+            others = f" (and {len(noisy) - 1} more)" if len(noisy) > 1 else ""
+            best = max(passed, key=lambda n: n.speedup) if passed else None
+            slower = f"; its fastest timed kernel, {best.node}, ran {best.speedup:.2f}x eager" if best else ""
+            out.append((card_id, f"{noisy[-1].node}{others} is correct, but the machine was too busy to trust its "
+                                 f"timing ({why}){slower}: a kernel is offered once it is timed faster than eager"))
+        elif passed:
+            best = max(passed, key=lambda n: n.speedup)
+            out.append((card_id, f"its fastest correct kernel, {best.node}, ran {best.speedup:.2f}x eager: "
+                                 "nothing faster than eager to offer"))
+        else:
+            counts: dict[str, int] = {}
+            for n in left:
+                counts[n.status] = counts.get(n.status, 0) + 1
+            tally = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            out.append((card_id, f"none of its {len(left)} kernels passed ({tally})"))
+    return out
+
+
 def evidence_of(node: str, commit: str, parent: str | None, r: EvalResult, diff: str) -> Evidence:
     t = r.timing
     sp = t.speedup_vs_eager if t else None

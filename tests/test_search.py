@@ -373,3 +373,32 @@ def test_only_a_passed_result_earns_its_speedup(tmp_path):
     assert by_status["noisy"].speedup is None and by_status["rejected"].speedup is None
     assert summary.evaluations == 4 and "floor" not in summary.finished.get("a", "")
     assert summary.best["a"]["speedup"] == 1.1
+
+
+def test_an_empty_approvals_queue_says_why_for_each_searched_card(tmp_path, capsys):
+    """A card whose kernels were all timed on a busy machine, one whose fastest correct kernel is
+    slower than eager, one whose kernels all failed, and one with a request: forge approve --list
+    (and the approvals screen, through ``unrequested``) names a reason for each card not offered."""
+    from forge_tui.cli import main
+    from forge_tui.promotion import requests, unrequested
+
+    cards = [synthetic_card(c, share=0.2, time_us=100.0, floor_us=10.0) for c in ("busy", "slow", "broken", "fast")]
+    ws = make_workspace(tmp_path / "ws", cards)
+    pool = FakePool(speedup=lambda card, src: {"slow": 0.8, "fast": 1.3}.get(card.id, 1.1),
+                    status=lambda card, src: {"busy": "noisy", "broken": "build_failed"}.get(card.id, "passed"))
+    run_search(ws, cfg(max_evals=8, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    pool.close()
+    assert [r.card.id for r in requests(ws)] == ["fast"]
+    why = dict(unrequested(ws))
+    assert set(why) == {"busy", "slow", "broken"}, why
+    assert "too busy to trust its timing" in why["busy"] and "(and 1 more)" in why["busy"]
+    assert "ran 0.80x eager" in why["slow"] and "nothing faster than eager" in why["slow"]
+    assert why["broken"] == "none of its 2 kernels passed (build_failed 2)"
+    assert main(["approve", str(ws.root), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("fast: ") and "not offered busy: " in out and "not offered slow: " in out
+    # a rejection offers the card's next kernel; once both are rejected, the card says so
+    assert main(["reject", str(ws.root), "fast"]) == 0
+    assert "fast" not in dict(unrequested(ws)) and [r.node for r in requests(ws)] == ["n0002"]
+    assert main(["reject", str(ws.root), "fast"]) == 0
+    assert dict(unrequested(ws))["fast"] == "every kernel offered was rejected (2)"

@@ -535,3 +535,25 @@ def test_serve_answers_a_browser(profiled, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_an_empty_approvals_queue_says_why_cards_are_not_offered():
+    """No request waiting: the evidence pane lists the searched cards that have none, and why
+    (``promotion.unrequested``), instead of an unexplained empty queue."""
+    from ui_fixtures import RMS, FixtureBackend, FixtureDescriber
+
+    backend = FixtureBackend()
+    backend.rejected.append(RMS)
+    backend.not_offered = [(RMS, "n0004 is correct, but the machine was too busy to trust its timing (calibration "
+                                 "ran 2.1x its best)")]
+
+    async def scenario():
+        app = ForgeApp(Path("fixture"), backend=backend, describer=FixtureDescriber(), live_refresh=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("4")
+            evidence = app.screen.query_one("#evidence-text")
+            await until(pilot, lambda: "too busy" in text_of(evidence), 30, "the reasons")
+            assert app.screen.query_one(RequestQueue).row_count == 0
+            assert f"{RMS}: n0004 is correct" in text_of(evidence)
+
+    asyncio.run(scenario())

@@ -129,6 +129,7 @@ class FixtureBackend(Backend):
         self.history = history
         self.approved: list[str] = []
         self.rejected: list[str] = []
+        self.not_offered: list[tuple[str, str]] = []
 
     def title(self) -> str:
         return "tiny_decoder on CPU x86_64 (fixture)"
@@ -160,6 +161,9 @@ class FixtureBackend(Backend):
         r = passed(RMS, 1.87)
         return [Request(self.card(RMS), "n0003", "n0001", "c0ffee", SOURCE, "cpu", r,
                         evidence_of("n0003", "c0ffee", "n0001", r, DIFF))]
+
+    def unrequested(self) -> list[tuple[str, str]]:
+        return list(self.not_offered)
 
     def approve(self, card: str) -> list[Entry]:
         self.approved.append(card)

@@ -68,10 +68,13 @@ class NodeDetailLoaded(Message):
 
 
 class RequestsLoaded(Message):
-    def __init__(self, requests: "list[Request]", promoted: "list[Entry]") -> None:
+    def __init__(self, requests: "list[Request]", promoted: "list[Entry]",
+                 not_offered: "list[tuple[str, str]] | None" = None) -> None:
         super().__init__()
         self.requests = requests
         self.promoted = promoted
+        self.not_offered = not_offered or []
+        """(card, why) for searched cards with no request (``promotion.unrequested``)."""
 
 
 class RuntimeStatusRead(Message):

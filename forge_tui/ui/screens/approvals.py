@@ -27,6 +27,8 @@ class ApprovalsScreen(ForgeScreen):
     def __init__(self) -> None:
         super().__init__()
         self.busy: str | None = None
+        self.not_offered: list[tuple[str, str]] = []
+        """Searched cards with no request, and why (shown while the queue is empty)."""
 
     def compose(self) -> ComposeResult:
         yield NavBar("approvals")
@@ -51,14 +53,19 @@ class ApprovalsScreen(ForgeScreen):
     @work(thread=True, exclusive=True, group="requests", exit_on_error=False, name="reading the promotion requests")
     def load(self) -> None:
         b = self.forge.backend
-        self.post_message(RequestsLoaded(b.requests(), b.promoted()))
+        self.post_message(RequestsLoaded(b.requests(), b.promoted(), b.unrequested()))
 
     def on_requests_loaded(self, message: RequestsLoaded) -> None:
         self.forge.note_requests(message.requests, message.promoted)
+        self.not_offered = message.not_offered
         self.query_one(RequestQueue).show(message.requests)
 
     def on_request_queue_request_highlighted(self, event: RequestQueue.RequestHighlighted) -> None:
-        self.query_one(EvidenceView).show(event.request)
+        note = ""
+        if event.request is None and self.not_offered:
+            note = "no promotion request waiting: a request is a card's best node faster than eager\n\n" + \
+                "\n".join(f"{card}: {why}" for card, why in self.not_offered)
+        self.query_one(EvidenceView).show(event.request, note)
 
     def action_decide(self, approve: bool) -> None:
         req = self.query_one(RequestQueue).current
