@@ -130,6 +130,22 @@ def cmd_search(args) -> int:
     return 0
 
 
+def cmd_retime(args) -> int:
+    from .session import Session
+
+    session = Session.open(args.workspace, args.config)
+    with session.search(proposer="templates", backend=args.backend, cards=args.cards) as search:
+        summary = search.retime()
+    for card, parent, node in search.retimed:
+        timed = f"{node.speedup:.3f}x eager" if node.status == "passed" and node.speedup else node.status
+        why = f" ({node.reason[:160]})" if node.status != "passed" and node.reason else ""
+        print(f"retimed {card} {parent}: {node.id} {timed}{why}")
+    if not search.retimed:
+        print("no kernel to time again: no correct kernel was timed while the machine was busy")
+    print(f"{summary.evaluations} evaluations, {summary.wall_s:.1f} s; {summary.stopped}")
+    return 0
+
+
 def cmd_replay(args) -> int:
     import json
 
@@ -398,6 +414,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-wall-s", type=float)
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.set_defaults(func=cmd_search)
+
+    sp = sub.add_parser("retime", help="time again the correct kernels a busy machine left untimed (noisy), "
+                        "each as a child of its node")
+    sp.add_argument("workspace", type=Path)
+    sp.add_argument("cards", nargs="*", metavar="CARD", help="only these cards (ids or prefixes)")
+    sp.add_argument("--backend", choices=["auto", "cuda", "cpu"], default=None)
+    sp.set_defaults(func=cmd_retime)
 
     sp = sub.add_parser("replay", help="rebuild a search from git history and print it in the order it grew")
     sp.add_argument("workspace", type=Path)

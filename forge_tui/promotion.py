@@ -227,7 +227,8 @@ def unrequested(ws: Workspace, cards: list[str] | None = None) -> list[tuple[str
             best = max(passed, key=lambda n: n.speedup) if passed else None
             slower = f"; its fastest timed kernel, {best.node}, ran {best.speedup:.2f}x eager" if best else ""
             out.append((card_id, f"{noisy[-1].node}{others} is correct, but the machine was too busy to trust its "
-                                 f"timing ({why}){slower}: a kernel is offered once it is timed faster than eager"))
+                                 f"timing ({why}){slower}: forge retime times it again, and a kernel is offered "
+                                 "once it is timed faster than eager"))
         elif passed:
             best = max(passed, key=lambda n: n.speedup)
             out.append((card_id, f"its fastest correct kernel, {best.node}, ran {best.speedup:.2f}x eager: "

@@ -402,3 +402,56 @@ def test_an_empty_approvals_queue_says_why_for_each_searched_card(tmp_path, caps
     assert "fast" not in dict(unrequested(ws)) and [r.node for r in requests(ws)] == ["n0002"]
     assert main(["reject", str(ws.root), "fast"]) == 0
     assert dict(unrequested(ws))["fast"] == "every kernel offered was rejected (2)"
+
+
+def test_retime_times_the_noisy_kernels_again_as_their_children(tmp_path, capsys):
+    """Kernels timed on a busy machine are evaluated again, each as a child of its node with its
+    own source; once one passes faster than eager it is offered; a noisy node whose retimed child
+    passed is not timed again; the retimes are in the recorded history."""
+    from forge_tui.promotion import requests, unrequested
+
+    busy, fast = (synthetic_card(c, share=0.3, time_us=100.0, floor_us=10.0) for c in ("busy", "fast"))
+    ws = make_workspace(tmp_path / "ws", [busy, fast])
+    pool = FakePool(speedup=lambda card, src: 1.3, status=lambda card, src: "noisy" if card.id == "busy" else "passed")
+    run_search(ws, cfg(max_evals=4, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    pool.close()
+    assert "busy" in dict(unrequested(ws)) and "forge retime" in dict(unrequested(ws))["busy"]
+    # the machine is quiet now: the first noisy kernel passes at 1.5x, the second at 0.9x
+    speeds = iter([1.5, 0.9])  # retimed in the order the kernels were recorded
+    quiet = FakePool(speedup=lambda card, src: next(speeds))
+    search = Search(ws, cfg(), CountingProposer(), quiet)
+    summary = search.retime()
+    noisy = [n for n in search.trees["busy"].nodes.values() if n.status == "noisy"]
+    assert summary.evaluations == 2 and [(c, p) for c, p, _ in search.retimed] == [("busy", "n0001"), ("busy", "n0002")]
+    kids = {p: n for _, p, n in search.retimed}
+    assert all(n.parent == p and n.move == f"retime {p}" and n.status == "passed" for p, n in kids.items())
+    assert [src for _, src in quiet.calls] == [search.sources[("busy", p)] for p in ("n0001", "n0002")]
+    assert {n.id for n in noisy} == {"n0001", "n0002"}
+    assert kids["n0001"].speedup == 1.5 and kids["n0002"].speedup == 0.9
+    assert [(r.card.id, r.node) for r in requests(ws) if r.card.id == "busy"] == [("busy", kids["n0001"].id)]
+    assert "busy" not in dict(unrequested(ws))
+    # done: a second retime has nothing left to time
+    again = Search(ws, cfg(), CountingProposer(), quiet).retime()
+    assert again.evaluations == 0 and len(quiet.calls) == 2
+    quiet.close()
+    added = [e for e in load_events(ws) if e.kind == "node_added" and e.data.get("move", "").startswith("retime ")]
+    assert sorted(e.data["parent"] for e in added) == ["n0001", "n0002"]
+
+
+def test_forge_retime_evaluates_the_noisy_kernels_on_the_real_pool(tmp_path, capsys):
+    """The command on the CPU evaluator: each noisy kernel (here a source the static checks refuse) is
+    evaluated again and its child's verdict printed; with nothing noisy left, it says so."""
+    from forge_tui.cli import main
+
+    busy = synthetic_card("busy", share=0.3, time_us=100.0, floor_us=10.0)
+    ws = make_workspace(tmp_path / "ws", [busy])
+    pool = FakePool(status=lambda card, src: "noisy")
+    run_search(ws, cfg(max_evals=1, evals_per_card=1, parallel=1), CountingProposer(), pool)
+    pool.close()
+    assert main(["retime", str(ws.root), "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "retimed busy n0001: n0002 rejected (static check" in out, out
+    assert main(["retime", str(ws.root), "busy", "--backend", "cpu"]) == 0  # n0001 stays noisy: timed again
+    assert "retimed busy n0001: n0003 rejected" in capsys.readouterr().out
+    assert main(["retime", str(ws.root), "other", "--backend", "cpu"]) == 0
+    assert "no kernel to time again" in capsys.readouterr().out

@@ -94,6 +94,8 @@ class Search:
         self._main_commit = ""
         self._conversations: set[str] = set()
         """Agent conversations already recorded (on a node or in the log)."""
+        self.retimed: list[tuple[str, str, Node]] = []
+        """(card, noisy node, its new child) for each kernel ``retime`` timed again."""
 
     # ---- events --------------------------------------------------------------------------------
     def _publish(self, events: list[SearchEvent]) -> None:
@@ -498,6 +500,57 @@ class Search:
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
                              finished={c: b.finished for c, b in self.budgets.items() if b.finished},
                              damaged=list(self.damaged), git_failure=self.git_failure)
+
+    RETIME = "retime "
+    """A retimed node's move: ``retime <the node it times again>``."""
+
+    def retime(self) -> SearchSummary:
+        """Each card's correct kernels that were timed while the machine was busy ("noisy": no
+        speedup claimed, never offered for promotion), evaluated again, each as a child of its
+        node with the same source (move ``retime <node>``). A noisy node with a retimed child that
+        passed is not timed again. Recorded like any search, so replay shows it."""
+        t_start = time.monotonic()
+        stopped = "every noisy kernel timed again"
+        with self.ws.git() as repo:
+            self.store = SearchStore(repo)
+            self._main_commit = repo.head("main")
+            self._load(resume=True)
+            # every searched card the filter names, whatever the proposer or the budget would say
+            cards = {c.id: c for c in self.ws.cards()
+                     if not self.card_filter or any(id_matches(c.id, p) for p in self.card_filter)}
+            todo = []
+            for cid in sorted(set(cards) & set(self.trees)):
+                tree = self.trees[cid]
+                done = {n.move[len(self.RETIME):] for n in tree.nodes.values()
+                        if n.move.startswith(self.RETIME) and n.status == "passed"}
+                todo += [(cards[cid], n) for n in sorted(tree.nodes.values(), key=lambda n: n.seq)
+                         if n.status == "noisy" and n.id not in done and (cid, n.id) not in self._unreadable]
+            self._log("search_started", resumed=True, cards=sorted({c.id for c, _ in todo}), backend=self.backend,
+                      proposer="retime", skipped=self.skipped, config=self.scfg.model_dump(), retime=len(todo))
+            for card, node in todo:
+                if self._stop_requested:
+                    stopped = self._stop_requested
+                    break
+                source = self._source(card.id, node)
+                if source is None:
+                    continue
+                try:
+                    result = self.pool.submit(card, source).result()
+                except Exception as exc:  # noqa: BLE001 - the harness failed; recorded against the node
+                    result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
+                                        card=card.id, backend=self.backend)
+                before = set(self.trees[card.id].nodes)
+                self._record_result(card, node, Proposal(source=source, move=self.RETIME + node.id,
+                                                         proposer="retime"), result)
+                new = next(iter(set(self.trees[card.id].nodes) - before), None)
+                if new is not None:
+                    self.retimed.append((card.id, node.id, self.trees[card.id].nodes[new]))
+            self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
+        best = {cid: {"node": n.id, "speedup": n.speedup, "move": n.move}
+                for cid, tree in self.trees.items() if (n := tree.best()) is not None}
+        return SearchSummary(evaluations=len(todo), stopped=stopped, best=best, skipped=dict(self.skipped),
+                             wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
+                             damaged=list(self.damaged))
 
     def _loop(self, t_start: float) -> str:
         in_flight: dict[Future, tuple[Card, Node]] = {}
