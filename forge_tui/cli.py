@@ -136,12 +136,8 @@ def cmd_retime(args) -> int:
     session = Session.open(args.workspace, args.config)
     with session.search(proposer="templates", backend=args.backend, cards=args.cards) as search:
         summary = search.retime()
-    for card, parent, node in search.retimed:
-        timed = f"{node.speedup:.3f}x eager" if node.status == "passed" and node.speedup else node.status
-        why = f" ({node.reason[:160]})" if node.status != "passed" and node.reason else ""
-        print(f"retimed {card} {parent}: {node.id} {timed}{why}")
-    if not search.retimed:
-        print("no kernel to time again: no correct kernel was timed while the machine was busy")
+    for line in search.retime_lines():
+        print(line)
     print(f"{summary.evaluations} evaluations, {summary.wall_s:.1f} s; {summary.stopped}")
     return 0
 

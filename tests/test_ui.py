@@ -554,6 +554,12 @@ def test_an_empty_approvals_queue_says_why_cards_are_not_offered():
             evidence = app.screen.query_one("#evidence-text")
             await until(pilot, lambda: "too busy" in text_of(evidence), 30, "the reasons")
             assert app.screen.query_one(RequestQueue).row_count == 0
-            assert f"{RMS}: n0004 is correct" in text_of(evidence)
+            assert f"{RMS}: n0004 is correct" in text_of(evidence) and "t times the untimed kernels again" in \
+                text_of(evidence)
+            # t: forge retime in a worker; its lines reach the log and the screen reads the queue again
+            await pilot.press("t")
+            await until(pilot, lambda: app.screen.busy is None and backend.retimed == [RMS], 30, "the retime")
+            assert f"retimed {RMS}: n0009 1.500x eager" in app.log_lines
+            await until(pilot, lambda: "too busy" not in text_of(evidence), 30, "the queue read again")
 
     asyncio.run(scenario())

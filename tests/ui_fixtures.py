@@ -130,6 +130,7 @@ class FixtureBackend(Backend):
         self.approved: list[str] = []
         self.rejected: list[str] = []
         self.not_offered: list[tuple[str, str]] = []
+        self.retimed: list[str] = []
 
     def title(self) -> str:
         return "tiny_decoder on CPU x86_64 (fixture)"
@@ -164,6 +165,13 @@ class FixtureBackend(Backend):
 
     def unrequested(self) -> list[tuple[str, str]]:
         return list(self.not_offered)
+
+    def retime(self, config: Path | None = None) -> list[str]:
+        """The machine is quiet now: every untimed kernel passes (and its card leaves the list)."""
+        lines = [f"retimed {card}: n0009 1.500x eager" for card, _ in self.not_offered]
+        self.retimed.extend(card for card, _ in self.not_offered)
+        self.not_offered = []
+        return lines
 
     def approve(self, card: str) -> list[Entry]:
         self.approved.append(card)

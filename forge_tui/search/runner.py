@@ -552,6 +552,15 @@ class Search:
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
                              damaged=list(self.damaged))
 
+    def retime_lines(self) -> list[str]:
+        """What ``retime`` did, a line a kernel timed again (or why nothing was)."""
+        out = []
+        for card, parent, node in self.retimed:
+            timed = f"{node.speedup:.3f}x eager" if node.status == "passed" and node.speedup else node.status
+            why = f" ({node.reason[:160]})" if node.status != "passed" and node.reason else ""
+            out.append(f"retimed {card} {parent}: {node.id} {timed}{why}")
+        return out or ["no kernel to time again: no correct kernel was timed while the machine was busy"]
+
     def _loop(self, t_start: float) -> str:
         in_flight: dict[Future, tuple[Card, Node]] = {}
         per_card: dict[str, int] = {}

@@ -148,6 +148,15 @@ class Backend:
             # over) and starts fresh where nothing is
             yield search, True, session.notes[-1]
 
+    def retime(self, config: Path | None = None) -> list[str]:
+        """``forge retime``: the kernels a busy machine left untimed, evaluated again; a line each."""
+        from ..session import Session
+
+        session = Session.open(self.root, config)
+        with session.search(proposer="templates", backend=session.profiled_backend()) as search:
+            search.retime()
+        return search.retime_lines()
+
     def profile(self, workload: str, *, device: str | None, dtype: str | None, config: Path | None,
                 progress: Callable[[str], None]) -> None:
         from ..session import Session

@@ -1,5 +1,7 @@
 """Approvals: the queue of promotion requests with their evidence; y approves (the kernel is built
-for this machine and committed to the workspace's main), n rejects (recorded, not asked again)."""
+for this machine and committed to the workspace's main), n rejects (recorded, not asked again),
+t times again the kernels a busy machine left untimed (``forge retime``). With no request waiting,
+each searched card says why it has none."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class ApprovalsScreen(ForgeScreen):
         Binding("y", "decide(True)", "Approve"),
         Binding("n", "decide(False)", "Reject"),
         Binding("r", "reload", "Refresh"),
+        Binding("t", "retime", "Time again"),
     ]
 
     def __init__(self) -> None:
@@ -64,7 +67,8 @@ class ApprovalsScreen(ForgeScreen):
         note = ""
         if event.request is None and self.not_offered:
             note = "no promotion request waiting: a request is a card's best node faster than eager\n\n" + \
-                "\n".join(f"{card}: {why}" for card, why in self.not_offered)
+                "\n".join(f"{card}: {why}" for card, why in self.not_offered) + \
+                ("\n\nt times the untimed kernels again" if any("too busy" in w for _, w in self.not_offered) else "")
         self.query_one(EvidenceView).show(event.request, note)
 
     def action_decide(self, approve: bool) -> None:
@@ -90,6 +94,22 @@ class ApprovalsScreen(ForgeScreen):
                 self.forge.backend.reject(card)
                 line = f"rejected {card}"
             self.app.call_from_thread(self.forge.note, line)
+        finally:
+            self.app.call_from_thread(self._decided)
+
+    def action_retime(self) -> None:
+        if self.busy is not None:
+            self.notify(f"still {self.busy}", severity="warning")
+            return
+        self.busy = "timing again the kernels a busy machine left untimed"
+        self.query_one(EvidenceView).show(None, f"{self.busy} (forge retime) ...")
+        self.retime()
+
+    @work(thread=True, exclusive=True, group="decide", exit_on_error=False, name="timing kernels again")
+    def retime(self) -> None:
+        try:
+            for line in self.forge.backend.retime(self.forge.config_path):
+                self.app.call_from_thread(self.forge.note, line)
         finally:
             self.app.call_from_thread(self._decided)
 
