@@ -234,8 +234,8 @@ def cmd_approve(args) -> int:
 
     ws = Workspace.open(args.workspace)
 
-    def not_offered() -> None:
-        for card, why in unrequested(ws, args.cards or None):
+    def not_offered(pending: list | None = None) -> None:
+        for card, why in unrequested(ws, args.cards or None, pending=pending):
             print(f"not offered {card}: {why}")
 
     if args.list:
@@ -244,7 +244,7 @@ def cmd_approve(args) -> int:
             print(r.line())
         if not pending:
             print("no pending promotion request")
-        not_offered()
+        not_offered(pending)
         return 0
     auto = AutoRule(args.min_speedup, args.max_spread) if args.auto else None
     done, left = approve(ws, args.cards or None, auto=auto)
@@ -255,7 +255,7 @@ def cmd_approve(args) -> int:
         print(f"left {r.card.id}: {why}")
     if not done and not left:
         print("no pending promotion request")
-        not_offered()
+        not_offered([])
     return 0
 
 

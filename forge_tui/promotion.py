@@ -193,16 +193,17 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
     return out
 
 
-def unrequested(ws: Workspace, cards: list[str] | None = None) -> list[tuple[str, str]]:
+def unrequested(ws: Workspace, cards: list[str] | None = None, *,
+                pending: list[Request] | None = None) -> list[tuple[str, str]]:
     """(card, why) for each searched card that has no promotion request and no promoted kernel:
     what its kernels came to, so that an empty approvals queue is never unexplained. A correct
     kernel timed while the machine was busy ("noisy") claims no speedup and is not offered; nor is
-    one that ran no faster than eager."""
+    one that ran no faster than eager. ``pending``: the requests, where the caller has read them."""
     from .search.store import SearchStore
     from .search.tree import ROOT
 
     man = manifest(ws)
-    pending = {r.card.id for r in requests(ws, cards)}
+    offered = {r.card.id for r in (requests(ws, cards) if pending is None else pending)}
     by_card: dict[str, list[Any]] = {}
     with ws.git() as repo:
         for rec in SearchStore(repo).load().nodes:
@@ -211,7 +212,7 @@ def unrequested(ws: Workspace, cards: list[str] | None = None) -> list[tuple[str
             by_card.setdefault(rec.card, []).append(rec)
     out = []
     for card_id, nodes in sorted(by_card.items()):
-        if card_id in pending or card_id in man.entries:
+        if card_id in offered or card_id in man.entries:
             continue
         refused = man.rejected_nodes(card_id)
         left = [n for n in nodes if n.node not in refused]

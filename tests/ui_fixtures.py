@@ -163,7 +163,7 @@ class FixtureBackend(Backend):
         return [Request(self.card(RMS), "n0003", "n0001", "c0ffee", SOURCE, "cpu", r,
                         evidence_of("n0003", "c0ffee", "n0001", r, DIFF))]
 
-    def unrequested(self) -> list[tuple[str, str]]:
+    def unrequested(self, pending: list[Request] | None = None) -> list[tuple[str, str]]:
         return list(self.not_offered)
 
     def retime(self, config: Path | None = None) -> list[str]:

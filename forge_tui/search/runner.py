@@ -341,17 +341,17 @@ class Search:
         taken.add(f"n{i:04d}")
         return f"n{i:04d}"
 
-    def _record_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> None:
-        for attempt in range(20):
+    def _record_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> str:
+        """The new node's id."""
+        for _ in range(19):
             try:
                 return self._write_result(card, parent, proposal, result)
             except RefConflict as exc:  # a name load() could not see (a lock file left by kill -9): take another
-                if attempt == 19:
-                    raise
                 self._damage(Damage(short_ref(exc.ref), f"{exc}; the new node takes the next id", card=card.id,
                                     skipped=False))
+        return self._write_result(card, parent, proposal, result)  # the twentieth: a conflict now is raised
 
-    def _write_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> None:
+    def _write_result(self, card: Card, parent: Node, proposal: Proposal, result: EvalResult) -> str:
         node_id = self._new_id(card.id)
         speedup = result.speedup_vs_eager if result.passed else None
         conversation = str(proposal.meta.get("conversation") or "")
@@ -373,6 +373,7 @@ class Search:
         if conversation:
             self._conversations.add(conversation)
             self._forget_conversation(conversation)
+        return node_id
 
     # ---- the agent's conversations ----------------------------------------------------------------
     def _forget_conversation(self, conversation: str) -> None:
@@ -539,12 +540,9 @@ class Search:
                 except Exception as exc:  # noqa: BLE001 - the harness failed; recorded against the node
                     result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
                                         card=card.id, backend=self.backend)
-                before = set(self.trees[card.id].nodes)
-                self._record_result(card, node, Proposal(source=source, move=self.RETIME + node.id,
-                                                         proposer="retime"), result)
-                new = next(iter(set(self.trees[card.id].nodes) - before), None)
-                if new is not None:
-                    self.retimed.append((card.id, node.id, self.trees[card.id].nodes[new]))
+                new = self._record_result(card, node, Proposal(source=source, move=self.RETIME + node.id,
+                                                               proposer="retime"), result)
+                self.retimed.append((card.id, node.id, self.trees[card.id].nodes[new]))
             self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
         best = {cid: {"node": n.id, "speedup": n.speedup, "move": n.move}
                 for cid, tree in self.trees.items() if (n := tree.best()) is not None}

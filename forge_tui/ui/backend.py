@@ -175,11 +175,12 @@ class Backend:
                or r.speedup > (promoted[r.card.id].evidence.speedup_vs_eager or 0.0)]
         return sorted(out, key=lambda r: -r.speedup)
 
-    def unrequested(self) -> list[tuple[str, str]]:
-        """(card, why) for each searched card with no request and no promoted kernel."""
+    def unrequested(self, pending: list["Request"] | None = None) -> list[tuple[str, str]]:
+        """(card, why) for each searched card with no request and no promoted kernel
+        (``pending``: the requests, where the caller has read them)."""
         from ..promotion import unrequested
 
-        return unrequested(self._ws())
+        return unrequested(self._ws(), pending=pending)
 
     def approve(self, card: str) -> list["Entry"]:
         from ..errors import ForgeError

@@ -56,7 +56,8 @@ class ApprovalsScreen(ForgeScreen):
     @work(thread=True, exclusive=True, group="requests", exit_on_error=False, name="reading the promotion requests")
     def load(self) -> None:
         b = self.forge.backend
-        self.post_message(RequestsLoaded(b.requests(), b.promoted(), b.unrequested()))
+        reqs = b.requests()
+        self.post_message(RequestsLoaded(reqs, b.promoted(), b.unrequested(reqs)))
 
     def on_requests_loaded(self, message: RequestsLoaded) -> None:
         self.forge.note_requests(message.requests, message.promoted)
@@ -68,7 +69,7 @@ class ApprovalsScreen(ForgeScreen):
         if event.request is None and self.not_offered:
             note = "no promotion request waiting: a request is a card's best node faster than eager\n\n" + \
                 "\n".join(f"{card}: {why}" for card, why in self.not_offered) + \
-                ("\n\nt times the untimed kernels again" if any("too busy" in w for _, w in self.not_offered) else "")
+                "\n\nt times the untimed kernels again (those a busy machine timed as noisy)"
         self.query_one(EvidenceView).show(event.request, note)
 
     def action_decide(self, approve: bool) -> None:
