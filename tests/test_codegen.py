@@ -683,6 +683,12 @@ def test_one_launch_for_outputs_of_different_sizes_gives_each_size_its_whole_gri
     k = GEN._k(m)
     assert [(d.rows, d.cols) for d in k.domains] == [(2 * 4 * 8, 16), (2 * 2 * 8, 16)]
     assert GEN.axes(m, "cuda")["launch"] == ["each", "one"]
+    # the search's first move from the initial kernel: one launch (the 2026-12-03 H200 run's ten
+    # evaluations of this card never reached it, the axis being the proposer's last)
+    from forge_tui.templates.proposer import TemplateProposer
+
+    first = GEN.initial(m, "cuda")
+    assert TemplateProposer().neighbours(GEN, m, first, "cuda")[0] == {**first, "launch": "one"}
     for threads in (128, 256):
         p = {**GEN.initial(m, "cuda"), "threads": threads, "launch": "one"}
         assert GEN.valid(m, p, "cuda") and not GEN.valid(m, {**p, "grid": "waves4"}, "cuda")

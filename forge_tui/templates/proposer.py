@@ -14,7 +14,7 @@ from .base import Family, Match, describe, parse_header
 from .device import DeviceProps, detect_device
 from .registry import match
 
-AXIS_ORDER = ("mode", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
+AXIS_ORDER = ("mode", "launch", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
               "grid", "unroll", "per_thread", "simd")
 
 
