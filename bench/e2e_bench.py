@@ -259,9 +259,31 @@ def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> 
                 # layer norm's), and the others (mean, rstd) are not allocated per call
                 res["cards"][cid]["served_first_us"] = host_us_per_call(
                     lambda g=guard, x=ins: g.serve(x, keep=0), dev, n)
+            leaf = next((p for p in card.module_paths or [] if p in applied.leaves), None)
+            if leaf is not None:
+                res["cards"][cid].update(leaf_call_us(model.get_submodule(leaf), applied.leaves[leaf], ins[0], dev, n))
     finally:
         applied.undo()
     return res
+
+
+def leaf_call_us(mod: Any, leaf: Any, x: Any, dev: str, n: int) -> dict[str, Any]:
+    """A leaf module that serves the card (nn.GroupNorm, nn.LayerNorm) called as the model calls
+    it, with the card's captured input: its host µs a call once its site is learned and its guard
+    settled (the fast path, ``_LeafSites._fast``), and eager's own call of the module."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(60):  # learned, the dispatch timed, the fast path built
+            mod(x)
+        served = host_us_per_call(lambda: mod(x), dev, n)
+        fast = leaf.fast is not None
+        replaced = mod.__dict__.pop("forward")
+        try:
+            eager = host_us_per_call(lambda: mod(x), dev, n)
+        finally:
+            mod.forward = replaced
+    return {"leaf_served_us": served, "leaf_eager_us": eager, "leaf_fast": fast}
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
@@ -486,6 +508,9 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         for cid, v in pc["cards"].items():
             if "served_us" in v:
                 first = f"; {v['served_first_us']:.1f} with its first output alone" if "served_first_us" in v else ""
+                if "leaf_served_us" in v:
+                    first += (f"; its leaf module's call {v['leaf_served_us']:.1f} served"
+                              f"{'' if v['leaf_fast'] else ' (no fast path)'}, {v['leaf_eager_us']:.1f} eager")
                 rec.log(f"  {cid}: served {v['served_us']:.1f} µs a call on the host (guard {v['guard_us'] or 0:.1f}{first}), "
                         f"eager {v['eager_card_us']:.1f} µs for its {v['eager_ops']} ops; one eager op "
                         f"{pc['eager_op_launch_us']:.1f} µs")
@@ -671,7 +696,10 @@ def print_tables(report: dict[str, Any]) -> None:
             if "served_us" in v:
                 print(f"  {name:15s} {cid:42s} {v['served_us']:8.1f} | {v['guard_us'] or 0:6.1f} | "
                       f"{v['eager_card_us']:8.1f} ({v['eager_ops']} ops) | {pc['eager_op_launch_us']:6.1f}"
-                      + (f"   first output alone: {v['served_first_us']:.1f}" if "served_first_us" in v else ""))
+                      + (f"   first output alone: {v['served_first_us']:.1f}" if "served_first_us" in v else "")
+                      + (f"   leaf module call: {v['leaf_served_us']:.1f} served"
+                         f"{'' if v['leaf_fast'] else ' (no fast path)'} | {v['leaf_eager_us']:.1f} eager"
+                         if "leaf_served_us" in v else ""))
             else:
                 print(f"  {name:15s} {cid:42s} {v.get('note')}")
         for cid, why in ((w.get("bench_first") or {}).get("switched_off") or {}).items():

@@ -216,3 +216,33 @@ def test_the_fp32_judgement_never_excuses_wrong_indices_or_an_overflowed_baselin
     eager[0] = float("inf")
     agree, acc = _judge_outputs({"eager+forge": torch.full((1000,), float("nan"))}, eager, lambda: truth)
     assert agree["eager+forge"] is not None, acc
+
+
+def test_the_per_call_table_times_a_leaf_module_as_the_model_calls_it(tmp_path):
+    """A card served in a leaf module (nn.LayerNorm's op card): the per-call table also times the
+    module's own call, served (through its fast path, once settled) and eager, on the card's
+    captured input."""
+    import importlib.util
+
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.config import parse_config
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.workspace import profile_into_workspace
+
+    spec = importlib.util.spec_from_file_location("e2e_bench_leaf", ROOT / "bench" / "e2e_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    timing = {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}
+    (tmp_path / "forge.toml").write_text("[timing]\n" + "".join(f"{k} = {v}\n" for k, v in timing.items()))
+    path = ROOT / "tests" / "data" / "workloads" / "layernorm.py"
+    ws, _ = profile_into_workspace(path, tmp_path / "ws", device="cpu", config_path=tmp_path / "forge.toml")
+    card = next(c for c in ws.cards() if c.target == "aten.native_layer_norm.default")
+    src = (ROOT / "tests" / "candidates" / "cpu" / "layernorm_twopass.cpp").read_text()
+    with Evaluator(ws.store, ws.cache, parse_config({"timing": timing}), backend="cpu") as ev:
+        r = ev.evaluate(card, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, card.id, src, r, by="test")
+    pc = bench.measure_per_call(str(path), ws, "cpu", [card.id], 50)
+    v = pc["cards"][card.id]
+    assert v["served_us"] > 0 and v["leaf_fast"] is True, v
+    assert v["leaf_served_us"] > 0 and v["leaf_eager_us"] > 0

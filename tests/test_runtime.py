@@ -1362,6 +1362,12 @@ def test_a_leaf_that_copies_its_input_before_its_served_op_is_learned(tmp_path, 
             dense = attn.transpose(1, 2).reshape(x.shape).contiguous() + x  # no copy in eager
             direct = model.norm(dense)
             assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 6
+            n = _settle(applied, lambda: model(x, attn))  # the fast path: the copy, the kept outputs
+            settled = [model(x, attn) for _ in range(3)]
+            assert len(seen) == 4 and applied.status()["cards"][0]["served"] == 6 + n + 3
+            assert len(kernel._dead) == 2
+    for o in settled:
+        torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-5)
     for o in outs:
         torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-5)
     assert not any(o is p for o in outs for p in kernel._dead.values())
@@ -1550,6 +1556,120 @@ def test_the_switch_off_trials_time_with_the_setup_frozen_too(monkeypatch):
                       model, model, [], ("with", "without"))
     assert frozen and min(frozen) > 0
     assert gc.get_freeze_count() == 0
+
+
+STRIDE_MISS, SHAPE_MISS = "input 1: strides (2,)", "input 0: shape (4, 256)"
+
+
+def _settle(applied, call, path="norm", calls=40):
+    """Run ``call()`` until the leaf at ``path`` serves through its fast path; the calls made."""
+    leaf = applied.leaves[path]
+    for n in range(1, calls + 1):
+        call()
+        if leaf.fast is not None:
+            return n
+    raise AssertionError(f"no fast path after {calls} calls")
+
+
+def test_a_settled_learned_site_serves_through_its_fast_path_with_every_check(layer_norm_ws, monkeypatch):
+    """Once its guard has timed its dispatch, a learned leaf's call takes the fast path
+    (``_LeafSites._fast``): it serves the call, and each check of the general path still holds
+    there, each one sending the call back to the general path, which judges it as before: a
+    changed attribute, a replaced parameter, a parameter changed in place to another dtype,
+    another shape, another layout, gradients, autocast, a __torch_function__ mode, vmap, forward
+    AD, and a kernel that fails."""
+    import torch.autograd.forward_ad as fwAD
+
+    ws, _ = layer_norm_ws
+    seen = _count_intercepted(monkeypatch)
+    model, x = _layer_norm_model()
+    norm = model.norm
+    F = torch.nn.functional
+
+    def eager(t, **kw):
+        return F.layer_norm(t, (256,), kw.get("w", norm.weight), norm.bias, kw.get("eps", norm.eps))
+
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        n = _settle(applied, lambda: model(x))
+        leaf, st = applied.leaves["norm"], lambda: applied.status()["cards"][0]
+        fast_calls = []
+        real_fast = leaf.fast
+
+        def counting(args, kwargs):
+            out = real_fast(args, kwargs)
+            fast_calls.append(out is not apply_mod._NOT_SERVED and out is not apply_mod._FELL_BACK)
+            return out
+
+        from forge_tui.runtime import apply as apply_mod
+
+        leaf.fast = counting
+        before = len(seen)
+        for _ in range(3):
+            torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
+        assert fast_calls == [True] * 3 and len(seen) == before and st()["served"] == n + 3
+
+        def back(call, reason=None, served=False):
+            """``call`` went the general way: the fast path declined, and counted ``reason``."""
+            del fast_calls[:]
+            fb = dict(st()["fallbacks"])
+            out = call()
+            assert fast_calls and not any(fast_calls), fast_calls
+            if reason is not None:
+                assert st()["fallbacks"].get(reason, 0) == fb.get(reason, 0) + 1, st()["fallbacks"]
+            return out
+
+        norm.eps = 1e-3
+        torch.testing.assert_close(back(lambda: model(x), "arguments differ"), eager(x, eps=1e-3))
+        norm.eps = 1e-5
+        w = norm.weight
+        norm.weight = torch.nn.Parameter(w * 2)  # another parameter: served (or not) by the general path
+        torch.testing.assert_close(back(lambda: model(x)), eager(x), rtol=1e-5, atol=1e-6)
+        norm.weight = w
+        keep = w.data
+        w.data = torch.stack([keep, keep], 1).reshape(-1)[::2]  # the same object and values, strided
+        torch.testing.assert_close(back(lambda: model(x), STRIDE_MISS), eager(x), rtol=1e-5, atol=1e-6)
+        w.data = keep
+        wide = torch.randn(4, 256)
+        torch.testing.assert_close(back(lambda: model(wide), SHAPE_MISS), eager(wide), rtol=1e-5, atol=1e-6)
+        odd = torch.randn(16, 512)[:, ::2]
+        torch.testing.assert_close(back(lambda: model(odd)), eager(odd), rtol=1e-5, atol=1e-6)
+        with torch.enable_grad():
+            y = x.clone().requires_grad_()
+            assert back(lambda: model(y)).grad_fn is not None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            back(lambda: model(x))
+        ref = eager(x)
+        with _PlusOne():
+            torch.testing.assert_close(back(lambda: model(x)), ref + 1, rtol=1e-5, atol=1e-6)
+        xs = torch.randn(4, 16, 256)
+        del fast_calls[:]
+        torch.testing.assert_close(torch.vmap(model)(xs), F.layer_norm(xs, (256,), norm.weight, norm.bias, 1e-5))
+        assert not any(fast_calls)
+        tangent = torch.randn_like(x)
+        with fwAD.dual_level():
+            assert fwAD.unpack_dual(back(lambda: model(fwAD.make_dual(x, tangent)))).tangent is not None
+        assert st()["active"] and real_fast(((x,)), {}) is not apply_mod._NOT_SERVED
+        del fast_calls[:]
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
+        assert fast_calls == [True]
+
+        kernel = applied.guards[next(iter(applied.guards))].kernel()
+        monkeypatch.setattr(kernel, "_launch", None)  # what bind specialised is not what fails: replace it
+        broken = torch.nn.LayerNorm(256)
+        broken.load_state_dict(norm.state_dict())
+
+        def failing(*a, **k):
+            raise KernelError("forge_launch returned 7")
+
+        leaf_fast = leaf._fast
+        leaf.fast, leaf._fast_tried = None, False
+        monkeypatch.setattr(CardKernel, "bind", lambda self, keep: failing)
+        model(x)  # the general path serves and builds the fast path again, on the failing launch
+        assert leaf.fast is not None and leaf_fast is not None
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
+        s = st()
+        assert not s["active"] and "kernel error: forge_launch returned 7" in s["disabled_reason"]
+        assert s["fallbacks"].get("kernel error") == 1
 
 
 def test_a_learned_site_checks_every_attribute_of_its_module():

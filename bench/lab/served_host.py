@@ -15,6 +15,10 @@ the learned leaf site and 7.8 µs for the module card (one run); since, 10.8-13.
 per-module times, docs/benchmarks.md, seventh session) a served leaf group norm then cost the host
 what eager's does, 28-34 µs a call.
 
+Fast path (2026-12-03, night): a learned leaf's settled call specialised to its site
+(``_LeafSites._fast``, ``CardKernel.bind``): the leaf's runtime cost 7.7-12.6 µs a call (three
+runs), against 13.9-20.8 µs the evening before and 14.5 µs in the same hour before the change.
+
 Third case (2026-12-03, late): a kernel with a workspace. Before `CardKernel._workspace` every
 served call allocated its workspace (a fresh buffer and an aligned view of it): 3.7-6.0 µs a call
 on this machine's CPU (three runs, the last column), now paid once per stream. The case's own

@@ -278,6 +278,17 @@ class Guard:
                                                 f"eager's own ({eager:.1f}), more than the {gain:.1f} µs it saves")
         return out
 
+    def kernel_failed(self, exc: BaseException) -> None:
+        """A served call's kernel failed: the card is switched off, the call falls back."""
+        self.board.disable(self.status, f"kernel error: {exc}")
+        self.board.fell_back(self.status, "kernel error")
+
+    def settled(self) -> bool:
+        """Whether a served call is no more than the checks and the launch: the guard's own cost
+        is measured, no shadow check is due, and the kernel is loaded (``_LeafSites.fast``)."""
+        return self._kernel is not None and self.shadow_every <= 0 and not self.timing() and \
+            not self.eager_pending and self.status.active
+
     def decide(self, with_us: float, without_us: float, calls: int) -> None:
         """The trial's verdict for this card."""
         _verdict([self], with_us, without_us, calls, "a call", "the kernel")
@@ -313,9 +324,8 @@ class Guard:
         try:
             t1 = time.perf_counter_ns() if timed else 0
             outs = k(tensors, timed, keep)
-        except (KernelError, RuntimeError, ValueError) as exc:
-            self.board.disable(status, f"kernel error: {exc}")
-            self.board.fell_back(status, "kernel error")
+        except KERNEL_ERRORS as exc:
+            self.kernel_failed(exc)
             return None
         if timed:
             self._account_dispatch((t1 - t0) + k.last_host_ns, time.perf_counter_ns() - t0)
@@ -336,6 +346,10 @@ class Guard:
                         return expected
         self.board.served(status)
         return outs
+
+
+KERNEL_ERRORS = (KernelError, RuntimeError, ValueError)
+"""What a served kernel's call may raise: the card is switched off and the call falls back."""
 
 
 # ---- module cards ------------------------------------------------------------------------------
@@ -766,6 +780,8 @@ class Applied:
         """The experts cards served (``experts.py``), by card."""
         self.merges: dict[str, MergeGuard] = {}
         """The merge cards served (``merge.py``), by card."""
+        self.leaves: dict[str, _LeafSites] = {}
+        """The leaf modules whose op card's call is learned (``_LeafSites``), by module path."""
         self._on_undo: list[Callable[[], None]] = []
         self.compile_guards: list[Guard] = []
         """torch_compile mode: the op and chain cards that ``backend()`` serves."""
@@ -985,6 +1001,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             owner = object()
             leaf = _LeafSites(module, device) if learns else None
             if leaf is not None:
+                applied.leaves[path] = leaf
                 for g in guards:
                     g.guard.warmup += _LeafSites.LEARN_CALLS
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, trial, owner, leaf,
@@ -1083,6 +1100,15 @@ def _gated(served: Callable[..., Any], original: Callable[..., Any], guards: lis
             return trial.run(lambda: served(*args, **kwargs), lambda: original(*args, **kwargs))
         return served(*args, **kwargs)
 
+    if len(guards) == 1 and trial is None:
+        status = guards[0].status
+
+        def forward_one(*args: Any, **kwargs: Any) -> Any:  # the same, for the common case
+            if not status.active:
+                return original(*args, **kwargs)
+            return served(*args, **kwargs)
+
+        return forward_one
     return forward
 
 
@@ -1155,6 +1181,13 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
         if leaf is not None:
+            fast = leaf.fast
+            if fast is not None:
+                out = fast(args, kwargs)
+                if out is _FELL_BACK:
+                    return original(*args, **kwargs)
+                if out is not _NOT_SERVED:
+                    return out
             out = leaf.serve(args, kwargs)
             if out is _FELL_BACK:
                 return original(*args, **kwargs)
@@ -1328,6 +1361,10 @@ class _LeafSites:
         self._same: list[Callable[[dict[str, Any]], bool]] = []
         """Per learned site, in ``sites``' order, its check of the module's attributes
         (``_attrs_check``), built when the site is learned."""
+        self.fast: Callable[[Any, Any], Any] | None = None
+        """The call of one learned site with its checks specialised to it, tried before ``serve``
+        (``_fast``); set once its guard is settled (``Guard.settled``)."""
+        self._fast_tried = False
 
     def learning(self) -> bool:
         return self._useless < self.GIVE_UP
@@ -1394,7 +1431,7 @@ class _LeafSites:
             return _NOT_SERVED
         tensors = None
         aliases = None
-        for (og, where, ret_at, n_args, _, site_aliases, copies), same in zip(self.sites, self._same):
+        for k, ((og, where, ret_at, n_args, _, site_aliases, copies), same) in enumerate(zip(self.sites, self._same)):
             if len(args) != n_args:
                 continue
             if tensors is None:
@@ -1419,8 +1456,97 @@ class _LeafSites:
                                keep=max(ret_at, 0))
             if outs is None:
                 return _FELL_BACK  # counted by serve (a kernel error): the caller runs PyTorch
+            if self.fast is None and not self._fast_tried and guard.settled():
+                self._fast_tried = True
+                self.fast = self._fast(k, tensors)
             return outs[0] if ret_at < 0 else outs[ret_at]
         return _NOT_SERVED
+
+    def _fast(self, k: int, tensors: list[Any]) -> Callable[[Any, Any], Any] | None:
+        """``serve`` for learned site ``k`` alone, its checks specialised to the site (the module's
+        parameters and buffers the same objects as in ``tensors``, the call's tensors plain and
+        gradients off), called with no shadow check or dispatch timing due (``Guard.settled``):
+        every check ``serve`` makes, in one function instead of six, without their loops over the
+        sites and the tensors (on the development machine's CPU a learned leaf's served call cost
+        the host 14 µs more than the bare launch, this 5; ``bench/lab/served_host.py``). Returns
+        _NOT_SERVED for the general path wherever a check fails (``serve`` then checks it again
+        and counts the reason), _FELL_BACK where the kernel failed. None for a site it does not
+        specialise (a call with more than one tensor, a shared parameter)."""
+        import operator
+
+        import torch
+
+        og, where, ret_at, n_args, _, site_aliases, copies = self.sites[k]
+        same = self._same[k]
+        guard = og.guard
+        kernel = guard.kernel()
+        m = self.module
+        owned = tensors[n_args:]
+        if kernel is None or n_args != 1 or site_aliases != tuple(range(len(tensors))):
+            return None
+        keep = max(ret_at, 0)
+
+        def general(inputs: list[Any]) -> Any:  # a kernel with a workspace
+            return kernel(inputs, False, keep)[keep]
+
+        bound = kernel.bind(keep) or general
+        pnames = tuple(n for n, p in m._parameters.items() if p is not None)
+        bnames = tuple(n for n, b in m._buffers.items() if b is not None)
+        n_p, n_b = len(m._parameters), len(m._buffers)
+        if n_p != len(pnames) or n_b != len(bnames):
+            return None  # a parameter or buffer slot set to None: the general path
+        get_owned: Callable[[Any], Any] = operator.itemgetter(*pnames, *bnames) if owned else dict
+        single = len(owned) == 1
+        expect = tuple(owned)
+        status, board, device = guard.status, guard.board, self.device
+        specs = guard._specs
+        on_cuda = device == "cuda"
+        plain = _PLAIN_TENSOR_TYPES or _plain_tensor_types()
+        autocast, tf_modes, transforms, fwd_ad = _CONTEXT_PROBES or _context_probes()
+        grad_on = torch.is_grad_enabled
+        take = operator.itemgetter(*where)
+        one_input = len(where) == 1
+        is_ = operator.is_
+
+        def fast(args: Any, kwargs: Any) -> Any:
+            if kwargs or len(args) != 1 or not status.active:
+                return _NOT_SERVED
+            x = args[0]
+            if type(x) not in plain or grad_on() or autocast(device) or tf_modes() or \
+                    transforms() is not None or fwd_ad._current_level >= 0:
+                return _NOT_SERVED
+            if owned:
+                ps, bs = m._parameters, m._buffers
+                if len(ps) != n_p or len(bs) != n_b:
+                    return _NOT_SERVED
+                try:
+                    got = get_owned(ps if n_b == 0 else {**ps, **bs})
+                except KeyError:
+                    return _NOT_SERVED
+                if single:
+                    if got is not expect[0] or x is got:
+                        return _NOT_SERVED
+                elif not all(map(is_, got, expect)) or any(map(is_, got, (x,) * len(got))):
+                    return _NOT_SERVED
+            if not same(m.__dict__):
+                return _NOT_SERVED
+            pool = (x, *expect)
+            if copies:
+                pool = (*pool, *(pool[i].contiguous() for i in copies))
+            inputs = [take(pool)] if one_input else list(take(pool))
+            for t, (dtype, shape, stride) in zip(inputs, specs):
+                if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \
+                        (t.stride() != stride and t.numel() > 1):
+                    return _NOT_SERVED
+            try:
+                out = bound(inputs)
+            except KERNEL_ERRORS as exc:
+                guard.kernel_failed(exc)
+                return _FELL_BACK
+            board.served(status)
+            return out
+
+        return fast
 
 
 def _copied(record: list[Any], tensors: list[Any]) -> tuple[int, ...] | None:

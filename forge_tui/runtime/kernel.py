@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..kernel_abi import DTYPE_CODES, ForgeScalar, ForgeTensor, Library, alloc_outputs, alloc_workspace, card_scalars, current_arch
 from .manifest import Build, Entry, sha256_file
@@ -178,6 +178,67 @@ class CardKernel:
         if rc != 0:
             raise KernelError(f"forge_launch returned {rc}")
         return outs
+
+    def bind(self, keep: int) -> "Callable[[list[torch.Tensor]], torch.Tensor] | None":
+        """``__call__`` for a caller that uses output ``keep`` alone, specialised (a leaf module's
+        learned site, ``apply._LeafSites._fast``): the launch called without ctypes' argument
+        conversion on pointers converted once, the descriptors' entries looked up once, the
+        outputs the caller drops taken per stream from ``_dead`` once. Returns that output. None
+        for a kernel with a workspace (``__call__`` serves it)."""
+        import ctypes
+
+        if self._launch is None:
+            return None
+        n_in, n_out, n_sc = self._n
+        address = ctypes.cast(self._launch, ctypes.c_void_p).value
+        raw_fn: Any = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
+                                       ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)(address or 0)
+        raw_fn.argtypes = None  # every argument below is already a ctypes value: no per-call conversion
+        ptr_in, ptr_out, ptr_sc = (ctypes.c_void_p(ctypes.addressof(a)) for a in (self._ins, self._outs, self._scs))
+        c_in, c_out, c_sc = ctypes.c_int32(n_in), ctypes.c_int32(n_out), ctypes.c_int32(n_sc)
+        in_descs = [self._ins[i] for i in range(n_in)]
+        kept = self._outs[keep]
+        like, make, args, dtype = self._empty[keep]
+        empty_like, empty_plain, shape = self._empty_like, self._empty_plain, self.out_specs[keep].shape
+        raw_stream, lock, dead_output, kept_dead = self._raw_stream, self._lock, self._dead_output, self._dead
+        streams: dict[int | None, tuple[Any, list[tuple[Any, int]]]] = {}
+        """Per stream: its handle as a ctypes value, and the dropped outputs' (descriptor, pointer)."""
+        dead_ks = [k for k in range(n_out) if k != keep]
+
+        def per_stream(device: Any, stream: int | None) -> tuple[Any, list[tuple[Any, int]]]:
+            dead = [(self._outs[k], dead_output(k, device, stream)) for k in dead_ks]
+            entry = (ctypes.c_void_p(stream), [(d, t.data_ptr()) for d, t in dead])
+            if all(kept_dead.get((k, device, stream)) is t for k, (_, t) in zip(dead_ks, dead)):
+                streams[stream] = entry  # kept in ``_dead`` (not a graph capture's): reused
+            return entry
+
+        def call(inputs: list["torch.Tensor"]) -> "torch.Tensor":
+            stream = None
+            if raw_stream is not None:
+                index = inputs[0].get_device()
+                stream = int(raw_stream(index)) if index >= 0 else self._stream(inputs)
+            if like >= 0:
+                out = empty_like(inputs[like])
+            else:
+                device = inputs[0].device if inputs else self.device
+                try:
+                    out = make(*args, dtype=dtype, device=device)
+                except RuntimeError:
+                    out = empty_plain(*shape, dtype=dtype, device=device)
+            with lock:
+                got = streams.get(stream)
+                c_stream, dead = got if got is not None else per_stream(inputs[0].device if inputs else self.device, stream)
+                for d, t in zip(in_descs, inputs):
+                    d.data = t.data_ptr()
+                kept.data = out.data_ptr()
+                for d, ptr in dead:
+                    d.data = ptr
+                rc = raw_fn(ptr_in, c_in, ptr_out, c_out, ptr_sc, c_sc, c_stream)
+            if rc != 0:
+                raise KernelError(f"forge_launch returned {rc}")
+            return out
+
+        return call
 
     def _stream(self, inputs: list["torch.Tensor"]) -> int | None:
         if self.device != "cuda":
