@@ -21,6 +21,14 @@ query and a launch 7.3, an attribute set on every call 1.9. What the forward's s
 beyond their time alone comes from elsewhere. Inside the diffusion's forward, eager's own calls
 also took far more than alone (`vae_norm_out`: 112 µs against 40): a launch queue kept full by a
 forward bound by the device would explain both (not measured).
+
+Second answer (2026-12-03 night, docs/runs/data/2026-12-03-e/call5-*): the cooperative launch of
+the generated tiles grid (264 blocks of 1024 threads, cudaLaunchAttributeCooperative) does not
+wait either: 9.7 µs behind 2 ms against 9.3 for a plain launch of the same grid. The stream's
+queue holds about 1020 launches: behind 20 ms of work, the 1021st plain launch in a row waited
+12.4 ms, every one before it 6.4 µs (median). A forward queues far fewer, so neither explains
+the served `vae_norm_out` costing the host 211 µs inside the forward against eager's 77
+(timeline of the same night, call 4).
 """
 
 from __future__ import annotations
@@ -70,11 +78,20 @@ int occupancy8(void* st) {
     cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, k_cluster, &cfg);
     if (e != cudaSuccess) return (int)e;
     return ex((cudaStream_t)st, 8, 0, k_cluster); }
+int coop264(void* st) {  /* the tiles grid's launch: every SM twice, cooperative (emit_cuda._tiles) */
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(264); cfg.blockDim = dim3(1024); cfg.stream = (cudaStream_t)st; cfg.attrs = attr; cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, k_plain, (float*)nullptr); }
+int plain264(void* st) { k_plain<<<264, 1024, 0, (cudaStream_t)st>>>(nullptr); return (int)cudaGetLastError(); }
 int setattr_only(void* st) {
     (void)st; return (int)cudaFuncSetAttribute(k_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024); }
 }
 """
-WAYS = ["plain", "smem_only", "setattr_smem", "setattr_only", "cluster8", "cluster16", "occupancy8"]
+WAYS = ["plain", "smem_only", "setattr_smem", "setattr_only", "cluster8", "cluster16", "occupancy8", "plain264",
+        "coop264"]
 
 
 def main() -> int:
@@ -114,6 +131,20 @@ def main() -> int:
             busy.append((time.perf_counter_ns() - a) / 1000)
             torch.cuda.synchronize()
         rows.append({"way": w, "rc": rc, "idle_us": statistics.median(idle), "behind_2ms_us": statistics.median(busy)})
+    # how many launches the stream queues before a launch waits: behind 20 ms of work, the host
+    # time of each of 4000 plain launches in a row (a forward bound by the device queues many)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles * 10)
+    depth = []
+    for _ in range(4000):
+        a = time.perf_counter_ns()
+        fns["plain"](stream)
+        depth.append((time.perf_counter_ns() - a) / 1000)
+    torch.cuda.synchronize()
+    slow = [i for i, us in enumerate(depth) if us > 100]
+    queue = {"first_launch_over_100us": slow[0] if slow else None, "launches_over_100us": len(slow),
+             "median_us_first_500": statistics.median(depth[:500]), "max_us": max(depth)}
+    print(f"behind 20 ms of work, 4000 plain launches in a row: {queue}")
     print(f"{'way':14s} {'rc':>3s} {'idle µs':>9s} {'behind 2 ms':>12s}")
     for r in rows:
         print(f"{r['way']:14s} {r['rc']:3d} {r['idle_us']:9.1f} {r['behind_2ms_us']:12.1f}")
@@ -121,7 +152,7 @@ def main() -> int:
     if out:
         Path(out, "launch_block_probe.json").write_text(json.dumps({"torch": torch.__version__,
                                                                     "gpu": torch.cuda.get_device_name(),
-                                                                    "rows": rows}, indent=1))
+                                                                    "rows": rows, "queue": queue}, indent=1))
     return 0
 
 
