@@ -366,6 +366,10 @@ def timeline(spec: str, ws: Any, device: str, forwards: int = 10, warmup: int = 
                                      "copy_ratio": paired_ratio(raw["eager"], raw["eager copy"]).to_json()}
         out["active"] = sorted(c for c, g in applied.guards.items() if g.status.active)
         out["disabled"] = {c: g.status.disabled_reason for c, g in applied.guards.items() if not g.status.active}
+        # what the forwards above did with each card: a card served fewer times than it is called
+        # a forward fell back (and says why), or was switched off by its dispatch rule
+        out["status"] = {c["card"]: {"served": c["served"], "fallbacks": dict(c["fallbacks"]),
+                                     "dispatch_us": c.get("dispatch_us")} for c in applied.status()["cards"]}
     finally:
         applied.undo()
     e, f = out["eager"]["kernels"], out["eager+forge"]["kernels"]
@@ -428,6 +432,10 @@ def describe(t: dict[str, Any]) -> list[str]:
                          f"[{c['q1']:.3f}, {c['q3']:.3f}]")
     if t.get("leaves"):
         lines += describe_leaves(t["leaves"])
+    for card, st in (t.get("status") or {}).items():
+        fb = ", ".join(f"{n} {why}" for why, n in st["fallbacks"].items()) or "none"
+        lines.append(f"  {card}: served {st['served']}, fell back: {fb}"
+                     + (f"; dispatch {st['dispatch_us']:.1f} µs" if st.get("dispatch_us") else ""))
     return lines
 
 

@@ -284,10 +284,10 @@ class Guard:
         self.board.fell_back(self.status, "kernel error")
 
     def settled(self) -> bool:
-        """Whether a served call is no more than the checks and the launch: the guard's own cost
-        is measured, no shadow check is due, and the kernel is loaded (``_LeafSites.fast``)."""
-        return self._kernel is not None and self.shadow_every <= 0 and not self.timing() and \
-            not self.eager_pending and self.status.active
+        """Whether a served call is no more than the checks and the launch (and, on its first
+        calls, the timing of its dispatch): the kernel is loaded and no shadow check is due
+        (``_LeafSites.fast``)."""
+        return self._kernel is not None and self.shadow_every <= 0 and not self.eager_pending and self.status.active
 
     def decide(self, with_us: float, without_us: float, calls: int) -> None:
         """The trial's verdict for this card."""
@@ -1486,8 +1486,12 @@ class _LeafSites:
             return None
         keep = max(ret_at, 0)
 
-        def general(inputs: list[Any]) -> Any:  # a kernel with a workspace
-            return kernel(inputs, False, keep)[keep]
+        def general(inputs: list[Any], t0: int = 0) -> Any:  # a kernel with a workspace
+            t1 = time.perf_counter_ns() if t0 else 0
+            out = kernel(inputs, bool(t0), keep)[keep]
+            if t0:
+                kernel.last_host_ns += t1 - t0
+            return out
 
         bound = kernel.bind(keep) or general
         pnames = tuple(n for n, p in m._parameters.items() if p is not None)
@@ -1508,9 +1512,12 @@ class _LeafSites:
         one_input = len(where) == 1
         is_ = operator.is_
 
+        timing, clock = guard.timing, time.perf_counter_ns
+
         def fast(args: Any, kwargs: Any) -> Any:
             if kwargs or len(args) != 1 or not status.active:
                 return _NOT_SERVED
+            t0 = clock() if timing() else 0
             x = args[0]
             if type(x) not in plain or grad_on() or autocast(device) or tf_modes() or \
                     transforms() is not None or fwd_ad._current_level >= 0:
@@ -1539,10 +1546,12 @@ class _LeafSites:
                         (t.stride() != stride and t.numel() > 1):
                     return _NOT_SERVED
             try:
-                out = bound(inputs)
+                out = bound(inputs, t0)
             except KERNEL_ERRORS as exc:
                 guard.kernel_failed(exc)
                 return _FELL_BACK
+            if t0:  # the guard's first calls: what this path costs, all but the launch, and in all
+                guard._account_dispatch(kernel.last_host_ns, clock() - t0)
             board.served(status)
             return out
 

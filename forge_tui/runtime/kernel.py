@@ -179,7 +179,7 @@ class CardKernel:
             raise KernelError(f"forge_launch returned {rc}")
         return outs
 
-    def bind(self, keep: int) -> "Callable[[list[torch.Tensor]], torch.Tensor] | None":
+    def bind(self, keep: int) -> "Callable[[list[torch.Tensor], int], torch.Tensor] | None":
         """``__call__`` for a caller that uses output ``keep`` alone, specialised (a leaf module's
         learned site, ``apply._LeafSites._fast``): the launch called without ctypes' argument
         conversion on pointers converted once, the descriptors' entries looked up once, the
@@ -212,7 +212,11 @@ class CardKernel:
                 streams[stream] = entry  # kept in ``_dead`` (not a graph capture's): reused
             return entry
 
-        def call(inputs: list["torch.Tensor"]) -> "torch.Tensor":
+        clock = time.perf_counter_ns
+
+        def call(inputs: list["torch.Tensor"], t0: int = 0) -> "torch.Tensor":
+            """``t0``: a perf_counter_ns the caller started from; the host time from it to the
+            launch is then kept in ``last_host_ns``."""
             stream = None
             if raw_stream is not None:
                 index = inputs[0].get_device()
@@ -233,6 +237,8 @@ class CardKernel:
                 kept.data = out.data_ptr()
                 for d, ptr in dead:
                     d.data = ptr
+                if t0:
+                    self.last_host_ns = clock() - t0
                 rc = raw_fn(ptr_in, c_in, ptr_out, c_out, ptr_sc, c_sc, c_stream)
             if rc != 0:
                 raise KernelError(f"forge_launch returned {rc}")
