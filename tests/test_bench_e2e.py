@@ -224,8 +224,8 @@ def test_the_per_call_table_times_a_leaf_module_as_the_model_calls_it(tmp_path):
     captured input."""
     import importlib.util
 
-    from forge_tui.evaluator import Evaluator
     from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
     from forge_tui.workspace import profile_into_workspace
 
