@@ -1491,6 +1491,33 @@ def test_a_learned_call_under_a_mode_or_transform_goes_through_pytorch(layer_nor
     torch.testing.assert_close(got_tangent, ref_tangent)
 
 
+def test_a_module_card_whose_module_changed_an_attribute_runs_the_original_forward(promoted):
+    """The kernel computes the module's forward as profiled: with an attribute changed since the
+    install (the RMSNorm's eps, training mode) the call runs the module's own forward, says why,
+    and agrees with eager; with the attribute back, the kernel serves again."""
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, ws, only_faster=False, cards=[norm.id]) as applied:
+        for _ in range(3):
+            model.norm(x)
+        st = lambda: applied.status()["cards"][0]  # noqa: E731
+        served = st()["served"]
+        model.norm.variance_epsilon = 10.0
+        changed = model.norm(x)
+        assert st()["fallbacks"] == {"the module's attributes changed since the install": 1}
+        model.norm.variance_epsilon = 1e-6
+        training = model.norm.training
+        model.norm.train(not training)
+        model.norm(x)
+        assert st()["fallbacks"] == {"the module's attributes changed since the install": 2}
+        model.norm.train(training)
+        model.norm(x)
+        assert st()["served"] == served + 1
+    model.norm.variance_epsilon = 10.0
+    torch.testing.assert_close(changed, model.norm(x))
+
+
 def test_a_module_card_under_a_mode_runs_the_original_forward(promoted):
     """The RMSNorm module card's kernel would skip what a __torch_function__ mode does to the
     forward's ops: under a mode the original forward runs, and the fallback says why."""

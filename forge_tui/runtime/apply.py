@@ -444,10 +444,22 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     import torch
     from torch import Tensor
 
+    attrs: list[Callable[[dict[str, Any]], bool]] = []
+    """The check that the module's attributes are still those of its first call after the install
+    (``_attrs_check``; made at that call, once forge's own forward is in the module's __dict__)."""
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not guard.status.active:  # switched off: the original at once, nothing checked
             guard.board.fell_back(guard.status, "disabled")
             return original(*args, **kwargs)
+        if op is None:  # under torch.compile, Dynamo guards the module's attributes itself
+            if not attrs:
+                attrs.append(_attrs_check(_module_attrs(module), module.__dict__))
+            if not attrs[0](module.__dict__):
+                # an attribute the kernel may have compiled in (an eps, a scale) or that changes
+                # what the forward computes (training): the forward as written
+                guard.board.fell_back(guard.status, "the module's attributes changed since the install")
+                return original(*args, **kwargs)
         if torch.is_grad_enabled() and (any(t.requires_grad for t in tensor_leaves((args, kwargs)))
                                         or any(p is not None and p.requires_grad for p in module._parameters.values())):
             guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
@@ -1283,6 +1295,18 @@ def _aliases(tensors: list[Any]) -> tuple[int, ...]:
     return tuple(next(i for i, u in enumerate(tensors) if u is t) for t in tensors)
 
 
+def _module_attrs(module: Any) -> tuple[tuple[str, Any, bool], ...]:
+    """A module's attributes as (name, value, False) for plain values (eps, num_groups, training)
+    and (name, id, True) for the rest (compared as the same objects, ``_attrs_check``)."""
+    out = []
+    for k, v in module.__dict__.items():
+        if type(v) in _PLAIN_ATTR or (type(v) is tuple and all(type(x) in _PLAIN_ATTR for x in v)):
+            out.append((k, v, False))
+        else:
+            out.append((k, id(v), True))
+    return tuple(out)
+
+
 def _attrs_check(attrs: tuple[tuple[str, Any, bool], ...], d: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
     """Whether a module's ``__dict__`` still holds ``attrs`` (``_LeafSites._attrs``, taken from
     ``d`` as it is now): the same names, the plain values equal, the others the same objects
@@ -1370,16 +1394,9 @@ class _LeafSites:
         return self._useless < self.GIVE_UP
 
     def _attrs(self) -> tuple[tuple[str, Any, bool], ...]:
-        """The module's attributes as (name, value, False) for plain values (eps, num_groups,
-        training) and (name, id, True) for the rest: a forward that rebinds an attribute on each call
-        (a counter, a cached output) never shows the same site twice, and is not learned."""
-        out = []
-        for k, v in self.module.__dict__.items():
-            if type(v) in _PLAIN_ATTR or (type(v) is tuple and all(type(x) in _PLAIN_ATTR for x in v)):
-                out.append((k, v, False))
-            else:
-                out.append((k, id(v), True))
-        return tuple(out)
+        """The module's attributes (``_module_attrs``): a forward that rebinds an attribute on each
+        call (a counter, a cached output) never shows the same site twice, and is not learned."""
+        return _module_attrs(self.module)
 
     def _tensors(self, args: Any) -> list[Any]:
         m = self.module
