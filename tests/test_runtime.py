@@ -499,6 +499,27 @@ def test_approval_from_a_search(tmp_path, capsys):
         reject(ws, [norm.id])  # nothing pending to reject
 
 
+def _slow_bound_calls(monkeypatch, which) -> None:
+    """The specialised calls (``CardKernel.bind``, the fast paths) of the kernels ``which``
+    accepts take 5 ms more, as ``__call__`` patched to sleep does for the general path."""
+    import time
+
+    real_bind = CardKernel.bind
+
+    def slow_bind(self, keep):
+        bound = real_bind(self, keep)
+        if bound is None or not which(self):
+            return bound
+
+        def call(inputs, t0=0):
+            time.sleep(0.005)
+            return bound(inputs, t0)
+
+        return call
+
+    monkeypatch.setattr(CardKernel, "bind", slow_bind)
+
+
 def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(promoted, monkeypatch, capsys, tmp_path):
     """forge bench on the CPU: eager and eager + forge (torch.compile skipped to keep the test
     short), outputs checked; a kernel made slow (5 ms a call) is switched off in the manifest."""
@@ -522,6 +543,8 @@ def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(
         return real(self, inputs, timed, keep)
 
     monkeypatch.setattr(CardKernel, "__call__", slow)
+    _slow_bound_calls(monkeypatch, lambda k: k.out_specs[0].shape == list(norm.outputs[0].shape) and
+                      len(k.out_specs) == 1 and len(k.out_specs) == len(norm.outputs))
     from forge_tui.e2e import bench
 
     r = bench(WORKLOAD, ws, device="cpu", repeats=5, with_compile=False, only_faster=False)
@@ -1516,6 +1539,58 @@ def test_a_module_card_whose_module_changed_an_attribute_runs_the_original_forwa
         assert st()["served"] == served + 1
     model.norm.variance_epsilon = 10.0
     torch.testing.assert_close(changed, model.norm(x))
+
+
+def test_a_settled_module_card_is_served_through_its_fast_path(promoted, monkeypatch):
+    """After its dispatch is timed the module card's calls take one specialised function
+    (``apply._specialised``, the leaf sites' too); a changed attribute, a replaced parameter,
+    gradients and another shape go the general way, which judges them as before, and every
+    output agrees with the module's own."""
+    from forge_tui.runtime import apply as apply_mod
+
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model().norm
+    served_fast: list[bool] = []
+    build = apply_mod._specialised
+
+    def counting(*a, **k):
+        f = build(*a, **k)
+
+        def call(args, kwargs):
+            out = f(args, kwargs)
+            served_fast.append(out is not apply_mod._NOT_SERVED and out is not apply_mod._FELL_BACK)
+            return out
+
+        return call
+
+    monkeypatch.setattr(apply_mod, "_specialised", counting)
+    with torch.no_grad(), apply(model, ws, only_faster=False, cards=[norm.id]) as applied:
+        st = lambda: applied.status()["cards"][0]  # noqa: E731
+        for _ in range(12):
+            torch.testing.assert_close(model.norm(x), ref(x))
+        assert served_fast and all(served_fast) and st()["served"] == 12 and st()["dispatch_us"] is not None
+        n = len(served_fast)
+        model.norm.variance_epsilon = 1e-2
+        ref.variance_epsilon = 1e-2
+        torch.testing.assert_close(model.norm(x), ref(x))
+        assert served_fast[n:] == [False] and st()["fallbacks"] == {"the module's attributes changed since the install": 1}
+        model.norm.variance_epsilon = ref.variance_epsilon = 1e-6
+        w = model.norm.weight
+        model.norm.weight = torch.nn.Parameter(w * 2)
+        ref.weight = torch.nn.Parameter(ref.weight * 2)
+        torch.testing.assert_close(model.norm(x), ref(x))  # the general path, the new weight
+        assert served_fast[n + 1:] == [False] and st()["served"] == 13
+        model.norm.weight, ref.weight = w, torch.nn.Parameter(ref.weight / 2)
+        wide = torch.randn(4, 256)
+        torch.testing.assert_close(model.norm(wide), ref(wide))
+        with torch.enable_grad():
+            y = x.clone().requires_grad_()
+            assert model.norm(y).grad_fn is not None
+        assert served_fast[n + 2:] == [False, False]
+        torch.testing.assert_close(model.norm(x), ref(x))
+        assert served_fast[-1] is True
 
 
 def test_a_module_card_under_a_mode_runs_the_original_forward(promoted):

@@ -447,8 +447,22 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     attrs: list[Callable[[dict[str, Any]], bool]] = []
     """The check that the module's attributes are still those of its first call after the install
     (``_attrs_check``; made at that call, once forge's own forward is in the module's __dict__)."""
+    fast: list[Any] = [None, False]
+    """The call specialised to the profiled way of calling the module (``_specialised``), and
+    whether it was tried: built after the first call the kernel serves with the guard settled."""
+    consts = guard.consts
+
+    def arrange(*a: Any) -> list[Any]:  # the call's tensors, then the module's own, then the card's
+        return [*a[:-1], *a[-1], *consts]
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        f = fast[0]
+        if f is not None:
+            out = f(args, kwargs)
+            if out is _FELL_BACK:
+                return original(*args, **kwargs)
+            if out is not _NOT_SERVED:
+                return out
         if not guard.status.active:  # switched off: the original at once, nothing checked
             guard.board.fell_back(guard.status, "disabled")
             return original(*args, **kwargs)
@@ -503,6 +517,11 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             if served is None:
                 return original(*args, **kwargs)
             outs = served
+            if not fast[1] and tensors_only is not None and returns == "tensor" and attrs and guard.settled() \
+                    and (trial is None or not trial.pending()):
+                fast[1] = True
+                fast[0] = _specialised(guard, module, device, tensors_only,
+                                       tensors[tensors_only:len(tensors) - len(consts)], attrs[0], arrange, 0)
         return outs[0] if returns == "tensor" else tuple(outs)
 
     return forward
@@ -1480,99 +1499,126 @@ class _LeafSites:
         return _NOT_SERVED
 
     def _fast(self, k: int, tensors: list[Any]) -> Callable[[Any, Any], Any] | None:
-        """``serve`` for learned site ``k`` alone, its checks specialised to the site (the module's
-        parameters and buffers the same objects as in ``tensors``, the call's tensors plain and
-        gradients off), called with no shadow check or dispatch timing due (``Guard.settled``):
-        every check ``serve`` makes, in one function instead of six, without their loops over the
-        sites and the tensors (on the development machine's CPU a learned leaf's served call cost
-        the host 14 µs more than the bare launch, this 5; ``bench/lab/served_host.py``). Returns
-        _NOT_SERVED for the general path wherever a check fails (``serve`` then checks it again
-        and counts the reason), _FELL_BACK where the kernel failed. None for a site it does not
-        specialise (a call with more than one tensor, a shared parameter)."""
+        """``serve`` for learned site ``k`` alone, its checks specialised to the site
+        (``_specialised``): every check ``serve`` makes, in one function instead of six, without
+        their loops over the sites and the tensors (on the development machine's CPU a learned
+        leaf's served call cost the host 14 µs more than the bare launch, this 5;
+        ``bench/lab/served_host.py``). None for a site it does not specialise (a call with more
+        than one tensor, a tensor passed twice)."""
         import operator
 
-        import torch
-
         og, where, ret_at, n_args, _, site_aliases, copies = self.sites[k]
-        same = self._same[k]
-        guard = og.guard
-        kernel = guard.kernel()
-        m = self.module
-        owned = tensors[n_args:]
-        if kernel is None or n_args != 1 or site_aliases != tuple(range(len(tensors))):
+        if n_args != 1 or site_aliases != tuple(range(len(tensors))):
             return None
-        keep = max(ret_at, 0)
-
-        def general(inputs: list[Any], t0: int = 0) -> Any:  # a kernel with a workspace
-            t1 = time.perf_counter_ns() if t0 else 0
-            out = kernel(inputs, bool(t0), keep)[keep]
-            if t0:
-                kernel.last_host_ns += t1 - t0
-            return out
-
-        bound = kernel.bind(keep) or general
-        pnames = tuple(n for n, p in m._parameters.items() if p is not None)
-        bnames = tuple(n for n, b in m._buffers.items() if b is not None)
-        n_p, n_b = len(m._parameters), len(m._buffers)
-        if n_p != len(pnames) or n_b != len(bnames):
-            return None  # a parameter or buffer slot set to None: the general path
-        get_owned: Callable[[Any], Any] = operator.itemgetter(*pnames, *bnames) if owned else dict
-        single = len(owned) == 1
-        expect = tuple(owned)
-        status, board, device = guard.status, guard.board, self.device
-        specs = guard._specs
-        on_cuda = device == "cuda"
-        plain = _PLAIN_TENSOR_TYPES or _plain_tensor_types()
-        autocast, tf_modes, transforms, fwd_ad = _CONTEXT_PROBES or _context_probes()
-        grad_on = torch.is_grad_enabled
         take = operator.itemgetter(*where)
         one_input = len(where) == 1
-        is_ = operator.is_
 
-        timing, clock = guard.timing, time.perf_counter_ns
-
-        def fast(args: Any, kwargs: Any) -> Any:
-            if kwargs or len(args) != 1 or not status.active:
-                return _NOT_SERVED
-            t0 = clock() if timing() else 0
-            x = args[0]
-            if type(x) not in plain or grad_on() or autocast(device) or tf_modes() or \
-                    transforms() is not None or fwd_ad._current_level >= 0:
-                return _NOT_SERVED
-            if owned:
-                ps, bs = m._parameters, m._buffers
-                if len(ps) != n_p or len(bs) != n_b:
-                    return _NOT_SERVED
-                try:
-                    got = get_owned(ps if n_b == 0 else {**ps, **bs})
-                except KeyError:
-                    return _NOT_SERVED
-                if single:
-                    if got is not expect[0] or x is got:
-                        return _NOT_SERVED
-                elif not all(map(is_, got, expect)) or any(map(is_, got, (x,) * len(got))):
-                    return _NOT_SERVED
-            if not same(m.__dict__):
-                return _NOT_SERVED
-            pool = (x, *expect)
+        def arrange(x: Any, owned: tuple[Any, ...]) -> list[Any]:
+            pool = (x, *owned)
             if copies:
                 pool = (*pool, *(pool[i].contiguous() for i in copies))
-            inputs = [take(pool)] if one_input else list(take(pool))
-            for t, (dtype, shape, stride) in zip(inputs, specs):
-                if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \
-                        (t.stride() != stride and t.numel() > 1):
-                    return _NOT_SERVED
-            try:
-                out = bound(inputs, t0)
-            except KERNEL_ERRORS as exc:
-                guard.kernel_failed(exc)
-                return _FELL_BACK
-            if t0:  # the guard's first calls: what this path costs, all but the launch, and in all
-                guard._account_dispatch(kernel.last_host_ns, clock() - t0)
-            board.served(status)
-            return out
+            return [take(pool)] if one_input else list(take(pool))
 
-        return fast
+        return _specialised(og.guard, self.module, self.device, 1, tensors[1:], self._same[k], arrange,
+                            max(ret_at, 0))
+
+
+def _specialised(guard: Guard, module: Any, device: str, n_args: int, owned: list[Any],
+                 same: Callable[[dict[str, Any]], bool], arrange: Callable[..., list[Any]],
+                 keep: int) -> Callable[[Any, Any], Any] | None:
+    """A served call of ``module`` specialised to one way of calling it, for a guard that is
+    settled (``Guard.settled``): ``n_args`` tensors and no keyword, each a plain tensor, gradients
+    off, no mode or transform active, the module's parameters and buffers the objects in ``owned``
+    (none of them one of the call's tensors), its attributes unchanged (``same``), then the card's
+    specs on the kernel's inputs (``arrange(*args, owned)``), then the launch, returning output
+    ``keep``. While the guard times its dispatch, the call times itself (from its entry to the
+    launch: the guard's cost, all checks included). Returns _NOT_SERVED for the general path
+    wherever a check fails (it checks again and counts the reason), _FELL_BACK where the kernel
+    failed (counted). None where the module has an empty parameter or buffer slot."""
+    import operator
+
+    import torch
+
+    kernel = guard.kernel()
+    if kernel is None:
+        return None
+    m = module
+    pnames = tuple(n for n, p in m._parameters.items() if p is not None)
+    bnames = tuple(n for n, b in m._buffers.items() if b is not None)
+    n_p, n_b = len(m._parameters), len(m._buffers)
+    if n_p != len(pnames) or n_b != len(bnames):
+        return None  # a parameter or buffer slot set to None: the general path
+    if tuple(map(id, owned)) != tuple(map(id, (*(m._parameters[n] for n in pnames), *(m._buffers[n] for n in bnames)))):
+        return None
+    get_owned: Callable[[Any], Any] = operator.itemgetter(*pnames, *bnames) if owned else dict
+    single = len(owned) == 1
+    expect = tuple(owned)
+    owned_ids = frozenset(map(id, expect))
+    status, board = guard.status, guard.board
+    specs = guard._specs
+    on_cuda = device == "cuda"
+    plain = _PLAIN_TENSOR_TYPES or _plain_tensor_types()
+    autocast, tf_modes, transforms, fwd_ad = _CONTEXT_PROBES or _context_probes()
+    grad_on = torch.is_grad_enabled
+    is_ = operator.is_
+
+    def general(inputs: list[Any], t0: int = 0) -> Any:  # a kernel with a workspace
+        t1 = time.perf_counter_ns() if t0 else 0
+        out = kernel(inputs, bool(t0), keep)[keep]
+        if t0:
+            kernel.last_host_ns += t1 - t0
+        return out
+
+    bound = kernel.bind(keep) or general
+    timing, clock = guard.timing, time.perf_counter_ns
+
+    def fast(args: Any, kwargs: Any) -> Any:
+        if kwargs or len(args) != n_args or not status.active or guard.eager_pending:
+            return _NOT_SERVED
+        t0 = clock() if timing() else 0
+        if n_args == 1:
+            x = args[0]
+            if type(x) not in plain or id(x) in owned_ids:
+                return _NOT_SERVED
+        else:
+            for a in args:
+                if type(a) not in plain or id(a) in owned_ids:
+                    return _NOT_SERVED
+            if len(set(map(id, args))) != n_args:
+                return _NOT_SERVED
+        if grad_on() or autocast(device) or tf_modes() or transforms() is not None or fwd_ad._current_level >= 0:
+            return _NOT_SERVED
+        if owned:
+            ps, bs = m._parameters, m._buffers
+            if len(ps) != n_p or len(bs) != n_b:
+                return _NOT_SERVED
+            try:
+                got = get_owned(ps if n_b == 0 else {**ps, **bs})
+            except KeyError:
+                return _NOT_SERVED
+            if single:
+                if got is not expect[0]:
+                    return _NOT_SERVED
+            elif not all(map(is_, got, expect)):
+                return _NOT_SERVED
+        if not same(m.__dict__):
+            return _NOT_SERVED
+        inputs = arrange(*args, expect)
+        for t, (dtype, shape, stride) in zip(inputs, specs):
+            if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \
+                    (t.stride() != stride and t.numel() > 1):
+                return _NOT_SERVED
+        try:
+            out = bound(inputs, t0)
+        except KERNEL_ERRORS as exc:
+            guard.kernel_failed(exc)
+            return _FELL_BACK
+        if t0:  # the guard's first calls: what this path costs, all but the launch, and in all
+            guard._account_dispatch(kernel.last_host_ns, clock() - t0)
+        board.served(status)
+        return out
+
+    return fast
 
 
 def _copied(record: list[Any], tensors: list[Any]) -> tuple[int, ...] | None:
