@@ -19,7 +19,7 @@ Fast path (2026-12-03, night): a learned leaf's settled call specialised to its 
 (``_LeafSites._fast``, ``CardKernel.bind``): the leaf's runtime cost 7.7-12.6 µs a call (three
 runs), against 13.9-20.8 µs the evening before and 14.5 µs in the same hour before the change.
 
-The module card's call takes the same specialised path since `7c25169`'s successor
+The module card's call takes the same specialised path since `70f205f`
 (``apply._specialised``): its runtime cost 7.4-8.0 µs a call (two runs), against 7.0-10.4 µs
 before on 2026-12-02 and 10.1 µs this evening.
 
