@@ -151,9 +151,13 @@ def leaves_in_forward(model: Any, forged: Any, run: Any, device: str, forwards: 
                 continue
             kinds[name] = type(mod).__name__
 
+            # never traced: called inside one of forge's compiled scopes, Dynamo traced these hooks,
+            # guarded on the clock's readings and recompiled them on every call (2026-12-03 night)
+            @torch.compiler.disable
             def pre(_m: Any, _a: Any, name: str = name) -> None:
                 start[name] = time.perf_counter_ns()
 
+            @torch.compiler.disable
             def post(_m: Any, _a: Any, _o: Any, name: str = name) -> None:
                 acc[name] += time.perf_counter_ns() - start.pop(name)
 
@@ -237,6 +241,7 @@ def host_by_module(model: Any, forged: Any, applied: Any, run: Any, device: str,
     count: dict[str, int] = defaultdict(int)
 
     def catch(path: str) -> Any:
+        @torch.compiler.disable  # never traced inside a compiled scope (see leaves_in_forward)
         def hook(mod: Any, args: Any, kwargs: Any) -> None:
             seen.setdefault(path, (args, kwargs))
             count[path] += 1
