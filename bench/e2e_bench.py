@@ -326,6 +326,11 @@ def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: 
     try:
         return _run_workload(name, opts, deadline, Record(record_path, name, t_start), tmp)
     finally:
+        keep = opts.get("keep_workspace")
+        if keep and (tmp / "ws").is_dir():  # for a lab probe in the same device call (host_sampler.py)
+            dest = Path(keep) / Path(name).stem
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(tmp / "ws", dest, symlinks=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -761,6 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(what forge merge does, after the experts)")
     ap.add_argument("--no-fold", action="store_true", help="do not fold batch norms into their convolutions "
                     "(what forge fold does, after the approvals)")
+    ap.add_argument("--keep-workspace", metavar="DIR", help="copy each workload's workspace, as the run left it "
+                    "(kernels approved, slower ones switched off), to DIR/NAME (for bench/lab probes)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 
@@ -782,7 +789,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
             "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold, "cards": args.cards,
-            "experts": not args.no_experts, "merge": not args.no_merge}
+            "experts": not args.no_experts, "merge": not args.no_merge, "keep_workspace": args.keep_workspace}
 
 
 def main(argv: list[str] | None = None) -> int:
