@@ -154,6 +154,8 @@ class Library:
         """forge_launch itself, for a caller that keeps its descriptor arrays and has checked the
         arguments (the runtime's ``CardKernel``): what ``call_raw`` calls, without its checks.
         None for a candidate with a workspace."""
+        self.ws_launch: Any = with_ws
+        """forge_launch_ws itself, the same for a candidate with a workspace; None otherwise."""
 
     @staticmethod
     def _arrays(inputs: list["torch.Tensor"], outputs: list["torch.Tensor"],

@@ -1176,6 +1176,60 @@ def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
         torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_kernel_with_a_workspace_is_bound_like_a_plain_one(promoted, tmp_path):
+    """``CardKernel.bind`` (the fast path of module cards and learned leaf sites) serves a kernel
+    with a workspace too: its size asked once, one buffer kept per device and stream and handed to
+    every call, the dropped outputs kept likewise, the output as eager's. (The candidate refuses a
+    workspace that still holds its last call's marker: the test clears it between calls, as the
+    evaluator's poison does.)"""
+    import shutil
+
+    import forge_tui.runtime.kernel as kernel_mod
+    from forge_tui.kernel_abi import Library
+    from forge_tui.promotion import kernels_dir, manifest
+    from forge_tui.runtime.kernel import CardKernel
+    from forge_tui.workspace import Workspace
+
+    src, _, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    code = (CPU / "softmax_workspace.cpp").read_text()
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(ws.card(sm.id), code)
+    assert r.correct, r.reason
+    promote_kernel(ws, sm.id, code, r, by="test")
+    entry = manifest(ws).entries[sm.id]
+    k = CardKernel(entry, kernels_dir(ws), "cpu")
+    assert k.lib.needs_workspace and k.lib.plain_launch is None
+    asked, real_size = [], Library.workspace_bytes
+
+    def size(self, *a):
+        asked.append(1)
+        return real_size(self, *a)
+
+    made, real_alloc = [], kernel_mod.alloc_workspace
+
+    def alloc(*a):
+        made.append(a)
+        return real_alloc(*a)
+
+    call = k.bind(0)
+    assert call is not None
+    x = torch.randn(16, 256)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Library, "workspace_bytes", size)
+        mp.setattr(kernel_mod, "alloc_workspace", alloc)
+        for _ in range(3):
+            for w in k._scratch.values():
+                w.zero_()
+            torch.testing.assert_close(call([x], 0), torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    assert len(asked) == 1 and len(made) == 1 and len(k._scratch) == 1
+    (w,) = k._scratch.values()
+    assert w.numel() == k._ws_bytes > 0
+    with pytest.raises(kernel_mod.KernelError, match="returned 9"):
+        call([x], 0)  # the marker left by the last call: the kept buffer was the one handed over
+
+
 def test_outputs_are_allocated_with_the_cards_strides():
     """Like an input only where that input is dense (empty_like keeps its strides); contiguous,
     channels-last and a non-dense layout each come out with exactly the card's strides."""

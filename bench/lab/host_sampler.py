@@ -159,14 +159,16 @@ def main() -> int:
     site_bin = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and Path(p, "bin", "py-spy").exists()]
     if site_bin:
         spy = str(Path(site_bin[0], "bin", "py-spy"))
-    out_dir = Path(os.environ.get("OUT") or "/tmp") / "host_sampler"
+    out_dir = Path(os.environ.get("OUT") or "/tmp")
+    raw_dir = Path("/tmp/host_sampler")  # the raw samples stay on the machine: a few MB each
+    raw_dir.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_variant: dict[str, list[dict[str, Any]]] = {"eager": [], "eager+forge": []}
     status: dict[str, Any] = {}
     for r in range(args.rounds):
         for variant in ("eager", "eager+forge"):
             tag = f"{variant.replace('+', '_')}-{r}"
-            raw, res = out_dir / f"{tag}.txt", out_dir / f"{tag}.json"
+            raw, res = raw_dir / f"{tag}.txt", raw_dir / f"{tag}.json"
             cmd = [spy, "record", "--native", "-r", str(args.rate), "--format", "raw", "-o", str(raw), "--",
                    sys.executable, __file__, args.workload, args.workspace, "--seconds", str(args.seconds),
                    "--device", args.device, "--child", variant, str(res)]

@@ -1562,7 +1562,7 @@ def _specialised(guard: Guard, module: Any, device: str, n_args: int, owned: lis
     grad_on = torch.is_grad_enabled
     is_ = operator.is_
 
-    def general(inputs: list[Any], t0: int = 0) -> Any:  # a kernel with a workspace
+    def general(inputs: list[Any], t0: int = 0) -> Any:  # a kernel ``bind`` does not specialise
         t1 = time.perf_counter_ns() if t0 else 0
         out = kernel(inputs, bool(t0), keep)[keep]
         if t0:

@@ -89,7 +89,7 @@ class CardKernel:
         self._empty_plain = torch.empty
         self._dead: dict[tuple[int, Any, int | None], torch.Tensor] = {}
         """The outputs callers drop, kept (``_dead_output``)."""
-        self._scratch: dict[tuple[str, int | None], torch.Tensor] = {}
+        self._scratch: dict[tuple[Any, int | None], torch.Tensor] = {}
         """The workspace, one per device and stream, kept (``_workspace``)."""
         self._capturing = torch.cuda.is_current_stream_capturing if device == "cuda" else None
         self._launch = self.lib.plain_launch
@@ -129,7 +129,7 @@ class CardKernel:
             self._dead[key] = t
         return t
 
-    def _workspace(self, device: str, stream: int | None) -> "torch.Tensor":
+    def _workspace(self, device: Any, stream: int | None) -> "torch.Tensor":
         """The kernel's scratch for a call on ``stream``: one buffer per device and stream, kept
         from call to call (an allocation and an aligned view cost the host more than the launch).
         The ABI leaves its contents undefined on entry and the evaluator poisons it before every
@@ -137,12 +137,21 @@ class CardKernel:
         order, so one call's scratch is never another's while it runs. A call captured in a CUDA
         graph gets a fresh one from the graph's pool, neither kept nor shared with eager calls."""
         if self._capturing is not None and self._capturing():
-            return alloc_workspace(self._ws_bytes or 0, device)
+            return alloc_workspace(self._ws_bytes or 0, str(device))
         key = (device, stream)
         ws = self._scratch.get(key)
         if ws is None:
-            ws = self._scratch[key] = alloc_workspace(self._ws_bytes or 0, device)
+            ws = self._scratch[key] = alloc_workspace(self._ws_bytes or 0, str(device))
         return ws
+
+    def _workspace_size(self, inputs: list["torch.Tensor"], outs: list["torch.Tensor"]) -> int:
+        """The workspace's size, asked of the kernel on the first call (see ``_ws_bytes``)."""
+        if self._ws_bytes is None:
+            try:
+                self._ws_bytes = self.lib.workspace_bytes(inputs, outs, self._scalars)
+            except ValueError as exc:
+                raise KernelError(str(exc)) from None
+        return self._ws_bytes
 
     def __call__(self, inputs: list["torch.Tensor"], timed: bool = False, keep: int = -1) -> list["torch.Tensor"]:
         """The kernel's outputs for inputs the guard has matched. ``timed``: record in
@@ -163,12 +172,8 @@ class CardKernel:
                 outs_d[i].data = t.data_ptr()
             ws = None
             if self._launch is None:
-                if self._ws_bytes is None:
-                    try:
-                        self._ws_bytes = self.lib.workspace_bytes(inputs, outs, self._scalars)
-                    except ValueError as exc:
-                        raise KernelError(str(exc)) from None
-                ws = self._workspace(str(outs[0].device) if outs else self.device, stream)
+                self._workspace_size(inputs, outs)
+                ws = self._workspace(outs[0].device if outs else self.device, stream)
             if timed:
                 self.last_host_ns = time.perf_counter_ns() - t0
             if ws is not None:
@@ -181,18 +186,23 @@ class CardKernel:
 
     def bind(self, keep: int) -> "Callable[[list[torch.Tensor], int], torch.Tensor] | None":
         """``__call__`` for a caller that uses output ``keep`` alone, specialised (a leaf module's
-        learned site, ``apply._LeafSites._fast``): the launch called without ctypes' argument
-        conversion on pointers converted once, the descriptors' entries looked up once, the
-        outputs the caller drops taken per stream from ``_dead`` once. Returns that output. None
-        for a kernel with a workspace (``__call__`` serves it)."""
+        learned site, ``apply._LeafSites._fast``; a module card, ``apply._specialised``): the
+        launch called without ctypes' argument conversion on pointers converted once, the
+        descriptors' entries looked up once, the outputs the caller drops and the workspace taken
+        per device and stream from ``_dead`` and ``_scratch`` once. Returns that output. None for
+        a library that exports neither launch."""
         import ctypes
 
-        if self._launch is None:
+        with_ws = self._launch is None
+        fn = self.lib.ws_launch if with_ws else self._launch
+        if fn is None:
             return None
         n_in, n_out, n_sc = self._n
-        address = ctypes.cast(self._launch, ctypes.c_void_p).value
-        raw_fn: Any = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
-                                       ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)(address or 0)
+        address = ctypes.cast(fn, ctypes.c_void_p).value
+        params = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]
+        if with_ws:
+            params += [ctypes.c_void_p, ctypes.c_int64]
+        raw_fn: Any = ctypes.CFUNCTYPE(ctypes.c_int, *params, ctypes.c_void_p)(address or 0)
         raw_fn.argtypes = None  # every argument below is already a ctypes value: no per-call conversion
         ptr_in, ptr_out, ptr_sc = (ctypes.c_void_p(ctypes.addressof(a)) for a in (self._ins, self._outs, self._scs))
         c_in, c_out, c_sc = ctypes.c_int32(n_in), ctypes.c_int32(n_out), ctypes.c_int32(n_sc)
@@ -201,16 +211,30 @@ class CardKernel:
         like, make, args, dtype = self._empty[keep]
         empty_like, empty_plain, shape = self._empty_like, self._empty_plain, self.out_specs[keep].shape
         raw_stream, lock, dead_output, kept_dead = self._raw_stream, self._lock, self._dead_output, self._dead
-        streams: dict[int | None, tuple[Any, list[tuple[Any, int]]]] = {}
-        """Per stream: its handle as a ctypes value, and the dropped outputs' (descriptor, pointer)."""
+        streams: dict[tuple[int, int | None], tuple[Any, list[tuple[Any, int]], tuple[Any, ...], list[Any]]] = {}
+        """Per device index and stream: its handle as a ctypes value, the dropped outputs'
+        (descriptor, pointer), the workspace's pointer and size as ctypes values (none without
+        one), and the tensors behind those pointers."""
         dead_ks = [k for k in range(n_out) if k != keep]
 
-        def per_stream(device: Any, stream: int | None) -> tuple[Any, list[tuple[Any, int]]]:
+        def per_stream(index: int, device: Any, stream: int | None, inputs: list[Any], out: Any) -> tuple[Any, ...]:
             dead = [(self._outs[k], dead_output(k, device, stream)) for k in dead_ks]
-            entry = (ctypes.c_void_p(stream), [(d, t.data_ptr()) for d, t in dead])
-            if all(kept_dead.get((k, device, stream)) is t for k, (_, t) in zip(dead_ks, dead)):
-                streams[stream] = entry  # kept in ``_dead`` (not a graph capture's): reused
-            return entry
+            held = [t for _, t in dead]
+            reuse = all(kept_dead.get((k, device, stream)) is t for k, t in zip(dead_ks, held))
+            extra: tuple[Any, ...] = ()
+            if with_ws:
+                outs = [out] * n_out
+                for k, t in zip(dead_ks, held):
+                    outs[k] = t
+                self._workspace_size(inputs, outs)
+                ws = self._workspace(device, stream)
+                held.append(ws)
+                extra = (ctypes.c_void_p(ws.data_ptr()), ctypes.c_int64(ws.numel()))
+                reuse = reuse and self._scratch.get((device, stream)) is ws
+            entry = (ctypes.c_void_p(stream), [(d, t.data_ptr()) for d, t in dead], extra, held)
+            if reuse:
+                streams[(index, stream)] = entry  # kept in ``_dead`` and ``_scratch`` (not a graph capture's)
+            return entry  # ``held`` keeps a graph capture's buffers alive until the launch
 
         clock = time.perf_counter_ns
 
@@ -218,6 +242,7 @@ class CardKernel:
             """``t0``: a perf_counter_ns the caller started from; the host time from it to the
             launch is then kept in ``last_host_ns``."""
             stream = None
+            index = -1
             if raw_stream is not None:
                 index = inputs[0].get_device()
                 stream = int(raw_stream(index)) if index >= 0 else self._stream(inputs)
@@ -230,8 +255,10 @@ class CardKernel:
                 except RuntimeError:
                     out = empty_plain(*shape, dtype=dtype, device=device)
             with lock:
-                got = streams.get(stream)
-                c_stream, dead = got if got is not None else per_stream(inputs[0].device if inputs else self.device, stream)
+                got = streams.get((index, stream))
+                if got is None:
+                    got = per_stream(index, inputs[0].device if inputs else self.device, stream, inputs, out)
+                c_stream, dead, extra, _held = got
                 for d, t in zip(in_descs, inputs):
                     d.data = t.data_ptr()
                 kept.data = out.data_ptr()
@@ -239,7 +266,10 @@ class CardKernel:
                     d.data = ptr
                 if t0:
                     self.last_host_ns = clock() - t0
-                rc = raw_fn(ptr_in, c_in, ptr_out, c_out, ptr_sc, c_sc, c_stream)
+                if with_ws:
+                    rc = raw_fn(ptr_in, c_in, ptr_out, c_out, ptr_sc, c_sc, extra[0], extra[1], c_stream)
+                else:
+                    rc = raw_fn(ptr_in, c_in, ptr_out, c_out, ptr_sc, c_sc, c_stream)
             if rc != 0:
                 raise KernelError(f"forge_launch returned {rc}")
             return out
