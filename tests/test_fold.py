@@ -386,3 +386,22 @@ def test_the_native_epilogue_matches_the_ops(dtype, hw):
         want = torch.where(want < 0, 0.0, want).to(dtype)
         got = epilogue.finish(y.clone(), b, zz)
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_rewrite_is_promoted_by_default_only_when_faster_beyond_its_spread():
+    """Fold, merge and experts cards share one rule: by default the paired runs must show the
+    rewrite faster in more than three of four (its lower quartile above 1), not only at the
+    median; --min-speedup replaces that with its own threshold on the median."""
+    from forge_tui.folding import speed_refusal
+    from forge_tui.timing import paired_ratio
+
+    own = [100.0] * 8
+    clear = paired_ratio(own, [80.0, 82.0, 81.0, 79.0, 83.0, 80.0, 84.0, 81.0])  # 1.2x, every run
+    straddles = paired_ratio(own, [95.0, 97.0, 104.0, 103.0, 96.0, 94.0, 98.0, 102.0])  # 1.03x median
+    slower = paired_ratio(own, [110.0] * 8)
+    assert straddles.median > 1.0 and straddles.q1 <= 1.0 < clear.q1
+    assert speed_refusal(clear, None, "own") == ""
+    assert "beyond its spread" in speed_refusal(straddles, None, "the separate linears")
+    assert speed_refusal(slower, None, "own").startswith("not faster than own (0.909x)")
+    assert speed_refusal(straddles, 0.0, "own") == ""  # --min-speedup 0: the median alone
+    assert "below --min-speedup 1.1" in speed_refusal(straddles, 1.1, "own")
