@@ -11,6 +11,14 @@ the timed loop, turned into µs per forward by the loop's own wall time.
 Needs py-spy (a wheel in .whl for the device). Prints, per variant, µs a forward: the loop, the
 wait for the device, the host's busy time; then the frames (inclusive, and native self time) with
 the largest differences, and forge's own runtime frames. JSON to $OUT if set.
+
+Answer (H200 machine, 2026-12-04, docs/runs/issue-15-17-h200.md): native unwinding slows the sampled
+forwards 2-6x, and deeper stacks (forge's, Dynamo's) more, so the µs are shares of a distorted run,
+not times; compare frames within one variant. What it found on the diffusion: the compiled
+`vae_attn` scope cost the host about three times eager's attention; the workspace kernels' general
+path (`CardKernel.__call__`: the device's string as the workspace key, ctypes' conversion) stood out
+among forge's frames (since `36f0923` they take the bound path); and a VAE merge promoted within
+its spread had put the attention under the interceptor (since `85445e0` refused).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@
 // cudaLaunchKernelEx with a cluster attribute, a <<<>>> launch, cudaGetLastError, cudaGetDevice.
 //
 //   nvcc -O2 -arch=sm_90 -o /tmp/launch_api_cost bench/lab/launch_api_cost.cu && /tmp/launch_api_cost
+//
+// Answer (H200 machine, 2026-12-04): cudaFuncSetAttribute 0.41 us, cudaOccupancyMaxActiveClusters
+// 0.52, cudaLaunchKernelEx with clusters 3.88, a <<<>>> launch 3.58, cudaGetLastError 0.02; the ring
+// launcher as emitted 4.33. The per-call attribute and occupancy calls cost about 1 us together:
+// not worth the state (per device) that caching them would keep.
 #include <chrono>
 #include <cstdio>
 #include <cuda_runtime.h>

@@ -29,6 +29,12 @@ on this machine's CPU (three runs, the last column), now paid once per stream. T
 kernel (a scalar two-pass softmax) takes 45-60 µs and moves between runs by more than that, so
 its "runtime" column (7-15 µs) does not resolve the difference; the allocation's cost is timed
 alone.
+
+Fourth answer (2026-12-04): the same case's host time before the launch, the general path
+(``CardKernel.__call__``) against ``CardKernel.bind``'s call, which module cards and learned leaf
+sites use and which now serves kernels with a workspace too (`36f0923`): 2.94 µs a call before
+(one run), 2.50 general and 1.74 bound after (one run), not counting ctypes' conversion of the
+nine arguments that the bound call also skips.
 """
 
 from __future__ import annotations
