@@ -1124,13 +1124,11 @@ def test_scopes_serving_the_same_cards_share_one_trial():
 
 
 # ---- the served call's fast paths ----------------------------------------------------------------
-def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
-    """The guard fixes every shape, stride and scalar the size depends on, so the runtime asks
-    once, and every call still gets a workspace of that size: one buffer, kept for the stream."""
+def _with_workspace_softmax(promoted, tmp_path):
+    """A copy of ``promoted`` with its softmax card's kernel replaced by one that asks for a
+    workspace (softmax_workspace.cpp), after a real evaluation: (workspace, the softmax card)."""
     import shutil
 
-    import forge_tui.runtime.kernel as kernel_mod
-    from forge_tui.kernel_abi import Library
     from forge_tui.workspace import Workspace
 
     src, _, sm = promoted
@@ -1141,6 +1139,16 @@ def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
         r = ev.evaluate(ws.card(sm.id), code)
     assert r.correct, r.reason
     promote_kernel(ws, sm.id, code, r, by="test")
+    return ws, sm
+
+
+def test_a_kernel_asks_its_workspace_size_once(promoted, monkeypatch, tmp_path):
+    """The guard fixes every shape, stride and scalar the size depends on, so the runtime asks
+    once, and every call still gets a workspace of that size: one buffer, kept for the stream."""
+    import forge_tui.runtime.kernel as kernel_mod
+    from forge_tui.kernel_abi import Library
+
+    ws, sm = _with_workspace_softmax(promoted, tmp_path)
     asked, given = [], []
     real_size, real_call = Library.workspace_bytes, Library.call_raw
 
@@ -1182,22 +1190,12 @@ def test_a_kernel_with_a_workspace_is_bound_like_a_plain_one(promoted, tmp_path)
     every call, the dropped outputs kept likewise, the output as eager's. (The candidate refuses a
     workspace that still holds its last call's marker: the test clears it between calls, as the
     evaluator's poison does.)"""
-    import shutil
-
     import forge_tui.runtime.kernel as kernel_mod
     from forge_tui.kernel_abi import Library
     from forge_tui.promotion import kernels_dir, manifest
     from forge_tui.runtime.kernel import CardKernel
-    from forge_tui.workspace import Workspace
 
-    src, _, sm = promoted
-    shutil.copytree(src.root, tmp_path / "ws")
-    ws = Workspace.open(tmp_path / "ws")
-    code = (CPU / "softmax_workspace.cpp").read_text()
-    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
-        r = ev.evaluate(ws.card(sm.id), code)
-    assert r.correct, r.reason
-    promote_kernel(ws, sm.id, code, r, by="test")
+    ws, sm = _with_workspace_softmax(promoted, tmp_path)
     entry = manifest(ws).entries[sm.id]
     k = CardKernel(entry, kernels_dir(ws), "cpu")
     assert k.lib.needs_workspace and k.lib.plain_launch is None
