@@ -1340,6 +1340,63 @@ def layer_norm_ws(tmp_path_factory):
     return ws, card
 
 
+@pytest.mark.parametrize("eager_costly", [True, False])
+def test_a_leaf_sites_dispatch_is_weighed_against_the_leafs_own_call(layer_norm_ws, monkeypatch, eager_costly):
+    """An op card served at learned leaf sites whose dispatch looks costlier than what the kernel
+    saves is judged as a module card is: the leaf's own forward is timed in the kernel's place
+    (EAGER_SAMPLES calls, counted as fallbacks) and the kernel stays where its whole call costs the
+    host no more than eager's by what it saves. (On the H200 a group norm leaf was switched off for
+    a 31 µs dispatch inside the forward, where eager's own call of the module cost it more.)"""
+    from forge_tui.runtime.apply import Guard
+    from forge_tui.runtime.kernel import CardKernel
+
+    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    ws, card = layer_norm_ws
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e-3))  # dispatch always looks too costly
+    if eager_costly:  # eager's call of the leaf costs the host 2 ms: the kernel's is far cheaper
+        real = torch.nn.functional.layer_norm
+
+        def layer_norm(*a, **k):
+            time.sleep(0.002)
+            return real(*a, **k)
+
+        monkeypatch.setattr(torch.nn.functional, "layer_norm", layer_norm)
+    else:  # the kernel's call costs the host 2 ms more than eager's
+        real_call, real_bind = CardKernel.__call__, CardKernel.bind
+
+        def call(self, *a, **k):
+            time.sleep(0.002)
+            return real_call(self, *a, **k)
+
+        def bind(self, keep):
+            bound = real_bind(self, keep)
+
+            def slow(inputs, t0=0):
+                time.sleep(0.002)
+                return bound(inputs, t0)
+
+            return slow
+
+        monkeypatch.setattr(CardKernel, "__call__", call)
+        monkeypatch.setattr(CardKernel, "bind", bind)
+    why = Guard.EAGER_WHY
+    with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:
+        for _ in range(30):
+            torch.testing.assert_close(model(x), expected)
+        st = applied.status()["cards"][0]
+    assert st["card"] == card.id and st["fallbacks"].get(why) == Guard.EAGER_SAMPLES, st
+    if eager_costly:
+        assert st["active"] and st["eager_call_us"] >= 2000, st
+        assert st["served"] == 30 - Guard.EAGER_SAMPLES, st
+    else:
+        assert not st["active"] and "more than eager's own" in st["disabled_reason"], st
+
+
 def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_interceptor(layer_norm_ws, monkeypatch):
     """nn.LayerNorm's forward is one op, served: after two calls under the interceptor, its calls
     go to the card's guard directly (nothing dispatched through the interceptor), and still agree

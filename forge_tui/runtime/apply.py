@@ -1222,6 +1222,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
             out = leaf.serve(args, kwargs)
             if out is _FELL_BACK:
                 return original(*args, **kwargs)
+            if out is _TIME_EAGER and leaf.pending is not None:
+                return leaf.pending.time_eager(lambda: original(*args, **kwargs))
             if out is not _NOT_SERVED:
                 return out
             if leaf.learning():
@@ -1250,6 +1252,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
 
 _NOT_SERVED = object()
 _FELL_BACK = object()
+_TIME_EAGER = object()
+"""A learned leaf site's guard wants eager's own call of the leaf timed (``Guard.eager_pending``)."""
 
 DIRECT_ATTR = "forge_direct"
 """A module class that sets this attribute true declares that its forward reads nothing but its
@@ -1408,6 +1412,8 @@ class _LeafSites:
         """The call of one learned site with its checks specialised to it, tried before ``serve``
         (``_fast``); set once its guard is settled (``Guard.settled``)."""
         self._fast_tried = False
+        self.pending: Guard | None = None
+        """The guard of the site ``serve`` last answered ``_TIME_EAGER`` for."""
 
     def learning(self) -> bool:
         return self._useless < self.GIVE_UP
@@ -1453,6 +1459,9 @@ class _LeafSites:
             self._candidate, self._seen = site, 1
         if self._seen >= self.LEARN_CALLS:
             self.sites.append(site)
+            # the leaf's own forward computes what the site serves: where the guard's dispatch
+            # looks too costly, it can be timed in the kernel's place (``Guard.time_eager``)
+            site[0].guard.eager_timable = True
             self._same.append(_attrs_check(site[4], self.module.__dict__))
             self._candidate, self._seen = None, 0
 
@@ -1488,6 +1497,9 @@ class _LeafSites:
             guard = og.guard
             if not guard.status.active or guard.mismatch(inputs):
                 continue
+            if guard.eager_pending:
+                self.pending = guard
+                return _TIME_EAGER
             outs = guard.serve(inputs, checked_at=time.perf_counter_ns() if guard.timing() else 0,
                                keep=max(ret_at, 0))
             if outs is None:
