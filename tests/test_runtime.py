@@ -181,6 +181,44 @@ def test_status_is_written_for_forge_status(promoted, capsys):
     assert f"{norm.id}: direct" in out and "served 1" in out and "active" in out
 
 
+def test_served_calls_leave_the_status_file_to_a_thread_of_its_own(promoted, monkeypatch):
+    """A served call never writes the status file itself (its JSON and the file system's latency
+    were a stall inside the user's forward, once a second): the board's own thread writes the
+    counts while calls happen, and undoing the model writes them as they stand."""
+    import threading
+
+    from forge_tui.runtime.status import StatusBoard
+
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    writers: list[str] = []
+    real_write = StatusBoard.write
+
+    def write(self):
+        writers.append(threading.current_thread().name)
+        return real_write(self)
+
+    monkeypatch.setattr(StatusBoard, "write", write)
+    with torch.no_grad(), apply(model, ws, only_faster=False, trial_calls=0) as applied:
+        applied.board.min_interval_s = 0.05
+        n = len(writers)  # the install's own write
+        served = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            model(x)
+            served += 1
+            live = read_status(ws.root)
+            if live and any(c["served"] >= 1 for c in live["cards"]) and len(writers) > n:
+                break
+            time.sleep(0.01)
+        assert writers[n:] and set(writers[n:]) == {"forge-status"}, writers
+        assert live is not None and {c["card"]: c["served"] for c in live["cards"]}[norm.id] >= 1
+    assert writers[-1] == threading.current_thread().name  # the undo's own write
+    final = {c["card"]: c["served"] for c in read_status(ws.root)["cards"]}
+    assert final[norm.id] == served
+
+
 def test_a_damaged_manifest_is_one_clear_error(promoted, tmp_path, capsys):
     """forge status and apply on a manifest a hand edit broke: one line naming the file and the
     field, exit 1, no traceback, nothing written."""

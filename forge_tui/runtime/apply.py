@@ -840,7 +840,7 @@ class Applied:
         self.forwards.restore()
         while self._on_undo:
             self._on_undo.pop()()
-        self.board.write()
+        self.board.close()
 
     def status(self) -> dict[str, Any]:
         return self.board.snapshot()

@@ -1,9 +1,10 @@
 """Live fallback status: per card, is its kernel active or disabled and why, how many calls it
 served, and how many fell back to PyTorch for each reason.
 
-The runtime keeps one ``StatusBoard`` per applied model and writes it (at most once a second
-while calls happen, and when undone) to ``.forge/runtime/status.json`` in the workspace, where
-``forge status`` and the app's fallback pane read it.
+The runtime keeps one ``StatusBoard`` per applied model and writes it to
+``.forge/runtime/status.json`` in the workspace, where ``forge status`` and the app's fallback pane
+read it: when a kernel is disabled, when the model is undone, and while calls happen at most once a
+second, from a thread of its own, so that a served call never waits on the file system.
 """
 
 from __future__ import annotations
@@ -53,9 +54,14 @@ class StatusBoard:
         self.cards: dict[str, CardStatus] = {}
         self.path = path
         self.min_interval_s = min_interval_s
-        self._last_write = 0.0
         self._lock = threading.Lock()
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self._dirty = False
+        """Counts changed since the last write (``_touch``)."""
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = None
+        """Writes the counts at most every ``min_interval_s`` while they change (``_write_loop``),
+        started by the first count."""
 
     def card(self, card: str, kind: str, target: str) -> CardStatus:
         with self._lock:
@@ -66,12 +72,12 @@ class StatusBoard:
     def served(self, st: CardStatus) -> None:
         with self._lock:
             st.served += 1
-        self._maybe_write()
+        self._touch()
 
     def fell_back(self, st: CardStatus, reason: str) -> None:
         with self._lock:
             st.fallbacks[reason] += 1
-        self._maybe_write()
+        self._touch()
 
     def checked(self, st: CardStatus, bad: str | None, first: bool) -> bool:
         """Record a check of a served call against the model's own (the first call's, or a shadow
@@ -98,14 +104,36 @@ class StatusBoard:
             return {"pid": os.getpid(), "started_at": self.started_at, "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "cards": [c.to_json() for c in self.cards.values()]}
 
-    def _maybe_write(self) -> None:
-        if self.path is not None and time.monotonic() - self._last_write >= self.min_interval_s:
-            self.write()
+    def _touch(self) -> None:
+        """A count changed: the writer thread writes it within ``min_interval_s``, never the
+        caller (a served call)."""
+        if self.path is None:
+            return
+        self._dirty = True
+        if self._writer is None and not self._stop.is_set():
+            with self._lock:
+                if self._writer is not None:
+                    return
+                self._writer = threading.Thread(target=self._write_loop, name="forge-status", daemon=True)
+            self._writer.start()
+
+    def _write_loop(self) -> None:
+        while not self._stop.wait(self.min_interval_s):
+            if self._dirty:
+                self.write()
+
+    def close(self) -> None:
+        """Stop the writer thread and write the counts as they stand (the model is undone)."""
+        self._stop.set()
+        writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(timeout=5.0)
+        self.write()
 
     def write(self) -> None:
         if self.path is None:
             return
-        self._last_write = time.monotonic()
+        self._dirty = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
