@@ -409,3 +409,42 @@ def test_merge_dry_run_promotes_nothing(merge_ws, workload, capsys):
     assert "dry run: 3 merge cards would be promoted" in out
     assert "gqa.q_proj: not merged: its siblings on the same input have other sizes" in out
     assert manifest(merge_ws).entries.keys() == before
+
+
+def test_a_merge_that_would_keep_a_scope_from_compiling_is_skipped(merge_ws, workload, tmp_path):
+    """The attention's softmax is an op card served in the attention's compiled forward; its q/k/v
+    merge would make three more modules below it that forge serves, each a graph break, over
+    GRAPH_BREAKS, and send the whole attention through the interceptor (on the H200 the VAE
+    attention cost the host 234 µs a call more than eager that way). That merge is skipped with
+    why, the scope compiles, the other merges are served, and the outputs are eager's."""
+    import shutil
+    from pathlib import Path
+
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.workspace import Workspace
+
+    shutil.copytree(merge_ws.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    sm = next(c for c in ws.cards() if c.target == "aten._softmax.default")
+    src = (Path(__file__).parent / "candidates" / "cpu" / "softmax_good.cpp").read_text()
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(sm, src)
+    assert r.correct, r.reason
+    promote_kernel(ws, sm.id, src, r, by="test")
+    merges = _merge_cards(manifest(ws))
+    assert len(merges) == len(SETS)
+    model, x = _model(workload), _x()
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = model(x)
+            assert "attn" in applied.scopes and applied.scopes["attn"].sites == {sm.id: 1}
+            skipped = {c: why for c, why in applied.skipped.items() if c in merges}
+            assert len(skipped) == 1 and "would keep the scope attn from running compiled" in next(iter(skipped.values()))
+            assert len(applied.merges) == len(SETS) - 1
+            st = {c["card"]: c for c in applied.status()["cards"]}
+            assert st[sm.id]["served"] == 1
+    torch.testing.assert_close(got, expected)

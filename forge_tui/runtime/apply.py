@@ -1001,6 +1001,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     if experts:
         install_experts(applied, model, experts, device, 0 if mode == Mode.CUDA_GRAPH else shadow_every,
                         compiled=mode == Mode.TORCH_COMPILE)
+    if merges and ops and compiled_scopes:
+        merges = _merges_sparing_scopes(applied, model, merges, ops)
     if merges:
         install_merges(applied, model, merges, device, 0 if mode == Mode.CUDA_GRAPH else shadow_every)
     if ops:
@@ -1062,6 +1064,43 @@ with four such children cost as much host time compiled as intercepted, and one 
 ResNet block: its norms, its SiLU calls) three times as much; the VAE's attention, whose one such
 child is its group norm, ran intercepted at 234 µs of host a call more than eager on the H200, and
 the moe's attention, whose two are its q and k norms, at 635-862 µs more (2 since then)."""
+
+
+def _compiles(path: str, module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
+    """Whether the scope at ``path`` is served compiled (``apply``'s loop over the scopes) with
+    the modules in ``busy`` served by forge."""
+    learns = bool(path) and _direct_leaf(module) and not any(isinstance(g, ChainGuard) for g in guards)
+    return not learns and _graph_scope_ok(module, guards, busy)
+
+
+def _merges_sparing_scopes(applied: "Applied", model: "torch.nn.Module", merges: list[Entry],
+                           ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]]) -> list[Entry]:
+    """The merge cards to install: those whose linears leave every scope that compiles compiled.
+    A merge's siblings are modules forge serves, each a graph break in a compiled scope above them
+    (``GRAPH_BREAKS``); a card that would tip a scope over to the interceptor is skipped with why
+    (on the H200 a merge of the diffusion's VAE q/k/v, 147.4 -> 142.9 µs in isolation, put the VAE
+    attention under the interceptor, which costs the host about 234 µs a call more than eager)."""
+    from .merge import groups_of
+
+    busy = {id(m) for m, _ in ops.values()} | {id(m) for m in applied.forwards.modules()}
+    kept = []
+    for e in merges:
+        members = set()
+        for paths in groups_of(e):
+            for p in paths:
+                try:
+                    members.add(id(model.get_submodule(p)))
+                except AttributeError:
+                    pass  # install says why
+        tipped = [path for path, (module, guards) in ops.items()
+                  if _compiles(path, module, guards, busy) and not _compiles(path, module, guards, busy | members)]
+        if tipped:
+            applied.skipped[e.card] = (f"its linears would keep the scope {tipped[0] or 'of the model'} from running "
+                                       f"compiled: more than {GRAPH_BREAKS} modules below it served by forge")
+            continue
+        kept.append(e)
+        busy |= members
+    return kept
 
 
 def _graph_scope_ok(module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
