@@ -587,3 +587,50 @@ def test_a_chain_reading_a_served_op_cards_output_is_served_after_it(tmp_path):
             levels = applied.scopes[""].levels
     assert levels == ["torch"] and st == {chain.id: 1, cat.id: 1}, (levels, st)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+GEGLU = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GEGLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 256)
+
+    def forward(self, x):
+        h, gate = self.proj(x).chunk(2, dim=-1)
+        return h * F.gelu(gate)
+
+
+def get_model():
+    torch.manual_seed(0)
+    return GEGLU().eval()
+
+
+def get_inputs():
+    torch.manual_seed(1)
+    return [torch.randn(2, 64, 32)]
+'''
+
+
+def test_a_chain_on_the_outputs_of_a_chunk_runs_at_the_torch_level(tmp_path):
+    """The diffusion's GEGLU: the gelu-and-multiply chain reads the two halves of a ``chunk``, a
+    torch call with two outputs, which AOTAutograd names as the source of both of its aten
+    ``getitem``s. Each input is Dynamo's ``getitem`` of the same output, so the scope runs its
+    torch-level graph (on the H200 it ran its aten graph, every aten op a Python call)."""
+    ws, _, mod = _chain_promoted(tmp_path, GEGLU, "chain:gelu+mul")
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(*args) for _ in range(2)]
+            st = applied.status()["cards"][0]
+            levels = [lv for sc in applied.scopes.values() for lv in sc.levels]
+            unmapped = [sc.unmapped for sc in applied.scopes.values()]
+    assert st["served"] == 2, st
+    assert levels == ["torch"] and unmapped == [{}], (levels, unmapped)
+    for g in got:
+        torch.testing.assert_close(g, expected)

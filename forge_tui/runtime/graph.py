@@ -247,6 +247,17 @@ def _in_place(node: Any) -> bool:
     return str(name).endswith("_") or str(name) in _IN_PLACE
 
 
+def _output_of(call: Any, v: Any) -> Any:
+    """Where aten node ``v`` is output k of a torch ``call`` with several (``chunk``, ``split``,
+    ``unbind``: AOTAutograd names that call as the source of each ``getitem`` it traced), the
+    ``getitem`` of Dynamo's graph taking the same output; None otherwise."""
+    if not (v.op == "call_function" and v.target is operator.getitem and len(v.args) == 2):
+        return None
+    k = v.args[1]
+    return next((u for u in call.users if u.op == "call_function" and u.target is operator.getitem
+                 and len(u.args) == 2 and u.args[0] is call and u.args[1] == k), None)
+
+
 def _torch_site(guard: Any, inputs: list[Any], nodes: list[Any], names: dict[str, Any], made: dict[Any, list[Any]],
                 ph: dict[Any, Any]) -> tuple[Any, list[Any], set[Any], Any] | str:
     """One site of a card found in the aten graph, as Dynamo's graph has it: (the guard, the
@@ -268,7 +279,9 @@ def _torch_site(guard: Any, inputs: list[Any], nodes: list[Any], names: dict[str
             d = ph.get(v)
         else:
             d = _source(v, names)
-            if d is None or d in body or made[d][-1] is not v:
+            if d is not None and d not in body:
+                d = _output_of(d, v) or (d if made[d][-1] is v else None)
+            if d is None or d in body:
                 return "an input of the card is not a whole value of a torch call"
         if d is None or not _same_tensor(d.meta.get("example_value"), v.meta.get("val")):
             return "an input of the card is not a whole value of a torch call"
