@@ -1013,10 +1013,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         """The scopes and the modules whose forwards module cards replaced."""
         for path, (module, guards) in ops.items():
             trial = _scope_trial(trials, guards, path, trial_calls, device)
-            has_chains = any(isinstance(g, ChainGuard) for g in guards)
-            learns = bool(path) and _direct_leaf(module) and not has_chains
-            """A leaf module of torch.nn whose one op is served: called straight, once learned (_LeafSites)."""
-            if compiled_scopes and not learns and _graph_scope_ok(module, guards, busy):
+            learns = _learns(path, module, guards)
+            if compiled_scopes and _compiles(path, module, guards, busy):
                 scope = GraphScope(module, module.forward, [g.guard for g in guards], device)
                 applied.scopes[path or ""] = scope
                 applied._replace_forward(module, _graph_forward(scope, guards, trial, path))
@@ -1066,11 +1064,16 @@ child is its group norm, ran intercepted at 234 µs of host a call more than eag
 the moe's attention, whose two are its q and k norms, at 635-862 µs more (2 since then)."""
 
 
+def _learns(path: str, module: "torch.nn.Module", guards: list[OpGuard | ChainGuard]) -> bool:
+    """Whether the scope at ``path`` is a leaf module of torch.nn whose one op is served: called
+    straight, once learned (``_LeafSites``)."""
+    return bool(path) and _direct_leaf(module) and not any(isinstance(g, ChainGuard) for g in guards)
+
+
 def _compiles(path: str, module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
     """Whether the scope at ``path`` is served compiled (``apply``'s loop over the scopes) with
     the modules in ``busy`` served by forge."""
-    learns = bool(path) and _direct_leaf(module) and not any(isinstance(g, ChainGuard) for g in guards)
-    return not learns and _graph_scope_ok(module, guards, busy)
+    return not _learns(path, module, guards) and _graph_scope_ok(module, guards, busy)
 
 
 def _merges_sparing_scopes(applied: "Applied", model: "torch.nn.Module", merges: list[Entry],
