@@ -1435,6 +1435,53 @@ def test_a_leaf_sites_dispatch_is_weighed_against_the_leafs_own_call(layer_norm_
         assert not st["active"] and "more than eager's own" in st["disabled_reason"], st
 
 
+@pytest.mark.parametrize("eager_costly", [True, False])
+def test_an_intercepted_ops_dispatch_is_weighed_against_eager_running_the_op(layer_norm_ws, monkeypatch,
+                                                                            eager_costly):
+    """The same rule for an op card served through the interceptor (here nn.LayerNorm's op, with
+    the leaf not learned): where its dispatch looks costlier than what the kernel saves, the
+    interceptor runs eager's own op in the kernel's place, timed (EAGER_SAMPLES calls, counted as
+    fallbacks), and the kernel stays where its whole call costs the host no more than eager's by
+    what it saves."""
+    from forge_tui.runtime import apply as apply_mod
+    from forge_tui.runtime.apply import Guard
+    from forge_tui.runtime.kernel import CardKernel
+
+    ws, card = layer_norm_ws
+    model, x = _layer_norm_model()
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(apply_mod, "_direct_leaf", lambda module: False)  # every call through the interceptor
+    monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e-3))  # dispatch always looks too costly
+    if eager_costly:  # eager's op costs the host 2 ms more where it is timed in the kernel's place
+        real = Guard.time_eager
+
+        def time_eager(self, call):
+            return real(self, lambda: (time.sleep(0.002), call())[1])
+
+        monkeypatch.setattr(Guard, "time_eager", time_eager)
+    else:  # the kernel's call costs the host 2 ms more than eager's
+        real_call = CardKernel.__call__
+
+        def call(self, *a, **k):
+            time.sleep(0.002)
+            return real_call(self, *a, **k)
+
+        monkeypatch.setattr(CardKernel, "__call__", call)
+    why = Guard.EAGER_WHY
+    with torch.no_grad(), apply(model, ws, trial_calls=0, compiled_scopes=False) as applied:
+        for _ in range(20):
+            torch.testing.assert_close(model(x), expected)
+        st = applied.status()["cards"][0]
+        assert not applied.leaves
+    assert st["card"] == card.id and st["fallbacks"].get(why) == Guard.EAGER_SAMPLES, st
+    if eager_costly:
+        assert st["active"] and st["eager_call_us"] >= 2000, st
+        assert st["served"] == 20 - Guard.EAGER_SAMPLES, st
+    else:
+        assert not st["active"] and "more than eager's own" in st["disabled_reason"], st
+
+
 def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_interceptor(layer_norm_ws, monkeypatch):
     """nn.LayerNorm's forward is one op, served: after two calls under the interceptor, its calls
     go to the card's guard directly (nothing dispatched through the interceptor), and still agree

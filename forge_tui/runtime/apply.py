@@ -570,9 +570,11 @@ class OpGuard:
                 return None
         return uniq
 
-    def try_serve(self, args: Any, kwargs: Any, served_inputs: list[Any] | None = None) -> tuple[Any, str | None]:
-        """(the op's result, None) when the kernel served the call; (None, why not) otherwise.
-        ``served_inputs``: a list that receives the call's distinct tensors when it is served."""
+    def try_serve(self, args: Any, kwargs: Any, served_inputs: list[Any] | None = None) -> tuple[Any, Any]:
+        """(the op's result, None) when the kernel served the call; (None, why not) otherwise, or
+        (None, ``_TIME_EAGER``) for a call that matched while the guard wants eager's own op timed
+        in the kernel's place. ``served_inputs``: a list that receives the call's distinct tensors
+        when it is served."""
         guard = self.guard
         if not guard.status.active:  # switched off: nothing to match
             return None, "disabled"
@@ -602,6 +604,8 @@ class OpGuard:
                 return None, why
             if enc_args != self.args or enc_kwargs != self.kwargs:
                 return None, "arguments differ"
+        if guard.eager_pending:
+            return None, _TIME_EAGER
         outs = guard.serve(uniq, checked_at=t0)
         if outs is None:
             return None, ""  # counted by serve
@@ -726,6 +730,11 @@ def _interceptor_class() -> type:
                     if why is None:
                         if record is not None:
                             record.append((func, g, uniq or [], out, None))
+                        return out
+                    if why is _TIME_EAGER:
+                        out = g.guard.time_eager(lambda: func(*args, **kwargs))
+                        if record is not None:
+                            record.append((func, None, [], out, (args, kwargs)))
                         return out
                     misses.append((g, why))
                 for g, why in misses:  # no card served the call: each says why not
@@ -1029,6 +1038,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                     chains.setdefault(g.head, []).append(g)
                 else:
                     table.setdefault(g.func, []).append(g)
+                    # the interceptor can run eager's own op in the kernel's place, timed, where
+                    # the dispatch looks too costly (``Guard.time_eager``)
+                    g.guard.eager_timable = True
             owner = object()
             leaf = _LeafSites(module, device) if learns else None
             if leaf is not None:
@@ -1295,7 +1307,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
 _NOT_SERVED = object()
 _FELL_BACK = object()
 _TIME_EAGER = object()
-"""A learned leaf site's guard wants eager's own call of the leaf timed (``Guard.eager_pending``)."""
+"""A guard wants eager's own call timed in the kernel's place (``Guard.eager_pending``): a learned
+leaf site's (the leaf's forward) or an intercepted op's (the op)."""
 
 DIRECT_ATTR = "forge_direct"
 """A module class that sets this attribute true declares that its forward reads nothing but its
