@@ -1379,32 +1379,33 @@ def layer_norm_ws(tmp_path_factory):
 
 
 @pytest.mark.parametrize("eager_costly", [True, False])
-def test_a_leaf_sites_dispatch_is_weighed_against_the_leafs_own_call(layer_norm_ws, monkeypatch, eager_costly):
-    """An op card served at learned leaf sites whose dispatch looks costlier than what the kernel
-    saves is judged as a module card is: the leaf's own forward is timed in the kernel's place
+@pytest.mark.parametrize("site", ["leaf", "interceptor"])
+def test_an_op_cards_dispatch_is_weighed_against_eager_s_own_call(layer_norm_ws, monkeypatch, site, eager_costly):
+    """An op card served at a learned leaf site, or through the interceptor (the leaf not
+    learned), whose dispatch looks costlier than what the kernel saves is judged as a module card
+    is: eager's own call (the leaf's forward, or the op) is timed in the kernel's place
     (EAGER_SAMPLES calls, counted as fallbacks) and the kernel stays where its whole call costs the
     host no more than eager's by what it saves. (On the H200 a group norm leaf was switched off for
     a 31 µs dispatch inside the forward, where eager's own call of the module cost it more.)"""
+    from forge_tui.runtime import apply as apply_mod
     from forge_tui.runtime.apply import Guard
     from forge_tui.runtime.kernel import CardKernel
 
-    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
     ws, card = layer_norm_ws
-    model, x = wl.get_model(), wl.get_inputs()[0]
+    model, x = _layer_norm_model()
     with torch.no_grad():
         expected = model(x)
+    if site == "interceptor":
+        monkeypatch.setattr(apply_mod, "_direct_leaf", lambda module: False)  # every call through the interceptor
     monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e-3))  # dispatch always looks too costly
-    if eager_costly:  # eager's call of the leaf costs the host 2 ms: the kernel's is far cheaper
-        real = torch.nn.functional.layer_norm
+    if eager_costly:  # eager's call costs the host 2 ms more where it is timed in the kernel's place
+        real = Guard.time_eager
 
-        def layer_norm(*a, **k):
-            time.sleep(0.002)
-            return real(*a, **k)
+        def time_eager(self, call):
+            return real(self, lambda: (time.sleep(0.002), call())[1])
 
-        monkeypatch.setattr(torch.nn.functional, "layer_norm", layer_norm)
-    else:  # the kernel's call costs the host 2 ms more than eager's
+        monkeypatch.setattr(Guard, "time_eager", time_eager)
+    else:  # the kernel's call costs the host 2 ms more than eager's, on either path
         real_call, real_bind = CardKernel.__call__, CardKernel.bind
 
         def call(self, *a, **k):
@@ -1423,61 +1424,16 @@ def test_a_leaf_sites_dispatch_is_weighed_against_the_leafs_own_call(layer_norm_
         monkeypatch.setattr(CardKernel, "__call__", call)
         monkeypatch.setattr(CardKernel, "bind", bind)
     why = Guard.EAGER_WHY
-    with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:
-        for _ in range(30):
-            torch.testing.assert_close(model(x), expected)
-        st = applied.status()["cards"][0]
-    assert st["card"] == card.id and st["fallbacks"].get(why) == Guard.EAGER_SAMPLES, st
-    if eager_costly:
-        assert st["active"] and st["eager_call_us"] >= 2000, st
-        assert st["served"] == 30 - Guard.EAGER_SAMPLES, st
-    else:
-        assert not st["active"] and "more than eager's own" in st["disabled_reason"], st
-
-
-@pytest.mark.parametrize("eager_costly", [True, False])
-def test_an_intercepted_ops_dispatch_is_weighed_against_eager_running_the_op(layer_norm_ws, monkeypatch,
-                                                                            eager_costly):
-    """The same rule for an op card served through the interceptor (here nn.LayerNorm's op, with
-    the leaf not learned): where its dispatch looks costlier than what the kernel saves, the
-    interceptor runs eager's own op in the kernel's place, timed (EAGER_SAMPLES calls, counted as
-    fallbacks), and the kernel stays where its whole call costs the host no more than eager's by
-    what it saves."""
-    from forge_tui.runtime import apply as apply_mod
-    from forge_tui.runtime.apply import Guard
-    from forge_tui.runtime.kernel import CardKernel
-
-    ws, card = layer_norm_ws
-    model, x = _layer_norm_model()
-    with torch.no_grad():
-        expected = model(x)
-    monkeypatch.setattr(apply_mod, "_direct_leaf", lambda module: False)  # every call through the interceptor
-    monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e-3))  # dispatch always looks too costly
-    if eager_costly:  # eager's op costs the host 2 ms more where it is timed in the kernel's place
-        real = Guard.time_eager
-
-        def time_eager(self, call):
-            return real(self, lambda: (time.sleep(0.002), call())[1])
-
-        monkeypatch.setattr(Guard, "time_eager", time_eager)
-    else:  # the kernel's call costs the host 2 ms more than eager's
-        real_call = CardKernel.__call__
-
-        def call(self, *a, **k):
-            time.sleep(0.002)
-            return real_call(self, *a, **k)
-
-        monkeypatch.setattr(CardKernel, "__call__", call)
-    why = Guard.EAGER_WHY
+    calls = 30
     with torch.no_grad(), apply(model, ws, trial_calls=0, compiled_scopes=False) as applied:
-        for _ in range(20):
+        for _ in range(calls):
             torch.testing.assert_close(model(x), expected)
         st = applied.status()["cards"][0]
-        assert not applied.leaves
+        assert bool(applied.leaves) == (site == "leaf")
     assert st["card"] == card.id and st["fallbacks"].get(why) == Guard.EAGER_SAMPLES, st
     if eager_costly:
         assert st["active"] and st["eager_call_us"] >= 2000, st
-        assert st["served"] == 20 - Guard.EAGER_SAMPLES, st
+        assert st["served"] == calls - Guard.EAGER_SAMPLES, st
     else:
         assert not st["active"] and "more than eager's own" in st["disabled_reason"], st
 

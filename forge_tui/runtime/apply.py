@@ -1018,8 +1018,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []
         trials: dict[tuple[str, ...], Trial] = {}
-        busy = {id(m) for m, _ in ops.values()} | {id(m) for m in applied.forwards.modules()}
-        """The scopes and the modules whose forwards module cards replaced."""
+        busy = _busy(applied, ops)
         for path, (module, guards) in ops.items():
             trial = _scope_trial(trials, guards, path, trial_calls, device)
             learns = _learns(path, module, guards)
@@ -1038,8 +1037,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                     chains.setdefault(g.head, []).append(g)
                 else:
                     table.setdefault(g.func, []).append(g)
-                    # the interceptor can run eager's own op in the kernel's place, timed, where
-                    # the dispatch looks too costly (``Guard.time_eager``)
+                    # the interceptor (or, once learned, the leaf's own forward) can run eager's
+                    # call in the kernel's place, timed, where the dispatch looks too costly
+                    # (``Guard.time_eager``)
                     g.guard.eager_timable = True
             owner = object()
             leaf = _LeafSites(module, device) if learns else None
@@ -1076,6 +1076,12 @@ child is its group norm, ran intercepted at 234 µs of host a call more than eag
 the moe's attention, whose two are its q and k norms, at 635-862 µs more (2 since then)."""
 
 
+def _busy(applied: "Applied", ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]]) -> set[int]:
+    """The scopes and the modules whose forwards forge replaced so far (module cards, folds,
+    experts, merges), by id: each a graph break in a compiled scope above it."""
+    return {id(m) for m, _ in ops.values()} | {id(m) for m in applied.forwards.modules()}
+
+
 def _learns(path: str, module: "torch.nn.Module", guards: list[OpGuard | ChainGuard]) -> bool:
     """Whether the scope at ``path`` is a leaf module of torch.nn whose one op is served: called
     straight, once learned (``_LeafSites``)."""
@@ -1097,7 +1103,7 @@ def _merges_sparing_scopes(applied: "Applied", model: "torch.nn.Module", merges:
     attention under the interceptor, which costs the host about 234 µs a call more than eager)."""
     from .merge import groups_of
 
-    busy = {id(m) for m, _ in ops.values()} | {id(m) for m in applied.forwards.modules()}
+    busy = _busy(applied, ops)
     kept = []
     for e in merges:
         members = set()
@@ -1514,9 +1520,6 @@ class _LeafSites:
             self._candidate, self._seen = site, 1
         if self._seen >= self.LEARN_CALLS:
             self.sites.append(site)
-            # the leaf's own forward computes what the site serves: where the guard's dispatch
-            # looks too costly, it can be timed in the kernel's place (``Guard.time_eager``)
-            site[0].guard.eager_timable = True
             self._same.append(_attrs_check(site[4], self.module.__dict__))
             self._candidate, self._seen = None, 0
 
