@@ -46,12 +46,17 @@ class BenchResult:
     """Variants whose outputs missed the element tolerance, judged instead against the model run in
     fp32: their relative error and that of the output they were checked against ("error",
     "baseline_error", "baseline", "outside": what missed the tolerance)."""
+    served_compiled: dict[str, int] = field(default_factory=dict)
+    """Calls served per card in the torch.compile + forge forwards (custom ops and the cards served
+    in the compiled graphs): these cards decide where torch.compile + forge must beat
+    torch.compile, not those eager + forge serves (ResNet-50's batch norms are served only there:
+    op by op they are folded into the convolutions)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "times_us": {k: v.to_json() for k, v in self.times.items()},
                 "speedups": {k: v.to_json() for k, v in self.speedups.items()}, "outputs_agree": self.outputs_agree,
                 "bound": self.bound, "served": self.served, "switched_off": self.switched_off, "notes": self.notes,
-                "accuracy": self.accuracy}
+                "accuracy": self.accuracy, "served_compiled": self.served_compiled}
 
     def all_switched_off(self) -> bool:
         """Whether the op-by-op verdict switched off every kernel the eager + forge forward served."""
@@ -424,12 +429,15 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     if after is not None:
         speedups[AFTER_SWITCH_OFF] = after
     served = {c["card"]: c["served"] for c in applied.status()["cards"]}
+    served_compiled = ({c["card"]: c["served"] for c in compiled_applied.status()["cards"]}
+                       if compiled_applied is not None else {})
     applied.undo()
     if compiled_applied is not None:
         compiled_applied.undo()
     if graph_applied is not None:
         graph_applied.undo()
-    return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy)
+    return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy,
+                       served_compiled)
 
 
 def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
