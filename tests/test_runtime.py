@@ -841,6 +841,43 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
     assert len(pieces_notes) == 2 and all("modules from graphs" in n for n in pieces_notes), r.notes
 
 
+def test_the_compiled_variants_are_freed_before_the_graphs_are_captured(promoted, monkeypatch, tmp_path):
+    """The captures need memory of their own: the compiled models the four ways timed are gone by
+    then (the decoder's graphs on the H200 once failed out of memory behind them)."""
+    import gc
+    import shutil
+    import weakref
+
+    from forge_tui import e2e
+    from forge_tui.workspace import Workspace
+
+    src, _, _ = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    compiled: list[weakref.ref] = []
+    real_compile = torch.compile
+
+    def recording_compile(model, **kw):
+        c = real_compile(model, **kw)
+        compiled.append(weakref.ref(c))
+        return c
+
+    alive_at_capture: list[int] = []
+
+    def stand_in(run, warmup=3):
+        gc.collect()
+        alive_at_capture.append(sum(r() is not None for r in compiled))
+        return run, run()
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=2, warmup=1, compile_backend="eager", switch_off=False,
+                  graphs=True)
+    assert len(compiled) == 2 and {"compile", "compile+forge"} <= set(r.times)
+    assert alive_at_capture == [0, 0]
+
+
 def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch, tmp_path, capsys):
     """--graphs decides on graphed forwards which kernels a captured model uses, apart from the
     op-by-op verdict: here the softmax's call costs the host more than it saves (off op by op)
