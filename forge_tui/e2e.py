@@ -524,8 +524,12 @@ def scope_notes(applied: Any) -> list[str]:
     out = []
     for path, scope in sorted(applied.scopes.items()):
         if scope.levels:
+            if scope.direct is not None:
+                how = f"; Dynamo's code called directly ({scope.direct.calls} of its calls)"
+            else:
+                how = f"; Dynamo ran every call: {scope.direct_why}" if scope.direct_why else ""
             out.append(f"compiled scope {path or 'the model'}: ran as {', '.join(scope.levels)} graph"
-                       f"{'s' if len(scope.levels) > 1 else ''}")
+                       f"{'s' if len(scope.levels) > 1 else ''}{how}")
         out.extend(f"compiled scope {path or 'the model'}: {card} not served there: {why}"
                    for card, why in sorted(scope.unmapped.items()))
     return out

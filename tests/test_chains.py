@@ -563,7 +563,7 @@ def test_a_site_with_no_torch_call_of_its_own_is_left_where_the_rest_save_more(t
             scope = applied.scopes[""]
             notes = scope_notes(applied)  # what forge bench prints
     assert scope.levels == [level], (scope.levels, scope.unmapped)
-    assert notes[0] == f"compiled scope the model: ran as {level} graph", notes
+    assert notes[0] == f"compiled scope the model: ran as {level} graph; Dynamo's code called directly (1 of its calls)", notes
     assert any(clone.id in n and "makes others too" in n for n in notes) is (level == "torch"), notes
     assert st[chain.id]["served"] == 2 and (st[clone.id]["served"] == 0) == (level == "torch"), st
     if level == "torch":

@@ -1,6 +1,7 @@
 """Promoted kernels back in the unmodified model (cpu backend, real compiled kernels): promotion
 from a search with approval, the guarded runtime, live fallback status, torch.compile, export."""
 
+import contextlib
 import importlib.util
 import json
 import subprocess
@@ -2165,3 +2166,104 @@ def test_the_final_switch_off_measures_again_when_its_quartiles_straddle_one(pro
         below = {"eager": [97.0, 98.0, 98.0, 99.0], "eager+forge": [100.0] * 4}
         out, after, again = run(Path(tmp) / "c", below, ratio(1.5, 1.4, 1.6))
         assert again == [] and norm.id in out and "measured again" not in out[norm.id]
+
+
+def _scope_calls(promoted, model, calls):
+    """(outputs of ``calls(model)``, the root scope) with the softmax card served in the model's
+    compiled root scope."""
+    ws, _, sm = promoted
+    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+        outs = calls(model)
+        scope = applied.scopes[""]
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    return outs, scope, st[sm.id]
+
+
+def test_a_compiled_scope_runs_dynamos_code_directly_while_calls_are_alike(promoted):
+    """After the call that compiles it, a scope runs the code Dynamo made for that call without
+    Dynamo (its per-call machinery cost the H200 host more than the kernels saved): same results,
+    the kernel served in each call."""
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+    outs, scope, st = _scope_calls(promoted, model, lambda m: [m(x.clone()) for _ in range(4)])
+    for o in outs:
+        torch.testing.assert_close(o, expected)
+    assert scope.direct is not None, scope.direct_why
+    assert scope.direct.calls == 3 and st["served"] == 4
+
+
+@pytest.mark.parametrize("change, direct", [("shape", False), ("attribute", False), ("autocast", False),
+                                            ("hook", False), ("global hook", False),
+                                            ("parameter", True), ("keyword", True)])
+def test_a_call_unlike_the_compiled_one_goes_to_dynamo(promoted, change, direct):
+    """Dynamo's own guards decide whether a call runs its code directly; and the model computes
+    what its forward now says. Another input shape, a module attribute the graph baked in (the
+    RMSNorm's epsilon) or autocast go to Dynamo. A hook added (to a module of the scope, or for all
+    modules) runs the forward as written: Dynamo's graph would leave it out. A parameter replaced
+    by one like it, or the input passed by keyword, leave the frame as Dynamo guards it, and run
+    directly (the code reads the parameter as it is now)."""
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    seen = []
+
+    def calls(m):
+        m(x)
+        m(x)  # direct
+        ctx = contextlib.nullcontext()
+        arg = x
+        if change == "shape":
+            arg = torch.randn(8, 256)
+        elif change == "attribute":
+            m.norm.variance_epsilon = 0.5
+        elif change == "parameter":
+            m.norm.weight = torch.nn.Parameter(torch.full((256,), 3.0))
+        elif change == "hook":
+            m.norm.register_forward_hook(lambda mod, a, o: seen.append(1))
+        elif change == "global hook":
+            handles.append(torch.nn.modules.module.register_module_forward_hook(
+                lambda mod, a, o: seen.append(1) if mod is m.norm else None))
+        elif change == "autocast":
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+        with ctx:
+            got = m(x=arg) if change == "keyword" else m(arg)
+        with ctx:
+            want = type(m).forward(m, arg)  # the forward as written, on the model as it is now
+        return got, want
+
+    handles: list = []
+    try:
+        (got, want), scope, _ = _scope_calls(promoted, model, calls)
+    finally:
+        for h in handles:
+            h.remove()
+    assert scope.direct is not None and scope.direct.calls == (2 if direct else 1), scope.direct_why
+    torch.testing.assert_close(got, want)
+    if "hook" in change:
+        assert seen == [1, 1]  # the hooked call, and the forward as written
+
+
+def test_a_scope_whose_graph_breaks_is_not_called_directly(promoted, monkeypatch):
+    """Dynamo compiles the code after a graph break on its own; run without Dynamo it would not
+    be, so such a scope keeps Dynamo, and says why."""
+    import sys
+
+    wl = load_workload()
+    monkeypatch.setitem(sys.modules, wl.__name__, wl)  # Dynamo imports the module of the class below's base
+
+    class Breaking(type(wl.get_model())):
+        def forward(self, x):
+            h = self.norm(x)
+            torch._dynamo.graph_break()
+            return torch.softmax(h, dim=-1)
+
+    model = Breaking()
+    model.load_state_dict(wl.get_model().state_dict())
+    x = wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+    outs, scope, _ = _scope_calls(promoted, model, lambda m: [m(x) for _ in range(3)])
+    for o in outs:
+        torch.testing.assert_close(o, expected)
+    assert scope.direct is None and "broke its graph" in scope.direct_why

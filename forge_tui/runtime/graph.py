@@ -31,6 +31,7 @@ import types
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..program import encodes_as, resolve_op, run_program
+from .direct import HOOKED, MISS, DirectCall
 
 if TYPE_CHECKING:
     import torch
@@ -392,6 +393,13 @@ class GraphScope:
         self.unmapped: dict[str, str] = {}
         """Cards with sites left unserved in a torch-level graph, and why."""
         self._compiled: Any = None
+        self._clone: Any = None
+        self.direct: Any = None
+        """Dynamo's code for the call that compiled the scope, run without Dynamo while a call is
+        like that one (``direct.DirectCall``), or None."""
+        self.direct_why: str | None = None
+        """Why the scope has no direct call, once its first compiled call has run."""
+        self._direct_tried = False
 
     def _backend(self) -> Any:
         from torch._dynamo.backends.common import aot_autograd
@@ -445,6 +453,7 @@ class GraphScope:
             clone = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
                                        func.__closure__)
             clone.__kwdefaults__ = func.__kwdefaults__
+            self._clone = clone
             self._compiled = torch.compile(types.MethodType(clone, self.module), backend=self._backend(), dynamic=False)
         return self._compiled
 
@@ -454,12 +463,24 @@ class GraphScope:
         if self.failed is not None or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
             return self.original(*args, **kwargs)
+        direct = self.direct
+        if direct is not None:
+            out = direct(args, kwargs)
+            if out is HOOKED:
+                return self.original(*args, **kwargs)
+            if out is not MISS:
+                return out
+        first = not self._direct_tried
         try:
-            return self.compiled()(*args, **kwargs)
+            out = self.compiled()(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as exc:
             # raised before the forward ran: Dynamo failed on it, or our backend did
             self.failed = f"torch.compile failed on it: {type(exc).__name__}: {str(exc)[:300]}"
             return self.original(*args, **kwargs)
+        if first and self.failed is None:
+            self._direct_tried = True
+            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device)
+        return out
 
 
 def _counting_misses(fn: Any, missed: list[tuple[Any, str]]) -> Any:

@@ -1,0 +1,131 @@
+"""A compiled scope's calls without Dynamo's frame machinery: Dynamo's guards, then Dynamo's code.
+
+Dynamo runs a compiled function by installing its frame-evaluation callback, checking the guards
+of its cache entries against the frame's locals, and running the code object it made for the
+frame: the forward's bytecode rewritten to call the graph and to rebuild what the forward returns,
+side effects included. On the H200 machine's host a compiled scope of ours cost more than the
+eager forward it stands for: the diffusion's VAE attention 432 µs a call against 324, the
+decoder's attention layers 645-880 against 540-719 (docs/runs/issue-15-17-h200.md, 2026-12-04,
+second session, call 2). On this CPU the VAE attention at 32 channels took 91-93 µs compiled and
+69-71 in eager; its guards took 3.2-3.8 µs of that, and the guards then Dynamo's code, called
+directly, 61.
+
+``DirectCall`` does just that for the variant Dynamo compiled first: the cache entry's own guard
+manager checks the call (the arguments' tensors, the modules' attributes and parameters, the
+globals the trace read, grad mode, autocast: whatever Dynamo guards), and where it passes, the
+entry's code runs as a plain function. A call it refuses goes to Dynamo (which compiles again, or
+runs Python). Dynamo does not guard on module hooks (``torch._dynamo.config.
+skip_nnmodule_hook_guards``): where one was added to a module of the scope, or for all modules,
+since the compile, the forward runs as written rather than leave the hook out.
+
+A scope gets no direct call, and says why, where Dynamo broke its graph (it would compile the code
+after the break on its own: resume functions), compiled more than one variant before the first
+call returned, or where this torch does not expose the cache entries.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+MISS = object()
+"""What ``DirectCall.__call__`` returns for a call that Dynamo's guards refuse (Dynamo's to run)."""
+HOOKED = object()
+"""What it returns where a module hook was added or removed since the compile: the forward as
+written is to run."""
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                 "_global_forward_hooks_always_called")
+_VARARGS, _VARKEYWORDS = 0x04, 0x08  # inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+
+
+class _Hooks:
+    """The hooks of a scope's modules, and the global module hooks, as they were at the compile."""
+
+    def __init__(self, root: Any) -> None:
+        from torch.nn.modules import module as nn_module
+
+        self.dicts = tuple(m.__dict__[h] for m in root.modules() for h in _HOOKS if h in m.__dict__)
+        self.globals = tuple(getattr(nn_module, h) for h in _GLOBAL_HOOKS if hasattr(nn_module, h))
+        self.held = self._held()
+
+    def _held(self) -> tuple[Any, ...]:
+        return tuple(tuple(d.values()) if d else () for d in (*self.dicts, *self.globals))
+
+    def same(self) -> bool:
+        return self._held() == self.held
+
+
+class DirectCall:
+    """Dynamo's guards and code for one compiled variant of a scope's forward, run without
+    Dynamo's frame machinery (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., Any], check: Callable[[dict[str, Any]], bool], bound: Any,
+                 names: tuple[str, ...], positional: int, defaults: dict[str, Any], hooks: _Hooks,
+                 device: str) -> None:
+        self.fn = fn
+        self.check = check
+        self.bound = bound
+        """The forward's ``self`` (the scope's module), passed first, as the frame had it."""
+        self.names = names
+        """The forward's parameters, ``self`` first: the frame's locals that the guards read."""
+        self.positional = positional
+        self.defaults = defaults
+        self.hooks = hooks
+        self.device = device
+        self.calls = 0
+        """Calls run directly."""
+
+    @classmethod
+    def build(cls, function: Any, module: Any, device: str) -> tuple["DirectCall | None", str | None]:
+        """The direct call of ``function`` (a scope's forward that Dynamo has compiled, called as a
+        method of ``module``), or None and why not."""
+        try:
+            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        except ImportError:
+            return None, "this torch does not expose Dynamo's compiled code"
+        orig = function.__code__
+        if orig.co_flags & (_VARARGS | _VARKEYWORDS):
+            return None, "its forward takes *args or **kwargs"
+        entries = _debug_get_cache_entry_list(orig)
+        if len(entries) != 1:
+            return None, f"Dynamo compiled {len(entries)} variants of it"
+        entry = entries[0]
+        code = entry.code
+        if any(n.startswith("__resume_at") for n in code.co_names):
+            return None, "Dynamo broke its graph (the code after the break would be compiled on its own)"
+        check = getattr(entry.guard_manager, "check", None)
+        if check is None or code.co_freevars != orig.co_freevars:
+            return None, "this torch's compiled code is not one it can call"
+        names = orig.co_varnames[:orig.co_argcount + orig.co_kwonlyargcount]
+        defaults = dict(zip(names[orig.co_argcount - len(function.__defaults__ or ()):orig.co_argcount],
+                            function.__defaults__ or ()))
+        defaults.update(function.__kwdefaults__ or {})
+        fn = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
+                                function.__closure__)
+        fn.__kwdefaults__ = function.__kwdefaults__
+        return cls(fn, check, module, names, orig.co_argcount, defaults, _Hooks(module), device), None
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The forward's value; ``HOOKED`` where a module hook changed since the compile; ``MISS``
+        where Dynamo's guards refuse the call (or it does not bind to the forward's parameters)."""
+        from .apply import _plain_context
+
+        if not self.hooks.same():
+            return HOOKED
+        if len(args) + 1 > self.positional or not _plain_context(self.device):
+            return MISS
+        frame = dict(self.defaults) if self.defaults else {}
+        frame.update(zip(self.names, (self.bound, *args)))
+        if kwargs:
+            for k in kwargs:
+                if k not in self.names or k in self.names[:len(args) + 1]:
+                    return MISS
+            frame.update(kwargs)
+        if len(frame) != len(self.names) or not self.check(frame):
+            return MISS
+        self.calls += 1
+        return self.fn(self.bound, *args, **kwargs)
