@@ -416,6 +416,12 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
             stats, raw, _ = timer.time(fns)
         notes.extend(pauses.notes())
         notes.extend(scope_notes(applied))
+        # the compiled variants are done with (their verdict reads the timings, not the models):
+        # their memory (inductor's buffers, the outputs they keep) goes back before the switch-off
+        # times fresh copies and the graphs are captured (on the H200 the decoder's graphs once
+        # failed out of memory behind them, 139.8 GiB in use, and a switch-off's copy of its
+        # forward ran 18.3 ms where the bench's had run 14.6)
+        _release(variants, fns, ("compile", "compile+forge"))
         switched: dict[str, str] = {}
         after: Stats | None = None
         if switch_off:
@@ -423,10 +429,6 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         if (switch_off if switch_off_compile is None else switch_off_compile) and compiled_applied is not None:
             switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
         if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
-            # the compiled variants are done with: their memory (inductor's buffers, the outputs they
-            # keep) freed before the captures, which need their own pools (on the H200 the decoder's
-            # graphs once failed out of memory after its compiled forwards, 139.8 GiB in use)
-            _release(variants, fns, ("compile", "compile+forge"))
             g_stats, g_raw, g_agree, g_acc, g_fns, g_pieces = _graph_variants(wl, inputs, graph_models, timer, ref,
                                                                                notes, model)
             stats.update(g_stats)
@@ -651,6 +653,7 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
             finally:
                 a.undo()
                 del with_all
+                _release({}, {}, ())  # the copies' memory back before the next unit's
             if wo.q3 < w.q1:  # faster without it, beyond the spread of both
                 together = (f" (with {', '.join(c for c in unit)}: they share a scope, served together)"
                             if len(unit) > 1 else "")

@@ -843,8 +843,9 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
 
 
 def test_the_compiled_variants_are_freed_before_the_graphs_are_captured(promoted, monkeypatch, tmp_path):
-    """The captures need memory of their own: the compiled models the four ways timed are gone by
-    then (the decoder's graphs on the H200 once failed out of memory behind them)."""
+    """The switch-off's copies and the captures need memory of their own: the compiled models the
+    four ways timed are gone by then (the decoder's graphs on the H200 once failed out of memory
+    behind them, and a switch-off's copy ran 25% slower than the bench's forward)."""
     import gc
     import shutil
     import weakref
@@ -870,13 +871,20 @@ def test_the_compiled_variants_are_freed_before_the_graphs_are_captured(promoted
         alive_at_capture.append(sum(r() is not None for r in compiled))
         return run, run()
 
+    real_switch_off = e2e._switch_off_slower
+
+    def switch_off(*a, **kw):
+        gc.collect()
+        alive_at_capture.append(sum(r() is not None for r in compiled))
+        return real_switch_off(*a, **kw)
+
     monkeypatch.setattr(torch, "compile", recording_compile)
     monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=2, warmup=1, compile_backend="eager", switch_off=False,
-                  graphs=True)
+    monkeypatch.setattr(e2e, "_switch_off_slower", switch_off)
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=2, warmup=1, compile_backend="eager", graphs=True)
     assert len(compiled) == 2 and {"compile", "compile+forge"} <= set(r.times)
-    assert alive_at_capture == [0, 0]
+    assert alive_at_capture == [0, 0, 0]  # at the switch-off, and at each capture
 
 
 def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch, tmp_path, capsys):
