@@ -18,9 +18,11 @@ runs Python). Dynamo does not guard on module hooks (``torch._dynamo.config.
 skip_nnmodule_hook_guards``): where one was added to a module of the scope, or for all modules,
 since the compile, the forward runs as written rather than leave the hook out.
 
-A scope gets no direct call, and says why, where Dynamo broke its graph (it would compile the code
-after the break on its own: resume functions), compiled more than one variant before the first
-call returned, or where this torch does not expose the cache entries.
+Where Dynamo broke the scope's graph (around a served leaf module: its kernel's call is kept out
+of Dynamo's traces), its code calls a function of Dynamo's for the rest of the forward, which
+Dynamo compiles on its own; those calls get direct calls too, under their own guards. A scope
+gets no direct call, and says why, where Dynamo compiled more than one variant of it (or of the
+code after a break) before the first call returned, or where this torch does not expose them.
 """
 
 from __future__ import annotations
@@ -59,6 +61,65 @@ class _Hooks:
         return self._held() == self.held
 
 
+_NESTING = 8
+"""Graph breaks inside the code after a graph break, at most, for a direct call."""
+
+
+def _direct(function: Any, depth: int = 0) -> tuple[Callable[..., Any] | None, Any, str | None]:
+    """(Dynamo's code for ``function``'s one compiled variant as a plain function, the variant's
+    guard check), or (None, None, why not). Where Dynamo broke the graph, the code calls the
+    function it made for what follows the break (``__resume_at_*``, compiled by Dynamo on its own
+    when first called): here each such call goes to that function's own direct call, under its own
+    guards, and to the function as written (the rest of the forward as Python: eager's ops) where
+    they refuse it."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return None, None, "this torch does not expose Dynamo's compiled code"
+    where = "it" if depth == 0 else "the code after a graph break in it"
+    entries = _debug_get_cache_entry_list(function.__code__)
+    if len(entries) != 1:
+        return None, None, f"Dynamo compiled {len(entries)} variants of {where}"
+    entry = entries[0]
+    code = entry.code
+    check = getattr(entry.guard_manager, "check", None)
+    if check is None or code.co_freevars != function.__code__.co_freevars:
+        return None, None, f"this torch's compiled code for {where} is not one it can call"
+    scope = function.__globals__
+    resumes = [n for n in code.co_names if n.startswith("__resume_at")]
+    if resumes:
+        if depth >= _NESTING:
+            return None, None, f"its graph breaks nest more than {_NESTING} deep"
+        # Dynamo's code finds the resume functions among the module's globals: this function's
+        # own copy of them points those names at their direct calls (the rest it reads, Dynamo's
+        # compiled graphs and helpers, are the module's own objects)
+        scope = dict(scope)
+        for name in resumes:
+            resume = function.__globals__.get(name)
+            if not isinstance(resume, types.FunctionType):
+                return None, None, f"Dynamo's code for {where} calls {name}, which is not a function"
+            rfn, rcheck, why = _direct(resume, depth + 1)
+            if rfn is None:
+                return None, None, why
+            scope[name] = _resumed(resume, rfn, rcheck)
+    fn = types.FunctionType(code, scope, function.__name__, function.__defaults__, function.__closure__)
+    fn.__kwdefaults__ = function.__kwdefaults__
+    return fn, check, None
+
+
+def _resumed(original: Any, direct: Callable[..., Any], check: Any) -> Callable[..., Any]:
+    """What Dynamo's code calls for the rest of the forward after a graph break: its compiled code
+    where its guards pass, else the rest as written."""
+    names = original.__code__.co_varnames[:original.__code__.co_argcount]
+
+    def resume(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and len(args) == len(names) and check(dict(zip(names, args))):
+            return direct(*args)
+        return original(*args, **kwargs)
+
+    return resume
+
+
 class DirectCall:
     """Dynamo's guards and code for one compiled variant of a scope's forward, run without
     Dynamo's frame machinery (see the module docstring)."""
@@ -83,30 +144,16 @@ class DirectCall:
     def build(cls, function: Any, module: Any, device: str) -> tuple["DirectCall | None", str | None]:
         """The direct call of ``function`` (a scope's forward that Dynamo has compiled, called as a
         method of ``module``), or None and why not."""
-        try:
-            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-        except ImportError:
-            return None, "this torch does not expose Dynamo's compiled code"
         orig = function.__code__
         if orig.co_flags & (_VARARGS | _VARKEYWORDS):
             return None, "its forward takes *args or **kwargs"
-        entries = _debug_get_cache_entry_list(orig)
-        if len(entries) != 1:
-            return None, f"Dynamo compiled {len(entries)} variants of it"
-        entry = entries[0]
-        code = entry.code
-        if any(n.startswith("__resume_at") for n in code.co_names):
-            return None, "Dynamo broke its graph (the code after the break would be compiled on its own)"
-        check = getattr(entry.guard_manager, "check", None)
-        if check is None or code.co_freevars != orig.co_freevars:
-            return None, "this torch's compiled code is not one it can call"
+        fn, check, why = _direct(function)
+        if fn is None or check is None:
+            return None, why
         names = orig.co_varnames[:orig.co_argcount + orig.co_kwonlyargcount]
         defaults = dict(zip(names[orig.co_argcount - len(function.__defaults__ or ()):orig.co_argcount],
                             function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
-        fn = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
-                                function.__closure__)
-        fn.__kwdefaults__ = function.__kwdefaults__
         return cls(fn, check, module, names, orig.co_argcount, defaults, _Hooks(module), device), None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
