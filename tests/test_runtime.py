@@ -2277,3 +2277,65 @@ def test_a_scope_whose_graph_breaks_is_called_directly_on_both_sides_of_the_brea
         torch.testing.assert_close(o, expected)
     assert scope.direct is not None and scope.direct.calls == 2, scope.direct_why
     assert st["served"] == 3  # after the break, in each call
+
+
+def _sig_plain(self, x, y=2): ...
+def _sig_star(self, x, *rest, scale=1.0, **extra): ...
+def _sig_kwonly(self, x, *, mask, bias=None): ...
+def _sig_hf(self, hidden_states, position_embeddings, attention_mask=None, **kwargs): ...
+
+
+@pytest.mark.parametrize("f", [_sig_plain, _sig_star, _sig_kwonly, _sig_hf], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("args, kwargs", [
+    ((1,), {}), ((1, 3), {}), ((1, 3, 4), {}), ((), {"x": 1}), ((1,), {"y": 5}), ((1,), {"x": 2}),
+    ((1,), {"mask": 0}), ((1, 2), {"scale": 3.0, "other": 4}), ((1, 2), {"attention_mask": 3, "cache": 4}),
+    ((1,), {"position_embeddings": 2, "self": 0}), ((), {}),
+])
+def test_a_direct_call_binds_its_frame_as_python_does(f, args, kwargs):
+    """The frame Dynamo's guards are checked against is the one Python would bind (the guards read
+    its locals by name): every parameter kind, and None wherever Python raises."""
+    import inspect
+
+    from forge_tui.runtime.direct import DirectCall
+
+    owner = object()
+    code = f.__code__
+    defaults = dict(zip(code.co_varnames[code.co_argcount - len(f.__defaults__ or ()):code.co_argcount],
+                        f.__defaults__ or ()))
+    defaults.update(f.__kwdefaults__ or {})
+    d = DirectCall(f, lambda frame: True, owner, code, defaults, None, "cpu")
+    try:
+        bound = inspect.signature(f).bind(owner, *args, **kwargs)
+    except TypeError:
+        assert d.frame(args, kwargs) is None
+        return
+    bound.apply_defaults()
+    assert d.frame(args, kwargs) == dict(bound.arguments)
+
+
+def test_a_scope_whose_forward_takes_kwargs_is_called_directly(promoted, monkeypatch):
+    """Hugging Face's layers take ``**kwargs``: their scopes run directly too, and a call whose
+    keyword arguments Dynamo's guards refuse goes to Dynamo."""
+    import sys
+
+    wl = load_workload()
+    monkeypatch.setitem(sys.modules, wl.__name__, wl)
+
+    class Keywords(type(wl.get_model())):
+        def forward(self, x, *rest, **kwargs):
+            h = self.norm(x)
+            return torch.softmax(h * kwargs.get("scale", 1.0), dim=-1)
+
+    model = Keywords()
+    model.load_state_dict(wl.get_model().state_dict())
+    x = wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = [model(x, scale=2.0), model(x, scale=3.0)]
+
+    def calls(m):
+        return [m(x, scale=2.0), m(x, scale=2.0), m(x, scale=3.0)]
+
+    outs, scope, st = _scope_calls(promoted, model, calls)
+    for o, e in zip(outs, [expected[0], expected[0], expected[1]]):
+        torch.testing.assert_close(o, e)
+    assert scope.direct is not None and scope.direct.calls == 1, scope.direct_why  # the scale baked in

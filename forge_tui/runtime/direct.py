@@ -23,6 +23,8 @@ of Dynamo's traces), its code calls a function of Dynamo's for the rest of the f
 Dynamo compiles on its own; those calls get direct calls too, under their own guards. A scope
 gets no direct call, and says why, where Dynamo compiled more than one variant of it (or of the
 code after a break) before the first call returned, or where this torch does not expose them.
+Forwards with ``*args`` or ``**kwargs`` (Hugging Face's attention layers take ``**kwargs``) bind
+their frames as Python does.
 """
 
 from __future__ import annotations
@@ -125,15 +127,20 @@ class DirectCall:
     Dynamo's frame machinery (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], check: Callable[[dict[str, Any]], bool], bound: Any,
-                 names: tuple[str, ...], positional: int, defaults: dict[str, Any], hooks: _Hooks,
-                 device: str) -> None:
+                 code: Any, defaults: dict[str, Any], hooks: _Hooks, device: str) -> None:
         self.fn = fn
         self.check = check
         self.bound = bound
         """The forward's ``self`` (the scope's module), passed first, as the frame had it."""
-        self.names = names
-        """The forward's parameters, ``self`` first: the frame's locals that the guards read."""
-        self.positional = positional
+        n = code.co_argcount + code.co_kwonlyargcount
+        self.names = code.co_varnames[:n]
+        """The forward's named parameters, ``self`` first: the frame's locals the guards read,
+        with ``varargs`` and ``varkw``."""
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.positional = code.co_argcount
+        self.varargs = code.co_varnames[n] if code.co_flags & _VARARGS else None
+        self.varkw = code.co_varnames[n + (self.varargs is not None)] if code.co_flags & _VARKEYWORDS else None
+        self.size = n + (self.varargs is not None) + (self.varkw is not None)
         self.defaults = defaults
         self.hooks = hooks
         self.device = device
@@ -144,17 +151,39 @@ class DirectCall:
     def build(cls, function: Any, module: Any, device: str) -> tuple["DirectCall | None", str | None]:
         """The direct call of ``function`` (a scope's forward that Dynamo has compiled, called as a
         method of ``module``), or None and why not."""
-        orig = function.__code__
-        if orig.co_flags & (_VARARGS | _VARKEYWORDS):
-            return None, "its forward takes *args or **kwargs"
         fn, check, why = _direct(function)
         if fn is None or check is None:
             return None, why
-        names = orig.co_varnames[:orig.co_argcount + orig.co_kwonlyargcount]
-        defaults = dict(zip(names[orig.co_argcount - len(function.__defaults__ or ()):orig.co_argcount],
-                            function.__defaults__ or ()))
+        code = function.__code__
+        names = code.co_varnames[:code.co_argcount]
+        defaults = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
-        return cls(fn, check, module, names, orig.co_argcount, defaults, _Hooks(module), device), None
+        return cls(fn, check, module, code, defaults, _Hooks(module), device), None
+
+    def frame(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The forward's frame locals for a call with ``args`` and ``kwargs`` (after ``self``), as
+        Python binds them; None where they do not bind."""
+        n = self.positional - 1
+        frame = dict(self.defaults) if self.defaults else {}
+        frame.update(zip(self.names, (self.bound, *args[:n])))
+        if self.varargs is not None:
+            frame[self.varargs] = tuple(args[n:])
+        elif len(args) > n:
+            return None
+        extra: dict[str, Any] = {}
+        for k, v in kwargs.items():
+            i = self.index.get(k)
+            if i is None:
+                if self.varkw is None:
+                    return None
+                extra[k] = v
+            elif i == 0 or (i < self.positional and i <= len(args)):
+                return None  # given twice
+            else:
+                frame[k] = v
+        if self.varkw is not None:
+            frame[self.varkw] = extra
+        return frame if len(frame) == self.size else None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The forward's value; ``HOOKED`` where a module hook changed since the compile; ``MISS``
@@ -163,16 +192,10 @@ class DirectCall:
 
         if not self.hooks.same():
             return HOOKED
-        if len(args) + 1 > self.positional or not _plain_context(self.device):
+        if not _plain_context(self.device):
             return MISS
-        frame = dict(self.defaults) if self.defaults else {}
-        frame.update(zip(self.names, (self.bound, *args)))
-        if kwargs:
-            for k in kwargs:
-                if k not in self.names or k in self.names[:len(args) + 1]:
-                    return MISS
-            frame.update(kwargs)
-        if len(frame) != len(self.names) or not self.check(frame):
+        frame = self.frame(args, kwargs)
+        if frame is None or not self.check(frame):
             return MISS
         self.calls += 1
         return self.fn(self.bound, *args, **kwargs)
