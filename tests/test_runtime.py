@@ -405,6 +405,27 @@ def test_torch_compile_keeps_the_kernel_as_a_custom_op(promoted):
     assert any("forge.k_" in o for o in ops), ops
 
 
+def test_the_custom_op_never_hands_back_an_input_s_memory(promoted, monkeypatch):
+    """The op's schema promises fresh outputs (what lets a compiler reorder around it): where the
+    guard refuses a call and the card's own program returns a view of an input, the op copies it."""
+    from forge_tui.runtime.apply import _CUSTOM_GUARDS
+
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad(), apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+        compiled = torch.compile(model, backend="aot_eager")
+        compiled(x)
+        name, guard = next((n, g) for n, g in _CUSTOM_GUARDS.items() if g.entry.card == norm.id)
+        monkeypatch.setattr(guard, "serve", lambda inputs: None)
+        monkeypatch.setattr(guard, "reference", lambda inputs: [inputs[0][:, :]])
+        ns, short = name.split("::")
+        (out,) = getattr(getattr(torch.ops, ns), short).default([x, model.norm.weight])
+        assert applied.status()
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, x)
+
+
 def test_a_kernel_slower_than_torch_compile_is_left_out_of_compiled_models(promoted, tmp_path):
     """Beating eager is not enough under torch.compile: a kernel whose evaluation measured it
     slower than torch.compile's code for the card serves eager models only."""

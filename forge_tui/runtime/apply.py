@@ -402,14 +402,22 @@ def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: lis
 
 _CUSTOM_OPS: dict[str, Any] = {}
 _CUSTOM_GUARDS: dict[str, Guard] = {}
+_LIBRARY: list[Any] = []
 
 
 def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Tensor"]]:
-    """The card as a torch.library custom op (one per signature in this process), so a compiled
-    model keeps the kernel as an opaque node; its fake implementation gives the output specs."""
+    """The card as an operator of the ``forge`` library (``torch.library``: a schema, one kernel for
+    every backend, a fake implementation for the compilers), one per signature in this process, so
+    a compiled model keeps the kernel as one opaque node. Defined with the library's own API rather
+    than ``torch.library.custom_op``, whose autograd and dispatch layers in Python cost the host 17
+    µs a call on the development machine's CPU against 5 (an identity kernel of 4.5 µs; 36 against
+    25 inside an inductor graph): a compiled ResNet-50 makes 53 such calls a forward. Kernels
+    serve inference: no autograd formula is registered, and the forwards that call the op send
+    calls needing gradients to PyTorch's own code first."""
     import torch
 
-    name = f"forge::k_{guard.sig.digest()}"
+    short = f"k_{guard.sig.digest()}"
+    name = f"forge::{short}"
     _CUSTOM_GUARDS[name] = guard
     if name not in _CUSTOM_OPS:
         specs = guard.sig.outputs
@@ -417,16 +425,24 @@ def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Ten
         def impl(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             g = _CUSTOM_GUARDS[name]
             outs = g.serve(list(inputs))
-            return outs if outs is not None else g.reference(list(inputs))
+            if outs is not None:
+                return outs
+            outs = g.reference(list(inputs))
+            # the schema promises fresh outputs: one that shares an input's memory is copied
+            held = {t.untyped_storage().data_ptr() for t in inputs}
+            return [o.clone() if o.untyped_storage().data_ptr() in held else o for o in outs]
 
-        op = torch.library.custom_op(name, impl, mutates_args=(), schema="(Tensor[] inputs) -> Tensor[]")
-
-        @op.register_fake  # type: ignore[misc]
-        def _fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        def fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             dev = inputs[0].device if inputs else torch.device("cpu")
             return [torch.empty_strided(s.shape, s.stride, dtype=getattr(torch, s.dtype), device=dev) for s in specs]
 
-        _CUSTOM_OPS[name] = op
+        if not _LIBRARY:
+            _LIBRARY.append(torch.library.Library("forge", "FRAGMENT"))
+        lib = _LIBRARY[0]
+        lib.define(f"{short}(Tensor[] inputs) -> Tensor[]")
+        lib.impl(short, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(name, fake, lib=lib)
+        _CUSTOM_OPS[name] = getattr(torch.ops.forge, short).default
     return _CUSTOM_OPS[name]  # type: ignore[no-any-return]
 
 

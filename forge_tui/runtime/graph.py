@@ -192,7 +192,7 @@ def rewrite(gm: Any, guards: list[Any], device: str, opaque: Callable[[Any], Any
                 if opaque is None:
                     new = graph.call_function(_served_call(guard, device), tuple(inputs))
                 else:
-                    call = graph.call_function(opaque(guard)._opoverload, (list(inputs),))
+                    call = graph.call_function(opaque(guard), (list(inputs),))
                     if "val" in last.meta:
                         call.meta["val"] = [last.meta["val"]]
                     new = graph.call_function(operator.getitem, (call, 0))
