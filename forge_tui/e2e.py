@@ -300,19 +300,24 @@ def pieces_summary(pieces: Any) -> str:
     return text
 
 
-def _release(variants: dict[str, Any], fns: dict[str, Any], names: tuple[str, ...]) -> None:
-    """Drop the named variants (and their timed calls), then hand the memory they held back to the
-    device (CUDA's caching allocator keeps freed blocks otherwise)."""
+def _free_memory() -> None:
+    """What the process no longer references, collected and handed back to the device (CUDA's
+    caching allocator keeps freed blocks otherwise)."""
     import gc
 
     import torch
 
-    for name in names:
-        variants.pop(name, None)
-        fns.pop(name, None)
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def _release(variants: dict[str, Any], fns: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Drop the named variants (and their timed calls), then free the memory they held."""
+    for name in names:
+        variants.pop(name, None)
+        fns.pop(name, None)
+    _free_memory()
 
 
 def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer, ref: Any, notes: list[str],
@@ -653,7 +658,7 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
             finally:
                 a.undo()
                 del with_all
-                _release({}, {}, ())  # the copies' memory back before the next unit's
+                _free_memory()  # the copies' memory back before the next unit's
             if wo.q3 < w.q1:  # faster without it, beyond the spread of both
                 together = (f" (with {', '.join(c for c in unit)}: they share a scope, served together)"
                             if len(unit) > 1 else "")

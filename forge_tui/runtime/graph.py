@@ -394,7 +394,7 @@ class GraphScope:
         """Cards with sites left unserved in a torch-level graph, and why."""
         self._compiled: Any = None
         self._clone: Any = None
-        self.direct: Any = None
+        self.direct: DirectCall | None = None
         """Dynamo's code for the call that compiled the scope, run without Dynamo while a call is
         like that one (``direct.DirectCall``), or None."""
         self.direct_why: str | None = None
