@@ -2298,6 +2298,44 @@ def test_a_scope_whose_graph_breaks_is_called_directly_on_both_sides_of_the_brea
         torch.testing.assert_close(o, expected)
     assert scope.direct is not None and scope.direct.calls == 2, scope.direct_why
     assert st["served"] == 3  # after the break, in each call
+    # the piece before the break has no card: Dynamo's graph as traced, not the aten graph (every
+    # aten op a Python call: on the H200 host the Gemma-3 attention's first piece cost more than
+    # its chain saved)
+    assert scope.levels == ["torch", "torch"], scope.levels
+
+
+def test_a_scope_whose_forward_a_decorator_wrapped_is_called_directly(promoted, monkeypatch):
+    """A forward that a decorator replaced by a wrapper closing over the original (as the
+    ``kernels`` library wraps Hugging Face's layers): Dynamo guards the closure's variables among
+    the frame's locals, and the direct call binds them too."""
+    import functools
+    import sys
+
+    wl = load_workload()
+    monkeypatch.setitem(sys.modules, wl.__name__, wl)
+
+    def wrapped(orig_forward):
+        @functools.wraps(orig_forward)
+        def new_forward(self, *args, **kwargs):
+            return orig_forward(self, *args, **kwargs)
+        return new_forward
+
+    class Wrapped(type(wl.get_model())):
+        @wrapped
+        def forward(self, x):
+            return torch.softmax(self.norm(x) * 2.0, dim=-1)
+
+    model = Wrapped()
+    model.load_state_dict(wl.get_model().state_dict())
+    x = wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+    outs, scope, st = _scope_calls(promoted, model, lambda m: [m(x) for _ in range(3)])
+    for o in outs:
+        torch.testing.assert_close(o, expected)
+    assert Wrapped.forward.__code__.co_freevars == ("orig_forward",)
+    assert scope.direct is not None and scope.direct.calls == 2 and scope.calls == 3, scope.direct_why
+    assert st["served"] == 3
 
 
 def _sig_plain(self, x, y=2): ...

@@ -24,7 +24,8 @@ Dynamo compiles on its own; those calls get direct calls too, under their own gu
 gets no direct call, and says why, where Dynamo compiled more than one variant of it (or of the
 code after a break) before the first call returned, or where this torch does not expose them.
 Forwards with ``*args`` or ``**kwargs`` (Hugging Face's attention layers take ``**kwargs``) bind
-their frames as Python does.
+their frames as Python does, free variables included (a forward that a decorator wrapped, as the
+``kernels`` library wraps Hugging Face's layers, closes over the function it wraps).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class DirectCall:
     Dynamo's frame machinery (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], check: Callable[[dict[str, Any]], bool], bound: Any,
-                 code: Any, defaults: dict[str, Any], hooks: _Hooks, device: str) -> None:
+                 code: Any, defaults: dict[str, Any], hooks: _Hooks, device: str,
+                 closure: tuple[Any, ...] | None = None) -> None:
         self.fn = fn
         self.check = check
         self.bound = bound
@@ -140,7 +142,11 @@ class DirectCall:
         self.positional = code.co_argcount
         self.varargs = code.co_varnames[n] if code.co_flags & _VARARGS else None
         self.varkw = code.co_varnames[n + (self.varargs is not None)] if code.co_flags & _VARKEYWORDS else None
-        self.size = n + (self.varargs is not None) + (self.varkw is not None)
+        self.cells = tuple(zip(code.co_freevars, closure or ()))
+        """The forward's free variables and their cells: a forward made by a decorator (a wrapper
+        closing over the function it wraps) has them among its frame's locals, and Dynamo guards
+        them there. Read at each call: a cell's value may change."""
+        self.size = n + (self.varargs is not None) + (self.varkw is not None) + len(self.cells)
         self.defaults = defaults
         self.hooks = hooks
         self.device = device
@@ -158,7 +164,7 @@ class DirectCall:
         names = code.co_varnames[:code.co_argcount]
         defaults = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
-        return cls(fn, check, module, code, defaults, _Hooks(module), device), None
+        return cls(fn, check, module, code, defaults, _Hooks(module), device, function.__closure__), None
 
     def frame(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The forward's frame locals for a call with ``args`` and ``kwargs`` (after ``self``), as
@@ -183,6 +189,11 @@ class DirectCall:
                 frame[k] = v
         if self.varkw is not None:
             frame[self.varkw] = extra
+        for name, cell in self.cells:
+            try:
+                frame[name] = cell.cell_contents
+            except ValueError:  # an empty cell is no local of the frame
+                return None
         return frame if len(frame) == self.size else None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
