@@ -532,7 +532,7 @@ def scope_notes(applied: Any) -> list[str]:
     for path, scope in sorted(applied.scopes.items()):
         if scope.levels:
             if scope.direct is not None:
-                how = f"; Dynamo's code called directly ({scope.direct.calls} of its calls)"
+                how = f"; Dynamo's code called directly ({scope.direct.calls} of its {scope.calls} calls)"
             else:
                 how = f"; Dynamo ran every call: {scope.direct_why}" if scope.direct_why else ""
             out.append(f"compiled scope {path or 'the model'}: ran as {', '.join(scope.levels)} graph"

@@ -563,7 +563,7 @@ def test_a_site_with_no_torch_call_of_its_own_is_left_where_the_rest_save_more(t
             scope = applied.scopes[""]
             notes = scope_notes(applied)  # what forge bench prints
     assert scope.levels == [level], (scope.levels, scope.unmapped)
-    assert notes[0] == f"compiled scope the model: ran as {level} graph; Dynamo's code called directly (1 of its calls)", notes
+    assert notes[0] == f"compiled scope the model: ran as {level} graph; Dynamo's code called directly (1 of its 2 calls)", notes
     assert any(clone.id in n and "makes others too" in n for n in notes) is (level == "torch"), notes
     assert st[chain.id]["served"] == 2 and (st[clone.id]["served"] == 0) == (level == "torch"), st
     if level == "torch":
@@ -587,6 +587,37 @@ def test_a_chain_reading_a_served_op_cards_output_is_served_after_it(tmp_path):
             levels = applied.scopes[""].levels
     assert levels == ["torch"] and st == {chain.id: 1, cat.id: 1}, (levels, st)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+ROTARY_QK = ROTARY.replace("""        q = self.proj(x)
+        return (q * cos) + (rotate_half(q) * sin)""", """        q = self.proj(x)
+        k = self.proj(x[:, :2])
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)""")
+
+
+def test_a_site_served_by_another_card_is_no_fallback_of_this_one(tmp_path):
+    """The q and k rotations are the same ops at two shapes, two cards each (chain and join).
+    Each card's program is also found at the other's site, on inputs its guard refuses: that site
+    is the other card's, served there, and no fallback of this one (the status counted one on
+    every call, and the H200 bench read the scope as all fallbacks)."""
+    ws, path = _profiled(tmp_path, ROTARY_QK)
+    cards = [c for c in ws.cards() if c.kind == "chain" or c.target == "aten.cat.default"]
+    assert sorted(c.target for c in cards) == ["aten.cat.default"] * 2 + ["chain:mul+add"] * 2, cards
+    for c in cards:
+        _promote_first(ws, c)
+    spec = importlib.util.spec_from_file_location(f"wl_{tmp_path.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False) as applied:
+            got = [model(*args) for _ in range(2)]
+            st = {c["card"]: c for c in applied.status()["cards"]}
+    assert {c.id: (st[c.id]["served"], st[c.id]["fallbacks"]) for c in cards} == {c.id: (2, {}) for c in cards}, st
+    for g in got:
+        for a, b in zip(g, expected):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 GEGLU = '''

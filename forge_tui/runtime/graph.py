@@ -120,12 +120,13 @@ def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device
 
 
 def find(graph: Any, program: dict, specs: list[Any], device: str,
-         misses: list[str] | None = None) -> list[tuple[list[Any], list[Any]]]:
+         misses: list[tuple[list[Any], str]] | None = None) -> list[tuple[list[Any], list[Any]]]:
     """Where ``program`` (a card's aten program with one tensor output, its last node's) is
     computed in ``graph``: (the graph values its inputs are, in order; its nodes). Its nodes but
     the last must be read by its own nodes alone (neither other nodes nor the graph's outputs), and
     its inputs must have the card's dtypes, shapes and strides; ``misses`` receives, for each site
-    that is the card's program on inputs without them, why not ("input 0: shape (8, 256)")."""
+    that is the card's program on inputs without them, its nodes and why not ("input 0: shape (8,
+    256)")."""
     pats = program["nodes"]
     n_in = len(specs)
     found: list[tuple[list[Any], list[Any]]] = []
@@ -154,7 +155,7 @@ def find(graph: Any, program: dict, specs: list[Any], device: str,
         bad = next((k for k, (v, s) in enumerate(zip(inputs, specs)) if not _matches_spec(v, s, device)), None)
         if bad is not None:
             if misses is not None:
-                misses.append(f"input {bad}: {_misfit(inputs[bad].meta.get('val'), specs[bad], device)}")
+                misses.append((env.nodes, f"input {bad}: {_misfit(inputs[bad].meta.get('val'), specs[bad], device)}"))
             continue
         found.append((inputs, env.nodes))
         used |= inner
@@ -400,6 +401,8 @@ class GraphScope:
         self.direct_why: str | None = None
         """Why the scope has no direct call, once its first compiled call has run."""
         self._direct_tried = False
+        self.calls = 0
+        """Calls of the scope while compiled ones may serve it (not those that need gradients)."""
 
     def _backend(self) -> Any:
         from torch._dynamo.backends.common import aot_autograd
@@ -412,17 +415,28 @@ class GraphScope:
             each call of the graph counts them as fallbacks, as the interceptor counts a refused op."""
 
             def compile_graph(agm: Any, inputs: Any) -> Any:
+                sites: set[Any] = set()
+                whys: list[tuple[Any, list[Any], str]] = []
                 for g in self.guards:
                     if g.status.active:
-                        whys: list[str] = []
-                        find(agm.graph, g.sig.program, g._specs, self.device, whys)
-                        missed.extend((g, why) for why in whys)
+                        found_here: list[tuple[list[Any], str]] = []
+                        for _, nodes in find(agm.graph, g.sig.program, g._specs, self.device, found_here):
+                            sites.update(nodes)
+                        whys.extend((g, nodes, why) for nodes, why in found_here)
+                # a site that another card of the scope serves (the k projection's chain where the
+                # q projection's card has the same ops) is that card's, no fallback of this one
+                missed.extend((g, why) for g, nodes, why in whys if not sites.intersection(nodes))
                 try:
                     found = rewrite_torch_level(gm, agm, self.guards, self.device, self.unmapped) \
                         if self.torch_level else None
                     torch_level.append(found is not None)
                     if found is None:
                         found = rewrite(agm, self.guards, self.device)
+                        if not found and self.torch_level:
+                            # nothing of the cards here (a piece of the forward between graph
+                            # breaks): Dynamo's graph as traced, one torch call a node, costs the
+                            # host less than the aten graph, whose every op is a Python call
+                            torch_level[-1] = True
                     for card, n in found.items():
                         self.sites[card] = self.sites.get(card, 0) + n
                 except Exception as exc:  # noqa: BLE001 - the graph as traced is eager's forward still
@@ -463,6 +477,7 @@ class GraphScope:
         if self.failed is not None or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
             return self.original(*args, **kwargs)
+        self.calls += 1
         direct = self.direct
         if direct is not None:
             out = direct(args, kwargs)
