@@ -2273,6 +2273,21 @@ def test_a_call_unlike_the_compiled_one_goes_to_dynamo(promoted, change, direct)
         assert seen == [1, 1]  # the hooked call, and the forward as written
 
 
+def _three_alike_calls(promoted, wl, cls):
+    """``cls`` (a subclass of the workload's model) with the model's weights, called three times
+    alike with the softmax card served; each output checked against its own forward's; (scope,
+    the card's status)."""
+    model = cls()
+    model.load_state_dict(wl.get_model().state_dict())
+    x = wl.get_inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+    outs, scope, st = _scope_calls(promoted, model, lambda m: [m(x) for _ in range(3)])
+    for o in outs:
+        torch.testing.assert_close(o, expected)
+    return scope, st
+
+
 def test_a_scope_whose_graph_breaks_is_called_directly_on_both_sides_of_the_break(promoted, monkeypatch):
     """Dynamo compiles the code after a graph break on its own (a scope compiled around a served
     leaf module breaks there): the direct call runs that code's compiled variant too, under its
@@ -2288,14 +2303,7 @@ def test_a_scope_whose_graph_breaks_is_called_directly_on_both_sides_of_the_brea
             torch._dynamo.graph_break()
             return torch.softmax(h, dim=-1)
 
-    model = Breaking()
-    model.load_state_dict(wl.get_model().state_dict())
-    x = wl.get_inputs()[0]
-    with torch.no_grad():
-        expected = model(x)
-    outs, scope, st = _scope_calls(promoted, model, lambda m: [m(x) for _ in range(3)])
-    for o in outs:
-        torch.testing.assert_close(o, expected)
+    scope, st = _three_alike_calls(promoted, wl, Breaking)
     assert scope.direct is not None and scope.direct.calls == 2, scope.direct_why
     assert st["served"] == 3  # after the break, in each call
     # the piece before the break has no card: Dynamo's graph as traced, not the aten graph (every
@@ -2325,14 +2333,7 @@ def test_a_scope_whose_forward_a_decorator_wrapped_is_called_directly(promoted, 
         def forward(self, x):
             return torch.softmax(self.norm(x) * 2.0, dim=-1)
 
-    model = Wrapped()
-    model.load_state_dict(wl.get_model().state_dict())
-    x = wl.get_inputs()[0]
-    with torch.no_grad():
-        expected = model(x)
-    outs, scope, st = _scope_calls(promoted, model, lambda m: [m(x) for _ in range(3)])
-    for o in outs:
-        torch.testing.assert_close(o, expected)
+    scope, st = _three_alike_calls(promoted, wl, Wrapped)
     assert Wrapped.forward.__code__.co_freevars == ("orig_forward",)
     assert scope.direct is not None and scope.direct.calls == 2 and scope.calls == 3, scope.direct_why
     assert st["served"] == 3
