@@ -20,7 +20,7 @@ from forge_tui.config import parse_config
 from forge_tui.errors import ForgeError
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import approve, manifest, promote_kernel, reject, requests
-from forge_tui.runtime.apply import Mode, apply
+from forge_tui.runtime.apply import Guard, Mode, apply
 from forge_tui.runtime.kernel import CardKernel, KernelError
 from forge_tui.runtime.status import read_status
 from forge_tui.workspace import profile_into_workspace
@@ -424,6 +424,60 @@ def test_the_custom_op_never_hands_back_an_input_s_memory(promoted, monkeypatch)
         assert applied.status()
     assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     torch.testing.assert_close(out, x)
+
+
+def test_a_kernel_switched_off_in_a_compiled_model_recompiles_to_one_graph(promoted):
+    """A card switched off while a compiled model runs: the model recompiles to PyTorch's own code
+    for it, still in one graph (fullgraph raises at any break: the fallback's count, behind the
+    status board's lock, broke the graph at every call of the module); the status notes the graph
+    that runs PyTorch's code there and why, once (its calls are not counted one by one)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(x)
+        with apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+            counter = CompileCounterWithBackend("aot_eager")
+            compiled = torch.compile(model, backend=counter, fullgraph=True)
+            torch.testing.assert_close(compiled(x), expected)
+            guard = applied.guards[norm.id]
+            guard.board.disable(guard.status, "switched off by the test")
+            outs = [compiled(x) for _ in range(3)]
+            st = {c["card"]: c for c in applied.status()["cards"]}
+    for out in outs:
+        torch.testing.assert_close(out, expected)
+    assert counter.frame_count == 2  # the first compile and one recompile, each one whole graph
+    assert st[norm.id]["served"] == 1
+    assert st[norm.id]["fallbacks"] == {} and st[norm.id]["traced_fallbacks"] == {"disabled": 1}
+
+
+def test_no_dispatch_rule_switches_a_kernel_off_in_a_compiled_model(promoted, tmp_path):
+    """In a compiled graph the kernel stands in for the compiler's code, not eager's ops: the op
+    by op rule (dispatch costs more than the kernel saves against eager) would switch it off mid
+    run, and every later call would take the card's program op by op until a recompile."""
+    import shutil
+
+    ws, norm, _ = promoted
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    ev = data["entries"][norm.id]["evidence"]
+    ev.update(speedup_vs_eager=1.001, speedup_vs_compile=2.0, eager_us=ev["time_us"] * 1.001)  # saves ~0 µs
+    path.write_text(json.dumps(data))
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    calls = Guard.DISPATCH_WARMUP + Guard.DISPATCH_SAMPLES + 2
+    with torch.no_grad(), apply(model, root, mode=Mode.TORCH_COMPILE) as applied:
+        compiled = torch.compile(model, backend="aot_eager")
+        for _ in range(calls):
+            compiled(x)
+        st = {c["card"]: c for c in applied.status()["cards"]}[norm.id]
+    assert st["dispatch_us"] is not None  # timed, as op by op, and reported
+    assert st["active"] and st["served"] == calls and not st["fallbacks"], st
 
 
 def test_a_kernel_slower_than_torch_compile_is_left_out_of_compiled_models(promoted, tmp_path):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -446,6 +447,28 @@ def _custom_op(guard: Guard) -> Callable[[list["torch.Tensor"]], list["torch.Ten
     return _CUSTOM_OPS[name]  # type: ignore[no-any-return]
 
 
+_TRACED_GUARDS: "weakref.WeakValueDictionary[str, Guard]" = weakref.WeakValueDictionary()
+"""Guards by key, for the fallbacks that compiled graphs trace in (``_note_traced``)."""
+
+
+def _note_traced(ctx: Any) -> None:
+    """Run by Dynamo while it traces a compiled model (``comptime``), where the trace sends a
+    module card's call to PyTorch's own code: counted once per compiled graph, not per call (the
+    graph decided for all its calls; a count per call, behind the status board's lock, would break
+    the graph at every call of the module). Reads the caller's locals ``key`` and ``why``."""
+    g = _TRACED_GUARDS.get(ctx.get_local("key").as_python_constant())
+    if g is not None:
+        g.board.traced_fallback(g.status, ctx.get_local("why").as_python_constant())
+
+
+def _comptime() -> Callable[[Callable[[Any], None]], None] | None:
+    try:
+        from torch._dynamo.comptime import comptime
+    except ImportError:  # this torch has none: compiled graphs leave their fallbacks unrecorded
+        return None
+    return comptime  # type: ignore[no-any-return]
+
+
 def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
                     call_args: Any, returns: str) -> Callable[..., Any]:
     op = _custom_op(guard) if mode == Mode.TORCH_COMPILE else None
@@ -467,6 +490,18 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     """The call specialised to the profiled way of calling the module (``_specialised``), and
     whether it was tried: built after the first call the kernel serves with the guard settled."""
     consts = guard.consts
+    traced_key = f"{guard.entry.card}@{id(guard)}"
+    _TRACED_GUARDS[traced_key] = guard
+    comptime = _comptime() if op is not None else None
+
+    def fell_back(why: str) -> None:
+        if op is not None and torch.compiler.is_compiling():
+            # the trace decides once for all the graph's calls: noted at the trace, not counted
+            key = traced_key  # noqa: F841 (read by _note_traced)
+            if comptime is not None:
+                comptime(_note_traced)
+            return
+        guard.board.fell_back(guard.status, why)
 
     def arrange(*a: Any) -> list[Any]:  # the call's tensors, then the module's own, then the card's
         return [*a[:-1], *a[-1], *consts]
@@ -480,7 +515,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             if out is not _NOT_SERVED:
                 return out
         if not guard.status.active:  # switched off: the original at once, nothing checked
-            guard.board.fell_back(guard.status, "disabled")
+            fell_back("disabled")
             return original(*args, **kwargs)
         if op is None:  # under torch.compile, Dynamo guards the module's attributes itself
             if not attrs:
@@ -488,11 +523,11 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             if not attrs[0](module.__dict__):
                 # an attribute the kernel may have compiled in (an eps, a scale) or that changes
                 # what the forward computes (training): the forward as written
-                guard.board.fell_back(guard.status, "the module's attributes changed since the install")
+                fell_back("the module's attributes changed since the install")
                 return original(*args, **kwargs)
         if torch.is_grad_enabled() and (any(t.requires_grad for t in tensor_leaves((args, kwargs)))
                                         or any(p is not None and p.requires_grad for p in module._parameters.values())):
-            guard.board.fell_back(guard.status, "gradients are on (kernels serve inference)")
+            fell_back("gradients are on (kernels serve inference)")
             return original(*args, **kwargs)
         if tensors_only is not None:  # the profiled call passed tensors only: no encoding needed
             same = not kwargs and len(args) == tensors_only
@@ -505,11 +540,11 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             recorded = call_args if call_args is not None else [[{"$t": i} for i in range(len(args))], {}]
             same = _call_arguments(args, kwargs) == recorded
         if not same:
-            guard.board.fell_back(guard.status, "non-tensor arguments differ from the profiled call")
+            fell_back("non-tensor arguments differ from the profiled call")
             return original(*args, **kwargs)
         tensors = module_inputs(module, args, kwargs, guard.consts)
         if op is None and not (_plain_context(device) and _plain_tensors(tensors)):
-            guard.board.fell_back(guard.status, "a transform, mode or tensor subclass is active")
+            fell_back("a transform, mode or tensor subclass is active")
             return original(*args, **kwargs)
         trial = guard.trial
         if op is None and trial is not None and trial.pending():
@@ -523,7 +558,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         if op is not None:
             why = guard.mismatch(tensors)
             if why or not guard.status.active:
-                guard.board.fell_back(guard.status, why or "disabled")
+                fell_back(why or "disabled")
                 return original(*args, **kwargs)
             outs = op(tensors)
         else:
@@ -980,9 +1015,12 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             applied.skipped[card_id] = "in-place ops are not served"
             continue
         try:
-            # in a graph the host's cost of a call is paid once, at capture: no dispatch rule
+            # no dispatch rule outside the op-by-op forward: in a CUDA graph the host's cost of a
+            # call is paid once, at capture; in a compiled graph the kernel replaces the compiler's
+            # code, not eager's, and a kernel switched off there falls back to the card's program
+            # op by op until the model recompiles (the bench's switch-off judges them instead)
             guard = Guard(entry, folder, device, board, 0 if mode == Mode.CUDA_GRAPH else shadow_every,
-                          _consts(folder, entry, device), only_faster and mode != Mode.CUDA_GRAPH)
+                          _consts(folder, entry, device), only_faster and mode == Mode.INFERENCE)
         except KernelUnavailable as exc:
             applied.skipped[card_id] = str(exc)
             continue

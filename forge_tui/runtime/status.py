@@ -40,13 +40,16 @@ class CardStatus:
     trial: dict[str, Any] | None = None
     """The in-place trial (``runtime.apply``): median µs a call with the kernel and without, the
     calls timed each way, and whether the kernel was kept."""
+    traced_fallbacks: Counter[str] = field(default_factory=Counter)
+    """Graphs compiled by torch.compile that run PyTorch's own code at the card's sites, by reason:
+    the trace decides for all of a graph's calls, which are not counted one by one."""
 
     def to_json(self) -> dict[str, Any]:
         return {"card": self.card, "kind": self.kind, "target": self.target, "active": self.active,
                 "disabled_reason": self.disabled_reason, "served": self.served,
                 "fallbacks": dict(self.fallbacks), "shadow_checks": self.shadow_checks,
                 "dispatch_us": self.dispatch_us, "eager_call_us": self.eager_call_us, "sites": self.sites,
-                "trial": self.trial}
+                "trial": self.trial, "traced_fallbacks": dict(self.traced_fallbacks)}
 
 
 class StatusBoard:
@@ -77,6 +80,11 @@ class StatusBoard:
     def fell_back(self, st: CardStatus, reason: str) -> None:
         with self._lock:
             st.fallbacks[reason] += 1
+        self._touch()
+
+    def traced_fallback(self, st: CardStatus, reason: str) -> None:
+        with self._lock:
+            st.traced_fallbacks[reason] += 1
         self._touch()
 
     def checked(self, st: CardStatus, bad: str | None, first: bool) -> bool:
@@ -164,7 +172,10 @@ def format_status(data: dict[str, Any]) -> str:
                      + (f"; dispatch {c['dispatch_us']:.1f} µs a call" if c.get("dispatch_us") else "")
                      + (f" (eager's own call {c['eager_call_us']:.1f})" if c.get("eager_call_us") else "")
                      + (f"; in place {t['with_us']:.1f} µs a call with it, {t['without_us']:.1f} without"
-                        if (t := c.get("trial")) else ""))
+                        if (t := c.get("trial")) else "")
+                     + ("; compiled graphs running PyTorch's code here: " + ", ".join(
+                         f"{n} ({why})" for why, n in sorted(tf.items(), key=lambda x: -x[1]))
+                        if (tf := c.get("traced_fallbacks")) else ""))
         for s in c.get("sites", []):
             lines.append(f"      at {s}")
     if not data.get("cards"):
