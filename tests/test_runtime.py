@@ -22,7 +22,8 @@ from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import approve, manifest, promote_kernel, reject, requests
 from forge_tui.runtime.apply import Guard, Mode, apply
 from forge_tui.runtime.kernel import CardKernel, KernelError
-from forge_tui.runtime.status import read_status
+from forge_tui.runtime.status import format_status, read_status
+from forge_tui.ui.widgets.fallback.status_table import rows as status_rows
 from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
@@ -452,6 +453,10 @@ def test_a_kernel_switched_off_in_a_compiled_model_recompiles_to_one_graph(promo
     assert counter.frame_count == 2  # the first compile and one recompile, each one whole graph
     assert st[norm.id]["served"] == 1
     assert st[norm.id]["fallbacks"] == {} and st[norm.id]["traced_fallbacks"] == {"disabled": 1}
+    # forge status and the app's fallback pane say so
+    assert "compiled graphs running PyTorch's code here: 1 (disabled)" in format_status({"cards": [st[norm.id]]})
+    (row,) = status_rows({"cards": [st[norm.id]]}, [])
+    assert row[3] == "none; compiled graphs: 1 (disabled)"
 
 
 def test_no_dispatch_rule_switches_a_kernel_off_in_a_compiled_model(promoted, tmp_path):

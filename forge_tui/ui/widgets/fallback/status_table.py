@@ -30,6 +30,9 @@ def rows(status: dict[str, Any] | None, promoted: "list[Entry]") -> list[tuple[s
         served = str(c.get("served", 0)) if c else "-"
         fb = c.get("fallbacks", {}) if c else {}
         fell = ", ".join(f"{n} {why}" for why, n in sorted(fb.items(), key=lambda x: -x[1])) or ("none" if c else "-")
+        traced = c.get("traced_fallbacks", {}) if c else {}
+        if traced:  # compiled graphs decide at their trace: graphs, not calls
+            fell += "; compiled graphs: " + ", ".join(f"{n} ({why})" for why, n in sorted(traced.items(), key=lambda x: -x[1]))
         disp = f"{c['dispatch_us']:.1f} µs" if c and c.get("dispatch_us") else "-"
         out.append((card, state, served, fell, disp))
     return out
