@@ -310,6 +310,18 @@ def get_inputs():
 '''
 
 
+ROTARY_CHAIN = "chain:mul+slice+neg+slice+cat+mul+add"
+"""ROTARY's one chain: rotate-half's slices, negation and join are links of the chain, its slices
+reading the chain's input."""
+
+ROTARY_CHUNK = ROTARY.replace(
+    "return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)",
+    "x1, x2 = x.chunk(2, dim=-1)\n    return torch.cat((-x2, x1), dim=-1)")
+"""The rotation written with ``chunk``, whose halves the chain does not take as links: the rotary
+is then a join card between two chains begun together (``q * cos``, then ``rotate_half(q) * sin``
+and the sum)."""
+
+
 def _profiled(tmp_path, source):
     path = tmp_path / "wl.py"
     path.write_text(source)
@@ -352,7 +364,7 @@ def test_two_chains_begun_together_serve_the_one_that_completes(tmp_path, compil
     """``q * cos`` begins a chain as ``rotate_half(q) * sin`` does (both match the chain's first
     op); the sum takes the first as the chain's input, computed as eager computes it, and
     completes the second: the kernel serves it and the result is eager's."""
-    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY_CHUNK, "chain:mul+add")
     assert len(chain.inputs) == 3
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
@@ -484,7 +496,7 @@ def test_a_pointwise_chain_is_left_to_torch_compile(tmp_path):
     neighbours, where an opaque kernel would stop that."""
     from forge_tui.runtime.apply import Mode
 
-    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, ROTARY_CHAIN)
     with apply(mod.get_model(), ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
         assert not applied.compile_guards and "pointwise" in applied.skipped[chain.id], applied.skipped
 
@@ -573,10 +585,67 @@ def test_a_site_with_no_torch_call_of_its_own_is_left_where_the_rest_save_more(t
         torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_the_rotary_application_is_one_chain_card(tmp_path):
+    """``q * cos + rotate_half(q) * sin``: the slices read the chain's input, the negation and the
+    join read its slices, so the seven ops are one card on (q, cos, sin), and their op cards sit
+    within it (a kernel for it leaves them unsearched). Before, it was a join card between two
+    chains: four launches for seven ops, each costing the host more than eager's op."""
+    ws, _ = _profiled(tmp_path, ROTARY)
+    (chain,) = [c for c in ws.cards() if c.kind == "chain"]
+    assert chain.target == ROTARY_CHAIN
+    assert [tuple(s.shape) for s in chain.inputs] == [(2, 4, 64, 32), (2, 1, 64, 32), (2, 1, 64, 32)]
+    inner = {c.target for c in ws.cards() if chain.id in c.within}
+    assert {"aten.cat.default", "aten.neg.default", "aten.mul.Tensor", "aten.add.Tensor"} <= inner, inner
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_the_rotary_chain_is_served_in_a_compiled_scope_alone(tmp_path, compiled):
+    """Its slices read the chain's input, which the interceptor cannot follow (it continues a run
+    from its latest link): a compiled scope serves it, an intercepted one says why it does not and
+    runs the ops as eager does."""
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, ROTARY_CHAIN)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, compiled_scopes=compiled, trial_calls=0) as applied:
+            got = [model(*args) for _ in range(2)]
+            st = applied.status()["cards"][0]
+    assert st["served"] == (2 if compiled else 0) and not st["fallbacks"], st
+    assert compiled or "cannot follow" in st["sites"][0], st["sites"]
+    for g in got:
+        assert type(g) is torch.Tensor
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+
+
+PRUNED = ROTARY.replace("""        q = self.proj(x)
+        return (q * cos) + (rotate_half(q) * sin)""", """        q = self.proj(x)
+        turned = q * cos
+        half = q[..., :16]
+        return turned * sin, half.clone()""")
+
+
+def test_a_slice_the_chain_took_but_its_output_does_not_read_is_left_out(tmp_path):
+    """The slice reads the chain's input, so it joins the chain; the clone that reads it ends the
+    chain, and the chain's output (the products) never reads it: the card is the two products on
+    (q, cos, sin), the slice left out, and it is served."""
+    ws, chain, mod = _chain_promoted(tmp_path, PRUNED, "chain:mul+mul")
+    assert [tuple(s.shape) for s in chain.inputs] == [(2, 4, 64, 32), (2, 1, 64, 32), (2, 1, 64, 32)]
+    assert [n["op"] for n in chain.program["nodes"]] == ["aten.mul.Tensor"] * 2
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = model(*args)
+            st = applied.status()["cards"][0]
+    assert st["served"] == 1, st
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_a_chain_reading_a_served_op_cards_output_is_served_after_it(tmp_path):
     """The rotation's join (a cat card) feeds the rotary chain: at the torch level the cat's call
     is replaced first and the chain's kernel reads what took its place."""
-    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, "chain:mul+add")
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY_CHUNK, "chain:mul+add")
     cat = _promote_first(ws, next(c for c in ws.cards() if c.target == "aten.cat.default"))
     model, args = mod.get_model(), mod.get_inputs()
     with torch.no_grad():
@@ -596,13 +665,13 @@ ROTARY_QK = ROTARY.replace("""        q = self.proj(x)
 
 
 def test_a_site_served_by_another_card_is_no_fallback_of_this_one(tmp_path):
-    """The q and k rotations are the same ops at two shapes, two cards each (chain and join).
-    Each card's program is also found at the other's site, on inputs its guard refuses: that site
-    is the other card's, served there, and no fallback of this one (the status counted one on
-    every call, and the H200 bench read the scope as all fallbacks)."""
+    """The q and k rotations are the same ops at two shapes, a chain card each. Each card's
+    program is also found at the other's site, on inputs its guard refuses: that site is the other
+    card's, served there, and no fallback of this one (the status counted one on every call, and
+    the H200 bench read the scope as all fallbacks)."""
     ws, path = _profiled(tmp_path, ROTARY_QK)
-    cards = [c for c in ws.cards() if c.kind == "chain" or c.target == "aten.cat.default"]
-    assert sorted(c.target for c in cards) == ["aten.cat.default"] * 2 + ["chain:mul+add"] * 2, cards
+    cards = [c for c in ws.cards() if c.kind == "chain"]
+    assert sorted(c.target for c in cards) == [ROTARY_CHAIN] * 2, cards
     for c in cards:
         _promote_first(ws, c)
     spec = importlib.util.spec_from_file_location(f"wl_{tmp_path.name}", path)

@@ -572,6 +572,19 @@ CHAIN_LEFT_OUT = {"mm", "bmm", "cat", "split", "split_with_sizes", "unbind", "fu
 splits, allocations, copies (a chain is the pointwise, cast and reduction ops between them)."""
 
 
+INDEX_LINKS = {"slice", "narrow", "select", "unsqueeze", "squeeze", "cat"}
+"""Views and joins a chain expresses in its indexing, never copies (rotate-half's slices, negation
+and ``cat``): links of a chain where they read its tensors, its inputs included; they never start
+one (``index_link``)."""
+
+
+def index_link(name: str) -> bool:
+    """Whether the aten op ``name`` (``aten.slice.Tensor``) may be an index link of a chain: a view
+    or a join that the generator lowers as index arithmetic (``INDEX_LINKS``)."""
+    parts = name.split(".")
+    return (parts[1] if len(parts) > 1 else name) in INDEX_LINKS
+
+
 def chains_op(name: str) -> bool:
     """Whether the aten op ``name`` (``aten.mul.Tensor``) may be a link of a chain card: a
     pointwise op, a cast or a reduction the generator lowers, not in place, not a view."""

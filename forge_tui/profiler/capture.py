@@ -179,6 +179,65 @@ class _Chain:
         return any(self.refs.get(t, {}).get("$node") is not None for t in tensors)
 
 
+def _prune(chain: _Chain) -> None:
+    """``chain`` without the links its last one does not read, directly or through others, nor
+    the inputs only those read: nodes and inputs renumbered, in order."""
+    live = {len(chain.nodes) - 1}
+    for i in range(len(chain.nodes) - 1, -1, -1):
+        if i in live:
+            live.update(_refs(chain.nodes[i], "$node"))
+    if len(live) == len(chain.nodes):
+        return
+    keep = sorted(live)
+    used = sorted({k for i in keep for k in _refs(chain.nodes[i], "$in")})
+    node_at = {old: new for new, old in enumerate(keep)}
+    in_at = {old: new for new, old in enumerate(used)}
+
+    def renumber(x):
+        if isinstance(x, dict):
+            if "$node" in x:
+                return {**x, "$node": node_at[x["$node"]]}
+            if "$in" in x:
+                return {**x, "$in": in_at[x["$in"]]}
+            return {k: renumber(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [renumber(v) for v in x]
+        return x
+
+    chain.nodes = [{**chain.nodes[i], "args": renumber(chain.nodes[i]["args"]),
+                    "kwargs": renumber(chain.nodes[i]["kwargs"])} for i in keep]
+    chain.outs = [chain.outs[i] for i in keep]
+    chain.op_keys = [chain.op_keys[i] for i in keep]
+    tensors = [chain.tensors[k] for k in used]
+    chain.specs = [chain.specs[k] for k in used]
+    if chain.sample_inputs is not None:
+        chain.sample_inputs = [chain.sample_inputs[k] for k in used]
+    chain.tensors = tensors
+    refs = chain.refs
+    for t in list(refs.keys()):
+        r = refs[t]
+        if "$in" in r and r["$in"] in in_at:
+            refs[t] = {"$in": in_at[r["$in"]]}
+        elif "$node" in r and r["$node"] in node_at:
+            refs[t] = {**r, "$node": node_at[r["$node"]]}
+        else:
+            del refs[t]
+
+
+def _refs(x, key: str) -> set[int]:
+    """The ``$node`` (or ``$in``) indices an encoded node's arguments name."""
+    found: set[int] = set()
+    if isinstance(x, dict):
+        if key in x:
+            found.add(x[key])
+        for v in x.values():
+            found |= _refs(v, key)
+    elif isinstance(x, list):
+        for v in x:
+            found |= _refs(v, key)
+    return found
+
+
 class CaptureOptions:
     def __init__(self, cfg) -> None:
         self.ops = cfg.ops
@@ -376,13 +435,21 @@ class Recorder:
         """An op a module's own forward made (no leaf module's frame open): it extends that
         module's open chain when it is a link (``chains_op``) taking one of the chain's tensors;
         one that takes a chain tensor and is no link closes the chain; a link taking none closes
-        it and starts the next. Ops touching no chain tensor and no link leave it open."""
-        from ..codegen.analyze import chains_op
+        it and starts the next. Ops touching no chain tensor and no link leave it open. A view or
+        join the chain can express in its indexing (``index_link``: rotate-half's slices and
+        ``cat``) extends it where it reads any of its tensors, its inputs included (``q * cos +
+        rotate_half(q) * sin`` is one chain), and never starts one."""
+        from ..codegen.analyze import chains_op, index_link
 
         path = self._scopes[-1] if self._scopes else ""
         chain = self._chains.get(path)
         touches = chain is not None and chain.computed(in_tensors)
-        link = op_key is not None and chains_op(str(func)) and bool(in_tensors)
+        name = str(func)
+        if chain is not None and in_tensors and index_link(name) and out_tensors and \
+                all(t in chain.refs for t in in_tensors):
+            link, touches = True, True
+        else:
+            link = op_key is not None and chains_op(name) and bool(in_tensors)
         if not link:
             if touches:
                 self._close_chain(path)
@@ -420,10 +487,21 @@ class Recorder:
         chain.flops += op_flops(func, args, kwargs, out, in_tensors, out_tensors)
 
     def _close_chain(self, path: str) -> None:
-        """The chain card of ``path``'s open chain, when it links two ops or more: its program,
-        its inputs, its output (the last op's first), and its ops' calls counted inside it."""
+        """The chain card of ``path``'s open chain, when it links two ops or more that compute
+        (views and joins do not count): its program, its inputs, its output (the last op's
+        first), and its ops' calls counted inside it. Links its output does not read (a slice
+        the chain took that something else read) are left out first, and the inputs they alone
+        read."""
+        from ..codegen.analyze import index_link
+
         chain = self._chains.pop(path, None)
-        if chain is None or len(chain.nodes) < 2 or not chain.outs[-1]:
+        if chain is None or not chain.outs or not chain.outs[-1]:
+            return
+        if any(index_link(n["op"]) for n in chain.nodes):
+            _prune(chain)
+            if index_link(chain.nodes[-1]["op"]):
+                return  # a view or a join last: the chain computed its values before it
+        if sum(not index_link(n["op"]) for n in chain.nodes) < 2:
             return
         busy, self.busy = self.busy, True  # the value ranges it reads are our work, not the model's
         try:

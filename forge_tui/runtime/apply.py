@@ -1088,6 +1088,13 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             chains: dict[Any, list[ChainGuard]] = {}
             for g in guards:
                 if isinstance(g, ChainGuard):
+                    if not g.linear:
+                        where = f"a chain under {path or 'the model'}"
+                        g.guard.status.sites = [
+                            f"{site}: not served there (its ops also read its inputs, which an intercepted scope "
+                            f"cannot follow; a compiled scope serves it)" if site == where else site
+                            for site in g.guard.status.sites]
+                        continue
                     chains.setdefault(g.head, []).append(g)
                 else:
                     table.setdefault(g.func, []).append(g)

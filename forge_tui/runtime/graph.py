@@ -122,7 +122,8 @@ def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device
 def find(graph: Any, program: dict, specs: list[Any], device: str,
          misses: list[tuple[list[Any], str]] | None = None) -> list[tuple[list[Any], list[Any]]]:
     """Where ``program`` (a card's aten program with one tensor output, its last node's) is
-    computed in ``graph``: (the graph values its inputs are, in order; its nodes). Its nodes but
+    computed in ``graph``: (the graph values its inputs are, in order; its nodes), each node after
+    the first read from an earlier one or from an input bound already. Its nodes but
     the last must be read by its own nodes alone (neither other nodes nor the graph's outputs), and
     its inputs must have the card's dtypes, shapes and strides; ``misses`` receives, for each site
     that is the card's program on inputs without them, its nodes and why not ("input 0: shape (8,
@@ -139,7 +140,9 @@ def find(graph: Any, program: dict, specs: list[Any], device: str,
             continue
         for pat in pats[1:]:
             nxt = None
-            for cand in {u: None for n in env.nodes for u in n.users}:
+            # the next node reads one the program computed or one of its inputs (rotate-half's
+            # slices read the chain's input)
+            for cand in {u: None for n in (*env.nodes, *env.inputs.values()) for u in n.users}:
                 nxt = _bind_node(cand, pat, env)
                 if nxt is not None:
                     break
