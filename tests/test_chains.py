@@ -617,6 +617,51 @@ def test_the_rotary_chain_is_served_in_a_compiled_scope_alone(tmp_path, compiled
         torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_hook_added_or_removed_after_the_compile_is_honoured_and_the_chain_still_served(tmp_path):
+    """Dynamo traced the children's hooks at the compile and does not guard on them: a hook added
+    to a child later would be left out of the graph, one removed would still run. The scope
+    compiles again (a bounded number of times) and keeps serving; before, the direct call ran the
+    forward as written on every later call, serving nothing and counting nothing."""
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, ROTARY_CHAIN)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            model(*args)
+            handle = model.proj.register_forward_hook(lambda m, a, out: out * 2)
+            doubled = model(*args)
+            handle.remove()
+            again = model(*args)
+            st = applied.status()["cards"][0]
+            scope = applied.scopes[""]
+    torch.testing.assert_close(doubled, expected * 2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, expected, rtol=1e-5, atol=1e-6)
+    assert st["served"] == 3 and st["active"], st
+    assert scope.rehooks == 2 and scope.direct is not None
+
+
+def test_hooks_that_keep_changing_leave_the_forward_as_written(tmp_path, monkeypatch):
+    """A compile for each change, at most ``MAX_REHOOKS``; then the scope runs the forward as
+    written and its cards say why (a hook changed on every call would compile on every call)."""
+    from forge_tui.runtime.graph import GraphScope
+
+    monkeypatch.setattr(GraphScope, "MAX_REHOOKS", 1)
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, ROTARY_CHAIN)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = []
+            for _ in range(3):
+                handle = model.proj.register_forward_hook(lambda m, a, out: out * 2)
+                got.append(model(*args))
+                handle.remove()
+            st = applied.status()["cards"][0]
+    for g in got:
+        torch.testing.assert_close(g, expected * 2, rtol=1e-5, atol=1e-5)
+    assert not st["active"] and "hooks changed after 1 compiles" in st["disabled_reason"], st
+
+
 PRUNED = ROTARY.replace("""        q = self.proj(x)
         return (q * cos) + (rotate_half(q) * sin)""", """        q = self.proj(x)
         turned = q * cos

@@ -1231,10 +1231,11 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
 
     def compiled(*args: Any, **kwargs: Any) -> Any:
         out = scope(*args, **kwargs)
-        if scope.failed is not None:
+        why = scope.failed or scope.hooked_why
+        if why is not None:
             for g in owned:
                 if g.status.active:
-                    g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {scope.failed}")
+                    g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {why}")
         return out
 
     return _gated(compiled, original, owned, trial)

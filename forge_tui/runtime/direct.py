@@ -15,8 +15,10 @@ manager checks the call (the arguments' tensors, the modules' attributes and par
 globals the trace read, grad mode, autocast: whatever Dynamo guards), and where it passes, the
 entry's code runs as a plain function. A call it refuses goes to Dynamo (which compiles again, or
 runs Python). Dynamo does not guard on module hooks (``torch._dynamo.config.
-skip_nnmodule_hook_guards``): where one was added to a module of the scope, or for all modules,
-since the compile, the forward runs as written rather than leave the hook out.
+skip_nnmodule_hook_guards``): where one was added to or removed from a module of the scope, or
+for all modules, since the compile, the scope compiles again (``GraphScope``, a bounded number of
+times), and a direct call made before the change runs the forward as written rather than leave the
+hook out.
 
 Where Dynamo broke the scope's graph (around a served leaf module: its kernel's call is kept out
 of Dynamo's traces), its code calls a function of Dynamo's for the rest of the forward, which
@@ -47,7 +49,7 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_
 _VARARGS, _VARKEYWORDS = 0x04, 0x08  # inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 
 
-class _Hooks:
+class ModuleHooks:
     """The hooks of a scope's modules, and the global module hooks, as they were at the compile."""
 
     def __init__(self, root: Any) -> None:
@@ -128,7 +130,7 @@ class DirectCall:
     Dynamo's frame machinery (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], check: Callable[[dict[str, Any]], bool], bound: Any,
-                 code: Any, defaults: dict[str, Any], hooks: _Hooks, device: str,
+                 code: Any, defaults: dict[str, Any], hooks: ModuleHooks, device: str,
                  closure: tuple[Any, ...] | None = None) -> None:
         self.fn = fn
         self.check = check
@@ -164,7 +166,7 @@ class DirectCall:
         names = code.co_varnames[:code.co_argcount]
         defaults = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
-        return cls(fn, check, module, code, defaults, _Hooks(module), device, function.__closure__), None
+        return cls(fn, check, module, code, defaults, ModuleHooks(module), device, function.__closure__), None
 
     def frame(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The forward's frame locals for a call with ``args`` and ``kwargs`` (after ``self``), as

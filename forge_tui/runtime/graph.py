@@ -31,7 +31,7 @@ import types
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..program import encodes_as, resolve_op, run_program
-from .direct import HOOKED, MISS, DirectCall
+from .direct import HOOKED, MISS, DirectCall, ModuleHooks
 
 if TYPE_CHECKING:
     import torch
@@ -406,6 +406,12 @@ class GraphScope:
         self._direct_tried = False
         self.calls = 0
         """Calls of the scope while compiled ones may serve it (not those that need gradients)."""
+        self._hooks: ModuleHooks | None = None
+        """The module hooks as the compile found them (Dynamo does not guard on them)."""
+        self.rehooks = 0
+        """Compiles again because a module hook was added or removed since the last."""
+        self.hooked_why: str | None = None
+        """Why the scope runs as written from now on (its hooks keep changing), or None."""
 
     def _backend(self) -> Any:
         from torch._dynamo.backends.common import aot_autograd
@@ -471,13 +477,33 @@ class GraphScope:
                                        func.__closure__)
             clone.__kwdefaults__ = func.__kwdefaults__
             self._clone = clone
+            self._hooks = ModuleHooks(self.module)
             self._compiled = torch.compile(types.MethodType(clone, self.module), backend=self._backend(), dynamic=False)
         return self._compiled
+
+    MAX_REHOOKS = 4
+    """Compiles again for changed module hooks, at most; after that the forward runs as written."""
+
+    def _hooks_changed(self) -> bool:
+        """A module hook added or removed since the compile (Dynamo traced the hooks then and does
+        not guard on them: the graph would leave a new one out, or run a removed one). Compiles
+        again from the next call, a fresh copy of the forward; True where the scope has done so
+        ``MAX_REHOOKS`` times already, and runs as written from now on."""
+        if self._hooks is None or self._hooks.same():
+            return False
+        if self.rehooks >= self.MAX_REHOOKS:
+            self.hooked_why = f"its module hooks changed after {self.MAX_REHOOKS} compiles"
+            return True
+        self.rehooks += 1
+        self._compiled = self._clone = self._hooks = None
+        self.direct, self.direct_why, self._direct_tried = None, None, False
+        return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if self.failed is not None or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
+        if self.failed is not None or self.hooked_why is not None or torch.is_grad_enabled() or \
+                torch.compiler.is_compiling() or self._hooks_changed() or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
             return self.original(*args, **kwargs)
         self.calls += 1
