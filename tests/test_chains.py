@@ -662,6 +662,86 @@ def test_hooks_that_keep_changing_leave_the_forward_as_written(tmp_path, monkeyp
     assert not st["active"] and "hooks changed after 1 compiles" in st["disabled_reason"], st
 
 
+WRAPPED = ROTARY.replace("""class Rotary(nn.Module):""", """ACTIVE = contextvars.ContextVar("active", default=None)
+
+
+def renamed_kwarg(func):
+    \"\"\"As transformers' ``deprecate_kwarg`` wraps a forward: ``self`` among ``*args``.\"\"\"
+    @functools.wraps(func)
+    def wrapped_func(*args, **kwargs):
+        if "inputs" in kwargs:
+            kwargs["x"] = kwargs.pop("inputs")
+        return func(*args, **kwargs)
+
+    return wrapped_func
+
+
+def kernelized(cls):
+    \"\"\"As the ``kernels`` library wraps Hugging Face's layers: a context variable set around
+    the forward, in a try/finally.\"\"\"
+    orig_forward = cls.forward
+
+    @functools.wraps(orig_forward)
+    def new_forward(self, *args, **kwargs):
+        token = ACTIVE.set(self)
+        try:
+            return orig_forward(self, *args, **kwargs)
+        finally:
+            ACTIVE.reset(token)
+
+    cls.forward = new_forward
+    return cls
+
+
+@kernelized
+class Rotary(nn.Module):""").replace("""    def forward(self, x, cos, sin):
+        q = self.proj(x)
+        return (q * cos) + (rotate_half(q) * sin)""", """    @renamed_kwarg
+    def forward(self, x, cos, sin):
+        q = self.proj(x)
+        q = (q * cos) + (rotate_half(q) * sin)
+        torch._dynamo.graph_break()
+        return self.proj(q)
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Rotary()
+        self.b = Rotary()
+
+    def forward(self, x, cos, sin):
+        return self.b(self.a(x, cos, sin), cos, sin)""").replace("return Rotary().eval()", "return Two().eval()").replace(
+    "import torch\n", "import contextvars\nimport functools\n\nimport torch\n", 1)
+
+
+def test_a_forward_wrapped_by_decorators_runs_dynamos_code_directly(tmp_path):
+    """Hugging Face's layers under transformers 5.2x: the ``kernels`` library's wrapper (a context
+    variable set in a try/finally) around a ``deprecate_kwarg`` wrapper (``*args``) around the
+    forward. With a graph break in the forward (a served leaf module makes one), the wrapper
+    compiled whole left no direct call (Dynamo compiled the code after the break 0 times: every
+    call went through Dynamo, the Gemma-3 attention +113 µs a call against eager on this CPU),
+    and every instance's forward shared one Dynamo cache. The wrappers now run as written and the
+    forward they wrap compiles, a copy a scope: each scope's calls after its first run directly."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    ws, chain, mod = _chain_promoted(tmp_path, WRAPPED, ROTARY_CHAIN)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(*args) for _ in range(4)]
+            st = applied.status()["cards"][0]
+            scopes = [applied.scopes[p] for p in ("a", "b")]
+    for g in got:
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+    assert st["served"] == 8 and not st["fallbacks"], st
+    for scope in scopes:
+        assert scope.direct is not None and scope.direct.calls == 3, scope.direct_why
+    forward = type(model.a).forward.__wrapped__.__wrapped__
+    assert _debug_get_cache_entry_list(forward.__code__) == []  # each scope compiled its own copy
+
+
 PRUNED = ROTARY.replace("""        q = self.proj(x)
         return (q * cos) + (rotate_half(q) * sin)""", """        q = self.proj(x)
         turned = q * cos

@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--layer", default="model.model.layers.0.self_attn")
+    ap.add_argument("--workload", default=str(WORKLOAD), help="default: bench/workloads/hf_llama.py")
     ap.add_argument("--all-kernels", action="store_true",
                     help="serve the kernels the bench switched off too (applied to a copy of each workspace)")
     args = ap.parse_args(argv)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from forge_tui.workload import load_workload
     from forge_tui.workspace import Workspace
 
-    wl = load_workload(str(WORKLOAD))
+    wl = load_workload(args.workload)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     variants: dict[str, tuple] = {}
     served: dict[str, dict[str, int]] = {}

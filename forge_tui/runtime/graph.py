@@ -412,6 +412,18 @@ class GraphScope:
         """Compiles again because a module hook was added or removed since the last."""
         self.hooked_why: str | None = None
         """Why the scope runs as written from now on (its hooks keep changing), or None."""
+        target, wrapper = _pass_through(original.__func__, self._wrapped)
+        self._target: Any = target
+        self._wrapper: Any = wrapper
+        """A forward that a decorator wrapped (``functools.wraps``; the ``kernels`` library wraps
+        Hugging Face's layers so, setting a context variable around the call in a try/finally):
+        the function it wraps is what compiles, with a copy of its own code object (else every
+        instance of the class shares one Dynamo cache, up to its limit of variants), and the
+        wrapper runs as written, calling it. Compiled whole, a graph break inside the wrapped
+        function left the scope no direct call: every call went through Dynamo. Otherwise the
+        forward itself compiles, and ``_wrapper`` is None."""
+        if self._target is None:
+            self._target = original.__func__
 
     def _backend(self) -> Any:
         from torch._dynamo.backends.common import aot_autograd
@@ -470,7 +482,7 @@ class GraphScope:
         if self._compiled is None:
             import torch
 
-            func = self.original.__func__
+            func = self._target
             # a copy of the code object: Dynamo keeps its cache on the code object, and this
             # scope's graphs (with this apply's kernels) are its own
             clone = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
@@ -507,11 +519,27 @@ class GraphScope:
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
             return self.original(*args, **kwargs)
         self.calls += 1
+        if self._wrapper is not None:  # the decorator's code as written; it calls ``_wrapped``
+            return self._wrapper(self.module, *args, **kwargs)
+        return self._run(self.original, args, kwargs)
+
+    def _wrapped(self, module: Any, *args: Any, **kwargs: Any) -> Any:
+        """What a decorated forward's wrapper calls in place of the function it wraps."""
+        inner = types.MethodType(self._target, module)
+        if module is not self.module or self.failed is not None:
+            return inner(*args, **kwargs)
+        return self._run(inner, args, kwargs)
+
+    def _run(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled forward (``_target``): Dynamo's code directly where its guards pass, else
+        through Dynamo; ``as_written`` where Dynamo fails on it."""
+        import torch
+
         direct = self.direct
         if direct is not None:
             out = direct(args, kwargs)
             if out is HOOKED:
-                return self.original(*args, **kwargs)
+                return as_written(*args, **kwargs)
             if out is not MISS:
                 return out
         first = not self._direct_tried
@@ -520,11 +548,43 @@ class GraphScope:
         except torch._dynamo.exc.TorchDynamoException as exc:
             # raised before the forward ran: Dynamo failed on it, or our backend did
             self.failed = f"torch.compile failed on it: {type(exc).__name__}: {str(exc)[:300]}"
-            return self.original(*args, **kwargs)
+            return as_written(*args, **kwargs)
         if first and self.failed is None:
             self._direct_tried = True
             self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device)
         return out
+
+
+def _pass_through(func: Any, call: Callable[..., Any]) -> tuple[Any, Any] | tuple[None, None]:
+    """(the function a decorator's ``func`` wraps, ``func`` calling ``call`` in its place) where
+    ``func`` is such a wrapper: ``functools.wraps`` named what it wraps (``__wrapped__``) and one
+    of its closure's cells holds it; through every level (Hugging Face's Gemma-3 attention is the
+    ``kernels`` library's wrapper of a ``deprecate_kwarg`` wrapper of the forward, which takes
+    ``*args``, ``self`` among them). Else (None, None)."""
+    levels: list[tuple[Any, int]] = []
+    f = func
+    while isinstance(f, types.FunctionType):
+        inner = getattr(f, "__wrapped__", None)
+        held = [k for k, c in enumerate(f.__closure__ or ()) if _cell_holds(c, inner)]
+        if not isinstance(inner, types.FunctionType) or len(held) != 1:
+            break
+        levels.append((f, held[0]))
+        f = inner
+    if not levels:
+        return None, None
+    nxt: Any = call
+    for w, k in reversed(levels):
+        closure = tuple(types.CellType(nxt) if i == k else c for i, c in enumerate(w.__closure__))
+        nxt = types.FunctionType(w.__code__, w.__globals__, w.__name__, w.__defaults__, closure)
+        nxt.__kwdefaults__ = w.__kwdefaults__
+    return f, nxt
+
+
+def _cell_holds(cell: Any, value: Any) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
 
 
 def _counting_misses(fn: Any, missed: list[tuple[Any, str]]) -> Any:
