@@ -628,6 +628,10 @@ def test_a_hook_added_or_removed_after_the_compile_is_honoured_and_the_chain_sti
         expected = model(*args)
         with apply(model, ws, only_faster=False, trial_calls=0) as applied:
             model(*args)
+            elsewhere = torch.nn.Linear(2, 2).register_forward_hook(lambda m, a, out: out)
+            model(*args)  # a hook on a module outside the scope: nothing to compile again
+            assert applied.scopes[""].rehooks == 0
+            elsewhere.remove()
             handle = model.proj.register_forward_hook(lambda m, a, out: out * 2)
             doubled = model(*args)
             handle.remove()
@@ -636,7 +640,7 @@ def test_a_hook_added_or_removed_after_the_compile_is_honoured_and_the_chain_sti
             scope = applied.scopes[""]
     torch.testing.assert_close(doubled, expected * 2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(again, expected, rtol=1e-5, atol=1e-6)
-    assert st["served"] == 3 and st["active"], st
+    assert st["served"] == 4 and st["active"], st
     assert scope.rehooks == 2 and scope.direct is not None
 
 

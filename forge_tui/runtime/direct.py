@@ -50,20 +50,38 @@ _VARARGS, _VARKEYWORDS = 0x04, 0x08  # inspect.CO_VARARGS, inspect.CO_VARKEYWORD
 
 
 class ModuleHooks:
-    """The hooks of a scope's modules, and the global module hooks, as they were at the compile."""
+    """The hooks of a scope's modules, and the global module hooks, as they were at the compile.
+
+    Checked at every call of a scope, so cheaply where it can be: every hook that torch registers
+    gets a handle numbered from one counter (``RemovableHandle.next_id``); while it has not moved,
+    hooks can only have been removed, and their count says so. Where it moved (a hook registered
+    anywhere in the process), the hooks themselves are compared, and the counter kept where they
+    are the same."""
 
     def __init__(self, root: Any) -> None:
         from torch.nn.modules import module as nn_module
+        from torch.utils.hooks import RemovableHandle
 
         self.dicts = tuple(m.__dict__[h] for m in root.modules() for h in _HOOKS if h in m.__dict__)
-        self.globals = tuple(getattr(nn_module, h) for h in _GLOBAL_HOOKS if hasattr(nn_module, h))
+        self.dicts += tuple(getattr(nn_module, h) for h in _GLOBAL_HOOKS if hasattr(nn_module, h))
+        self._handles = RemovableHandle
+        self.next_id = RemovableHandle.next_id
         self.held = self._held()
+        self.count = self._count()
 
     def _held(self) -> tuple[Any, ...]:
-        return tuple(tuple(d.values()) if d else () for d in (*self.dicts, *self.globals))
+        return tuple(tuple(d.values()) if d else () for d in self.dicts)
+
+    def _count(self) -> int:
+        return sum(map(len, self.dicts))
 
     def same(self) -> bool:
-        return self._held() == self.held
+        if self._handles.next_id == self.next_id:
+            return self._count() == self.count
+        if self._held() != self.held:
+            return False
+        self.next_id = self._handles.next_id
+        return True
 
 
 _NESTING = 8
@@ -90,7 +108,7 @@ def _direct(function: Any, depth: int = 0) -> tuple[Callable[..., Any] | None, A
     check = getattr(entry.guard_manager, "check", None)
     if check is None or code.co_freevars != function.__code__.co_freevars:
         return None, None, f"this torch's compiled code for {where} is not one it can call"
-    scope = function.__globals__
+    scope = _lean_globals(function.__globals__, code)
     resumes = [n for n in code.co_names if n.startswith("__resume_at")]
     if resumes:
         if depth >= _NESTING:
@@ -98,7 +116,6 @@ def _direct(function: Any, depth: int = 0) -> tuple[Callable[..., Any] | None, A
         # Dynamo's code finds the resume functions among the module's globals: this function's
         # own copy of them points those names at their direct calls (the rest it reads, Dynamo's
         # compiled graphs and helpers, are the module's own objects)
-        scope = dict(scope)
         for name in resumes:
             resume = function.__globals__.get(name)
             if not isinstance(resume, types.FunctionType):
@@ -110,6 +127,57 @@ def _direct(function: Any, depth: int = 0) -> tuple[Callable[..., Any] | None, A
     fn = types.FunctionType(code, scope, function.__name__, function.__defaults__, function.__closure__)
     fn.__kwdefaults__ = function.__kwdefaults__
     return fn, check, None
+
+
+class _QuietUtils:
+    """``torch._dynamo.utils`` as Dynamo's code reads it, less the profiler's range around the
+    code before the graph (``record_pregraph_bytecode_enter``/``exit``: each call goes through two
+    wrappers that switch Dynamo off and on again)."""
+
+    def __init__(self, utils: Any) -> None:
+        self._utils = utils
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._utils, name)
+
+    @staticmethod
+    def record_pregraph_bytecode_enter() -> Any:
+        return _NO_RANGE
+
+    @staticmethod
+    def record_pregraph_bytecode_exit(cm: Any) -> None:
+        return None
+
+
+class _NoRange:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NO_RANGE = _NoRange()
+
+
+def _lean_globals(scope: dict[str, Any], code: Any) -> dict[str, Any]:
+    """A copy of the module globals ``scope`` for Dynamo's ``code`` run directly: its compiled
+    graphs without the wrapper that switches Dynamo off around them (``torch._dynamo.disable``:
+    about 5 µs a call on the development machine's CPU, three a call with the profiler's range),
+    which a direct call does not need: it runs only where no Dynamo callback is set
+    (``DirectCall.__call__``)."""
+    try:
+        from torch._dynamo.eval_frame import innermost_fn
+    except ImportError:  # this torch names it otherwise: its code runs as Dynamo made it
+        return dict(scope)
+    lean = dict(scope)
+    for name in code.co_names:
+        value = scope.get(name)
+        if name.startswith("__compiled_fn") and callable(value):
+            lean[name] = innermost_fn(value)
+        elif name == "__import_torch_dot__dynamo_dot_utils" and isinstance(value, types.ModuleType):
+            lean[name] = _QuietUtils(value)
+    return lean
 
 
 def _resumed(original: Any, direct: Callable[..., Any], check: Any) -> Callable[..., Any]:
@@ -125,12 +193,28 @@ def _resumed(original: Any, direct: Callable[..., Any], check: Any) -> Callable[
     return resume
 
 
+_GET_CALLBACK: list[Callable[[], Any]] = []
+
+
+def _callback() -> Any:
+    """Dynamo's frame callback as set now (None outside any torch.compile'd call; True where this
+    torch has no accessor for it, so that calls go to Dynamo)."""
+    if not _GET_CALLBACK:
+        try:
+            from torch._C._dynamo.eval_frame import get_eval_frame_callback
+        except ImportError:
+            _GET_CALLBACK.append(lambda: True)
+        else:
+            _GET_CALLBACK.append(get_eval_frame_callback)
+    return _GET_CALLBACK[0]()
+
+
 class DirectCall:
     """Dynamo's guards and code for one compiled variant of a scope's forward, run without
     Dynamo's frame machinery (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], check: Callable[[dict[str, Any]], bool], bound: Any,
-                 code: Any, defaults: dict[str, Any], hooks: ModuleHooks, device: str,
+                 code: Any, defaults: dict[str, Any], hooks: ModuleHooks | None, device: str,
                  closure: tuple[Any, ...] | None = None) -> None:
         self.fn = fn
         self.check = check
@@ -156,9 +240,11 @@ class DirectCall:
         """Calls run directly."""
 
     @classmethod
-    def build(cls, function: Any, module: Any, device: str) -> tuple["DirectCall | None", str | None]:
+    def build(cls, function: Any, module: Any, device: str,
+              hooks: bool = True) -> tuple["DirectCall | None", str | None]:
         """The direct call of ``function`` (a scope's forward that Dynamo has compiled, called as a
-        method of ``module``), or None and why not."""
+        method of ``module``), or None and why not. ``hooks``: it checks the module hooks at each
+        call (False where the caller does: ``GraphScope``)."""
         fn, check, why = _direct(function)
         if fn is None or check is None:
             return None, why
@@ -166,7 +252,8 @@ class DirectCall:
         names = code.co_varnames[:code.co_argcount]
         defaults = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
-        return cls(fn, check, module, code, defaults, ModuleHooks(module), device, function.__closure__), None
+        return cls(fn, check, module, code, defaults, ModuleHooks(module) if hooks else None, device,
+                   function.__closure__), None
 
     def frame(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The forward's frame locals for a call with ``args`` and ``kwargs`` (after ``self``), as
@@ -203,10 +290,10 @@ class DirectCall:
         where Dynamo's guards refuse the call (or it does not bind to the forward's parameters)."""
         from .apply import _plain_context
 
-        if not self.hooks.same():
+        if self.hooks is not None and not self.hooks.same():
             return HOOKED
-        if not _plain_context(self.device):
-            return MISS
+        if _callback() is not None or not _plain_context(self.device):
+            return MISS  # under an outer compile: Dynamo's own path, its wrappers included
         frame = self.frame(args, kwargs)
         if frame is None or not self.check(frame):
             return MISS

@@ -551,7 +551,8 @@ class GraphScope:
             return as_written(*args, **kwargs)
         if first and self.failed is None:
             self._direct_tried = True
-            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device)
+            # the scope checks the hooks itself, before the call (``_hooks_changed``)
+            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False)
         return out
 
 
