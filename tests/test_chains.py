@@ -746,6 +746,35 @@ def test_a_forward_wrapped_by_decorators_runs_dynamos_code_directly(tmp_path):
     assert _debug_get_cache_entry_list(forward.__code__) == []  # each scope compiled its own copy
 
 
+BOUND_WRAPPER = ROTARY.replace("""class Rotary(nn.Module):""", """def as_method(func):
+    \"\"\"A wrapper that binds the function it wraps before calling it.\"\"\"
+    @functools.wraps(func)
+    def wrapper(self, *args, **kwargs):
+        return func.__get__(self, type(self))(*args, **kwargs)
+
+    return wrapper
+
+
+class Rotary(nn.Module):""").replace("""    def forward(self, x, cos, sin):""", """    @as_method
+    def forward(self, x, cos, sin):""").replace("import torch\n", "import functools\n\nimport torch\n", 1)
+
+
+def test_a_wrapper_that_binds_the_forward_it_wraps_calls_the_scope(tmp_path):
+    """The wrapper's cell holds a plain function in the wrapped one's place, so binding it
+    (``__get__``) passes the module first, as it did to the forward."""
+    ws, chain, mod = _chain_promoted(tmp_path, BOUND_WRAPPER, ROTARY_CHAIN)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(*args) for _ in range(3)]
+            st = applied.status()["cards"][0]
+            scope = applied.scopes[""]
+    for g in got:
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+    assert st["served"] == 3 and scope.direct is not None and scope.direct.calls == 2, (st, scope.direct_why)
+
+
 PRUNED = ROTARY.replace("""        q = self.proj(x)
         return (q * cos) + (rotate_half(q) * sin)""", """        q = self.proj(x)
         turned = q * cos

@@ -456,9 +456,13 @@ def _note_traced(ctx: Any) -> None:
     module card's call to PyTorch's own code: counted once per compiled graph, not per call (the
     graph decided for all its calls; a count per call, behind the status board's lock, would break
     the graph at every call of the module). Reads the caller's locals ``key`` and ``why``."""
-    g = _TRACED_GUARDS.get(ctx.get_local("key").as_python_constant())
+    try:
+        g = _TRACED_GUARDS.get(ctx.get_local("key").as_python_constant())
+        why = ctx.get_local("why").as_python_constant()
+    except Exception:  # noqa: BLE001 - a note, never a reason for the trace to fail
+        return
     if g is not None:
-        g.board.traced_fallback(g.status, ctx.get_local("why").as_python_constant())
+        g.board.traced_fallback(g.status, why)
 
 
 def _comptime() -> Callable[[Callable[[Any], None]], None] | None:

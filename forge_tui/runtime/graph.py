@@ -412,7 +412,10 @@ class GraphScope:
         """Compiles again because a module hook was added or removed since the last."""
         self.hooked_why: str | None = None
         """Why the scope runs as written from now on (its hooks keep changing), or None."""
-        target, wrapper = _pass_through(original.__func__, self._wrapped)
+        def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
+            return self._wrapped(args, kwargs)
+
+        target, wrapper = _pass_through(original.__func__, call)
         self._target: Any = target
         self._wrapper: Any = wrapper
         """A forward that a decorator wrapped (``functools.wraps``; the ``kernels`` library wraps
@@ -523,12 +526,12 @@ class GraphScope:
             return self._wrapper(self.module, *args, **kwargs)
         return self._run(self.original, args, kwargs)
 
-    def _wrapped(self, module: Any, *args: Any, **kwargs: Any) -> Any:
-        """What a decorated forward's wrapper calls in place of the function it wraps."""
-        inner = types.MethodType(self._target, module)
-        if module is not self.module or self.failed is not None:
-            return inner(*args, **kwargs)
-        return self._run(inner, args, kwargs)
+    def _wrapped(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """What a decorated forward's wrapper calls in place of the function it wraps: the scope,
+        for a call on its module; else the function, as the wrapper would have called it."""
+        if not args or args[0] is not self.module or self.failed is not None:
+            return self._target(*args, **kwargs)
+        return self._run(types.MethodType(self._target, self.module), args[1:], kwargs)
 
     def _run(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The compiled forward (``_target``): Dynamo's code directly where its guards pass, else
