@@ -537,6 +537,8 @@ def scope_notes(applied: Any) -> list[str]:
                 how = f"; Dynamo ran every call: {scope.direct_why}" if scope.direct_why else ""
             if scope.rehooks:
                 how += f"; compiled again {scope.rehooks} time(s) for changed module hooks"
+            if scope.failed:
+                how += f"; runs as written since: {scope.failed}"
             out.append(f"compiled scope {path or 'the model'}: ran as {', '.join(scope.levels)} graph"
                        f"{'s' if len(scope.levels) > 1 else ''}{how}")
         out.extend(f"compiled scope {path or 'the model'}: {card} not served there: {why}"

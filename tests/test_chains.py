@@ -775,6 +775,28 @@ def test_a_wrapper_that_binds_the_forward_it_wraps_calls_the_scope(tmp_path):
     assert st["served"] == 3 and scope.direct is not None and scope.direct.calls == 2, (st, scope.direct_why)
 
 
+def test_a_scope_whose_own_frame_dynamo_skipped_runs_as_written(tmp_path, monkeypatch):
+    """Where Dynamo compiled none of the scope's own code (it skipped the forward's frame, as it
+    did Gemma-3's whole text model under transformers 5.25, and compiled each frame the forward
+    calls with the scope's backend instead: 0.73x of eager's forward on the CPU), the scope
+    runs as written from its second call, and its cards say why."""
+    from forge_tui.runtime import graph
+
+    monkeypatch.setattr(graph, "_compiled_variants", lambda function: 0)
+    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, ROTARY_CHAIN)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(*args) for _ in range(3)]
+            st = applied.status()["cards"][0]
+            notes = scope_notes(applied)
+    for g in got:
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+    assert not st["active"] and "compiled none of its own code" in st["disabled_reason"], st
+    assert st["served"] == 1 and any("runs as written since" in n for n in notes), notes
+
+
 PRUNED = ROTARY.replace("""        q = self.proj(x)
         return (q * cos) + (rotate_half(q) * sin)""", """        q = self.proj(x)
         turned = q * cos

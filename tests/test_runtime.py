@@ -1101,10 +1101,11 @@ def test_an_op_card_in_a_compiled_scope_is_served_with_no_op_intercepted(promote
 @pytest.mark.parametrize("workload,children", [("runtime_model.py", 1), ("runtime_two_norms.py", 2)])
 def test_a_scope_with_served_children_is_compiled_around_them(tmp_path, monkeypatch, workload, children):
     """The softmax's scope (the model) calls one RMSNorm, or two (one module card), served too:
-    the scope is compiled all the same, each RMSNorm call a graph break that its module card
-    serves, and no op passes the interceptor. A scope with more served children than
-    GRAPH_BREAKS is intercepted, as before (the moe's attention, with its q and k norms, ran
-    intercepted at 635-862 µs of host a call more than eager on the H200 while one was the limit)."""
+    the scope is compiled all the same, each RMSNorm's card its custom op in the scope's one graph
+    (``IN_GRAPH``), and no op passes the interceptor. Without that, each RMSNorm call is a graph
+    break that its module card serves, and a scope with more such children than GRAPH_BREAKS is
+    intercepted (the moe's attention, with its q and k norms, ran intercepted at 635-862 µs of
+    host a call more than eager on the H200 while one was the limit)."""
     from forge_tui.runtime import apply as apply_mod
 
     path = HERE / "data" / "workloads" / workload
@@ -1116,15 +1117,19 @@ def test_a_scope_with_served_children_is_compiled_around_them(tmp_path, monkeypa
     model, x = wl.get_model(), wl.get_inputs()[0]
     with torch.no_grad():
         expected = model(x)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            got = [model(x) for _ in range(3)]
-            st = {c["card"]: c for c in applied.status()["cards"]}
-            assert list(applied.scopes) == [""] and applied.scopes[""].sites == {sm.id: 1}
-            assert applied.scopes[""].failed is None
-        assert not any("forward" in m.__dict__ for m in model.modules())  # undone
-        for g in got:
-            torch.testing.assert_close(g, expected)
-        assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 3 * children and seen == []
+        for in_graph, graphs in ((True, 1), (False, children)):  # a graph after each break
+            monkeypatch.setattr(apply_mod, "IN_GRAPH", in_graph)
+            with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+                got = [model(x) for _ in range(3)]
+                st = {c["card"]: c for c in applied.status()["cards"]}
+                scope = applied.scopes[""]
+                assert list(applied.scopes) == [""] and scope.sites == {sm.id: 1}
+                assert scope.failed is None and len(scope.levels) == graphs, scope.levels
+                assert scope.direct is not None and scope.direct.calls == 2, scope.direct_why
+            assert not any("forward" in m.__dict__ for m in model.modules())  # undone
+            for g in got:
+                torch.testing.assert_close(g, expected)
+            assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 3 * children and seen == []
         monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", children - 1)
         with apply(model, ws, only_faster=False, trial_calls=0) as applied:
             again = model(x)

@@ -193,6 +193,19 @@ def _resumed(original: Any, direct: Callable[..., Any], check: Any) -> Callable[
     return resume
 
 
+_PLAIN: list[Callable[[str], bool]] = []
+
+
+def plain_context(device: str) -> bool:
+    """No transform or mode active that a compiled scope would leave out (``apply._plain_context``,
+    looked up once: apply imports this module)."""
+    if not _PLAIN:
+        from .apply import _plain_context
+
+        _PLAIN.append(_plain_context)
+    return _PLAIN[0](device)
+
+
 _GET_CALLBACK: list[Callable[[], Any]] = []
 
 
@@ -288,11 +301,9 @@ class DirectCall:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The forward's value; ``HOOKED`` where a module hook changed since the compile; ``MISS``
         where Dynamo's guards refuse the call (or it does not bind to the forward's parameters)."""
-        from .apply import _plain_context
-
         if self.hooks is not None and not self.hooks.same():
             return HOOKED
-        if _callback() is not None or not _plain_context(self.device):
+        if _callback() is not None:
             return MISS  # under an outer compile: Dynamo's own path, its wrappers included
         frame = self.frame(args, kwargs)
         if frame is None or not self.check(frame):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..program import encodes_as, resolve_op, run_program
 from .direct import HOOKED, MISS, DirectCall, ModuleHooks
+from .direct import plain_context as _plain_context
 
 if TYPE_CHECKING:
     import torch
@@ -410,6 +411,9 @@ class GraphScope:
         """The module hooks as the compile found them (Dynamo does not guard on them)."""
         self.rehooks = 0
         """Compiles again because a module hook was added or removed since the last."""
+        self._traced: list[tuple[Any, str]] = []
+        """The module cards' fallbacks noted while Dynamo traces the scope's forward, for its
+        backend to count at every call of the graph (``apply.TRACE_SINKS``)."""
         self.hooked_why: str | None = None
         """Why the scope runs as written from now on (its hooks keep changing), or None."""
         def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
@@ -434,9 +438,11 @@ class GraphScope:
 
         def backend(gm: Any, example_inputs: Any) -> Any:
             torch_level: list[bool] = []
-            missed: list[tuple[Any, str]] = []
+            missed: list[tuple[Any, str]] = list(self._traced)
             """The cards whose program this graph computes on inputs their guards refuse, and why:
-            each call of the graph counts them as fallbacks, as the interceptor counts a refused op."""
+            each call of the graph counts them as fallbacks, as the interceptor counts a refused op;
+            first the module cards whose calls the trace sent to PyTorch (``apply._note_traced``)."""
+            self._traced.clear()
 
             def compile_graph(agm: Any, inputs: Any) -> Any:
                 sites: set[Any] = set()
@@ -518,8 +524,10 @@ class GraphScope:
         import torch
 
         if self.failed is not None or self.hooked_why is not None or torch.is_grad_enabled() or \
-                torch.compiler.is_compiling() or self._hooks_changed() or \
+                torch.compiler.is_compiling() or self._hooks_changed() or not _plain_context(self.device) or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
+            # under a mode or a transform (a __torch_function__ mode, autocast, vmap) the forward
+            # runs as written: its module cards' own forwards then leave it to PyTorch
             return self.original(*args, **kwargs)
         self.calls += 1
         if self._wrapper is not None:  # the decorator's code as written; it calls ``_wrapped``
@@ -546,17 +554,37 @@ class GraphScope:
             if out is not MISS:
                 return out
         first = not self._direct_tried
+        from .apply import TRACE_SINKS
+
+        TRACE_SINKS.append(self._traced)
         try:
             out = self.compiled()(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as exc:
             # raised before the forward ran: Dynamo failed on it, or our backend did
             self.failed = f"torch.compile failed on it: {type(exc).__name__}: {str(exc)[:300]}"
             return as_written(*args, **kwargs)
+        finally:
+            TRACE_SINKS.pop()
+            self._traced.clear()
         if first and self.failed is None:
             self._direct_tried = True
+            if not _compiled_variants(self._clone):
+                # Dynamo skipped the forward's own frame (code it does not trace) and compiled the
+                # frames it calls instead, each with this scope's backend: as written is cheaper
+                self.failed = "Dynamo compiled none of its own code (it skipped the forward's frame)"
+                return out
             # the scope checks the hooks itself, before the call (``_hooks_changed``)
             self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False)
         return out
+
+
+def _compiled_variants(function: Any) -> int:
+    """How many variants of ``function``'s code Dynamo compiled (1 where this torch cannot say)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return 1
+    return len(_debug_get_cache_entry_list(function.__code__))
 
 
 def _pass_through(func: Any, call: Callable[..., Any]) -> tuple[Any, Any] | tuple[None, None]:
