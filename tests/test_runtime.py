@@ -95,6 +95,22 @@ def test_calls_that_do_not_match_run_pytorch_and_say_why(promoted):
     assert set(st[sm.id]["fallbacks"]) == {"input 0: shape (8, 256)", "input 0: dtype float64"}
 
 
+def test_a_module_card_defines_its_graph_op_only_below_a_compiled_scope(promoted):
+    """The custom op a scope's graph calls for a module card (``IN_GRAPH``) is defined when a
+    compiled scope above the module asks for it: a model with no scope defines none (every apply
+    of a card would otherwise add an operator to the process)."""
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    with torch.no_grad():
+        with apply(model, ws, cards=[norm.id], only_faster=False, trial_calls=0) as applied:
+            model(x)
+            assert not applied.scopes and applied.guards[norm.id].own_op is None
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            model(x)
+            assert list(applied.scopes) == [""] and applied.guards[norm.id].own_op is not None
+
+
 def test_a_call_passed_differently_or_strided_differently_runs_pytorch(promoted):
     """The module card was profiled as norm(x) with a contiguous x: a keyword call, or an x with
     other strides, is not that call (the kernel assumes the recorded layout)."""

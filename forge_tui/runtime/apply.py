@@ -502,8 +502,9 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     call through its guard, and where Dynamo traces it (a compiled scope above it: ``graph.py``)
     it is the compiled forward, so that the scope's graph holds the card's op and does not break
     around the module (``IN_GRAPH``)."""
-    in_graph = _module_forward(module, original, guard, Mode.TORCH_COMPILE, call_args, returns, own_op=True) \
-        if mode != Mode.TORCH_COMPILE and IN_GRAPH else None
+    in_graph: list[Any] = [None]
+    """The torch.compile forward that Dynamo traces, once a compiled scope above the module asks
+    for it (``forward.in_graph()``: its custom op is defined then, not for every module card)."""
     op = _custom_op(guard, own=own_op) if mode == Mode.TORCH_COMPILE else None
     guard.eager_timable = op is None
     device = guard.device
@@ -541,8 +542,9 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         return [*a[:-1], *a[-1], *consts]
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if in_graph is not None and is_compiling():
-            return in_graph(*args, **kwargs)
+        traced = in_graph[0]
+        if traced is not None and is_compiling():
+            return traced(*args, **kwargs)
         f = fast[0]
         if f is not None:
             out = f(args, kwargs)
@@ -611,6 +613,13 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
                                        tensors[tensors_only:len(tensors) - len(consts)], attrs[0], arrange, 0)
         return outs[0] if returns == "tensor" else tuple(outs)
 
+    def enable_in_graph() -> None:
+        if in_graph[0] is None and op is None:
+            timable = guard.eager_timable
+            in_graph[0] = _module_forward(module, original, guard, Mode.TORCH_COMPILE, call_args, returns, own_op=True)
+            guard.eager_timable = timable  # its own forward's setting, not the compiled one's
+
+    forward.in_graph = enable_in_graph  # type: ignore[attr-defined]
     return forward
 
 
@@ -1157,15 +1166,18 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         # interception before it starts its own
         for child, owner in outside:
             applied._replace_forward(child, _outside_scope(child.forward, owner))
-    # last: a module below a compiled scope whose forward forge replaced (a scope, a module card's)
-    # runs outside the scope's graph, as forge serves it
-    replaced = {id(m) for m in applied.forwards.modules() if not _in_graph(applied, m)}
+    # last: a module below a compiled scope whose forward forge replaced (a scope, a fold, a merge)
+    # runs outside the scope's graph, as forge serves it; a module card's runs in it (IN_GRAPH)
+    replaced = {id(m) for m in applied.forwards.modules()}
     wrapped: set[int] = set()
     for scope in applied.scopes.values():
         for m in _topmost(scope.module, replaced):
             if id(m) not in wrapped:
                 wrapped.add(id(m))
-                applied._replace_forward(m, _outside_graph(m.forward))
+                if _in_graph(applied, m):  # a module card: in the scope's graph (IN_GRAPH)
+                    m.__dict__["forward"].in_graph()
+                else:
+                    applied._replace_forward(m, _outside_graph(m.forward))
 
 
 GRAPH_BREAKS = 2
