@@ -1195,7 +1195,8 @@ IN_GRAPH = True
 rather than outside it, a graph break each: on the development machine's CPU the Gemma-3
 attention alone, with its q and k norms and its chains served, cost +25.2 µs a call against eager
 with the breaks and +10.8 in one graph (one run each). A fallback the trace decides is counted at
-every call of the graph (``TRACE_SINKS``)."""
+every call of the graph (``TRACE_SINKS``). Such a card's own in-place trial (``Trial``) sees only
+its calls outside a compiled graph; in the graph the bench's switch-off judges it."""
 
 
 def _in_graph(applied: "Applied", module: "torch.nn.Module") -> bool:
@@ -1255,8 +1256,9 @@ def _merges_sparing_scopes(applied: "Applied", model: "torch.nn.Module", merges:
 def _graph_scope_ok(module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
     """Whether a scope can be served compiled (``graph.py``): its forward is its class's own, its
     cards were captured from its own calls and each has one tensor output and no constant input,
-    and at most ``GRAPH_BREAKS`` modules below it (topmost) are served by forge too (a scope, a
-    module card): each runs outside the graph, a graph break (``_outside_graph``)."""
+    and at most ``GRAPH_BREAKS`` modules below it (topmost) are served by forge outside its graph
+    (a scope, a fold, a merge; a module card's runs in the graph, ``IN_GRAPH``): each a graph
+    break (``_outside_graph``)."""
     if "forward" in module.__dict__ or not compilable(module.forward):
         return False
     for g in guards:
