@@ -585,6 +585,25 @@ def test_a_site_with_no_torch_call_of_its_own_is_left_where_the_rest_save_more(t
         torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
 
 
+def _runs(tmp_path, source, target, calls=3):
+    """``source``'s chain card (``target``) promoted, its model run eager and then ``calls``
+    times with the card applied (no trial): what a test reads of it."""
+    from types import SimpleNamespace
+
+    ws, chain, mod = _chain_promoted(tmp_path, source, target)
+    model, args = mod.get_model(), mod.get_inputs()
+    with torch.no_grad():
+        expected = model(*args)
+        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
+            got = [model(*args) for _ in range(calls)]
+            st = applied.status()["cards"][0]
+            notes = scope_notes(applied)
+    for g in got:
+        for a, b in zip(g if isinstance(g, tuple) else [g], expected if isinstance(expected, tuple) else [expected]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return SimpleNamespace(chain=chain, model=model, got=got, st=st, scopes=dict(applied.scopes), notes=notes)
+
+
 def test_the_rotary_application_is_one_chain_card(tmp_path):
     """``q * cos + rotate_half(q) * sin``: the slices read the chain's input, the negation and the
     join read its slices, so the seven ops are one card on (q, cos, sin), and their op cards sit
@@ -729,20 +748,11 @@ def test_a_forward_wrapped_by_decorators_runs_dynamos_code_directly(tmp_path):
     forward they wrap compiles, a copy a scope: each scope's calls after its first run directly."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    ws, chain, mod = _chain_promoted(tmp_path, WRAPPED, ROTARY_CHAIN)
-    model, args = mod.get_model(), mod.get_inputs()
-    with torch.no_grad():
-        expected = model(*args)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            got = [model(*args) for _ in range(4)]
-            st = applied.status()["cards"][0]
-            scopes = [applied.scopes[p] for p in ("a", "b")]
-    for g in got:
-        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
-    assert st["served"] == 8 and not st["fallbacks"], st
-    for scope in scopes:
+    r = _runs(tmp_path, WRAPPED, ROTARY_CHAIN, calls=4)
+    assert r.st["served"] == 8 and not r.st["fallbacks"], r.st
+    for scope in (r.scopes["a"], r.scopes["b"]):
         assert scope.direct is not None and scope.direct.calls == 3, scope.direct_why
-    forward = type(model.a).forward.__wrapped__.__wrapped__
+    forward = type(r.model.a).forward.__wrapped__.__wrapped__
     assert _debug_get_cache_entry_list(forward.__code__) == []  # each scope compiled its own copy
 
 
@@ -762,17 +772,9 @@ class Rotary(nn.Module):""").replace("""    def forward(self, x, cos, sin):""", 
 def test_a_wrapper_that_binds_the_forward_it_wraps_calls_the_scope(tmp_path):
     """The wrapper's cell holds a plain function in the wrapped one's place, so binding it
     (``__get__``) passes the module first, as it did to the forward."""
-    ws, chain, mod = _chain_promoted(tmp_path, BOUND_WRAPPER, ROTARY_CHAIN)
-    model, args = mod.get_model(), mod.get_inputs()
-    with torch.no_grad():
-        expected = model(*args)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            got = [model(*args) for _ in range(3)]
-            st = applied.status()["cards"][0]
-            scope = applied.scopes[""]
-    for g in got:
-        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
-    assert st["served"] == 3 and scope.direct is not None and scope.direct.calls == 2, (st, scope.direct_why)
+    r = _runs(tmp_path, BOUND_WRAPPER, ROTARY_CHAIN)
+    scope = r.scopes[""]
+    assert r.st["served"] == 3 and scope.direct is not None and scope.direct.calls == 2, (r.st, scope.direct_why)
 
 
 def test_a_scope_whose_own_frame_dynamo_skipped_runs_as_written(tmp_path, monkeypatch):
@@ -783,18 +785,9 @@ def test_a_scope_whose_own_frame_dynamo_skipped_runs_as_written(tmp_path, monkey
     from forge_tui.runtime import graph
 
     monkeypatch.setattr(graph, "_compiled_variants", lambda function: 0)
-    ws, chain, mod = _chain_promoted(tmp_path, ROTARY, ROTARY_CHAIN)
-    model, args = mod.get_model(), mod.get_inputs()
-    with torch.no_grad():
-        expected = model(*args)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            got = [model(*args) for _ in range(3)]
-            st = applied.status()["cards"][0]
-            notes = scope_notes(applied)
-    for g in got:
-        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
-    assert not st["active"] and "compiled none of its own code" in st["disabled_reason"], st
-    assert st["served"] == 1 and any("runs as written since" in n for n in notes), notes
+    r = _runs(tmp_path, ROTARY, ROTARY_CHAIN)
+    assert not r.st["active"] and "compiled none of its own code" in r.st["disabled_reason"], r.st
+    assert r.st["served"] == 1 and any("runs as written since" in n for n in r.notes), r.notes
 
 
 PRUNED = ROTARY.replace("""        q = self.proj(x)
@@ -808,18 +801,10 @@ def test_a_slice_the_chain_took_but_its_output_does_not_read_is_left_out(tmp_pat
     """The slice reads the chain's input, so it joins the chain; the clone that reads it ends the
     chain, and the chain's output (the products) never reads it: the card is the two products on
     (q, cos, sin), the slice left out, and it is served."""
-    ws, chain, mod = _chain_promoted(tmp_path, PRUNED, "chain:mul+mul")
-    assert [tuple(s.shape) for s in chain.inputs] == [(2, 4, 64, 32), (2, 1, 64, 32), (2, 1, 64, 32)]
-    assert [n["op"] for n in chain.program["nodes"]] == ["aten.mul.Tensor"] * 2
-    model, args = mod.get_model(), mod.get_inputs()
-    with torch.no_grad():
-        expected = model(*args)
-        with apply(model, ws, only_faster=False, trial_calls=0) as applied:
-            got = model(*args)
-            st = applied.status()["cards"][0]
-    assert st["served"] == 1, st
-    for a, b in zip(got, expected):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    r = _runs(tmp_path, PRUNED, "chain:mul+mul", calls=1)
+    assert [tuple(s.shape) for s in r.chain.inputs] == [(2, 4, 64, 32), (2, 1, 64, 32), (2, 1, 64, 32)]
+    assert [n["op"] for n in r.chain.program["nodes"]] == ["aten.mul.Tensor"] * 2
+    assert r.st["served"] == 1, r.st
 
 
 def test_a_chain_reading_a_served_op_cards_output_is_served_after_it(tmp_path):
