@@ -466,9 +466,10 @@ _TRACED_GUARDS: "weakref.WeakValueDictionary[str, Guard]" = weakref.WeakValueDic
 
 def _note_traced(ctx: Any) -> None:
     """Run by Dynamo while it traces a compiled model (``comptime``), where the trace sends a
-    module card's call to PyTorch's own code: counted once per compiled graph, not per call (the
-    graph decided for all its calls; a count per call, behind the status board's lock, would break
-    the graph at every call of the module). Reads the caller's locals ``key`` and ``why``."""
+    module card's call to PyTorch's own code (a count behind the status board's lock, traced,
+    would break the graph at every call of the module). In a compiled scope's trace the scope's
+    graph counts it at every call (``TRACE_SINKS``); in a model the user compiled it is noted
+    once per graph (``traced_fallbacks``). Reads the caller's locals ``key`` and ``why``."""
     try:
         g = _TRACED_GUARDS.get(ctx.get_local("key").as_python_constant())
         why = ctx.get_local("why").as_python_constant()
@@ -526,12 +527,14 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     whether it was tried: built after the first call the kernel serves with the guard settled."""
     consts = guard.consts
     traced_key = f"{guard.entry.card}@{id(guard)}"
-    _TRACED_GUARDS[traced_key] = guard
-    comptime = _comptime() if op is not None else None
+    comptime = None
+    if op is not None:
+        _TRACED_GUARDS[traced_key] = guard
+        comptime = _comptime()
 
     def fell_back(why: str) -> None:
-        if op is not None and torch.compiler.is_compiling():
-            # the trace decides once for all the graph's calls: noted at the trace, not counted
+        if op is not None and is_compiling():
+            # the trace decides for all the graph's calls: noted at the trace (``_note_traced``)
             key = traced_key  # noqa: F841 (read by _note_traced)
             if comptime is not None:
                 comptime(_note_traced)
@@ -920,9 +923,9 @@ class Applied:
         """The leaf modules whose op card's call is learned (``_LeafSites``), by module path."""
         self._on_undo: list[Callable[[], None]] = []
         self.compile_guards: list[Guard] = []
+        """torch_compile mode: the op and chain cards that ``backend()`` serves."""
         self.in_graph: set[int] = set()
         """The forwards (by id) that a compiled scope's graph traces: module cards' (``IN_GRAPH``)."""
-        """torch_compile mode: the op and chain cards that ``backend()`` serves."""
         self._backends: dict[str, CompileBackend] = {}
 
     def backend(self, inner: str = "inductor") -> CompileBackend:
