@@ -135,6 +135,19 @@ def _has_ref(x: Any) -> bool:
     return False
 
 
+def refs(obj: Any, key: str) -> set[int]:
+    """The indices that the references ``key`` (``"$node"`` or ``"$in"``) in an encoded
+    program's arguments ``obj`` name."""
+    if isinstance(obj, dict):
+        found = {obj[key]} if key in obj else set()
+        for v in obj.values():
+            found |= refs(v, key)
+        return found
+    if isinstance(obj, list):
+        return set().union(*(refs(v, key) for v in obj))
+    return set()
+
+
 def bind_program(program: dict, inputs: list, device: str | None = None) -> Callable[[], list]:
     """Prepare a program to run repeatedly on fixed input tensors; returns a no-argument callable."""
     if device is None:

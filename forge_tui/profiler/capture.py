@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cards import TensorSpec
-from ..program import Unencodable, encode, flatten_outputs, resolve_op, tensor_leaves
+from ..program import Unencodable, encode, flatten_outputs, refs, resolve_op, tensor_leaves
 from ..tensorstore import pack
 from .cost import op_flops, tensor_read_bytes, tensor_write_bytes
 
@@ -185,11 +185,11 @@ def _prune(chain: _Chain) -> None:
     live = {len(chain.nodes) - 1}
     for i in range(len(chain.nodes) - 1, -1, -1):
         if i in live:
-            live.update(_refs(chain.nodes[i], "$node"))
+            live.update(refs([chain.nodes[i]["args"], chain.nodes[i]["kwargs"]], "$node"))
     if len(live) == len(chain.nodes):
         return
     keep = sorted(live)
-    used = sorted({k for i in keep for k in _refs(chain.nodes[i], "$in")})
+    used = sorted({k for i in keep for k in refs([chain.nodes[i]["args"], chain.nodes[i]["kwargs"]], "$in")})
     node_at = {old: new for new, old in enumerate(keep)}
     in_at = {old: new for new, old in enumerate(used)}
 
@@ -213,29 +213,15 @@ def _prune(chain: _Chain) -> None:
     if chain.sample_inputs is not None:
         chain.sample_inputs = [chain.sample_inputs[k] for k in used]
     chain.tensors = tensors
-    refs = chain.refs
-    for t in list(refs.keys()):
-        r = refs[t]
+    held = chain.refs
+    for t in list(held.keys()):
+        r = held[t]
         if "$in" in r and r["$in"] in in_at:
-            refs[t] = {"$in": in_at[r["$in"]]}
+            held[t] = {"$in": in_at[r["$in"]]}
         elif "$node" in r and r["$node"] in node_at:
-            refs[t] = {**r, "$node": node_at[r["$node"]]}
+            held[t] = {**r, "$node": node_at[r["$node"]]}
         else:
-            del refs[t]
-
-
-def _refs(x, key: str) -> set[int]:
-    """The ``$node`` (or ``$in``) indices an encoded node's arguments name."""
-    found: set[int] = set()
-    if isinstance(x, dict):
-        if key in x:
-            found.add(x[key])
-        for v in x.values():
-            found |= _refs(v, key)
-    elif isinstance(x, list):
-        for v in x:
-            found |= _refs(v, key)
-    return found
+            del held[t]
 
 
 class CaptureOptions:

@@ -25,6 +25,7 @@ the pair, in inference and CUDA-graph modes.
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
 import time
 import weakref
@@ -35,6 +36,9 @@ from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
 from .chain import ChainGuard, Run, pending_in, realize_all, realize_returned, runs_of, tensor_storages
+from .direct import CONTEXT_PROBES as _CONTEXT_PROBES
+from .direct import context_probes as _context_probes
+from .direct import plain_context as _plain_context
 from .experts import ExpertsGuard
 from .experts import install as install_experts
 from .fold import FoldGuard
@@ -408,8 +412,8 @@ _CUSTOM_GUARDS: dict[str, Guard] = {}
 _LIBRARY: list[Any] = []
 
 
-_OWN_OPS = [0]
-"""Custom ops defined for one guard alone so far (``_custom_op(own=True)``)."""
+_OWN_OPS = itertools.count(1)
+"""Numbers the custom ops defined for one guard alone (``_custom_op(own=True)``)."""
 
 
 def _custom_op(guard: Guard, own: bool = False) -> Callable[[list["torch.Tensor"]], list["torch.Tensor"]]:
@@ -427,8 +431,7 @@ def _custom_op(guard: Guard, own: bool = False) -> Callable[[list["torch.Tensor"
     if own:  # this guard's alone: an op by signature serves the latest guard of its card
         if guard.own_op is not None:
             return guard.own_op  # type: ignore[no-any-return]
-        _OWN_OPS[0] += 1
-        short += f"_g{_OWN_OPS[0]}"
+        short += f"_g{next(_OWN_OPS)}"
     name = f"forge::{short}"
     _CUSTOM_GUARDS[name] = guard
     if name not in _CUSTOM_OPS:
@@ -1303,7 +1306,7 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
 
     def compiled(*args: Any, **kwargs: Any) -> Any:
         out = scope(*args, **kwargs)
-        why = scope.failed or scope.hooked_why
+        why = scope.failed
         if why is not None:
             for g in owned:
                 if g.status.active:
@@ -1465,27 +1468,6 @@ def _direct_leaf(module: Any) -> bool:
     fwd = getattr(type(module), "forward", None)
     return bool(getattr(type(module), DIRECT_ATTR, False)) or \
         (getattr(fwd, "__module__", "") or "").startswith("torch.nn.modules.")
-
-
-def _plain_context(device: str) -> bool:
-    """No transform or mode is active that a direct kernel call would skip, where PyTorch's own
-    dispatch would honour it: autocast, a ``__torch_function__`` mode, a functorch transform (vmap,
-    grad), a forward-mode AD level."""
-    autocast, tf_modes, transforms, fwd_ad = _CONTEXT_PROBES or _context_probes()
-    return not (autocast(device) or tf_modes() or transforms() is not None or fwd_ad._current_level >= 0)
-
-
-_CONTEXT_PROBES: list[Any] = []
-"""What ``_plain_context`` asks torch, looked up once (it runs on every directly served call)."""
-
-
-def _context_probes() -> list[Any]:
-    import torch
-    from torch.autograd import forward_ad
-
-    _CONTEXT_PROBES[:] = [torch.is_autocast_enabled, torch._C._len_torch_function_stack,
-                          torch._C._functorch.peek_interpreter_stack, forward_ad]
-    return _CONTEXT_PROBES
 
 
 def _plain_tensors(tensors: list[Any]) -> bool:

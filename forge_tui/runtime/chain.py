@@ -29,7 +29,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ..program import encodes_as, resolve_op
+from ..program import encodes_as, refs, resolve_op
 from .kernel import contiguous_strides
 
 _PENDING_CLASS: Any = None
@@ -176,7 +176,8 @@ class ChainGuard:
             shape, dtype = n["out"][0][0], n["out"][0][1]
             self.outs.append((tuple(shape), tuple(contiguous_strides(list(shape))), getattr(torch, dtype)))
         self.head = self.nodes[0][0]
-        self.linear = all(k - 1 in _node_refs(n) for k, n in enumerate(program["nodes"]) if k)
+        self.linear = all(k - 1 in refs([n.get("args", []), n.get("kwargs", {})], "$node")
+                          for k, n in enumerate(program["nodes"]) if k)
         """Whether each op reads the one before: how the interceptor follows a run (from its latest
         link). A chain whose ops also read its inputs (rotate-half's slices) is served in compiled
         scopes alone."""
@@ -269,19 +270,6 @@ class ChainGuard:
         if outs is None:  # the guard counted why; eager computes it
             return None
         return outs[0]
-
-
-def _node_refs(x: Any) -> set[int]:
-    """The ``$node`` indices an encoded program node's arguments name."""
-    if isinstance(x, dict):
-        found = {x["$node"]} if "$node" in x else set()
-        for k, v in x.items():
-            if k != "out":
-                found |= _node_refs(v)
-        return found
-    if isinstance(x, list):
-        return set().union(*map(_node_refs, x)) if x else set()
-    return set()
 
 
 class outside_interceptor:

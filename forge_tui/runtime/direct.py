@@ -193,17 +193,25 @@ def _resumed(original: Any, direct: Callable[..., Any], check: Any) -> Callable[
     return resume
 
 
-_PLAIN: list[Callable[[str], bool]] = []
-
-
 def plain_context(device: str) -> bool:
-    """No transform or mode active that a compiled scope would leave out (``apply._plain_context``,
-    looked up once: apply imports this module)."""
-    if not _PLAIN:
-        from .apply import _plain_context
+    """No transform or mode is active that a direct kernel call, or a compiled scope, would skip
+    where PyTorch's own dispatch would honour it: autocast, a ``__torch_function__`` mode, a
+    functorch transform (vmap, grad), a forward-mode AD level."""
+    autocast, tf_modes, transforms, fwd_ad = CONTEXT_PROBES or context_probes()
+    return not (autocast(device) or tf_modes() or transforms() is not None or fwd_ad._current_level >= 0)
 
-        _PLAIN.append(_plain_context)
-    return _PLAIN[0](device)
+
+CONTEXT_PROBES: list[Any] = []
+"""What ``plain_context`` asks torch, looked up once (it runs on every directly served call)."""
+
+
+def context_probes() -> list[Any]:
+    import torch
+    from torch.autograd import forward_ad
+
+    CONTEXT_PROBES[:] = [torch.is_autocast_enabled, torch._C._len_torch_function_stack,
+                         torch._C._functorch.peek_interpreter_stack, forward_ad]
+    return CONTEXT_PROBES
 
 
 _GET_CALLBACK: list[Callable[[], Any]] = []

@@ -389,7 +389,8 @@ class GraphScope:
         self.sites: dict[str, int] = {}
         """Per card, the sites replaced in the graphs compiled so far."""
         self.failed: str | None = None
-        """Why the scope runs as Python from now on (its compile failed), or None."""
+        """Why the scope runs as written from now on (its compile failed, Dynamo skipped its frame,
+        its hooks kept changing), or None."""
         self.torch_level = True
         """Rewrite Dynamo's torch-level graph where the cards' sites map to it
         (``rewrite_torch_level``); else, or with False, the aten graph."""
@@ -414,8 +415,6 @@ class GraphScope:
         self._traced: list[tuple[Any, str]] = []
         """The module cards' fallbacks noted while Dynamo traces the scope's forward, for its
         backend to count at every call of the graph (``apply.TRACE_SINKS``)."""
-        self.hooked_why: str | None = None
-        """Why the scope runs as written from now on (its hooks keep changing), or None."""
         def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
             return self._wrapped(args, kwargs)
 
@@ -513,7 +512,7 @@ class GraphScope:
         if self._hooks is None or self._hooks.same():
             return False
         if self.rehooks >= self.MAX_REHOOKS:
-            self.hooked_why = f"its module hooks changed after {self.MAX_REHOOKS} compiles"
+            self.failed = f"its module hooks changed after {self.MAX_REHOOKS} compiles"
             return True
         self.rehooks += 1
         self._compiled = self._clone = self._hooks = None
@@ -523,7 +522,7 @@ class GraphScope:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if self.failed is not None or self.hooked_why is not None or torch.is_grad_enabled() or \
+        if self.failed is not None or torch.is_grad_enabled() or \
                 torch.compiler.is_compiling() or self._hooks_changed() or not _plain_context(self.device) or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
             # under a mode or a transform (a __torch_function__ mode, autocast, vmap) the forward

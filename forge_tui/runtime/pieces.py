@@ -29,7 +29,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from .apply import ReplacedForwards, _plain_context, called_children
+from .apply import ReplacedForwards, called_children
+from .direct import plain_context as _plain_context
 
 if TYPE_CHECKING:
     import torch
