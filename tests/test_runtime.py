@@ -443,6 +443,65 @@ def test_the_custom_op_never_hands_back_an_input_s_memory(promoted, monkeypatch)
     torch.testing.assert_close(out, x)
 
 
+def test_a_settled_custom_op_serves_through_the_lean_path_with_every_check(promoted, monkeypatch):
+    """Once its dispatch is timed, a guard of one output serves through ``Guard._build_lean``'s
+    function (the compiled graph's custom op, the compiled scopes' and chains' served calls): it
+    serves what matches; another shape or a switched-off card goes the general way, which counts
+    the reason; a failing kernel switches the card off and the call falls back to the program."""
+    from forge_tui.runtime.apply import _CUSTOM_GUARDS
+
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model()
+    lean_calls: list[bool] = []
+    build = Guard._build_lean
+
+    def counting(self):
+        build(self)
+        lean = self._lean
+        if lean is not None:
+            def call(tensors):
+                out = lean(tensors)
+                lean_calls.append(out is not None and out is not apply_mod._NOT_SERVED)
+                return out
+
+            self._lean = call
+
+    from forge_tui.runtime import apply as apply_mod
+
+    monkeypatch.setattr(Guard, "_build_lean", counting)
+    with torch.no_grad(), apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False, cards=[norm.id]) as applied:
+        compiled = torch.compile(model, backend="aot_eager")
+        st = lambda: applied.status()["cards"][0]  # noqa: E731
+        for _ in range(12):
+            torch.testing.assert_close(compiled(x), ref(x))
+        assert lean_calls and all(lean_calls) and st()["served"] == 12 and st()["dispatch_us"] is not None
+        name, guard = next((n, g) for n, g in _CUSTOM_GUARDS.items() if g is applied.guards[norm.id])
+        ns, short = name.split("::")
+        op = getattr(getattr(torch.ops, ns), short).default
+        n = len(lean_calls)
+        wide = torch.randn(4, 256)
+        (out,) = op([wide, model.norm.weight])  # another shape: the general path says why
+        torch.testing.assert_close(out, ref.norm(wide))
+        assert lean_calls[n:] == [False] and st()["served"] == 12
+        assert st()["fallbacks"] == {"input 0: shape (4, 256)": 1}
+        monkeypatch.setattr(CardKernel, "bind", lambda self, keep: failing)
+
+        def failing(*a, **k):
+            raise KernelError("forge_launch returned 7")
+
+        guard._lean, guard._lean_tried = None, False
+        compiled(x)  # the general path serves, and builds the lean path again on the failing launch
+        assert guard._lean is not None
+        torch.testing.assert_close(compiled(x), ref(x))
+        s = st()
+        assert not s["active"] and "kernel error: forge_launch returned 7" in s["disabled_reason"]
+        assert s["fallbacks"].get("kernel error") == 1 and s["served"] == 13
+        torch.testing.assert_close(compiled(x), ref(x))
+        assert st()["served"] == 13 and st()["traced_fallbacks"] == {"disabled": 1}, st()
+
+
 def test_a_kernel_switched_off_in_a_compiled_model_recompiles_to_one_graph(promoted):
     """A card switched off while a compiled model runs: the model recompiles to PyTorch's own code
     for it, still in one graph (fullgraph raises at any break: the fallback's count, behind the
