@@ -539,6 +539,10 @@ def scope_notes(applied: Any) -> list[str]:
                 how += f"; compiled again {scope.rehooks} time(s) for changed module hooks"
             if scope.failed:
                 how += f"; runs as written since: {scope.failed}"
+            if scope.stopped:
+                how += f"; compiles no more variants ({scope.stopped})"
+            if scope.uncovered:
+                how += f"; {scope.uncovered} calls at shapes no served variant covers ran as written"
             out.append(f"compiled scope {path or 'the model'}: ran as {', '.join(scope.levels)} graph"
                        f"{'s' if len(scope.levels) > 1 else ''}{how}")
         out.extend(f"compiled scope {path or 'the model'}: {card} not served there: {why}"

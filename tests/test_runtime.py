@@ -2366,6 +2366,78 @@ def test_a_compiled_scope_runs_dynamos_code_directly_while_calls_are_alike(promo
     assert graphs and not any(hasattr(g, "_torchdynamo_orig_callable") for g in graphs), graphs
 
 
+@pytest.mark.parametrize("first", ["profiled", "odd"])
+def test_a_scope_stops_compiling_for_shapes_its_cards_do_not_serve(promoted, monkeypatch, first):
+    """A generation loop meets new shapes at every step: a scope compiled a variant for each (to
+    Dynamo's limit of 8), with nothing served in them. It compiles none after the first variant its
+    cards do not serve once one they serve exists (``first="odd"``: a first call at another shape
+    compiles a variant that serves nothing, and the profiled shape's variant is still compiled and
+    served later, through Dynamo's run-only path). Calls no variant covers then run as written and
+    are counted as fallbacks with their reason; every output agrees with eager's."""
+    from forge_tui.runtime import graph as graph_mod
+
+    compiles: list[int] = []
+    real = graph_mod.GraphScope._backend
+
+    def counting(self):
+        backend = real(self)
+
+        def wrapped(gm, example_inputs):
+            compiles.append(len(example_inputs))
+            return backend(gm, example_inputs)
+
+        return wrapped
+
+    monkeypatch.setattr(graph_mod.GraphScope, "_backend", counting)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    odd = [torch.randn(n, 256) for n in (3, 5)] if first == "odd" else []
+    steps = [torch.randn(n, 256) for n in (1, 2, 4, 6, 7, 9, 10, 11, 12)]
+
+    def calls(m):
+        got = [(t, m(t)) for t in odd]
+        got += [(x, m(x.clone())) for _ in range(3)]
+        got += [(t, m(t)) for t in steps]
+        got += [(x, m(x.clone())) for _ in range(2)]
+        return got
+
+    outs, scope, st = _scope_calls(promoted, model, calls)
+    with torch.no_grad():
+        for t, o in outs:
+            torch.testing.assert_close(o, model(t))
+    assert st["served"] == 5, st
+    if first == "profiled":
+        # the profiled variant, then the first step's, which serves nothing: no more compiles
+        assert len(compiles) == 2 and scope.variants == 2 and scope.serving == [1]
+        assert scope.direct is not None and scope.direct.calls == 4
+        uncovered = len(steps) - 1
+        assert scope.stopped and "holds none of its cards' sites" in scope.stopped
+    else:
+        # odd shapes first (two variants serving nothing), then the profiled one: the limit
+        assert len(compiles) == 3 and scope.variants == 3 and scope.serving == [3]
+        assert scope.stopped == "it compiled 3 variants, its limit"
+        uncovered = 0  # a served variant other than the direct call's: Dynamo's run-only path
+    assert scope.uncovered == uncovered
+    assert st["fallbacks"].get(graph_mod.GraphScope.UNCOVERED_WHY, 0) == uncovered
+
+
+def test_a_scope_compiles_at_most_its_limit_of_variants(promoted):
+    """Calls whose shapes no card serves, from the first: compiles stop at ``MAX_VARIANTS``, and
+    the calls after run as written."""
+    from forge_tui.runtime.graph import GraphScope
+
+    wl = load_workload()
+    model = wl.get_model()
+    shapes = [torch.randn(n, 256) for n in range(1, 8)]
+    outs, scope, st = _scope_calls(promoted, model, lambda m: [(t, m(t)) for t in shapes])
+    with torch.no_grad():
+        for t, o in outs:
+            torch.testing.assert_close(o, model(t))
+    assert scope.variants == GraphScope.MAX_VARIANTS and scope.serving == []
+    assert scope.stopped == f"it compiled {GraphScope.MAX_VARIANTS} variants, its limit"
+    assert scope.uncovered == len(shapes) - GraphScope.MAX_VARIANTS and st["served"] == 0
+
+
 def test_a_direct_call_under_dynamos_callback_goes_to_dynamo(promoted, monkeypatch):
     """Where a Dynamo callback is set (the scope runs inside an outer torch.compile'd call), the
     direct call, which leaves out Dynamo's wrappers around its graphs, hands the call to Dynamo."""
@@ -2565,3 +2637,45 @@ def test_a_scope_whose_forward_takes_kwargs_is_called_directly(promoted, monkeyp
     for o, e in zip(outs, [expected[0], expected[0], expected[1]]):
         torch.testing.assert_close(o, e)
     assert scope.direct is not None and scope.direct.calls == 1, scope.direct_why  # the scale baked in
+
+
+def test_alike_scopes_share_what_their_compiles_found(tmp_path, monkeypatch):
+    """A model's layers are alike scopes (one forward's code, the same card): a call at new shapes
+    that compiled a variant serving nothing in the first layer compiles in no other layer, and
+    calls at that shape again compile nowhere; the profiled shape is served in every layer."""
+    from forge_tui.runtime import graph as graph_mod
+
+    ws, card, wl = _one_card_promoted(tmp_path, "softmax_layers.py", "aten._softmax.default",
+                                      (CPU / "softmax_good.cpp").read_text())
+    compiles: list[int] = []
+    real = graph_mod.GraphScope._backend
+
+    def counting(self):
+        backend = real(self)
+
+        def wrapped(gm, example_inputs):
+            compiles.append(id(self))
+            return backend(gm, example_inputs)
+
+        return wrapped
+
+    monkeypatch.setattr(graph_mod.GraphScope, "_backend", counting)
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model()
+    steps = [torch.randn(n, 64) for n in (1, 1, 1)] + [torch.randn(16, 64)]
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for t in [x, x, *steps, x]:
+            torch.testing.assert_close(model(t), ref(t))
+        scopes = [applied.scopes[f"layers.{i}"] for i in range(2)]
+        st = applied.status()["cards"][0]
+        from forge_tui.e2e import scope_notes
+
+        notes = scope_notes(applied)
+    assert scopes[0].book is scopes[1].book
+    assert any("layers.1" in n and "3 calls at shapes no served variant covers ran as written" in n for n in notes)
+    assert any("layers.0" in n and "compiles no more variants" in n for n in notes), notes
+    # the profiled shape in each layer, then the new shape in the first layer only
+    assert len(compiles) == 3 and compiles.count(id(scopes[0])) == 2, compiles
+    assert [s.variants for s in scopes] == [2, 1] and [s.serving for s in scopes] == [[1], [1]]
+    assert st["served"] == 2 * 4  # the profiled shape, four times in each layer
+    assert scopes[1].uncovered == 3 and st["fallbacks"].get(graph_mod.GraphScope.UNCOVERED_WHY) == 3 + 2

@@ -43,7 +43,7 @@ from .experts import ExpertsGuard
 from .experts import install as install_experts
 from .fold import FoldGuard
 from .fold import install as install_folds
-from .graph import CompileBackend, GraphScope, compilable, compile_worthy
+from .graph import CompileBackend, GraphScope, VariantBook, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .merge import MergeGuard
@@ -1176,11 +1176,17 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         outside: list[tuple[Any, object]] = []
         trials: dict[tuple[str, ...], Trial] = {}
         busy = _busy(applied, ops)
+        books: dict[tuple[Any, ...], VariantBook] = {}
         for path, (module, guards) in ops.items():
             trial = _scope_trial(trials, guards, path, trial_calls, device)
             learns = _learns(path, module, guards)
             if compiled_scopes and _compiles(path, module, guards, busy):
-                scope = GraphScope(module, module.forward, [g.guard for g in guards], device)
+                # the scopes alike (a model's layers: one forward's code, the same cards) share
+                # what their compiles found (``VariantBook``)
+                like = (getattr(getattr(module.forward, "__func__", None), "__code__", module.forward),
+                        tuple(sorted(g.guard.entry.card for g in guards)))
+                scope = GraphScope(module, module.forward, [g.guard for g in guards], device,
+                                   books.setdefault(like, VariantBook()))
                 applied.scopes[path or ""] = scope
                 applied._replace_forward(module, _graph_forward(scope, guards, trial, path))
                 for g in guards:

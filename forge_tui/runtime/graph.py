@@ -378,11 +378,54 @@ def compilable(original: Any) -> bool:
         return False
 
 
+class VariantBook:
+    """What the compiles of alike scopes (one forward's code, the same cards: a model's layers)
+    found, by the key of the call that compiled each variant (``call_key``): the calls whose
+    variant served a card's site, and those whose variant served none. A call with a key known to
+    serve nothing compiles in no scope of the book; one with an unknown key compiles while the book
+    has spent fewer than ``EMPTY_BUDGET`` compiles on variants that served nothing. A generation
+    loop's steps (one shape a step in every layer, none of them profiled) so cost the model that
+    many compiles, not one a step in each layer."""
+
+    EMPTY_BUDGET = 3
+
+    def __init__(self) -> None:
+        self.serving: set[Any] = set()
+        self.empty: set[Any] = set()
+
+    def worth(self, key: Any) -> bool:
+        """Whether a call with this key may compile a variant."""
+        if key in self.serving:
+            return True
+        return key not in self.empty and len(self.empty) < self.EMPTY_BUDGET
+
+
+def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call's key for ``VariantBook``: each tensor's dtype, shape, strides and device type, inside
+    tuples and lists too; plain values as they are; any other object by its type (a cache object
+    whose contents grow at each step keys alike at every step)."""
+    import torch
+
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, tuple(v.shape), v.stride(), v.device.type)
+        if isinstance(v, (tuple, list)):
+            return (type(v), tuple(one(x) for x in v))
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        return type(v)
+
+    return tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items()))
+
+
 class GraphScope:
     """A module's forward, compiled with its cards' ops replaced (see the module docstring)."""
 
-    def __init__(self, module: "torch.nn.Module", original: Any, guards: list[Any], device: str) -> None:
+    def __init__(self, module: "torch.nn.Module", original: Any, guards: list[Any], device: str,
+                 book: VariantBook | None = None) -> None:
         self.module = module
+        self.book = book if book is not None else VariantBook()
+        """Shared with the scopes alike (``VariantBook``)."""
         self.original = original
         self.guards = guards
         self.device = device
@@ -415,6 +458,16 @@ class GraphScope:
         self._traced: list[tuple[Any, str]] = []
         """The module cards' fallbacks noted while Dynamo traces the scope's forward, for its
         backend to count at every call of the graph (``apply.TRACE_SINKS``)."""
+        self.variants = 0
+        """Variants of the forward Dynamo has compiled for the scope (one per way of calling it:
+        shapes, dtypes, arguments; ``dynamic=False``)."""
+        self.stopped: str | None = None
+        """Why the scope compiles no further variant (``MAX_VARIANTS``, or one its cards did not
+        serve), or None: a call no compiled variant covers then runs as written."""
+        self.uncovered = 0
+        """Calls run as written because no compiled variant covered them once compiling stopped."""
+        self.serving: list[int] = []
+        """The variants (numbered from 1, in the order compiled) whose graphs serve a card's site."""
         def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
             return self._wrapped(args, kwargs)
 
@@ -503,6 +556,13 @@ class GraphScope:
 
     MAX_REHOOKS = 4
     """Compiles again for changed module hooks, at most; after that the forward runs as written."""
+    MAX_VARIANTS = 3
+    """Variants of the forward a scope compiles at most. Each new shape is a compile of its own
+    (tens of milliseconds for the smallest forward on the development machine's CPU, seconds for
+    a real attention layer), and the cards serve the shapes they were profiled at: a generation
+    loop whose every step meets new shapes compiled a variant a step for every layer, to Dynamo's
+    limit of 8, and nothing was served in them. A scope stops at this many, and at the first
+    variant its cards do not serve once one they do serve exists."""
 
     def _hooks_changed(self) -> bool:
         """A module hook added or removed since the compile (Dynamo traced the hooks then and does
@@ -517,6 +577,7 @@ class GraphScope:
         self.rehooks += 1
         self._compiled = self._clone = self._hooks = None
         self.direct, self.direct_why, self._direct_tried = None, None, False
+        self.variants, self.stopped, self.serving = 0, None, []
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -552,9 +613,15 @@ class GraphScope:
                 return as_written(*args, **kwargs)
             if out is not MISS:
                 return out
+        if self.stopped is not None:
+            return self._uncompiled(as_written, args, kwargs)
+        key = call_key(args, kwargs)
+        if not self.book.worth(key):
+            return self._uncompiled(as_written, args, kwargs)
         first = not self._direct_tried
         from .apply import TRACE_SINKS
 
+        sites = sum(self.sites.values())
         TRACE_SINKS.append(self._traced)
         try:
             out = self.compiled()(*args, **kwargs)
@@ -565,6 +632,7 @@ class GraphScope:
         finally:
             TRACE_SINKS.pop()
             self._traced.clear()
+        self._count_variant(sites, key)
         if first and self.failed is None:
             self._direct_tried = True
             if not _compiled_variants(self._clone):
@@ -575,6 +643,42 @@ class GraphScope:
             # the scope checks the hooks itself, before the call (``_hooks_changed``)
             self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False)
         return out
+
+
+    UNCOVERED_WHY = "a call unlike those its scope compiled served variants for (new shapes): run as written"
+
+    def _count_variant(self, sites_before: int, key: Any) -> None:
+        """After a call through Dynamo: where it compiled a variant, what it served (in the
+        ``book``), and whether the scope compiles more (``MAX_VARIANTS``)."""
+        n = _compiled_variants(self._clone)
+        if n <= self.variants:
+            return
+        self.variants = n
+        if sum(self.sites.values()) > sites_before:
+            self.serving.append(n)
+            self.book.serving.add(key)
+        else:
+            self.book.empty.add(key)
+            if self.serving:
+                    self.stopped = (f"variant {n} (a call unlike those compiled before) holds none of its cards' "
+                                "sites, where an earlier one does")
+        if self.stopped is None and n >= self.MAX_VARIANTS:
+            self.stopped = f"it compiled {n} variants, its limit"
+
+    def _uncompiled(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call the direct call refused once the scope compiles no more variants: the other
+        compiled variants where Dynamo's guards pass one (run only, no compile), else the forward
+        as written, counted as a fallback of each card the scope serves. Variants that serve
+        nothing are not worth Dynamo's guards: as written costs no more."""
+        import torch
+
+        if [v for v in self.serving if v != 1 or self.direct is None]:
+            return torch._dynamo.run(types.MethodType(self._clone, self.module))(*args, **kwargs)
+        self.uncovered += 1
+        for g in self.guards:
+            if g.status.active:
+                g.board.fell_back(g.status, self.UNCOVERED_WHY)
+        return as_written(*args, **kwargs)
 
 
 def _compiled_variants(function: Any) -> int:
