@@ -28,6 +28,7 @@ import enum
 import itertools
 import threading
 import time
+import types
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -1327,7 +1328,34 @@ def _graph_scope_ok(module: "torch.nn.Module", guards: list[OpGuard | ChainGuard
             return False
         if isinstance(g, OpGuard) and not g.single:
             return False
-    return len(_topmost(module, busy)) <= GRAPH_BREAKS
+    breaks = _topmost(module, busy)
+    return len(breaks) <= GRAPH_BREAKS and not (breaks and _loops(module.forward))
+
+
+_LOOP_OPS = frozenset({"FOR_ITER", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"})
+
+
+def _loops(forward: Callable[..., Any]) -> bool:
+    """Whether the code a scope would compile for ``forward`` (the function a decorator wraps,
+    innermost, as ``GraphScope`` compiles it) loops, in its own code or a comprehension's. Dynamo
+    cannot break a graph inside a loop: it skips the whole frame and compiles every frame the
+    forward calls instead, each with the scope's backend. A Llama's or Gemma-3's text model, whose
+    layers' attentions are scopes of their own (each a graph break) called in its loop over the
+    layers, so paid a compile of every layer on its first call (2 s for a 2-layer Llama on the
+    development machine's CPU) and then ran as written, its cards switched off."""
+    import dis
+
+    f: Any = getattr(forward, "__func__", forward)
+    while isinstance(getattr(f, "__wrapped__", None), types.FunctionType):
+        f = f.__wrapped__
+    code = getattr(f, "__code__", None)
+    todo = [code] if isinstance(code, types.CodeType) else []
+    while todo:
+        c = todo.pop()
+        if any(i.opname in _LOOP_OPS for i in dis.get_instructions(c)):
+            return True
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return False
 
 
 def _topmost(root: "torch.nn.Module", ids: set[int]) -> list["torch.nn.Module"]:
