@@ -2371,9 +2371,9 @@ def test_a_scope_stops_compiling_for_shapes_its_cards_do_not_serve(promoted, mon
     """A generation loop meets new shapes at every step: a scope compiled a variant for each (to
     Dynamo's limit of 8), with nothing served in them. It compiles none after the first variant its
     cards do not serve once one they serve exists (``first="odd"``: a first call at another shape
-    compiles a variant that serves nothing, and the profiled shape's variant is still compiled and
-    served later, through Dynamo's run-only path). Calls no variant covers then run as written and
-    are counted as fallbacks with their reason; every output agrees with eager's."""
+    compiles a variant that serves nothing, and the profiled shape's variant is still compiled,
+    served, and then run by the direct call). Calls no variant covers then run as written and are
+    counted as fallbacks with their reason; every output agrees with eager's."""
     from forge_tui.runtime import graph as graph_mod
 
     compiles: list[int] = []
@@ -2416,7 +2416,9 @@ def test_a_scope_stops_compiling_for_shapes_its_cards_do_not_serve(promoted, mon
         # odd shapes first (two variants serving nothing), then the profiled one: the limit
         assert len(compiles) == 3 and scope.variants == 3 and scope.serving == [3]
         assert scope.stopped == "it compiled 3 variants, its limit"
-        uncovered = 0  # a served variant other than the direct call's: Dynamo's run-only path
+        # the direct call now runs the variant that serves, not the first call's
+        assert scope.direct is not None and scope.direct_variant == 3 and scope.direct.calls == 4
+        uncovered = len(steps)
     assert scope.uncovered == uncovered
     assert st["fallbacks"].get(graph_mod.GraphScope.UNCOVERED_WHY, 0) == uncovered
 
@@ -2708,3 +2710,44 @@ def test_a_scope_whose_forward_loops_over_served_children_is_not_compiled(tmp_pa
     assert {"layers.0", "layers.1"} <= scopes
     assert ("" in scopes) is not loop, scopes
     assert st["served"] == 3 * 3 and st["active"], st
+
+
+def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
+    """One layer called at two shapes in the profiled forward (a softmax card for each): its scope
+    compiles a served variant for each, the direct call runs the first. Once a third shape stops
+    its compiles, calls at the second shape are still served, through Dynamo's run-only path (the
+    variants compiled, no compile), and the third shape runs as written."""
+    from forge_tui.runtime.graph import GraphScope
+
+    src = (HERE / "data" / "workloads" / "softmax_layers.py").read_text()
+    body = """        for layer in self.layers:
+            x = layer(x)
+        return x
+"""
+    path = tmp_path / "wl.py"
+    path.write_text(src.replace(body, "        return self.layers[0](x), self.layers[0](x[:8])\n"))
+    ws, _, wl = _one_card_promoted(tmp_path, path, "aten._softmax.default", (CPU / "softmax_good.cpp").read_text())
+    others = [c for c in ws.cards() if c.target == "aten._softmax.default" and c.id not in manifest(ws).entries]
+    assert len(others) == 1
+    with Evaluator(ws.store, ws.cache, CFG, backend="cpu") as ev:
+        r = ev.evaluate(others[0], (CPU / "softmax_good.cpp").read_text())
+    assert r.correct, r.reason
+    promote_kernel(ws, others[0].id, (CPU / "softmax_good.cpp").read_text(), r, by="test")
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model()
+    layer, ref_layer = model.layers[0], ref.layers[0]
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for _ in range(2):
+            torch.testing.assert_close(model(x), ref(x))
+        scope = applied.scopes["layers.0"]
+        assert scope.serving == [1, 2] and scope.stopped is None
+        odd = torch.randn(3, 64)
+        torch.testing.assert_close(layer(odd), ref_layer(odd))  # a third variant, serving nothing
+        assert scope.variants == 3 and scope.stopped
+        served = sum(c["served"] for c in applied.status()["cards"])
+        for t in (x[:8], x[:8], odd, x):
+            torch.testing.assert_close(layer(t), ref_layer(t))
+        st = applied.status()["cards"]
+    assert sum(c["served"] for c in st) == served + 3  # both x[:8] calls and x; not the odd one
+    assert scope.uncovered == 0 and scope.direct.calls >= 2
+    assert all(GraphScope.UNCOVERED_WHY not in c["fallbacks"] for c in st)

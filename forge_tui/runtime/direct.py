@@ -88,9 +88,11 @@ _NESTING = 8
 """Graph breaks inside the code after a graph break, at most, for a direct call."""
 
 
-def _direct(function: Any, depth: int = 0) -> tuple[Callable[..., Any] | None, Any, str | None]:
+def _direct(function: Any, depth: int = 0,
+            frame: dict[str, Any] | None = None) -> tuple[Callable[..., Any] | None, Any, str | None]:
     """(Dynamo's code for ``function``'s one compiled variant as a plain function, the variant's
-    guard check), or (None, None, why not). Where Dynamo broke the graph, the code calls the
+    guard check), or (None, None, why not). With ``frame`` (the forward's locals for a call), the
+    variant whose guards pass that call, among several. Where Dynamo broke the graph, the code calls the
     function it made for what follows the break (``__resume_at_*``, compiled by Dynamo on its own
     when first called): here each such call goes to that function's own direct call, under its own
     guards, and to the function as written (the rest of the forward as Python: eager's ops) where
@@ -101,9 +103,16 @@ def _direct(function: Any, depth: int = 0) -> tuple[Callable[..., Any] | None, A
         return None, None, "this torch does not expose Dynamo's compiled code"
     where = "it" if depth == 0 else "the code after a graph break in it"
     entries = _debug_get_cache_entry_list(function.__code__)
-    if len(entries) != 1:
+    if frame is not None and depth == 0:
+        passing = [e for e in entries if getattr(e.guard_manager, "check", None) is not None
+                   and e.guard_manager.check(frame)]
+        if not passing:
+            return None, None, f"none of the {len(entries)} variants Dynamo compiled of {where} takes the call"
+        entry = passing[0]
+    elif len(entries) != 1:
         return None, None, f"Dynamo compiled {len(entries)} variants of {where}"
-    entry = entries[0]
+    else:
+        entry = entries[0]
     code = entry.code
     check = getattr(entry.guard_manager, "check", None)
     if check is None or code.co_freevars != function.__code__.co_freevars:
@@ -230,6 +239,10 @@ def _callback() -> Any:
     return _GET_CALLBACK[0]()
 
 
+def _unbound(*_: Any) -> Any:
+    raise AssertionError("a DirectCall made to bind a frame is not called")
+
+
 class DirectCall:
     """Dynamo's guards and code for one compiled variant of a scope's forward, run without
     Dynamo's frame machinery (see the module docstring)."""
@@ -261,18 +274,24 @@ class DirectCall:
         """Calls run directly."""
 
     @classmethod
-    def build(cls, function: Any, module: Any, device: str,
-              hooks: bool = True) -> tuple["DirectCall | None", str | None]:
+    def build(cls, function: Any, module: Any, device: str, hooks: bool = True,
+              call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> tuple["DirectCall | None", str | None]:
         """The direct call of ``function`` (a scope's forward that Dynamo has compiled, called as a
         method of ``module``), or None and why not. ``hooks``: it checks the module hooks at each
-        call (False where the caller does: ``GraphScope``)."""
-        fn, check, why = _direct(function)
-        if fn is None or check is None:
-            return None, why
+        call (False where the caller does: ``GraphScope``). ``call`` (args, kwargs): of the
+        variants Dynamo compiled, the one that call passes (else the one variant there is)."""
         code = function.__code__
         names = code.co_varnames[:code.co_argcount]
         defaults = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
+        frame = None
+        if call is not None:
+            frame = cls(_unbound, _unbound, module, code, defaults, None, device, function.__closure__).frame(*call)
+            if frame is None:
+                return None, "the call does not bind to the forward's parameters"
+        fn, check, why = _direct(function, frame=frame)
+        if fn is None or check is None:
+            return None, why
         return cls(fn, check, module, code, defaults, ModuleHooks(module) if hooks else None, device,
                    function.__closure__), None
 

@@ -468,6 +468,9 @@ class GraphScope:
         """Calls run as written because no compiled variant covered them once compiling stopped."""
         self.serving: list[int] = []
         """The variants (numbered from 1, in the order compiled) whose graphs serve a card's site."""
+        self.direct_variant = 1
+        """The variant the direct call runs: the first, or a later one that serves where the first
+        does not."""
         def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
             return self._wrapped(args, kwargs)
 
@@ -577,7 +580,7 @@ class GraphScope:
         self.rehooks += 1
         self._compiled = self._clone = self._hooks = None
         self.direct, self.direct_why, self._direct_tried = None, None, False
-        self.variants, self.stopped, self.serving = 0, None, []
+        self.variants, self.stopped, self.serving, self.direct_variant = 0, None, [], 1
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -632,7 +635,13 @@ class GraphScope:
         finally:
             TRACE_SINKS.pop()
             self._traced.clear()
-        self._count_variant(sites, key)
+        if self._count_variant(sites, key) and self.failed is None and self._direct_tried and \
+                (self.direct is None or self.direct_variant not in self.serving):
+            # a variant that serves, where the direct call runs one that does not (a first call at
+            # other shapes): calls like this one go direct, not through Dynamo's guards
+            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False,
+                                                            call=(args, kwargs))
+            self.direct_variant = self.variants
         if first and self.failed is None:
             self._direct_tried = True
             if not _compiled_variants(self._clone):
@@ -647,14 +656,16 @@ class GraphScope:
 
     UNCOVERED_WHY = "a call unlike those its scope compiled served variants for (new shapes): run as written"
 
-    def _count_variant(self, sites_before: int, key: Any) -> None:
+    def _count_variant(self, sites_before: int, key: Any) -> bool:
         """After a call through Dynamo: where it compiled a variant, what it served (in the
-        ``book``), and whether the scope compiles more (``MAX_VARIANTS``)."""
+        ``book``), and whether the scope compiles more (``MAX_VARIANTS``). True where the call
+        compiled a variant that serves."""
         n = _compiled_variants(self._clone)
         if n <= self.variants:
-            return
+            return False
         self.variants = n
-        if sum(self.sites.values()) > sites_before:
+        served = sum(self.sites.values()) > sites_before
+        if served:
             self.serving.append(n)
             self.book.serving.add(key)
         else:
@@ -664,6 +675,7 @@ class GraphScope:
                                 "sites, where an earlier one does")
         if self.stopped is None and n >= self.MAX_VARIANTS:
             self.stopped = f"it compiled {n} variants, its limit"
+        return served
 
     def _uncompiled(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call the direct call refused once the scope compiles no more variants: the other
@@ -672,7 +684,7 @@ class GraphScope:
         nothing are not worth Dynamo's guards: as written costs no more."""
         import torch
 
-        if [v for v in self.serving if v != 1 or self.direct is None]:
+        if [v for v in self.serving if v != self.direct_variant or self.direct is None]:
             return torch._dynamo.run(types.MethodType(self._clone, self.module))(*args, **kwargs)
         self.uncovered += 1
         for g in self.guards:
