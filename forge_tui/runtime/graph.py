@@ -17,7 +17,10 @@ the graph reads them (the graph knows every reader), so no value is deferred.
 Dynamo's guards decide when the graph stands for the forward (the same code, module attributes,
 shapes, dtypes, grad mode); where they fail it compiles again, and where it cannot (its cache limit,
 code it cannot trace) it runs the forward as Python. Each scope compiles a copy of its forward's
-code object, so scopes and successive ``apply`` calls never share (or exhaust) one cache. A call
+code object, so scopes and successive ``apply`` calls never share (or exhaust) one cache. A scope
+compiles few variants (``GraphScope.MAX_VARIANTS``; the cards serve the shapes they were profiled
+at, and a generation loop meets new ones at every step), and alike scopes share what their compiles
+found (``VariantBook``): a call no variant that serves covers runs as written. A call
 that needs gradients, or comes while the scope cannot be compiled, runs the original forward. A
 kernel call that the guard refuses (or that fails) computes the card's own aten program instead,
 eager's ops on the same inputs.
@@ -618,8 +621,10 @@ class GraphScope:
                 return out
         if self.stopped is not None:
             return self._uncompiled(as_written, args, kwargs)
-        key = call_key(args, kwargs)
-        if not self.book.worth(key):
+        # the key costs the host a few µs: worked out before the call only where the book can
+        # refuse one (scopes without a direct call go through here at every call)
+        key = call_key(args, kwargs) if self.book.empty else None
+        if key is not None and not self.book.worth(key):
             return self._uncompiled(as_written, args, kwargs)
         first = not self._direct_tried
         from .apply import TRACE_SINKS
@@ -635,7 +640,7 @@ class GraphScope:
         finally:
             TRACE_SINKS.pop()
             self._traced.clear()
-        if self._count_variant(sites, key) and self.failed is None and self._direct_tried and \
+        if self._count_variant(sites, key, args, kwargs) and self.failed is None and self._direct_tried and \
                 (self.direct is None or self.direct_variant not in self.serving):
             # a variant that serves, where the direct call runs one that does not (a first call at
             # other shapes): calls like this one go direct, not through Dynamo's guards
@@ -656,14 +661,16 @@ class GraphScope:
 
     UNCOVERED_WHY = "a call unlike those its scope compiled served variants for (new shapes): run as written"
 
-    def _count_variant(self, sites_before: int, key: Any) -> bool:
+    def _count_variant(self, sites_before: int, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """After a call through Dynamo: where it compiled a variant, what it served (in the
-        ``book``), and whether the scope compiles more (``MAX_VARIANTS``). True where the call
-        compiled a variant that serves."""
+        ``book``, by the call's ``key``, worked out here if the caller did not), and whether the
+        scope compiles more (``MAX_VARIANTS``). True where the call compiled a variant that serves."""
         n = _compiled_variants(self._clone)
         if n <= self.variants:
             return False
         self.variants = n
+        if key is None:
+            key = call_key(args, kwargs)
         served = sum(self.sites.values()) > sites_before
         if served:
             self.serving.append(n)
