@@ -2751,3 +2751,87 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
     assert sum(c["served"] for c in st) == served + 3  # both x[:8] calls and x; not the odd one
     assert scope.uncovered == 0 and scope.direct.calls >= 2
     assert all(GraphScope.UNCOVERED_WHY not in c["fallbacks"] for c in st)
+
+
+def test_a_leaf_call_refused_before_is_not_intercepted_again(layer_norm_ws, monkeypatch):
+    """A leaf module called at shapes its card was not profiled at (a generation step, another
+    resolution) went through the interceptor every call. Once learning is over, a call like one
+    that no card served (the same tensors' specs, parameters, attributes, grad mode) counts the
+    same refusals and runs the module's own forward, not intercepted; a changed attribute or
+    parameter, or another shape, is judged through the interceptor again; the profiled shape is
+    still served. Outputs agree with eager's every time."""
+    from forge_tui.runtime.apply import _LeafSites
+
+    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    ws, card = layer_norm_ws
+    seen = _count_intercepted(monkeypatch)
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model().norm
+    odd = torch.randn(2, 1, 256)
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        st = lambda: applied.status()["cards"][0]  # noqa: E731
+        for _ in range(3):
+            torch.testing.assert_close(model(x), ref(x))
+        for _ in range(_LeafSites.GIVE_UP):  # calls that teach nothing end the learning
+            torch.testing.assert_close(model(odd), ref(odd))
+        del seen[:]
+        for _ in range(5):
+            torch.testing.assert_close(model(odd), ref(odd))
+        assert len(seen) == 1, seen  # the first of them intercepted; the rest remembered
+        why = "input 0: shape (2, 1, 256)"
+        assert st()["fallbacks"] == {why: _LeafSites.GIVE_UP + 5}, st()
+        served = st()["served"]
+        torch.testing.assert_close(model(x), ref(x))
+        assert st()["served"] == served + 1
+        del seen[:]
+        model.norm.eps = ref.eps = 1e-3  # another attribute: judged again
+        torch.testing.assert_close(model(odd), ref(odd))
+        assert len(seen) == 1
+        model.norm.weight = torch.nn.Parameter(model.norm.weight.clone())  # another parameter
+        torch.testing.assert_close(model(odd), ref(odd))
+        assert len(seen) == 2
+        torch.testing.assert_close(model(odd[:1]), ref(odd[:1]))  # another shape
+        assert len(seen) == 3
+        assert st()["fallbacks"][why] == _LeafSites.GIVE_UP + 7
+
+
+def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once(promoted, monkeypatch):
+    """A module card's call at shapes the card refuses is remembered by its tensors' specs: a like
+    call counts the same reason and runs the original forward without the checks. A refusal caused
+    by the module's own parameter is not remembered: once the parameter is back, it serves."""
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model().norm
+    checks: list[int] = []
+    real = Guard.mismatch
+
+    def counting(self, tensors):
+        checks.append(1)
+        return real(self, tensors)
+
+    monkeypatch.setattr(Guard, "mismatch", counting)
+    odd = torch.randn(2, 1, 256)
+    with torch.no_grad(), apply(model, ws, only_faster=False, cards=[norm.id]) as applied:
+        st = lambda: applied.status()["cards"][0]  # noqa: E731
+        for _ in range(12):
+            torch.testing.assert_close(model.norm(x), ref(x))
+        del checks[:]
+        for _ in range(4):
+            torch.testing.assert_close(model.norm(odd), ref(odd))
+        assert len(checks) == 1 and st()["fallbacks"] == {"input 0: shape (2, 1, 256)": 4}, st()
+        torch.testing.assert_close(model.norm(x), ref(x))
+        assert st()["served"] == 13
+        w = model.norm.weight
+        model.norm.weight = torch.nn.Parameter(w.double())
+        ref.weight = torch.nn.Parameter(ref.weight.double())
+        del checks[:]
+        for _ in range(2):
+            model.norm(x)
+        assert len(checks) == 2 and sum(n for k, n in st()["fallbacks"].items() if k.startswith("input 1")) == 2, st()
+        model.norm.weight = w
+        ref.weight = torch.nn.Parameter(ref.weight.float())
+        torch.testing.assert_close(model.norm(x), ref(x))
+        assert st()["served"] == 14

@@ -237,6 +237,17 @@ class Guard:
                 return f"input {k}: {why}"
         return None
 
+    def refuses(self, leading: list["torch.Tensor"]) -> bool:
+        """Whether the card's specs refuse these tensors, its first inputs, whatever the others
+        are: a call passing them is refused whatever else changes (the module's parameters, its
+        attributes), so a refusal can be remembered by their specs alone (``_specs_key``)."""
+        on_cuda = self.device == "cuda"
+        for t, (dtype, shape, stride) in zip(leading, self._specs):
+            if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \
+                    (t.stride() != stride and t.numel() > 1):
+                return True
+        return len(leading) > len(self._specs)
+
     def timing(self) -> bool:
         """Whether calls are still timed for the guard's own cost (its first calls only)."""
         return len(self._dispatch_ns) < self.DISPATCH_SAMPLES
@@ -409,6 +420,22 @@ KERNEL_ERRORS = (KernelError, RuntimeError, ValueError)
 
 
 # ---- module cards ------------------------------------------------------------------------------
+MISS_MEMO = 32
+"""Refused calls remembered per module card or leaf module, at most (``_specs_key``). A call at
+shapes the cards were not profiled at (a generation loop's steps, another resolution) went through
+every check, and a leaf module's through the interceptor, each time: on the development machine's
+CPU an nn.LayerNorm leaf's refused call cost 42 µs against eager's 5.7, an RMSNorm module card's
+31 against 17."""
+
+
+def _specs_key(args: tuple[Any, ...]) -> Any:
+    """The specs of a call's tensors (positional, tensors only), what a remembered refusal is
+    looked up by: dtype, shape, strides, device; anything else by its type."""
+    import torch
+
+    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else type(a) for a in args)
+
+
 def _all_tensors(args: Any) -> bool:
     import torch
 
@@ -577,6 +604,10 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     fast: list[Any] = [None, False]
     """The call specialised to the profiled way of calling the module (``_specialised``), and
     whether it was tried: built after the first call the kernel serves with the guard settled."""
+    misses: dict[Any, str] = {}
+    """Calls of tensors only whose tensors the card's specs refuse, by the tensors' specs
+    (``_specs_key``): the reason, counted again for a like call, which then runs the module's own
+    forward at once (``MissMemo``)."""
     consts = guard.consts
     traced_key = f"{guard.entry.card}@{id(guard)}"
     comptime = None
@@ -607,6 +638,11 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
                 return original(*args, **kwargs)
             if out is not _NOT_SERVED:
                 return out
+        if misses and op is None and not kwargs:
+            why = misses.get(_specs_key(args))
+            if why is not None:  # the card refuses these tensors, whatever else the call is
+                fell_back(why)
+                return original(*args, **kwargs)
         if not guard.status.active:  # switched off: the original at once, nothing checked
             fell_back("disabled")
             return original(*args, **kwargs)
@@ -657,7 +693,15 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         else:
             if guard.eager_pending:
                 return guard.time_eager(lambda: original(*args, **kwargs))
-            served = guard.serve(tensors)
+            t0 = time.perf_counter_ns() if guard.timing() else 0
+            why = guard.mismatch(tensors)
+            if why is not None:
+                if tensors_only is not None and len(misses) < MISS_MEMO and \
+                        guard.refuses(tensors[:tensors_only]):
+                    misses[_specs_key(args)] = why
+                fell_back(why)
+                return original(*args, **kwargs)
+            served = guard.serve(tensors, checked_at=t0)
             if served is None:
                 return original(*args, **kwargs)
             outs = served
@@ -830,6 +874,10 @@ def _interceptor_class() -> type:
             self.runs: list[Run] = []
             """The chains begun in this call of the scope that may still matter: going on, or
             with a deferred value still referenced."""
+            self.served = 0
+            """Ops a card served in this call."""
+            self.missed: list[tuple[Guard, str]] | None = None
+            """When a list: each refusal counted in this call, (the guard, why) (``MissMemo``)."""
 
         def _chain(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
             """A chain's answer to the call (a Pending tensor, or the kernel's output), or _NOT_SERVED."""
@@ -879,6 +927,7 @@ def _interceptor_class() -> type:
                     uniq: list[Any] | None = [] if record is not None else None
                     out, why = g.try_serve(args, kwargs, uniq)
                     if why is None:
+                        self.served += 1
                         if record is not None:
                             record.append((func, g, uniq or [], out, None))
                         return out
@@ -891,6 +940,8 @@ def _interceptor_class() -> type:
                 for g, why in misses:  # no card served the call: each says why not
                     if why:
                         g.guard.board.fell_back(g.guard.status, why)
+                        if self.missed is not None:
+                            self.missed.append((g.guard, why))
             out = func(*args, **kwargs)
             if record is not None:
                 record.append((func, None, [], out, (args, kwargs)))
@@ -1498,6 +1549,13 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
                     return original(*args, **kwargs)
                 if out is not _NOT_SERVED:
                     return out
+            if leaf.memo.known:
+                key = leaf.memo.key(args, kwargs)
+                known = leaf.memo.get(key) if key is not None else None
+                if known is not None:  # refused like this before: counted again, not intercepted
+                    for g, why in known:
+                        g.board.fell_back(g.status, why)
+                    return original(*args, **kwargs)
             out = leaf.serve(args, kwargs)
             if out is _FELL_BACK:
                 return original(*args, **kwargs)
@@ -1515,6 +1573,19 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
                     mode.flush()
                 leaf.observe(args, kwargs, mode.record, ret)
                 return ret
+            key = leaf.memo.key(args, kwargs)
+            if key is not None and leaf.memo.get(key) is None:
+                mode = interceptor(table, owner, chains)
+                mode.missed = []
+                try:
+                    with mode:
+                        ret = original(*args, **kwargs)
+                finally:
+                    ran = bool(mode.runs)
+                    mode.flush()
+                if not mode.served and not ran:
+                    leaf.memo.put(key, mode.missed)
+                return realize_returned(ret) if ran else ret
         mode = interceptor(table, owner, chains)
         ran = False
         try:
@@ -1628,6 +1699,46 @@ def _attrs_check(attrs: tuple[tuple[str, Any, bool], ...], d: dict[str, Any]) ->
     return same
 
 
+class MissMemo:
+    """The calls of a leaf module (``_LeafSites``) that no card served under the interceptor, with
+    the refusals each counted: a like call counts them again and runs the module's own forward,
+    not intercepted (``MISS_MEMO``). Like means the same tensors' specs, the module's parameters
+    and buffers the same objects with the same specs, its attributes unchanged since
+    (``_attrs_check``), gradients in the same mode, and no mode or transform active: the leaf's
+    forward (``_direct_leaf``: it reads nothing else) then makes the same ops on tensors of the
+    same specs, which the cards refuse as before."""
+
+    def __init__(self, module: Any, device: str) -> None:
+        self.module = module
+        self.device = device
+        self.known: dict[Any, tuple[Callable[[dict[str, Any]], bool], tuple[tuple[Guard, str], ...]]] = {}
+
+    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call's key, or None where it is not remembered (keyword arguments, another
+        argument than a tensor, a mode or transform active)."""
+        import torch
+
+        if kwargs or not _plain_context(self.device):
+            return None
+        for a in args:
+            if type(a) not in (_PLAIN_TENSOR_TYPES or _plain_tensor_types()):
+                return None
+        m = self.module
+        owned = tuple((id(t), t.dtype, t.shape, t.stride(), t.device)
+                      for group in (m._parameters, m._buffers) for t in group.values() if t is not None)
+        return _specs_key(args), owned, torch.is_grad_enabled()
+
+    def get(self, key: Any) -> tuple[tuple[Guard, str], ...] | None:
+        got = self.known.get(key)
+        if got is None or not got[0](self.module.__dict__):
+            return None
+        return got[1]
+
+    def put(self, key: Any, missed: list[tuple[Guard, str]] | None) -> None:
+        if len(self.known) < MISS_MEMO:
+            self.known[key] = (_attrs_check(_module_attrs(self.module), self.module.__dict__), tuple(missed or ()))
+
+
 class _LeafSites:
     """What an op card's scope learns when it is a leaf module whose forward is that one op: the
     module's call then goes straight to the card's guard, without entering the interceptor (its
@@ -1673,6 +1784,8 @@ class _LeafSites:
         self._fast_tried = False
         self.pending: Guard | None = None
         """The guard of the site ``serve`` last answered ``_TIME_EAGER`` for."""
+        self.memo = MissMemo(module, device)
+        """The calls the interceptor served nothing of, once learning is over (``MissMemo``)."""
 
     def learning(self) -> bool:
         return self._useless < self.GIVE_UP
