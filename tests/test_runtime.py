@@ -374,7 +374,9 @@ def test_an_op_card_scope_is_tried_with_and_without_the_interceptor(promoted, mo
     t = st[sm.id]["trial"]
     assert t == {"with_us": 90.0, "without_us": 30.0, "calls": 2, "kept": False, "scope": "the model"}
     assert not st[sm.id]["active"] and "with its ops intercepted" in st[sm.id]["disabled_reason"]
-    assert st[sm.id]["served"] == 3  # served only on its trial calls, then the model is not intercepted
+    # served on the call that compiled the scope (untried: no variant had served yet) and on its
+    # trial calls, then the model is not intercepted
+    assert st[sm.id]["served"] == 4
 
 
 def _with_gain(init, gain_us):
@@ -2835,3 +2837,44 @@ def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once
         ref.weight = torch.nn.Parameter(ref.weight.float())
         torch.testing.assert_close(model.norm(x), ref(x))
         assert st()["served"] == 14
+
+
+def test_in_place_trials_time_only_calls_the_kernels_can_serve(promoted, tmp_path, monkeypatch):
+    """A model called at other shapes than the profiled ones (a generation loop's steps) is tried
+    in place only on the calls its kernels can serve: the module card on calls its specs match, a
+    compiled scope on calls like one whose variant served a card. Before, the other calls timed
+    the original forward on both sides, the kernel's side with its refusal's cost, and switched
+    kernels off that were faster where they serve."""
+    import shutil
+
+    from forge_tui.runtime.apply import Trial
+
+    ws, norm, sm = promoted
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    for cid in (norm.id, sm.id):  # installed whatever the fixture's timing said
+        data["entries"][cid]["evidence"]["speedup_vs_eager"] = 2.0
+    path.write_text(json.dumps(data))
+    tried: list[Any] = []
+    real = Trial.run
+
+    def run(self, with_kernel, without):
+        tried.append(self)
+        return real(self, with_kernel, without)
+
+    monkeypatch.setattr(Trial, "run", run)
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model()
+    odd = [torch.randn(n, 256) for n in (1, 2)]  # two variants that serve nothing: within the book's budget
+    with torch.no_grad(), apply(model, root, trial_calls=2) as applied:
+        module_trial = applied.guards[norm.id].trial
+        assert module_trial is not None and sm.id in applied.guards
+        for t in odd * 2:
+            torch.testing.assert_close(model(t), ref(t))
+        assert tried == []
+        for _ in range(8):
+            torch.testing.assert_close(model(x), ref(x))
+    assert module_trial in tried and any(t is not module_trial for t in tried), tried

@@ -44,7 +44,7 @@ from .experts import ExpertsGuard
 from .experts import install as install_experts
 from .fold import FoldGuard
 from .fold import install as install_folds
-from .graph import CompileBackend, GraphScope, VariantBook, compilable, compile_worthy
+from .graph import CompileBackend, GraphScope, VariantBook, call_key, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .merge import MergeGuard
@@ -676,7 +676,9 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             fell_back("a transform, mode or tensor subclass is active")
             return original(*args, **kwargs)
         trial = guard.trial
-        if op is None and trial is not None and trial.pending():
+        if op is None and trial is not None and trial.pending() and guard.mismatch(tensors) is None:
+            # only calls the kernel can serve are tried: another shape's would time the original
+            # forward on both sides, the kernel's with its refusal's cost
             def with_kernel() -> Any:
                 served = guard.serve(tensors)
                 if served is None:
@@ -1446,18 +1448,25 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
                     g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {why}")
         return out
 
-    return _gated(compiled, original, owned, trial)
+    def servable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # like a call whose compiled variant served a card (the first such call compiles it,
+        # untried): a call at other shapes would time the forward as written on both sides
+        return bool(scope.book.serving) and call_key(args, kwargs) in scope.book.serving
+
+    return _gated(compiled, original, owned, trial, servable)
 
 
 def _gated(served: Callable[..., Any], original: Callable[..., Any], guards: list[Guard],
-           trial: Trial | None) -> Callable[..., Any]:
+           trial: Trial | None, servable: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None,
+           ) -> Callable[..., Any]:
     """A scope's forward: ``original`` once every guard of the scope is off, the two tried in
-    place while the ``trial`` is pending, else ``served``."""
+    place while the ``trial`` is pending (on the calls ``servable`` accepts, where given: those the
+    kernels can serve), else ``served``."""
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not any(g.status.active for g in guards):
             return original(*args, **kwargs)
-        if trial is not None and trial.pending():
+        if trial is not None and trial.pending() and (servable is None or servable(args, kwargs)):
             return trial.run(lambda: served(*args, **kwargs), lambda: original(*args, **kwargs))
         return served(*args, **kwargs)
 

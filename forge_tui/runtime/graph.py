@@ -396,6 +396,10 @@ class VariantBook:
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
 
+    def spent(self) -> bool:
+        """Whether the compiles on variants that served nothing are spent."""
+        return len(self.empty) >= self.EMPTY_BUDGET
+
     def worth(self, key: Any) -> bool:
         """Whether a call with this key may compile a variant."""
         if key in self.serving:
@@ -613,13 +617,16 @@ class GraphScope:
         import torch
 
         direct = self.direct
-        if direct is not None:
+        if direct is not None and (self.direct_variant in self.serving or not self._direct_tried or
+                                   self.variants == 0):
             out = direct(args, kwargs)
             if out is HOOKED:
                 return as_written(*args, **kwargs)
             if out is not MISS:
                 return out
-        if self.stopped is not None:
+        if self.stopped is not None or (not self.book.serving and self.book.spent()):
+            # nothing this scope (or one alike) compiled serves, and it compiles no more: its
+            # graphs would run eager's ops, so the forward as written costs no more
             return self._uncompiled(as_written, args, kwargs)
         # the key costs the host a few µs: worked out before the call only where the book can
         # refuse one (scopes without a direct call go through here at every call)
