@@ -24,7 +24,7 @@ it; its mask chain was then switched off). Since `apply._loops` that scope is in
 compiled: 1.20-1.28 s (three runs), the attention's and the leaves' first compiles. Generating
 again: 0.050-0.057 s with forge, 0.040-0.077 eager. Same tokens every way.
 
-With ``--only-faster`` (apply's default: each kernel tried in place), 48 tokens: before `c0c0c0c`
+With ``--only-faster`` (apply's default: each kernel tried in place), 48 tokens: before `6c510a7`
 the trials timed the decode steps too, where the kernels serve nothing, and switched the RMSNorm
 card off (a refused call against the module's own: 65-78 µs against 48-52), generating again in
 0.081-0.083 s (eager 0.078); since, the trials time only calls a kernel can serve, the cards stay
