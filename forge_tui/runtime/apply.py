@@ -711,7 +711,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
                     and (trial is None or not trial.pending()):
                 fast[1] = True
                 fast[0] = _specialised(guard, module, device, tensors_only,
-                                       tensors[tensors_only:len(tensors) - len(consts)], attrs[0], arrange, 0)
+                                       tensors[tensors_only:len(tensors) - len(consts)], attrs[0], arrange, 0, 0)
         return outs[0] if returns == "tensor" else tuple(outs)
 
     def enable_in_graph() -> None:
@@ -1910,12 +1910,12 @@ class _LeafSites:
             return [take(pool)] if one_input else list(take(pool))
 
         return _specialised(og.guard, self.module, self.device, 1, tensors[1:], self._same[k], arrange,
-                            max(ret_at, 0))
+                            max(ret_at, 0), where.index(0) if 0 in where else None)
 
 
 def _specialised(guard: Guard, module: Any, device: str, n_args: int, owned: list[Any],
                  same: Callable[[dict[str, Any]], bool], arrange: Callable[..., list[Any]],
-                 keep: int) -> Callable[[Any, Any], Any] | None:
+                 keep: int, lead: int | None = None) -> Callable[[Any, Any], Any] | None:
     """A served call of ``module`` specialised to one way of calling it, for a guard that is
     settled (``Guard.settled``): ``n_args`` tensors and no keyword, each a plain tensor, gradients
     off, no mode or transform active, the module's parameters and buffers the objects in ``owned``
@@ -1962,13 +1962,18 @@ def _specialised(guard: Guard, module: Any, device: str, n_args: int, owned: lis
     bound = kernel.bind(keep) or general
     timing, clock = guard.timing, time.perf_counter_ns
 
+    lead_shape = specs[lead][1] if lead is not None and n_args == 1 else None
+    """The card's shape for the input the call's one tensor is (``lead``: its index among the
+    kernel's inputs; a contiguous copy of it keeps its shape): compared first, so that a call at
+    other shapes (a generation step) is refused at once."""
+
     def fast(args: Any, kwargs: Any) -> Any:
         if kwargs or len(args) != n_args or not status.active or guard.eager_pending:
             return _NOT_SERVED
         t0 = clock() if timing() else 0
         if n_args == 1:
             x = args[0]
-            if type(x) not in plain or id(x) in owned_ids:
+            if type(x) not in plain or id(x) in owned_ids or (lead_shape is not None and x.shape != lead_shape):
                 return _NOT_SERVED
         else:
             for a in args:
