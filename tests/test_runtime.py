@@ -2381,8 +2381,8 @@ def test_a_scope_stops_compiling_for_shapes_its_cards_do_not_serve(promoted, mon
     compiles: list[int] = []
     real = graph_mod.GraphScope._backend
 
-    def counting(self):
-        backend = real(self)
+    def counting(self, shared=False):
+        backend = real(self, shared)
 
         def wrapped(gm, example_inputs):
             compiles.append(len(example_inputs))
@@ -2644,9 +2644,11 @@ def test_a_scope_whose_forward_takes_kwargs_is_called_directly(promoted, monkeyp
 
 
 def test_alike_scopes_share_what_their_compiles_found(tmp_path, monkeypatch):
-    """A model's layers are alike scopes (one forward's code, the same card): a call at new shapes
-    that compiled a variant serving nothing in the first layer compiles in no other layer, and
-    calls at that shape again compile nowhere; the profiled shape is served in every layer."""
+    """A model's layers are alike scopes (one forward's code, the same card): they compile one copy
+    of it together, so the profiled shape compiles once for all of them; a call at new shapes that
+    compiled a variant serving nothing in the first layer compiles in no other layer, and calls at
+    that shape again compile nowhere; the profiled shape is served in every layer, each layer's
+    direct call running the shared variant on its own module."""
     from forge_tui.runtime import graph as graph_mod
 
     ws, card, wl = _one_card_promoted(tmp_path, "softmax_layers.py", "aten._softmax.default",
@@ -2654,8 +2656,8 @@ def test_alike_scopes_share_what_their_compiles_found(tmp_path, monkeypatch):
     compiles: list[int] = []
     real = graph_mod.GraphScope._backend
 
-    def counting(self):
-        backend = real(self)
+    def counting(self, shared=False):
+        backend = real(self, shared)
 
         def wrapped(gm, example_inputs):
             compiles.append(id(self))
@@ -2675,14 +2677,17 @@ def test_alike_scopes_share_what_their_compiles_found(tmp_path, monkeypatch):
         from forge_tui.e2e import scope_notes
 
         notes = scope_notes(applied)
-    assert scopes[0].book is scopes[1].book
-    assert any("layers.1" in n and "3 calls at shapes no served variant covers ran as written" in n for n in notes)
-    assert any("layers.0" in n and "compiles no more variants" in n for n in notes), notes
-    # the profiled shape in each layer, then the new shape in the first layer only
-    assert len(compiles) == 3 and compiles.count(id(scopes[0])) == 2, compiles
-    assert [s.variants for s in scopes] == [2, 1] and [s.serving for s in scopes] == [[1], [1]]
+    assert scopes[0].book is scopes[1].book and all(s.shared for s in scopes)
+    assert any("layers.1" in n and "3 calls at shapes no served variant covers ran as written" in n for n in notes), notes
+    assert all(any(f"layers.{i}" in n and "compiles no more variants" in n for n in notes) for i in range(2)), notes
+    # one copy of the layers' code: the profiled shape compiled once for both, then the new shape
+    # in the first layer only
+    assert compiles == [id(scopes[0])] * 2, compiles
+    assert [s.variants for s in scopes] == [2, 2] and [s.serving for s in scopes] == [[1], [1]]
+    assert all(s.direct is not None and s.direct_variant == 1 for s in scopes)
     assert st["served"] == 2 * 4  # the profiled shape, four times in each layer
-    assert scopes[1].uncovered == 3 and st["fallbacks"].get(graph_mod.GraphScope.UNCOVERED_WHY) == 3 + 2
+    assert [s.uncovered for s in scopes] == [2, 3]
+    assert st["fallbacks"].get(graph_mod.GraphScope.UNCOVERED_WHY) == 2 + 3
 
 
 @pytest.mark.parametrize("loop", [True, False])
@@ -2878,3 +2883,30 @@ def test_in_place_trials_time_only_calls_the_kernels_can_serve(promoted, tmp_pat
         for _ in range(8):
             torch.testing.assert_close(model(x), ref(x))
     assert module_trial in tried and any(t is not module_trial for t in tried), tried
+
+
+def test_alike_scopes_stop_sharing_where_dynamo_guards_a_layer_of_its_own(tmp_path):
+    """Where the shared copy compiles again for a call like one it compiled (Dynamo guards
+    something of that layer's own: here an attribute the forward reads, set apart in one layer),
+    the book stops sharing: the later layers compile copies of their own, so one cache never
+    holds a variant a layer. Every layer is served and agrees with eager."""
+    src = (HERE / "data" / "workloads" / "softmax_layers.py").read_text()
+    src = src.replace("        self.proj = nn.Linear(64, 64)\n", "        self.proj = nn.Linear(64, 64)\n        self.t = 1.0\n")
+    src = src.replace("return torch.softmax(self.proj(x), dim=-1)", "return torch.softmax(self.proj(x) * self.t, dim=-1)")
+    src = src.replace("for _ in range(2))", "for _ in range(3))")
+    path = tmp_path / "wl.py"
+    path.write_text(src)
+    ws, card, wl = _one_card_promoted(tmp_path, path, "aten._softmax.default", (CPU / "softmax_good.cpp").read_text())
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model()
+    for m in (model, ref):
+        m.layers[1].t = 0.5
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        for _ in range(3):
+            torch.testing.assert_close(model(x), ref(x))
+        scopes = [applied.scopes[f"layers.{i}"] for i in range(3)]
+        st = applied.status()["cards"][0]
+    book = scopes[0].book
+    assert [s.shared for s in scopes] == [True, True, False] and not book.shared
+    assert book.variants.codes and len(book.variants.codes) == 2  # layer 0's and layer 1's
+    assert scopes[2].variants == 1 and st["served"] == 3 * 3

@@ -103,7 +103,9 @@ def _direct(function: Any, depth: int = 0,
         return None, None, "this torch does not expose Dynamo's compiled code"
     where = "it" if depth == 0 else "the code after a graph break in it"
     entries = _debug_get_cache_entry_list(function.__code__)
-    if frame is not None and depth == 0:
+    if frame is not None and depth == 0 and len(entries) > 1:
+        # the call's own guards may read what the call changed (a hook's closure it appended to):
+        # with one variant, that one, as without ``frame``
         passing = [e for e in entries if getattr(e.guard_manager, "check", None) is not None
                    and e.guard_manager.check(frame)]
         if not passing:

@@ -17,7 +17,10 @@ the graph reads them (the graph knows every reader), so no value is deferred.
 Dynamo's guards decide when the graph stands for the forward (the same code, module attributes,
 shapes, dtypes, grad mode); where they fail it compiles again, and where it cannot (its cache limit,
 code it cannot trace) it runs the forward as Python. Each scope compiles a copy of its forward's
-code object, so scopes and successive ``apply`` calls never share (or exhaust) one cache. A scope
+code object, so successive ``apply`` calls never share (or exhaust) one cache; a model's alike
+scopes (its layers: one forward's code, the same cards, nothing forge replaced below them) compile
+one copy together, Dynamo taking each layer's parameters as the graph's inputs, so a compile
+serves every layer (``VariantBook.shared``). A scope
 compiles few variants (``GraphScope.MAX_VARIANTS``; the cards serve the shapes they were profiled
 at, and a generation loop meets new ones at every step), and alike scopes share what their compiles
 found (``VariantBook``): a call no variant that serves covers runs as written. A call
@@ -395,6 +398,24 @@ class VariantBook:
     def __init__(self) -> None:
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
+        self.shared = True
+        """Whether the book's scopes compile one copy of the forward's code together (``clone``):
+        Dynamo takes a module's parameters as the graph's inputs, so one compile serves every
+        alike layer (8 Llama attention layers on the development machine's CPU: one compile of
+        0.17 s against eight of 1.06 s, ``bench/lab/shared_compile_probe.py``). Off once a scope
+        compiled a variant for a call like one an alike scope had compiled (Dynamo guards
+        something of its own module: a variant a layer in one cache would reach its limit)."""
+        self.clone: Any = None
+        self.backend: Any = None
+        """The backend of the shared copy's compiles (``GraphScope._backend(shared=True)``)."""
+        self.current: Any = None
+        """The scope whose call Dynamo is running, for the shared backend."""
+        self.source: Any = None
+        """The function ``clone`` copies (the scopes' forward, the innermost a decorator wraps)."""
+        self.variants = _Variants()
+        self.sites: dict[str, int] = {}
+        self.levels: list[str] = []
+        self.unmapped: dict[str, str] = {}
 
     def spent(self) -> bool:
         """Whether the compiles on variants that served nothing are spent."""
@@ -405,6 +426,47 @@ class VariantBook:
         if key in self.serving:
             return True
         return key not in self.empty and len(self.empty) < self.EMPTY_BUDGET
+
+
+class _Variants:
+    """The variants Dynamo compiled in one copy of a forward's code (a scope's own, or a book's
+    shared one), by their code objects in the order compiled, and those whose graphs serve a card."""
+
+    def __init__(self) -> None:
+        self.codes: list[Any] = []
+        self.serving: list[Any] = []
+        self.stopped: str | None = None
+
+    def number(self, code: Any) -> int:
+        """The variant's number, from 1 in the order compiled; 0 for a code not among them."""
+        return next((i + 1 for i, c in enumerate(self.codes) if c is code), 0)
+
+    def serves(self, code: Any) -> bool:
+        return any(c is code for c in self.serving)
+
+
+def _entry_codes(function: Any) -> list[Any] | None:
+    """The code objects of the variants Dynamo compiled of ``function``'s code, or None where this
+    torch cannot say."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return None
+    return [e.code for e in _debug_get_cache_entry_list(function.__code__)]
+
+
+def _plain_subtree(module: Any) -> bool:
+    """Whether nothing below ``module`` has a forward of its instance's own (forge's: a module
+    card's, a child scope's) and no module of it has a hook: Dynamo guards such things per module,
+    so alike scopes sharing one compile would each compile a variant."""
+    from .direct import _HOOKS
+
+    for m in module.modules():
+        if m is not module and "forward" in m.__dict__:
+            return False
+        if any(m.__dict__.get(h) for h in _HOOKS):
+            return False
+    return True
 
 
 def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -465,19 +527,14 @@ class GraphScope:
         self._traced: list[tuple[Any, str]] = []
         """The module cards' fallbacks noted while Dynamo traces the scope's forward, for its
         backend to count at every call of the graph (``apply.TRACE_SINKS``)."""
-        self.variants = 0
-        """Variants of the forward Dynamo has compiled for the scope (one per way of calling it:
-        shapes, dtypes, arguments; ``dynamic=False``)."""
-        self.stopped: str | None = None
-        """Why the scope compiles no further variant (``MAX_VARIANTS``, or one its cards did not
-        serve), or None: a call no compiled variant covers then runs as written."""
+        self._vs = _Variants()
+        """The variants compiled in the code this scope compiles (``_Variants``): its own copy's,
+        or its book's shared one's (``shared``)."""
+        self.shared = False
+        """Whether the scope compiles its book's shared copy of the code (``VariantBook.shared``),
+        decided at its first compile."""
         self.uncovered = 0
         """Calls run as written because no compiled variant covered them once compiling stopped."""
-        self.serving: list[int] = []
-        """The variants (numbered from 1, in the order compiled) whose graphs serve a card's site."""
-        self.direct_variant = 1
-        """The variant the direct call runs: the first, or a later one that serves where the first
-        does not."""
         def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
             return self._wrapped(args, kwargs)
 
@@ -494,57 +551,89 @@ class GraphScope:
         if self._target is None:
             self._target = original.__func__
 
-    def _backend(self) -> Any:
+    @property
+    def variants(self) -> int:
+        """Variants of the forward Dynamo compiled in the scope's code (one per way of calling it:
+        shapes, dtypes, arguments; ``dynamic=False``), its book's where shared."""
+        return len(self._vs.codes)
+
+    @property
+    def serving(self) -> list[int]:
+        """The variants (numbered from 1, in the order compiled) whose graphs serve a card's site."""
+        return [i + 1 for i, c in enumerate(self._vs.codes) if self._vs.serves(c)]
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the scope compiles no further variant (``MAX_VARIANTS``, or one its cards did not
+        serve), or None: a call no compiled variant covers then runs as written."""
+        return self._vs.stopped
+
+    @property
+    def direct_variant(self) -> int:
+        """The variant the direct call runs (0: none): the first, or a later one that serves
+        where the first does not."""
+        return self._vs.number(self.direct.fn.__code__) if self.direct is not None else 0
+
+    def _direct_serves(self) -> bool:
+        return self.direct is not None and self._vs.serves(self.direct.fn.__code__)
+
+    def _backend(self, shared: bool = False) -> Any:
+        """The backend Dynamo hands the scope's graphs to. ``shared``: the book's, for the scopes
+        that compile its shared copy (Dynamo guards on the backend: one each would compile a
+        variant a scope); it works for the scope whose call is being compiled (``book.current``)."""
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.aot_autograd import make_boxed_func
 
+        book = self.book
+
         def backend(gm: Any, example_inputs: Any) -> Any:
+            scope = book.current if shared and book.current is not None else self
             torch_level: list[bool] = []
-            missed: list[tuple[Any, str]] = list(self._traced)
+            missed: list[tuple[Any, str]] = list(scope._traced)
             """The cards whose program this graph computes on inputs their guards refuse, and why:
             each call of the graph counts them as fallbacks, as the interceptor counts a refused op;
             first the module cards whose calls the trace sent to PyTorch (``apply._note_traced``)."""
-            self._traced.clear()
+            scope._traced.clear()
 
             def compile_graph(agm: Any, inputs: Any) -> Any:
                 sites: set[Any] = set()
                 whys: list[tuple[Any, list[Any], str]] = []
-                for g in self.guards:
+                for g in scope.guards:
                     if g.status.active:
                         found_here: list[tuple[list[Any], str]] = []
-                        for _, nodes in find(agm.graph, g.sig.program, g._specs, self.device, found_here):
+                        for _, nodes in find(agm.graph, g.sig.program, g._specs, scope.device, found_here):
                             sites.update(nodes)
                         whys.extend((g, nodes, why) for nodes, why in found_here)
                 # a site that another card of the scope serves (the k projection's chain where the
                 # q projection's card has the same ops) is that card's, no fallback of this one
                 missed.extend((g, why) for g, nodes, why in whys if not sites.intersection(nodes))
                 try:
-                    found = rewrite_torch_level(gm, agm, self.guards, self.device, self.unmapped) \
-                        if self.torch_level else None
+                    found = rewrite_torch_level(gm, agm, scope.guards, scope.device, scope.unmapped) \
+                        if scope.torch_level else None
                     torch_level.append(found is not None)
                     if found is None:
-                        found = rewrite(agm, self.guards, self.device)
-                        if not found and self.torch_level:
+                        found = rewrite(agm, scope.guards, scope.device)
+                        if not found and scope.torch_level:
                             # nothing of the cards here (a piece of the forward between graph
                             # breaks): Dynamo's graph as traced, one torch call a node, costs the
                             # host less than the aten graph, whose every op is a Python call
                             torch_level[-1] = True
                     for card, n in found.items():
-                        self.sites[card] = self.sites.get(card, 0) + n
+                        scope.sites[card] = scope.sites.get(card, 0) + n
                 except Exception as exc:  # noqa: BLE001 - the graph as traced is eager's forward still
-                    self.failed = f"rewriting its graph failed: {type(exc).__name__}: {exc}"
+                    scope.failed = f"rewriting its graph failed: {type(exc).__name__}: {exc}"
                 return make_boxed_func(agm.forward)
 
             traced = aot_autograd(fw_compiler=compile_graph, inference_compiler=compile_graph)(gm, example_inputs)
-            if torch_level and torch_level[-1] and self.failed is None:
-                self.levels.append("torch")
-                for g in self.guards:  # said where a user reads the card's status
-                    why = self.unmapped.get(g.entry.card)
+            if torch_level and torch_level[-1] and scope.failed is None:
+                scope.levels.append("torch")
+                for g in scope.guards:  # said where a user reads the card's status
+                    why = scope.unmapped.get(g.entry.card)
                     note = f"not served in a torch-level scope: {why}"
                     if why and note not in g.status.sites:
                         g.status.sites.append(note)
                 return _counting_misses(gm.forward, missed)
-            self.levels.append("aten")
+            scope.levels.append("aten")
             return _counting_misses(traced, missed)
 
         return backend
@@ -554,14 +643,30 @@ class GraphScope:
             import torch
 
             func = self._target
-            # a copy of the code object: Dynamo keeps its cache on the code object, and this
-            # scope's graphs (with this apply's kernels) are its own
-            clone = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
-                                       func.__closure__)
-            clone.__kwdefaults__ = func.__kwdefaults__
+            book = self.book
+            if book.shared and self.rehooks == 0 and (book.source is None or book.source is func) and \
+                    _plain_subtree(self.module):
+                # one copy for the alike scopes: a compile serves every layer (``VariantBook``)
+                book.source = func
+                self.shared = True
+                self._vs, self.sites, self.levels, self.unmapped = book.variants, book.sites, book.levels, book.unmapped
+            else:
+                self.shared = False
+            clone = book.clone if self.shared else None
+            if clone is None:
+                # a copy of the code object: Dynamo keeps its cache on the code object, and this
+                # scope's graphs (with this apply's kernels) are its own, or its book's
+                clone = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__,
+                                           func.__defaults__, func.__closure__)
+                clone.__kwdefaults__ = func.__kwdefaults__
+                if self.shared:
+                    book.clone = clone
             self._clone = clone
             self._hooks = ModuleHooks(self.module)
-            self._compiled = torch.compile(types.MethodType(clone, self.module), backend=self._backend(), dynamic=False)
+            if self.shared and book.backend is None:
+                book.backend = self._backend(shared=True)
+            backend = book.backend if self.shared else self._backend()
+            self._compiled = torch.compile(types.MethodType(clone, self.module), backend=backend, dynamic=False)
         return self._compiled
 
     MAX_REHOOKS = 4
@@ -587,7 +692,8 @@ class GraphScope:
         self.rehooks += 1
         self._compiled = self._clone = self._hooks = None
         self.direct, self.direct_why, self._direct_tried = None, None, False
-        self.variants, self.stopped, self.serving, self.direct_variant = 0, None, [], 1
+        # a copy of its own from now on (``compiled``: rehooked scopes do not share)
+        self._vs, self.shared, self.sites, self.levels, self.unmapped = _Variants(), False, {}, [], {}
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -617,8 +723,7 @@ class GraphScope:
         import torch
 
         direct = self.direct
-        if direct is not None and (self.direct_variant in self.serving or not self._direct_tried or
-                                   self.variants == 0):
+        if direct is not None and (self._direct_serves() or not self._vs.codes):
             out = direct(args, kwargs)
             if out is HOOKED:
                 return as_written(*args, **kwargs)
@@ -638,6 +743,7 @@ class GraphScope:
 
         sites = sum(self.sites.values())
         TRACE_SINKS.append(self._traced)
+        outer, self.book.current = self.book.current, self
         try:
             out = self.compiled()(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as exc:
@@ -645,15 +751,15 @@ class GraphScope:
             self.failed = f"torch.compile failed on it: {type(exc).__name__}: {str(exc)[:300]}"
             return as_written(*args, **kwargs)
         finally:
+            self.book.current = outer
             TRACE_SINKS.pop()
             self._traced.clear()
         if self._count_variant(sites, key, args, kwargs) and self.failed is None and self._direct_tried and \
-                (self.direct is None or self.direct_variant not in self.serving):
+                not self._direct_serves():
             # a variant that serves, where the direct call runs one that does not (a first call at
             # other shapes): calls like this one go direct, not through Dynamo's guards
             self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False,
                                                             call=(args, kwargs))
-            self.direct_variant = self.variants
         if first and self.failed is None:
             self._direct_tried = True
             if not _compiled_variants(self._clone):
@@ -661,8 +767,10 @@ class GraphScope:
                 # frames it calls instead, each with this scope's backend: as written is cheaper
                 self.failed = "Dynamo compiled none of its own code (it skipped the forward's frame)"
                 return out
-            # the scope checks the hooks itself, before the call (``_hooks_changed``)
-            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False)
+            # the scope checks the hooks itself, before the call (``_hooks_changed``); of the
+            # variants compiled (a shared copy's are its book's), the one this call ran
+            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False,
+                                                            call=(args, kwargs))
         return out
 
 
@@ -672,23 +780,31 @@ class GraphScope:
         """After a call through Dynamo: where it compiled a variant, what it served (in the
         ``book``, by the call's ``key``, worked out here if the caller did not), and whether the
         scope compiles more (``MAX_VARIANTS``). True where the call compiled a variant that serves."""
-        n = _compiled_variants(self._clone)
-        if n <= self.variants:
+        vs = self._vs
+        codes = _entry_codes(self._clone)
+        new = [c for c in (codes or ()) if not any(c is k for k in vs.codes)]
+        if not new:
             return False
-        self.variants = n
         if key is None:
             key = call_key(args, kwargs)
+        if self.shared and key in self.book.serving | self.book.empty:
+            # an alike scope compiled a call like this one: Dynamo guards something of this
+            # module's own, and a shared cache would hold a variant a layer
+            self.book.shared = False
+        earlier = bool(vs.serving)
+        vs.codes.extend(new)
+        n = len(vs.codes)
         served = sum(self.sites.values()) > sites_before
         if served:
-            self.serving.append(n)
+            vs.serving.extend(new)
             self.book.serving.add(key)
         else:
             self.book.empty.add(key)
-            if self.serving:
-                    self.stopped = (f"variant {n} (a call unlike those compiled before) holds none of its cards' "
-                                "sites, where an earlier one does")
-        if self.stopped is None and n >= self.MAX_VARIANTS:
-            self.stopped = f"it compiled {n} variants, its limit"
+            if earlier:
+                vs.stopped = (f"variant {n} (a call unlike those compiled before) holds none of its cards' sites, "
+                              "where an earlier one does")
+        if vs.stopped is None and n >= self.MAX_VARIANTS:
+            vs.stopped = f"it compiled {n} variants, its limit"
         return served
 
     def _uncompiled(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -698,7 +814,8 @@ class GraphScope:
         nothing are not worth Dynamo's guards: as written costs no more."""
         import torch
 
-        if [v for v in self.serving if v != self.direct_variant or self.direct is None]:
+        direct = self.direct.fn.__code__ if self.direct is not None else None
+        if any(c is not direct for c in self._vs.serving):
             return torch._dynamo.run(types.MethodType(self._clone, self.module))(*args, **kwargs)
         self.uncovered += 1
         for g in self.guards:
