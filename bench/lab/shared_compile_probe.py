@@ -18,7 +18,7 @@ runs): one shared copy compiled once for all 8 layers of each kind, a copy each 
 attention 0.05 s against 0.36-0.38, Hugging Face's Llama attention 0.17-0.18 against 1.06-1.07,
 Gemma-3's (sliding and full layers alike) 0.19 against 1.00-1.03 (eager backend; forge's scopes
 add AOTAutograd and the rewrite to each compile). The runtime shares one copy among alike scopes
-since `SHARED_COMMIT` (``graph.VariantBook.shared``): the scopes' bookkeeping (variants, sites, the
+since `66ac99b` (``graph.VariantBook.shared``): the scopes' bookkeeping (variants, sites, the
 direct call's variant) kept per book, one backend for the copy (Dynamo guards on the backend too),
 and scopes left out whose subtrees hold forwards forge replaced (a module card's, a child scope's)
 or module hooks, which Dynamo guards per module (a variant per layer in one cache reaches its
