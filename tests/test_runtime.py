@@ -1567,6 +1567,14 @@ def test_an_op_calls_fast_match_never_accepts_what_the_encoding_refuses():
     assert seen["fast"] > 20  # the fast match did serve calls
 
 
+
+def _layernorm_workload():
+    """tests/data/workloads/layernorm.py, imported."""
+    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
+    wl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wl)
+    return wl
+
 @pytest.fixture(scope="module")
 def layer_norm_ws(tmp_path_factory):
     """nn.LayerNorm as a leaf module: its one op, native_layer_norm, is an op card scoped to it
@@ -1651,9 +1659,7 @@ def test_a_leaf_module_whose_forward_is_one_served_op_is_called_without_the_inte
     go to the card's guard directly (nothing dispatched through the interceptor), and still agree
     with eager. A changed attribute (eps), gradients or autocast send the call back through the
     interceptor, which judges it as before."""
-    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
+    wl = _layernorm_workload()
     ws, card = layer_norm_ws
     seen = _count_intercepted(monkeypatch)
     model, x = wl.get_model(), wl.get_inputs()[0]
@@ -1768,9 +1774,7 @@ class _GlobalEps(torch.nn.LayerNorm):
 
 
 def _layer_norm_model():
-    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
+    wl = _layernorm_workload()
     return wl.get_model(), wl.get_inputs()[0]
 
 
@@ -2368,6 +2372,27 @@ def test_a_compiled_scope_runs_dynamos_code_directly_while_calls_are_alike(promo
     assert graphs and not any(hasattr(g, "_torchdynamo_orig_callable") for g in graphs), graphs
 
 
+def _count_scope_compiles(monkeypatch) -> list[int]:
+    """The graphs Dynamo hands compiled scopes from now on, each as the id of the scope whose
+    backend took it (a shared copy's backend is its first scope's)."""
+    from forge_tui.runtime import graph as graph_mod
+
+    compiles: list[int] = []
+    real = graph_mod.GraphScope._backend
+
+    def counting(self, shared=False):
+        backend = real(self, shared)
+
+        def wrapped(gm, example_inputs):
+            compiles.append(id(self))
+            return backend(gm, example_inputs)
+
+        return wrapped
+
+    monkeypatch.setattr(graph_mod.GraphScope, "_backend", counting)
+    return compiles
+
+
 @pytest.mark.parametrize("first", ["profiled", "odd"])
 def test_a_scope_stops_compiling_for_shapes_its_cards_do_not_serve(promoted, monkeypatch, first):
     """A generation loop meets new shapes at every step: a scope compiled a variant for each (to
@@ -2378,19 +2403,7 @@ def test_a_scope_stops_compiling_for_shapes_its_cards_do_not_serve(promoted, mon
     counted as fallbacks with their reason; every output agrees with eager's."""
     from forge_tui.runtime import graph as graph_mod
 
-    compiles: list[int] = []
-    real = graph_mod.GraphScope._backend
-
-    def counting(self, shared=False):
-        backend = real(self, shared)
-
-        def wrapped(gm, example_inputs):
-            compiles.append(len(example_inputs))
-            return backend(gm, example_inputs)
-
-        return wrapped
-
-    monkeypatch.setattr(graph_mod.GraphScope, "_backend", counting)
+    compiles = _count_scope_compiles(monkeypatch)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     odd = [torch.randn(n, 256) for n in (3, 5)] if first == "odd" else []
@@ -2653,19 +2666,7 @@ def test_alike_scopes_share_what_their_compiles_found(tmp_path, monkeypatch):
 
     ws, card, wl = _one_card_promoted(tmp_path, "softmax_layers.py", "aten._softmax.default",
                                       (CPU / "softmax_good.cpp").read_text())
-    compiles: list[int] = []
-    real = graph_mod.GraphScope._backend
-
-    def counting(self, shared=False):
-        backend = real(self, shared)
-
-        def wrapped(gm, example_inputs):
-            compiles.append(id(self))
-            return backend(gm, example_inputs)
-
-        return wrapped
-
-    monkeypatch.setattr(graph_mod.GraphScope, "_backend", counting)
+    compiles = _count_scope_compiles(monkeypatch)
     model, x = wl.get_model(), wl.get_inputs()[0]
     ref = wl.get_model()
     steps = [torch.randn(n, 64) for n in (1, 1, 1)] + [torch.randn(16, 64)]
@@ -2769,9 +2770,7 @@ def test_a_leaf_call_refused_before_is_not_intercepted_again(layer_norm_ws, monk
     still served. Outputs agree with eager's every time."""
     from forge_tui.runtime.apply import _LeafSites
 
-    spec = importlib.util.spec_from_file_location("layernorm_wl", HERE / "data" / "workloads" / "layernorm.py")
-    wl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wl)
+    wl = _layernorm_workload()
     ws, card = layer_norm_ws
     seen = _count_intercepted(monkeypatch)
     model, x = wl.get_model(), wl.get_inputs()[0]
