@@ -1550,6 +1550,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
     guards = list({id(g.guard): g.guard for gs in groups for g in gs}.values())
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
+        key = None
+        """A leaf's call past its learning: remembered (``MissMemo``) if no card serves it."""
         if leaf is not None:
             fast = leaf.fast
             if fast is not None:
@@ -1583,19 +1585,9 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
                 leaf.observe(args, kwargs, mode.record, ret)
                 return ret
             key = leaf.memo.key(args, kwargs)
-            if key is not None and leaf.memo.get(key) is None:
-                mode = interceptor(table, owner, chains)
-                mode.missed = []
-                try:
-                    with mode:
-                        ret = original(*args, **kwargs)
-                finally:
-                    ran = bool(mode.runs)
-                    mode.flush()
-                if not mode.served and not ran:
-                    leaf.memo.put(key, mode.missed)
-                return realize_returned(ret) if ran else ret
         mode = interceptor(table, owner, chains)
+        if key is not None:
+            mode.missed = []
         ran = False
         try:
             with mode:
@@ -1604,6 +1596,8 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
             if mode.runs:
                 ran = True
                 mode.flush()
+        if key is not None and leaf is not None and not mode.served and not ran:
+            leaf.memo.put(key, mode.missed)
         return realize_returned(ret) if ran else ret
 
     return _gated(intercepted, original, guards, trial)
