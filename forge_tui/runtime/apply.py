@@ -240,7 +240,7 @@ class Guard:
     def refuses(self, leading: list["torch.Tensor"]) -> bool:
         """Whether the card's specs refuse these tensors, its first inputs, whatever the others
         are: a call passing them is refused whatever else changes (the module's parameters, its
-        attributes), so a refusal can be remembered by their specs alone (``_specs_key``)."""
+        attributes), so a refusal can be remembered by their specs alone (``graph.call_key``)."""
         on_cuda = self.device == "cuda"
         for t, (dtype, shape, stride) in zip(leading, self._specs):
             if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \
@@ -421,19 +421,11 @@ KERNEL_ERRORS = (KernelError, RuntimeError, ValueError)
 
 # ---- module cards ------------------------------------------------------------------------------
 MISS_MEMO = 32
-"""Refused calls remembered per module card or leaf module, at most (``_specs_key``). A call at
+"""Refused calls remembered per module card or leaf module, at most (``graph.call_key``). A call at
 shapes the cards were not profiled at (a generation loop's steps, another resolution) went through
 every check, and a leaf module's through the interceptor, each time: on the development machine's
 CPU an nn.LayerNorm leaf's refused call cost 42 µs against eager's 5.7, an RMSNorm module card's
 31 against 17."""
-
-
-def _specs_key(args: tuple[Any, ...]) -> Any:
-    """The specs of a call's tensors (positional, tensors only), what a remembered refusal is
-    looked up by: dtype, shape, strides, device; anything else by its type."""
-    import torch
-
-    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else type(a) for a in args)
 
 
 def _all_tensors(args: Any) -> bool:
@@ -606,7 +598,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     whether it was tried: built after the first call the kernel serves with the guard settled."""
     misses: dict[Any, str] = {}
     """Calls of tensors only whose tensors the card's specs refuse, by the tensors' specs
-    (``_specs_key``): the reason, counted again for a like call, which then runs the module's own
+    (``graph.call_key``): the reason, counted again for a like call, which then runs the module's own
     forward at once (``MissMemo``)."""
     consts = guard.consts
     traced_key = f"{guard.entry.card}@{id(guard)}"
@@ -639,7 +631,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             if out is not _NOT_SERVED:
                 return out
         if misses and op is None and not kwargs:
-            why = misses.get(_specs_key(args))
+            why = misses.get(call_key(args, {}))
             if why is not None:  # the card refuses these tensors, whatever else the call is
                 fell_back(why)
                 return original(*args, **kwargs)
@@ -700,7 +692,7 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             if why is not None:
                 if tensors_only is not None and len(misses) < MISS_MEMO and \
                         guard.refuses(tensors[:tensors_only]):
-                    misses[_specs_key(args)] = why
+                    misses[call_key(args, {})] = why
                 fell_back(why)
                 return original(*args, **kwargs)
             served = guard.serve(tensors, checked_at=t0)
@@ -1729,7 +1721,7 @@ class MissMemo:
         m = self.module
         owned = tuple((id(t), t.dtype, t.shape, t.stride(), t.device)
                       for group in (m._parameters, m._buffers) for t in group.values() if t is not None)
-        return _specs_key(args), owned, torch.is_grad_enabled()
+        return call_key(args, {}), owned, torch.is_grad_enabled()
 
     def get(self, key: Any) -> tuple[tuple[Guard, str], ...] | None:
         got = self.known.get(key)

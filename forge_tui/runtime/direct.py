@@ -84,6 +84,16 @@ class ModuleHooks:
         return True
 
 
+def cache_entries(function: Any) -> list[Any] | None:
+    """Dynamo's cache entries for ``function``'s code (the variants it compiled, each with its
+    code and guards), or None where this torch does not expose them."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return None
+    return list(_debug_get_cache_entry_list(function.__code__))
+
+
 _NESTING = 8
 """Graph breaks inside the code after a graph break, at most, for a direct call."""
 
@@ -97,12 +107,10 @@ def _direct(function: Any, depth: int = 0,
     when first called): here each such call goes to that function's own direct call, under its own
     guards, and to the function as written (the rest of the forward as Python: eager's ops) where
     they refuse it."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:
+    entries = cache_entries(function)
+    if entries is None:
         return None, None, "this torch does not expose Dynamo's compiled code"
     where = "it" if depth == 0 else "the code after a graph break in it"
-    entries = _debug_get_cache_entry_list(function.__code__)
     if frame is not None and depth == 0 and len(entries) > 1:
         # the call's own guards may read what the call changed (a hook's closure it appended to):
         # with one variant, that one, as without ``frame``
@@ -242,7 +250,7 @@ def _callback() -> Any:
 
 
 def _unbound(*_: Any) -> Any:
-    raise AssertionError("a DirectCall made to bind a frame is not called")
+    raise AssertionError("a DirectCall is called only once built (``DirectCall.build``)")
 
 
 class DirectCall:
@@ -286,16 +294,18 @@ class DirectCall:
         names = code.co_varnames[:code.co_argcount]
         defaults = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
         defaults.update(function.__kwdefaults__ or {})
+        direct = cls(_unbound, _unbound, module, code, defaults, ModuleHooks(module) if hooks else None, device,
+                     function.__closure__)
         frame = None
         if call is not None:
-            frame = cls(_unbound, _unbound, module, code, defaults, None, device, function.__closure__).frame(*call)
+            frame = direct.frame(*call)
             if frame is None:
                 return None, "the call does not bind to the forward's parameters"
         fn, check, why = _direct(function, frame=frame)
         if fn is None or check is None:
             return None, why
-        return cls(fn, check, module, code, defaults, ModuleHooks(module) if hooks else None, device,
-                   function.__closure__), None
+        direct.fn, direct.check = fn, check
+        return direct, None
 
     def frame(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The forward's frame locals for a call with ``args`` and ``kwargs`` (after ``self``), as

@@ -37,7 +37,7 @@ import types
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..program import encodes_as, resolve_op, run_program
-from .direct import HOOKED, MISS, DirectCall, ModuleHooks
+from .direct import HOOKED, MISS, DirectCall, ModuleHooks, cache_entries
 from .direct import plain_context as _plain_context
 
 if TYPE_CHECKING:
@@ -448,11 +448,8 @@ class _Variants:
 def _entry_codes(function: Any) -> list[Any] | None:
     """The code objects of the variants Dynamo compiled of ``function``'s code, or None where this
     torch cannot say."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:
-        return None
-    return [e.code for e in _debug_get_cache_entry_list(function.__code__)]
+    entries = cache_entries(function)
+    return None if entries is None else [e.code for e in entries]
 
 
 def _plain_subtree(module: Any) -> bool:
@@ -470,13 +467,16 @@ def _plain_subtree(module: Any) -> bool:
 
 
 def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A call's key for ``VariantBook``: each tensor's dtype, shape, strides and device type, inside
-    tuples and lists too; plain values as they are; any other object by its type (a cache object
-    whose contents grow at each step keys alike at every step)."""
-    import torch
+    """A call's key for ``VariantBook`` (and for a refusal ``apply`` remembers): each tensor's
+    dtype, shape, strides and device type, inside tuples and lists too; plain values as they are;
+    any other object by its type (a cache object whose contents grow at each step keys alike at
+    every step)."""
+    tensor = _TENSOR or _tensor_type()
+    if not kwargs and all(type(a) is tensor for a in args):  # the common case (a refused call's)
+        return tuple((a.dtype, a.shape, a.stride(), a.device.type) for a in args), ()
 
     def one(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, tensor):
             return (v.dtype, tuple(v.shape), v.stride(), v.device.type)
         if isinstance(v, (tuple, list)):
             return (type(v), tuple(one(x) for x in v))
@@ -485,6 +485,17 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return type(v)
 
     return tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items()))
+
+
+_TENSOR: Any = None
+
+
+def _tensor_type() -> Any:
+    global _TENSOR
+    import torch
+
+    _TENSOR = torch.Tensor
+    return _TENSOR
 
 
 class GraphScope:
@@ -754,25 +765,24 @@ class GraphScope:
             self.book.current = outer
             TRACE_SINKS.pop()
             self._traced.clear()
-        if self._count_variant(sites, key, args, kwargs) and self.failed is None and self._direct_tried and \
-                not self._direct_serves():
-            # a variant that serves, where the direct call runs one that does not (a first call at
-            # other shapes): calls like this one go direct, not through Dynamo's guards
-            self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False,
-                                                            call=(args, kwargs))
-        if first and self.failed is None:
+        served = self._count_variant(sites, key, args, kwargs)
+        if self.failed is not None:
+            return out
+        if first:
             self._direct_tried = True
             if not _compiled_variants(self._clone):
                 # Dynamo skipped the forward's own frame (code it does not trace) and compiled the
                 # frames it calls instead, each with this scope's backend: as written is cheaper
                 self.failed = "Dynamo compiled none of its own code (it skipped the forward's frame)"
                 return out
-            # the scope checks the hooks itself, before the call (``_hooks_changed``); of the
-            # variants compiled (a shared copy's are its book's), the one this call ran
+        if first or (served and not self._direct_serves()):
+            # the first call's variant, or one that serves where the direct call's does not (a
+            # first call at other shapes): of the variants compiled (a shared copy's are its
+            # book's), the one this call ran. The scope checks the hooks itself, before the call
+            # (``_hooks_changed``)
             self.direct, self.direct_why = DirectCall.build(self._clone, self.module, self.device, hooks=False,
                                                             call=(args, kwargs))
         return out
-
 
     UNCOVERED_WHY = "a call unlike those its scope compiled served variants for (new shapes): run as written"
 
@@ -826,11 +836,8 @@ class GraphScope:
 
 def _compiled_variants(function: Any) -> int:
     """How many variants of ``function``'s code Dynamo compiled (1 where this torch cannot say)."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:
-        return 1
-    return len(_debug_get_cache_entry_list(function.__code__))
+    entries = cache_entries(function)
+    return 1 if entries is None else len(entries)
 
 
 def _pass_through(func: Any, call: Callable[..., Any]) -> tuple[Any, Any] | tuple[None, None]:
