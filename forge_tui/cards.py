@@ -76,6 +76,10 @@ class Card(BaseModel):
     """Module cards: the forward's arguments, tensors replaced by {"$t": k} (None: not recorded)."""
     returns: str = "tensor"
     """Module cards: "tensor" or "tuple", how the forward returns its outputs ("other": neither)."""
+    scope_keys: list[str] = []
+    """Op and chain cards: the profiled calls of the module whose own forward made this card's
+    calls, by key (``runtime.graph.key_text``): a compiled scope compiles a variant for such a
+    call whatever it met before (``VariantBook.profiled``)."""
     flags: list[str] = []
     """'mutates' (in-place op; the card is its functional form), 'dynamic_shape' (output shape
     depends on data), 'no_sample' (inputs too large to keep; timing used random inputs)."""

@@ -2455,6 +2455,66 @@ def test_a_scope_compiles_at_most_its_limit_of_variants(promoted):
     assert scope.uncovered == len(shapes) - GraphScope.MAX_VARIANTS and st["served"] == 0
 
 
+def test_the_profile_records_the_calls_a_cards_ops_were_made_in(promoted):
+    """The softmax op card was made in the model's own forward, called with one (16, 256) fp32
+    tensor: its card (and the manifest's signature) records that call's key, once."""
+    from forge_tui.runtime.graph import call_key, key_text
+    from forge_tui.runtime.manifest import Manifest
+
+    ws, norm, sm = promoted
+    x = load_workload().get_inputs()[0]
+    assert sm.scope_keys == [key_text(call_key((x,), {}))]
+    assert "(16, 256)" in sm.scope_keys[0] and "torch.float32" in sm.scope_keys[0]
+    man = Manifest.load(ws.root / "kernels")
+    assert man.entries[sm.id].signature.scope_keys == sm.scope_keys
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_profiled_call_compiles_after_the_limits_are_spent(promoted, recorded):
+    """A model called first at three other shapes (a warm-up) spends its scope's compiles on
+    variants that serve nothing (``MAX_VARIANTS``, the book's ``EMPTY_BUDGET``). The profiled
+    call still compiles its variant, which serves, and the direct call runs it after; calls at
+    other shapes then run as written. A workspace without the profiled calls recorded
+    (``recorded=False``, as before they were) never serves the profiled shape."""
+    from forge_tui.runtime.graph import GraphScope
+
+    ws, _, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    warm = [torch.randn(n, 256) for n in (3, 5, 6)]
+    with torch.no_grad(), apply(model, ws, cards=[sm.id], only_faster=False) as applied:
+        scope = applied.scopes[""]
+        if not recorded:
+            scope.book.profiled = frozenset()
+        outs = [(t, model(t)) for t in warm]
+        assert scope.variants == GraphScope.MAX_VARIANTS and scope.stopped
+        outs += [(x, model(x.clone())) for _ in range(3)] + [(t, model(t)) for t in warm[:1]]
+        st = {c["card"]: c for c in applied.status()["cards"]}[sm.id]
+    with torch.no_grad():
+        for t, o in outs:
+            torch.testing.assert_close(o, model(t))
+    if recorded:
+        assert st["served"] == 3 and scope.variants == 4 and scope.serving == [4]
+        assert scope.direct is not None and scope.direct_variant == 4 and scope.direct.calls == 2
+        assert not scope.pending and scope.uncovered == 1
+    else:
+        assert st["served"] == 0 and scope.variants == 3 and scope.uncovered == 4
+
+
+def test_a_book_stops_looking_for_profiled_calls_after_its_limit():
+    """A generation loop whose profiled call never comes (a new shape each step) looks each call
+    up once, and after ``LOOKS`` distinct calls the book looks no more."""
+    from forge_tui.runtime.graph import VariantBook, call_key, key_text
+
+    x = torch.zeros(16, 256)
+    book = VariantBook([key_text(call_key((x,), {}))])
+    assert book.profiled_text(call_key((torch.zeros(16, 256),), {})) is not None
+    for n in range(1, VariantBook.LOOKS):
+        assert book.profiled_text(call_key((torch.zeros(n, 7),), {})) is None
+        assert book.profiled  # still looking
+    assert book.profiled_text(call_key((torch.zeros(1, 8),), {})) is None and not book.profiled
+
+
 def test_a_direct_call_under_dynamos_callback_goes_to_dynamo(promoted, monkeypatch):
     """Where a Dynamo callback is set (the scope runs inside an outer torch.compile'd call), the
     direct call, which leaves out Dynamo's wrappers around its graphs, hands the call to Dynamo."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..cards import TensorSpec
 from ..program import Unencodable, encode, flatten_outputs, refs, resolve_op, tensor_leaves
+from ..runtime.graph import call_key, key_text
 from ..tensorstore import pack
 from .cost import op_flops, tensor_read_bytes, tensor_write_bytes
 
@@ -135,6 +136,13 @@ class Bucket:
     """Op cards: calls made inside each module card's forward (by the module bucket's key)."""
     outside: int = 0
     """Op cards: calls made outside every module card (no leaf module, or one that makes no card)."""
+    scope_keys: list[str] = field(default_factory=list)
+    """Op and chain cards: the calls of the module whose forward made this card's calls, by their
+    key (``runtime.graph.key_text``), at most ``SCOPE_KEYS``: the calls a compiled scope there
+    must compile a variant for, whatever it met before."""
+
+
+SCOPE_KEYS = 8
 
 
 @dataclass
@@ -173,10 +181,17 @@ class _Chain:
     """Each node's tensor outputs (held until the chain closes: the last one is its output)."""
     op_keys: list[str] = field(default_factory=list)
     flops: int = 0
+    scope_key: str = ""
+    """The key of the call of ``path`` that made the chain (``Bucket.scope_keys``)."""
 
     def computed(self, tensors) -> bool:
         """Whether any of ``tensors`` is a value the chain computed (not one of its inputs)."""
         return any(self.refs.get(t, {}).get("$node") is not None for t in tensors)
+
+
+def _note_key(bucket: Bucket, key: str) -> None:
+    if key not in bucket.scope_keys and len(bucket.scope_keys) < SCOPE_KEYS:
+        bucket.scope_keys.append(key)
 
 
 def _prune(chain: _Chain) -> None:
@@ -271,6 +286,8 @@ class Recorder:
         self._scopes: list[str] = []
         """The paths of the modules whose forward is running, innermost last: an op card records the
         innermost as its scope, the module whose own forward made the call (not a child's)."""
+        self._scope_keys: list[str] = []
+        """The key of each of ``_scopes``' calls (``Bucket.scope_keys``)."""
         self._WeakIdKeyDictionary = WeakIdKeyDictionary
         self._chains: dict[str, _Chain] = {}
         """The open chain of each module whose own forward is running (``_chain_step``)."""
@@ -292,6 +309,7 @@ class Recorder:
             for path in list(self._chains):
                 self._close_chain(path)
             self._scopes.clear()
+            self._scope_keys.clear()
 
     # ---- ops ----------------------------------------------------------------------------------
     def _within_budget(self, tensors) -> bool:
@@ -409,6 +427,8 @@ class Recorder:
                 bucket.module_paths.append(self.frame.path)
         elif self._scopes and self._scopes[-1] not in bucket.module_paths:
             bucket.module_paths.append(self._scopes[-1])
+        if self._scope_keys:  # the innermost module's call: a leaf's where a leaf frame is open
+            _note_key(bucket, self._scope_keys[-1])
         if len(bucket.samples) < self.opt.samples_per_card:
             if sample_in is not None and self._within_budget(out_tensors):
                 bucket.samples.append((sample_in, [pack(t) for t in out_tensors]))
@@ -445,7 +465,8 @@ class Recorder:
             chain = None
         if chain is None:
             chain = self._chains[path] = _Chain(path=path, refs=self._WeakIdKeyDictionary(), tensors=[], specs=[],
-                                                sample_inputs=[])
+                                                sample_inputs=[],
+                                                scope_key=self._scope_keys[-1] if self._scope_keys else "")
 
         def ref(t):
             r = chain.refs.get(t)
@@ -513,6 +534,8 @@ class Recorder:
         bucket.calls += 1
         if path not in bucket.module_paths:
             bucket.module_paths.append(path)
+        if chain.scope_key:
+            _note_key(bucket, chain.scope_key)
         if len(bucket.samples) < self.opt.samples_per_card:
             if chain.sample_inputs is not None and self._within_budget([out]):
                 bucket.samples.append((chain.sample_inputs, [pack(out)]))
@@ -540,6 +563,7 @@ class Recorder:
                 # a child reads an intermediate of the chain: it must be computed, the chain ends
                 self._close_chain(parent)
             self._scopes.append(path)
+            self._scope_keys.append(key_text(call_key(args, kwargs)))
 
         return hook
 
@@ -547,6 +571,7 @@ class Recorder:
         def hook(module, args, output):
             if self._scopes and self._scopes[-1] == path:
                 self._scopes.pop()
+                self._scope_keys.pop()
             if path in self._chains:
                 self._close_chain(path)
 

@@ -1231,8 +1231,10 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 # what their compiles found (``VariantBook``)
                 like = (getattr(getattr(module.forward, "__func__", None), "__code__", module.forward),
                         tuple(sorted(g.guard.entry.card for g in guards)))
-                scope = GraphScope(module, module.forward, [g.guard for g in guards], device,
-                                   books.setdefault(like, VariantBook()))
+                book = books.get(like)
+                if book is None:  # the profiled calls of the cards' ops, for every scope alike
+                    book = books[like] = VariantBook(k for g in guards for k in g.guard.sig.scope_keys)
+                scope = GraphScope(module, module.forward, [g.guard for g in guards], device, book)
                 applied.scopes[path or ""] = scope
                 applied._replace_forward(module, _graph_forward(scope, guards, trial, path))
                 for g in guards:

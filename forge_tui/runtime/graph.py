@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 import re
 import types
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..program import encodes_as, resolve_op, run_program
 from .direct import HOOKED, MISS, DirectCall, ModuleHooks, cache_entries
@@ -394,8 +394,19 @@ class VariantBook:
     many compiles, not one a step in each layer."""
 
     EMPTY_BUDGET = 3
+    LOOKS = 64
+    """Distinct calls the book looks up among ``profiled`` at most; then it stops looking (a
+    generation loop whose profiled call never comes would pay for the lookup at every step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, profiled: Iterable[str] = ()) -> None:
+        self.profiled: frozenset[str] = frozenset(profiled)
+        """The calls the profile saw the cards' ops made in (``key_text``; the cards'
+        ``scope_keys``): a call like one of them compiles a variant in each scope whatever the
+        scope met before (a model first called at other shapes, as a warm-up would, spent its
+        compiles on variants that served nothing, and its kernels never served the profiled
+        shape). Empty for workspaces profiled before it was recorded, and once ``LOOKS`` calls
+        were looked up."""
+        self._looked: dict[Any, str | None] = {}
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
         self.shared = True
@@ -416,6 +427,18 @@ class VariantBook:
         self.sites: dict[str, int] = {}
         self.levels: list[str] = []
         self.unmapped: dict[str, str] = {}
+
+    def profiled_text(self, key: Any) -> str | None:
+        """``key``'s text where it is one of ``profiled``, else None."""
+        looked = self._looked
+        if key in looked:
+            return looked[key]
+        if len(looked) >= self.LOOKS:
+            self.profiled = frozenset()
+            return None
+        text = key_text(key)
+        looked[key] = text if text in self.profiled else None
+        return looked[key]
 
     def spent(self) -> bool:
         """Whether the compiles on variants that served nothing are spent."""
@@ -487,6 +510,22 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items()))
 
 
+def key_text(key: Any) -> str:
+    """``call_key``'s key as text, the same in every process (dtypes and types by name): how a
+    profile records the calls a card's ops were made in (``VariantBook.profiled``)."""
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, tuple):  # torch.Size too
+            return tuple(norm(x) for x in v)
+        if isinstance(v, type):
+            return f"{v.__module__}.{v.__qualname__}"
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        return str(v)  # a dtype
+
+    return repr(norm(key))
+
+
 _TENSOR: Any = None
 
 
@@ -546,6 +585,9 @@ class GraphScope:
         decided at its first compile."""
         self.uncovered = 0
         """Calls run as written because no compiled variant covered them once compiling stopped."""
+        self.pending: set[str] = set(self.book.profiled)
+        """The book's profiled calls (``VariantBook.profiled``) no call of this scope has gone
+        through Dynamo with yet: each compiles, or reuses, a variant whatever the limits."""
         def call(*args: Any, **kwargs: Any) -> Any:  # a plain function, as the cell held
             return self._wrapped(args, kwargs)
 
@@ -740,15 +782,21 @@ class GraphScope:
                 return as_written(*args, **kwargs)
             if out is not MISS:
                 return out
-        if self.stopped is not None or (not self.book.serving and self.book.spent()):
-            # nothing this scope (or one alike) compiled serves, and it compiles no more: its
-            # graphs would run eager's ops, so the forward as written costs no more
-            return self._uncompiled(as_written, args, kwargs)
-        # the key costs the host a few µs: worked out before the call only where the book can
-        # refuse one (scopes without a direct call go through here at every call)
-        key = call_key(args, kwargs) if self.book.empty else None
-        if key is not None and not self.book.worth(key):
-            return self._uncompiled(as_written, args, kwargs)
+        book, key, profiled = self.book, None, None
+        if self.pending and book.profiled:  # a profiled call this scope has not compiled for yet
+            key = call_key(args, kwargs)
+            profiled = book.profiled_text(key)
+        if profiled is None:
+            if self.stopped is not None or (not book.serving and book.spent()):
+                # nothing this scope (or one alike) compiled serves, and it compiles no more: its
+                # graphs would run eager's ops, so the forward as written costs no more
+                return self._uncompiled(as_written, args, kwargs)
+            # the key costs the host a few µs: worked out before the call only where the book can
+            # refuse one (scopes without a direct call go through here at every call)
+            if key is None and book.empty:
+                key = call_key(args, kwargs)
+            if key is not None and not book.worth(key):
+                return self._uncompiled(as_written, args, kwargs)
         first = not self._direct_tried
         from .apply import TRACE_SINKS
 
@@ -765,6 +813,8 @@ class GraphScope:
             self.book.current = outer
             TRACE_SINKS.pop()
             self._traced.clear()
+        if profiled is not None:
+            self.pending.discard(profiled)
         served = self._count_variant(sites, key, args, kwargs)
         if self.failed is not None:
             return out

@@ -45,12 +45,14 @@ class Signature(BaseModel):
     """Module cards: the forward's recorded arguments, tensors as {"$t": k}."""
     returns: str = "tensor"
     flags: list[str] = Field(default_factory=list)
+    scope_keys: list[str] = Field(default_factory=list)
+    """Op and chain cards: the profiled calls of the module that made the card's calls (``Card``)."""
 
     @classmethod
     def of(cls, card: Card) -> "Signature":
         return cls(card=card.id, kind=card.kind, target=card.target, inputs=card.inputs, outputs=card.outputs,
                    program=card.program, module_paths=card.module_paths, call_args=card.call_args,
-                   returns=card.returns, flags=card.flags)
+                   returns=card.returns, flags=card.flags, scope_keys=card.scope_keys)
 
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
