@@ -2515,6 +2515,35 @@ def test_a_book_stops_looking_for_profiled_calls_after_its_limit():
     assert book.profiled_text(call_key((torch.zeros(1, 8),), {})) is None and not book.profiled
 
 
+def test_a_direct_call_refuses_another_shape_before_building_the_frame(promoted, monkeypatch):
+    """The direct call compares the shape of the call's first tensor with the one its variant was
+    compiled for before it binds the frame and runs Dynamo's guards: a call at another shape goes
+    to Dynamo at once; a call at the compiled shape is bound, checked and run directly."""
+    from forge_tui.runtime.direct import DirectCall
+
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    frames: list[int] = []
+    real = DirectCall.frame
+
+    def counting(self, args, kwargs):
+        frames.append(1)
+        return real(self, args, kwargs)
+
+    def calls(m):
+        m(x)
+        monkeypatch.setattr(DirectCall, "frame", counting)
+        outs = [m(torch.randn(4, 256)), m(x.clone())]
+        return outs
+
+    outs, scope, st = _scope_calls(promoted, model, calls)
+    assert scope.direct is not None and scope.direct.lead is not None
+    assert scope.direct.lead[2] == x.shape
+    assert frames == [1] and scope.direct.calls == 1  # the (16, 256) call's alone
+    with torch.no_grad():
+        torch.testing.assert_close(outs[1], model(x))
+
+
 def test_a_direct_call_under_dynamos_callback_goes_to_dynamo(promoted, monkeypatch):
     """Where a Dynamo callback is set (the scope runs inside an outer torch.compile'd call), the
     direct call, which leaves out Dynamo's wrappers around its graphs, hands the call to Dynamo."""
@@ -2816,9 +2845,26 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
         for t in (x[:8], x[:8], odd, x):
             torch.testing.assert_close(layer(t), ref_layer(t))
         st = applied.status()["cards"]
+        # a fourth shape, which no variant covers: the run-only path runs the forward as written
+        # once, and a like call runs as written at once, both counted as uncovered
+        new = torch.randn(5, 64)
+        torch.testing.assert_close(layer(new), ref_layer(new))
+        runs: list[int] = []
+        run_only = scope._run_only
+
+        def counted(*a, **k):
+            runs.append(1)
+            return run_only(*a, **k)
+
+        scope._run_only = counted
+        torch.testing.assert_close(layer(new), ref_layer(new))
+        torch.testing.assert_close(layer(x[:8]), ref_layer(x[:8]))  # still served, through run-only
+        st2 = applied.status()["cards"]
     assert sum(c["served"] for c in st) == served + 3  # both x[:8] calls and x; not the odd one
-    assert scope.uncovered == 0 and scope.direct.calls >= 2
     assert all(GraphScope.UNCOVERED_WHY not in c["fallbacks"] for c in st)
+    assert scope.uncovered == 2 and runs == [1] and scope.direct.calls >= 2
+    assert sum(c["served"] for c in st2) == served + 4
+    assert sum(c["fallbacks"].get(GraphScope.UNCOVERED_WHY, 0) for c in st2) == 2 * len(st2)
 
 
 def test_a_leaf_call_refused_before_is_not_intercepted_again(layer_norm_ws, monkeypatch):
@@ -2888,15 +2934,23 @@ def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once
         for _ in range(4):
             torch.testing.assert_close(model.norm(odd), ref(odd))
         assert len(checks) == 1 and st()["fallbacks"] == {"input 0: shape (2, 1, 256)": 4}, st()
+        # that shape in other strides: refused whatever its strides, without a check
+        odd_t = torch.randn(256, 1, 2).permute(2, 1, 0)
+        torch.testing.assert_close(model.norm(odd_t), ref(odd_t))
+        assert len(checks) == 1 and st()["fallbacks"] == {"input 0: shape (2, 1, 256)": 5}, st()
+        # the card's shape in other strides: checked once, then remembered by the strides too
+        for _ in range(2):
+            xs = torch.randn(256, 16).t()
+            torch.testing.assert_close(model.norm(xs), ref(xs))
+        assert len(checks) == 2 and st()["fallbacks"]["input 0: strides (1, 16)"] == 2, st()
         torch.testing.assert_close(model.norm(x), ref(x))
         assert st()["served"] == 13
         w = model.norm.weight
         model.norm.weight = torch.nn.Parameter(w.double())
         ref.weight = torch.nn.Parameter(ref.weight.double())
-        del checks[:]
         for _ in range(2):
             model.norm(x)
-        assert len(checks) == 2 and sum(n for k, n in st()["fallbacks"].items() if k.startswith("input 1")) == 2, st()
+        assert len(checks) == 4 and sum(n for k, n in st()["fallbacks"].items() if k.startswith("input 1")) == 2, st()
         model.norm.weight = w
         ref.weight = torch.nn.Parameter(ref.weight.float())
         torch.testing.assert_close(model.norm(x), ref(x))

@@ -585,6 +585,10 @@ class GraphScope:
         decided at its first compile."""
         self.uncovered = 0
         """Calls run as written because no compiled variant covered them once compiling stopped."""
+        self._run_only: Any = None
+        """The compiled variants run without compiling (``torch._dynamo.run``), made once."""
+        self._not_covered: set[Any] = set()
+        """Keys of calls no compiled variant covered (``_uncompiled``); forgotten at a new variant."""
         self.pending: set[str] = set(self.book.profiled)
         """The book's profiled calls (``VariantBook.profiled``) no call of this scope has gone
         through Dynamo with yet: each compiles, or reuses, a variant whatever the limits."""
@@ -743,7 +747,8 @@ class GraphScope:
             self.failed = f"its module hooks changed after {self.MAX_REHOOKS} compiles"
             return True
         self.rehooks += 1
-        self._compiled = self._clone = self._hooks = None
+        self._compiled = self._clone = self._hooks = self._run_only = None
+        self._not_covered.clear()
         self.direct, self.direct_why, self._direct_tried = None, None, False
         # a copy of its own from now on (``compiled``: rehooked scopes do not share)
         self._vs, self.shared, self.sites, self.levels, self.unmapped = _Variants(), False, {}, [], {}
@@ -790,13 +795,13 @@ class GraphScope:
             if self.stopped is not None or (not book.serving and book.spent()):
                 # nothing this scope (or one alike) compiled serves, and it compiles no more: its
                 # graphs would run eager's ops, so the forward as written costs no more
-                return self._uncompiled(as_written, args, kwargs)
+                return self._uncompiled(as_written, args, kwargs, key)
             # the key costs the host a few µs: worked out before the call only where the book can
             # refuse one (scopes without a direct call go through here at every call)
             if key is None and book.empty:
                 key = call_key(args, kwargs)
             if key is not None and not book.worth(key):
-                return self._uncompiled(as_written, args, kwargs)
+                return self._uncompiled(as_written, args, kwargs, key)
         first = not self._direct_tried
         from .apply import TRACE_SINKS
 
@@ -853,6 +858,7 @@ class GraphScope:
             self.book.shared = False
         earlier = bool(vs.serving)
         vs.codes.extend(new)
+        self._not_covered.clear()  # the new variant may cover them
         n = len(vs.codes)
         served = sum(self.sites.values()) > sites_before
         if served:
@@ -867,21 +873,47 @@ class GraphScope:
             vs.stopped = f"it compiled {n} variants, its limit"
         return served
 
-    def _uncompiled(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _uncompiled(self, as_written: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    key: Any = None) -> Any:
         """A call the direct call refused once the scope compiles no more variants: the other
         compiled variants where Dynamo's guards pass one (run only, no compile), else the forward
         as written, counted as a fallback of each card the scope serves. Variants that serve
-        nothing are not worth Dynamo's guards: as written costs no more."""
-        import torch
-
+        nothing are not worth Dynamo's guards: as written costs no more. A call that no variant
+        covered (nothing of the scope's cards was served or counted in it) is remembered by its
+        key, and a like call runs as written at once: Dynamo's guards on every variant cost a
+        one-token step of a tiny Llama's attention 20-60 µs on the development machine's CPU."""
         direct = self.direct.fn.__code__ if self.direct is not None else None
         if any(c is not direct for c in self._vs.serving):
-            return torch._dynamo.run(types.MethodType(self._clone, self.module))(*args, **kwargs)
+            if key is None:
+                key = call_key(args, kwargs)
+            if key not in self._not_covered:
+                if self._run_only is None:
+                    import torch
+
+                    self._run_only = torch._dynamo.run(types.MethodType(self._clone, self.module))
+                before = self._counted()
+                out = self._run_only(*args, **kwargs)
+                if self._counted() != before:
+                    return out
+                if len(self._not_covered) < self.NOT_COVERED:
+                    self._not_covered.add(key)
+                self._count_uncovered()
+                return out
+        self._count_uncovered()
+        return as_written(*args, **kwargs)
+
+    NOT_COVERED = 32
+    """Calls ``_uncompiled`` remembers as covered by no variant, at most."""
+
+    def _counted(self) -> int:
+        """The served calls and fallbacks counted so far for the scope's cards."""
+        return sum(g.status.served + sum(g.status.fallbacks.values()) for g in self.guards)
+
+    def _count_uncovered(self) -> None:
         self.uncovered += 1
         for g in self.guards:
             if g.status.active:
                 g.board.fell_back(g.status, self.UNCOVERED_WHY)
-        return as_written(*args, **kwargs)
 
 
 def _compiled_variants(function: Any) -> int:
