@@ -35,8 +35,10 @@ on for the prefill, and scopes whose compiles served nothing run their forward a
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -75,6 +77,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default=str(ROOT / "bench/workloads/hf_llama.py"))
     p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--pairs", type=int, default=9, help="interleaved eager/forge generations timed after the "
+                   "first (default 9)")
     p.add_argument("--only-faster", action="store_true", help="apply as a user does by default: kernels tried in "
                    "place and kept only where faster (the probe keeps every kernel on otherwise)")
     a = p.parse_args()
@@ -103,11 +107,26 @@ def main() -> int:
                                     do_sample=False)
             return tokens, time.perf_counter() - t0
 
+        plain = copy.deepcopy(model)  # eager's side of the interleaved pairs
+
+        def ratios(n: int) -> list[float]:
+            """forge's generate time over eager's, in ``n`` pairs, each pair back to back."""
+            nonlocal lm
+            got = []
+            for _ in range(n):
+                lm = getattr(plain, "model", plain)
+                _, e = generate()
+                lm = getattr(model, "model", model)
+                _, f = generate()
+                got.append(f / e)
+            return got
+
         with torch.no_grad():
             eager, out["eager_s"] = generate()
             with apply(model, ws, only_faster=a.only_faster) as applied:
                 forged, out["forge_s"] = generate()
                 _, out["forge_again_s"] = generate()
+                out["ratios"] = ratios(a.pairs)
                 out["scopes"] = {path or "the model": {"variants": s.variants, "serving": s.serving,
                                                        "stopped": s.stopped, "uncovered": s.uncovered,
                                                        "direct_calls": s.direct.calls if s.direct else None,
@@ -119,6 +138,11 @@ def main() -> int:
         out["same_tokens"] = bool(torch.equal(eager, forged))
     print(f"generate {a.new_tokens} tokens: eager {out['eager_s']:.3f} s (again {out['eager_again_s']:.3f}), "
           f"forge {out['forge_s']:.3f} s (again {out['forge_again_s']:.3f}); same tokens: {out['same_tokens']}")
+    if out["ratios"]:
+        r = sorted(out["ratios"])
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
+        print(f"generating again, forge over eager in {len(r)} interleaved pairs: median {statistics.median(r):.3f} "
+              f"[{q[0]:.3f}, {q[2]:.3f}]")
     print(f"promoted: {', '.join(out['promoted']) or 'none'}")
     for path, s in out["scopes"].items():
         print(f"  scope {path}: {s['variants']} variants compiled, serving {s['serving']}, direct "
