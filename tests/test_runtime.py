@@ -2957,6 +2957,36 @@ def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once
         assert st()["served"] == 14
 
 
+def test_a_refused_call_with_a_keyword_tensor_runs_the_original_at_once(tmp_path, monkeypatch):
+    """A module card profiled as ``norm(x, gain=g)``: a call whose first tensor has another shape
+    is refused whatever its keyword tensor is; a like call (same first tensor's shape, dtype and
+    device, as many arguments) counts the same reason and runs the module's own forward, keyword
+    included, without the checks. A call at the card's shapes is served."""
+    ws, card, wl = _one_card_promoted(tmp_path, "kwarg_norm.py", "module:GainNorm")
+    model, (x, g) = wl.get_model(), wl.get_inputs()
+    ref = wl.get_model().norm
+    checks: list[int] = []
+    real = Guard.mismatch
+
+    def counting(self, tensors):
+        checks.append(1)
+        return real(self, tensors)
+
+    monkeypatch.setattr(Guard, "mismatch", counting)
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        st = lambda: applied.status()["cards"][0]  # noqa: E731
+        for _ in range(3):
+            torch.testing.assert_close(model.norm(x, gain=g), ref(x, gain=g))
+        assert st()["served"] == 3
+        del checks[:]
+        for n in (2, 2, 2):
+            a, b = torch.randn(n, 256), torch.rand(n, 256) + 0.5
+            torch.testing.assert_close(model.norm(a, gain=b), ref(a, gain=b))
+        assert len(checks) == 1 and st()["fallbacks"] == {"input 0: shape (2, 256)": 3}, st()
+        torch.testing.assert_close(model.norm(x, gain=g), ref(x, gain=g))
+        assert st()["served"] == 4
+
+
 def test_in_place_trials_time_only_calls_the_kernels_can_serve(promoted, tmp_path, monkeypatch):
     """A model called at other shapes than the profiled ones (a generation loop's steps) is tried
     in place only on the calls its kernels can serve: the module card on calls its specs match, a

@@ -603,11 +603,18 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     shaped: dict[Any, str] = {}
     """Refused calls whose first tensor, a plain one, has a shape not the card's (refused whatever
     its strides and whatever the call's other tensors are), by that tensor's shape, dtype and
-    device: the reason. Looked up before anything else, so that a generation step's call (a shape
-    no kernel serves, five times a step in a Llama's norms) costs the host little more than the
+    device: the reason, for a call of as many arguments as the profiled one whose first argument
+    was the card's first input. Looked up before anything else, so that a generation step's call
+    (a shape no kernel serves, five times a step in a Llama's norms, once in its rotary
+    embedding, which takes the position ids by keyword) costs the host little more than the
     module's own forward: 16 µs a call more before, 5 after (the development machine's CPU, a
     one-token forward of a tiny Llama)."""
-    lead_shape = tuple(guard.sig.inputs[0].shape) if tensors_only and guard.sig.inputs else None
+    leads = bool(call_args) and len(call_args) == 2 and bool(call_args[0]) and call_args[0][0] == {"$t": 0} \
+        and isinstance(call_args[1], dict) and bool(guard.sig.inputs)
+    """Whether the profiled call's first argument is a tensor, the card's first input."""
+    lead_shape = tuple(guard.sig.inputs[0].shape) if leads else None
+    n_call = len(call_args[0]) + len(call_args[1]) if leads else -1
+    """The profiled call's arguments, positional and keyword: a call of as many is looked up."""
     board, status = guard.board, guard.status
     consts = guard.consts
     traced_key = f"{guard.entry.card}@{id(guard)}"
@@ -629,13 +636,13 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         return [*a[:-1], *a[-1], *consts]
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if shaped and not kwargs and len(args) == tensors_only:
+        if shaped and args and len(args) + len(kwargs) == n_call:
             x = args[0]
             if type(x) is Tensor:
                 why = shaped.get((x.shape, x.dtype, x.device))
                 if why is not None:
                     board.fell_back(status, why)
-                    return original(*args)
+                    return original(*args, **kwargs)
         traced = in_graph[0]
         if traced is not None and is_compiling():
             return traced(*args, **kwargs)
@@ -706,13 +713,12 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             t0 = time.perf_counter_ns() if guard.timing() else 0
             why = guard.mismatch(tensors)
             if why is not None:
-                if tensors_only is not None and guard.refuses(tensors[:tensors_only]):
-                    x = args[0]
-                    if lead_shape is not None and type(x) is Tensor and tuple(x.shape) != lead_shape:
-                        if len(shaped) < MISS_MEMO:
-                            shaped[(x.shape, x.dtype, x.device)] = why
-                    elif len(misses) < MISS_MEMO:
-                        misses[call_key(args, {})] = why
+                x = args[0] if args else None
+                if lead_shape is not None and type(x) is Tensor and tuple(x.shape) != lead_shape:
+                    if len(shaped) < MISS_MEMO:  # refused whatever the call's other arguments are
+                        shaped[(x.shape, x.dtype, x.device)] = why
+                elif tensors_only is not None and guard.refuses(tensors[:tensors_only]) and len(misses) < MISS_MEMO:
+                    misses[call_key(args, {})] = why
                 fell_back(why)
                 return original(*args, **kwargs)
             served = guard.serve(tensors, checked_at=t0)
