@@ -2957,6 +2957,29 @@ def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once
         assert st()["served"] == 14
 
 
+def test_a_remembered_refusal_leaves_a_compiled_scopes_trace_alone(promoted):
+    """A module card that refused a call's shape (remembered) and then runs inside a compiled
+    scope's trace at that shape: the trace takes the card's traced path, so the scope compiles a
+    variant for it and every call counts a fallback for each card; the remembered refusal's path
+    traced instead hid the scope's softmax card from the count."""
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model()
+    odd = torch.randn(4, 256)
+    with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
+        model(x)
+        model(x)
+        torch.testing.assert_close(model.norm(odd), ref.norm(odd))  # refused, remembered
+        for _ in range(3):
+            torch.testing.assert_close(model(odd), ref(odd))
+        scope = applied.scopes[""]
+        st = {c["card"]: c for c in applied.status()["cards"]}
+    assert scope.variants == 2 and scope.serving == [1]
+    assert sum(st[sm.id]["fallbacks"].values()) == 3, st[sm.id]
+    assert st[norm.id]["fallbacks"] == {"input 0: shape (4, 256)": 4}, st[norm.id]
+
+
 def test_a_refused_call_with_a_keyword_tensor_runs_the_original_at_once(tmp_path, monkeypatch):
     """A module card profiled as ``norm(x, gain=g)``: a call whose first tensor has another shape
     is refused whatever its keyword tensor is; a like call (same first tensor's shape, dtype and

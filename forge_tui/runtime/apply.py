@@ -636,6 +636,9 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         return [*a[:-1], *a[-1], *consts]
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        traced = in_graph[0]
+        if traced is not None and is_compiling():  # a compiled scope's trace: its op in the graph
+            return traced(*args, **kwargs)
         if shaped and args and len(args) + len(kwargs) == n_call:
             x = args[0]
             if type(x) is Tensor:
@@ -643,9 +646,6 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
                 if why is not None:
                     board.fell_back(status, why)
                     return original(*args, **kwargs)
-        traced = in_graph[0]
-        if traced is not None and is_compiling():
-            return traced(*args, **kwargs)
         f = fast[0]
         if f is not None:
             out = f(args, kwargs)
