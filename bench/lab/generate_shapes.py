@@ -5,8 +5,9 @@ Dynamo's limit of 8 a scope, none of which its cards serve.
 
     python bench/lab/generate_shapes.py [--workload bench/workloads/hf_llama.py] [--new-tokens 24]
 
-CPU only: the workload's CPU-sized model (random weights), profiled; each chain and module card
-given the code generator's first cpu kernel, evaluated and promoted when correct; then greedy
+The workload's model for the device (``--device``, default cpu: its CPU-sized model; random
+weights), profiled; each chain and module card given the code generator's first kernel for the
+device, evaluated and promoted when correct; then greedy
 ``generate`` from the profiled prompt, eager and with the kernels applied, in this process. Prints
 the wall time of each generation, the tokens' agreement, the compiles of each scope and the
 cards' served and fallback counts. JSON to $OUT if set.
@@ -30,6 +31,12 @@ card off (a refused call against the module's own: 65-78 µs against 48-52), gen
 0.081-0.083 s (eager 0.078); since, the trials time only calls a kernel can serve, the cards stay
 on for the prefill, and scopes whose compiles served nothing run their forward as written:
 0.087-0.088 s (eager 0.076-0.079).
+
+Generating again in interleaved pairs (third session, 48 tokens, 9-11 pairs): with
+``--only-faster``, 1.152x and 1.177x eager at `f185799`, 1.141x and 1.167x after the refusals were
+made cheaper (`222fe54`, `bb96ba6`), within the machine's noise; the RMSNorm card alone (every
+call of a decode step refused) 1.059-1.072x before, 1.028x after. ``--device cuda`` asks the same
+of the H200, where a decode step's host decides its time.
 """
 
 from __future__ import annotations
@@ -48,9 +55,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMING = {"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}}
 
 
-def promote_generated(ws) -> list[str]:
-    """Each chain and module card the generator expresses, given its first cpu kernel, evaluated
-    and promoted when correct; the promoted cards' ids."""
+def promote_generated(ws, device: str = "cpu") -> list[str]:
+    """Each chain and module card the generator expresses, given its first kernel for ``device``,
+    evaluated and promoted when correct; the promoted cards' ids."""
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
@@ -58,14 +65,14 @@ def promote_generated(ws) -> list[str]:
 
     gen = Generated()
     done = []
-    with Evaluator(ws.store, ws.cache, parse_config(TIMING), backend="cpu") as ev:
+    with Evaluator(ws.store, ws.cache, parse_config(TIMING), backend=device) as ev:
         for card in ws.cards():
             if card.kind not in ("chain", "module"):
                 continue
             m = gen.match(card)
             if m is None:
                 continue
-            src = gen.render(m, gen.initial(m, "cpu"), "cpu")
+            src = gen.render(m, gen.initial(m, device), device)
             r = ev.evaluate(card, src)
             if r.correct:
                 promote_kernel(ws, card.id, src, r, by="generate_shapes")
@@ -77,6 +84,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default=str(ROOT / "bench/workloads/hf_llama.py"))
     p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the workload's GPU-sized model, "
+                   "the generator's first cuda kernels, each generation timed to the device's end")
     p.add_argument("--pairs", type=int, default=9, help="interleaved eager/forge generations timed after the "
                    "first (default 9)")
     p.add_argument("--only-faster", action="store_true", help="apply as a user does by default: kernels tried in "
@@ -88,23 +97,27 @@ def main() -> int:
     from forge_tui.workload import load_workload
     from forge_tui.workspace import profile_into_workspace
 
-    torch.set_num_threads(1)
-    out: dict = {"workload": a.workload, "torch": torch.__version__}
+    if a.device == "cpu":
+        torch.set_num_threads(1)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    out: dict = {"workload": a.workload, "torch": torch.__version__, "device": a.device}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "forge.toml"
         cfg.write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\nmax_spread = 10.0\nmax_slowdown = 100.0\n")
-        ws, _ = profile_into_workspace(Path(a.workload), Path(tmp) / "ws", device="cpu", config_path=cfg)
-        out["promoted"] = promote_generated(ws)
+        ws, _ = profile_into_workspace(Path(a.workload), Path(tmp) / "ws", device=a.device, config_path=cfg)
+        out["promoted"] = promote_generated(ws, a.device)
         wl = load_workload(a.workload)
-        model, inputs = wl.build("cpu")
+        model, inputs = wl.build(a.device)
         model.eval()
         prompt = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
         lm = getattr(model, "model", model)  # the bundled HF workloads wrap the causal LM (``Logits``)
 
         def generate():
+            sync()
             t0 = time.perf_counter()
             tokens = lm.generate(prompt, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
                                     do_sample=False)
+            sync()
             return tokens, time.perf_counter() - t0
 
         plain = copy.deepcopy(model)  # eager's side of the interleaved pairs
@@ -123,7 +136,7 @@ def main() -> int:
 
         with torch.no_grad():
             eager, out["eager_s"] = generate()
-            with apply(model, ws, only_faster=a.only_faster) as applied:
+            with apply(model, ws, only_faster=a.only_faster, device=a.device) as applied:
                 forged, out["forge_s"] = generate()
                 _, out["forge_again_s"] = generate()
                 out["ratios"] = ratios(a.pairs)
