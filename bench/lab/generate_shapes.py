@@ -34,8 +34,9 @@ on for the prefill, and scopes whose compiles served nothing run their forward a
 
 Generating again in interleaved pairs (third session, 48 tokens, 9-11 pairs): with
 ``--only-faster``, 1.152x and 1.177x eager at `f185799`, 1.141x and 1.167x after the refusals were
-made cheaper (`222fe54`, `bb96ba6`), within the machine's noise; the RMSNorm card alone (every
-call of a decode step refused) 1.059-1.072x before, 1.028x after. ``--device cuda`` asks the same
+made cheaper (`222fe54`, `bb96ba6`), within the machine's noise. The same protocol with the
+RMSNorm card alone applied (every call of a decode step refused; a script outside this probe):
+1.059-1.072x before, 1.028x after. ``--device cuda`` asks the same
 of the H200, where a decode step's host decides its time.
 """
 
