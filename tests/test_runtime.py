@@ -2501,6 +2501,22 @@ def test_a_profiled_call_compiles_after_the_limits_are_spent(promoted, recorded)
         assert st["served"] == 0 and scope.variants == 3 and scope.uncovered == 4
 
 
+def test_a_call_key_takes_tensors_without_sizes():
+    """The profile keys every module call, the runtime every scope call it refuses: a nested
+    tensor (no sizes, no strides) gets a key of its kind, positional or by keyword, not an error."""
+    import warnings
+
+    from forge_tui.runtime.graph import call_key, key_text
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+    for args, kwargs in (((nested,), {}), ((), {"x": nested}), ((torch.ones(2), nested), {})):
+        key = call_key(args, kwargs)
+        assert key == call_key(args, kwargs) and "torch.float32" in key_text(key)
+    assert call_key((nested,), {}) != call_key((torch.ones(2, 3),), {})
+
+
 def test_a_book_stops_looking_for_profiled_calls_after_its_limit():
     """A generation loop whose profiled call never comes (a new shape each step) looks each call
     up once, and after ``LOOKS`` distinct calls the book looks no more."""

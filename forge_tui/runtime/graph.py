@@ -496,11 +496,17 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     every step)."""
     tensor = _TENSOR or _tensor_type()
     if not kwargs and all(type(a) is tensor for a in args):  # the common case (a refused call's)
-        return tuple((a.dtype, a.shape, a.stride(), a.device.type) for a in args), ()
+        try:
+            return tuple((a.dtype, a.shape, a.stride(), a.device.type) for a in args), ()
+        except RuntimeError:  # a tensor without sizes (a nested one): the general form below
+            pass
 
     def one(v: Any) -> Any:
         if isinstance(v, tensor):
-            return (v.dtype, tuple(v.shape), v.stride(), v.device.type)
+            try:
+                return (v.dtype, tuple(v.shape), v.stride(), v.device.type)
+            except RuntimeError:  # no sizes or strides (a nested tensor): its kind instead
+                return (v.dtype, v.layout, type(v), v.device.type)
         if isinstance(v, (tuple, list)):
             return (type(v), tuple(one(x) for x in v))
         if v is None or isinstance(v, (bool, int, float, str)):
