@@ -2925,14 +2925,8 @@ def test_a_leaf_call_refused_before_is_not_intercepted_again(layer_norm_ws, monk
         assert st()["fallbacks"][why] == _LeafSites.GIVE_UP + 7
 
 
-def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once(promoted, monkeypatch):
-    """A module card's call at shapes the card refuses is remembered by its tensors' specs: a like
-    call counts the same reason and runs the original forward without the checks. A refusal caused
-    by the module's own parameter is not remembered: once the parameter is back, it serves."""
-    ws, norm, _ = promoted
-    wl = load_workload()
-    model, x = wl.get_model(), wl.get_inputs()[0]
-    ref = wl.get_model().norm
+def _count_checks(monkeypatch) -> list[int]:
+    """A list that grows by one at each check of a call against a card's specs (``Guard.mismatch``)."""
     checks: list[int] = []
     real = Guard.mismatch
 
@@ -2941,6 +2935,18 @@ def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once
         return real(self, tensors)
 
     monkeypatch.setattr(Guard, "mismatch", counting)
+    return checks
+
+
+def test_a_module_card_call_whose_tensors_were_refused_runs_the_original_at_once(promoted, monkeypatch):
+    """A module card's call at shapes the card refuses is remembered by its tensors' specs: a like
+    call counts the same reason and runs the original forward without the checks. A refusal caused
+    by the module's own parameter is not remembered: once the parameter is back, it serves."""
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    ref = wl.get_model().norm
+    checks = _count_checks(monkeypatch)
     odd = torch.randn(2, 1, 256)
     with torch.no_grad(), apply(model, ws, only_faster=False, cards=[norm.id]) as applied:
         st = lambda: applied.status()["cards"][0]  # noqa: E731
@@ -3004,14 +3010,7 @@ def test_a_refused_call_with_a_keyword_tensor_runs_the_original_at_once(tmp_path
     ws, card, wl = _one_card_promoted(tmp_path, "kwarg_norm.py", "module:GainNorm")
     model, (x, g) = wl.get_model(), wl.get_inputs()
     ref = wl.get_model().norm
-    checks: list[int] = []
-    real = Guard.mismatch
-
-    def counting(self, tensors):
-        checks.append(1)
-        return real(self, tensors)
-
-    monkeypatch.setattr(Guard, "mismatch", counting)
+    checks = _count_checks(monkeypatch)
     with torch.no_grad(), apply(model, ws, only_faster=False) as applied:
         st = lambda: applied.status()["cards"][0]  # noqa: E731
         for _ in range(3):
