@@ -500,20 +500,27 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return tuple((a.dtype, a.shape, a.stride(), a.device.type) for a in args), ()
         except RuntimeError:  # a tensor without sizes (a nested one): the general form below
             pass
+    return tuple([_key_of(a) for a in args]), tuple(sorted([(k, _key_of(v)) for k, v in kwargs.items()]))
 
-    def one(v: Any) -> Any:
-        if isinstance(v, tensor):
-            try:
-                return (v.dtype, tuple(v.shape), v.stride(), v.device.type)
-            except RuntimeError:  # no sizes or strides (a nested tensor): its kind instead
-                return (v.dtype, v.layout, type(v), v.device.type)
-        if isinstance(v, (tuple, list)):
-            return (type(v), tuple(one(x) for x in v))
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return v
-        return type(v)
 
-    return tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items()))
+_PLAIN_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
+def _key_of(v: Any) -> Any:
+    """One argument's part of ``call_key`` (``_TENSOR`` set)."""
+    t = type(v)
+    if t in _PLAIN_TYPES:
+        return v
+    if t is _TENSOR or isinstance(v, _TENSOR):
+        try:
+            return (v.dtype, v.shape, v.stride(), v.device.type)
+        except RuntimeError:  # no sizes or strides (a nested tensor): its kind instead
+            return (v.dtype, v.layout, t, v.device.type)
+    if t is tuple or t is list or isinstance(v, (tuple, list)):
+        return (t, tuple([_key_of(x) for x in v]))
+    if isinstance(v, (bool, int, float, str)):  # a subclass (an IntEnum's member)
+        return v
+    return t
 
 
 def key_text(key: Any) -> str:
