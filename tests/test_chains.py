@@ -63,6 +63,12 @@ def test_the_ops_between_the_products_are_one_chain_card(chain_ws):
     for op in ("aten.mul.Tensor", "aten.add.Tensor", "aten._softmax.default"):
         assert members[op].within == [chain.id], (op, members[op].within)
     assert members["aten.bmm.default"].within == []
+    # made in the attention's call with (x, mask): the key its compiled scope compiles for
+    from forge_tui.runtime.graph import call_key, key_text
+
+    x, mask = _workload().get_inputs()
+    assert chain.scope_keys == [key_text(call_key((x, mask), {}))]
+    assert members["aten.bmm.default"].scope_keys == chain.scope_keys
 
 
 PATHS = [pytest.param(True, id="compiled"), pytest.param(False, id="intercepted")]
