@@ -2501,6 +2501,29 @@ def test_a_profiled_call_compiles_after_the_limits_are_spent(promoted, recorded)
         assert st["served"] == 0 and scope.variants == 3 and scope.uncovered == 4
 
 
+def test_a_book_tells_calls_like_ones_that_served_nothing_by_their_first_tensor():
+    """The lead of a call (its first tensor's shape and dtype, positional first, else the keyword
+    whose name sorts first) is read back from a profiled call's key text; a lead whose variant
+    served nothing is ``unlike`` unless a served or a profiled call had it too."""
+    from forge_tui.runtime.graph import VariantBook, call_key, call_lead, key_text
+
+    x, mask = torch.zeros(2, 16, 64), torch.zeros(1, 16)
+    profiled = key_text(call_key((), {"mask": mask, "hidden": x, "flag": True}))
+    book = VariantBook([profiled])
+    assert call_lead((), {"mask": mask, "hidden": x}) == ((2, 16, 64), torch.float32)
+    assert call_lead((mask,), {"hidden": x}) == ((1, 16), torch.float32)
+    assert book.profiled_leads == {((2, 16, 64), torch.float32)}
+    step = call_lead((), {"hidden": torch.zeros(2, 1, 64, dtype=torch.bfloat16)})
+    assert step == ((2, 1, 64), torch.bfloat16) and not book.unlike(step)
+    book.empty_leads.add(step)
+    assert book.unlike(step)
+    book.serving_leads.add(step)
+    assert not book.unlike(step)
+    book.empty_leads.add(((2, 16, 64), torch.float32))
+    assert not book.unlike(((2, 16, 64), torch.float32))  # the profiled call's
+    assert call_lead((1, "a"), {"n": 3}) is None
+
+
 def test_a_call_key_takes_tensors_without_sizes():
     """The profile keys every module call, the runtime every scope call it refuses: a nested
     tensor (no sizes, no strides) gets a key of its kind, positional or by keyword, not an error."""
@@ -2829,7 +2852,9 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
     """One layer called at two shapes in the profiled forward (a softmax card for each): its scope
     compiles a served variant for each, the direct call runs the first. Once a third shape stops
     its compiles, calls at the second shape are still served, through Dynamo's run-only path (the
-    variants compiled, no compile), and the third shape runs as written."""
+    variants compiled, no compile), and the third shape runs as written, counted as uncovered
+    without its key being worked out (its variant served nothing)."""
+    from forge_tui.runtime import graph as graph_mod
     from forge_tui.runtime.graph import GraphScope
 
     src = (HERE / "data" / "workloads" / "softmax_layers.py").read_text()
@@ -2858,8 +2883,21 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
         torch.testing.assert_close(layer(odd), ref_layer(odd))  # a third variant, serving nothing
         assert scope.variants == 3 and scope.stopped
         served = sum(c["served"] for c in applied.status()["cards"])
-        for t in (x[:8], x[:8], odd, x):
-            torch.testing.assert_close(layer(t), ref_layer(t))
+        keys: list[int] = []
+        real_key = graph_mod.call_key
+
+        def counting_key(*a):
+            keys.append(1)
+            return real_key(*a)
+
+        graph_mod.call_key = counting_key
+        try:
+            for t in (x[:8], x[:8], odd, x):
+                torch.testing.assert_close(layer(t), ref_layer(t))
+                if t is odd:
+                    assert keys == [1, 1] and scope.uncovered == 1  # the x[:8] calls' keys alone
+        finally:
+            graph_mod.call_key = real_key
         st = applied.status()["cards"]
         # a fourth shape, which no variant covers: the run-only path runs the forward as written
         # once, and a like call runs as written at once, both counted as uncovered
@@ -2877,10 +2915,10 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
         torch.testing.assert_close(layer(x[:8]), ref_layer(x[:8]))  # still served, through run-only
         st2 = applied.status()["cards"]
     assert sum(c["served"] for c in st) == served + 3  # both x[:8] calls and x; not the odd one
-    assert all(GraphScope.UNCOVERED_WHY not in c["fallbacks"] for c in st)
-    assert scope.uncovered == 2 and runs == [1] and scope.direct.calls >= 2
+    assert all(c["fallbacks"].get(GraphScope.UNCOVERED_WHY) == 1 for c in st)  # the odd one
+    assert scope.uncovered == 3 and runs == [1] and scope.direct.calls >= 2
     assert sum(c["served"] for c in st2) == served + 4
-    assert sum(c["fallbacks"].get(GraphScope.UNCOVERED_WHY, 0) for c in st2) == 2 * len(st2)
+    assert sum(c["fallbacks"].get(GraphScope.UNCOVERED_WHY, 0) for c in st2) == 3 * len(st2)
 
 
 def test_a_leaf_call_refused_before_is_not_intercepted_again(layer_norm_ws, monkeypatch):

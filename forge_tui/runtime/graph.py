@@ -409,6 +409,12 @@ class VariantBook:
         self._looked: dict[Any, str | None] = {}
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
+        self.profiled_leads: frozenset[Any] = frozenset(filter(None, map(_text_lead, self.profiled)))
+        self.serving_leads: set[Any] = set()
+        self.empty_leads: set[Any] = set()
+        """The leads (``call_lead``) of the profiled calls, of the calls whose variants served,
+        and of those whose variants served nothing: a call whose lead is among the last alone
+        runs as written at once (``GraphScope._run``)."""
         self.shared = True
         """Whether the book's scopes compile one copy of the forward's code together (``clone``):
         Dynamo takes a module's parameters as the graph's inputs, so one compile serves every
@@ -439,6 +445,15 @@ class VariantBook:
         text = key_text(key)
         looked[key] = text if text in self.profiled else None
         return looked[key]
+
+    def unlike(self, lead: Any) -> bool:
+        """Whether a call with this lead is one no variant serves, as far as the book can tell
+        without its key: a variant compiled for a call with the lead served nothing, and none
+        compiled for another call with it served, nor was one profiled with it. The variants are
+        compiled for static shapes: one compiled for a call whose first tensor has another shape
+        does not cover it, and the cards' ops, whose shapes follow from the call's tensors, were
+        not found at this one's."""
+        return lead in self.empty_leads and lead not in self.serving_leads and lead not in self.profiled_leads
 
     def spent(self) -> bool:
         """Whether the compiles on variants that served nothing are spent."""
@@ -537,6 +552,47 @@ def key_text(key: Any) -> str:
         return str(v)  # a dtype
 
     return repr(norm(key))
+
+
+def call_lead(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call's first tensor (the first positional one, else the keyword one whose name sorts
+    first), by its shape and dtype; None where it passes none."""
+    tensor = _TENSOR or _tensor_type()
+    for a in args:
+        if type(a) is tensor:
+            return tuple(a.shape), a.dtype
+    names = [k for k, v in kwargs.items() if type(v) is tensor]
+    if not names:
+        return None
+    t = kwargs[min(names)]
+    return tuple(t.shape), t.dtype
+
+
+def _text_lead(text: str) -> Any:
+    """``call_lead`` of the call a ``key_text`` stands for, or None."""
+    import ast
+
+    import torch
+
+    try:
+        args, kwargs = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+
+    def spec(v: Any) -> Any:
+        if isinstance(v, tuple) and len(v) == 4 and isinstance(v[0], str) and v[0].startswith("torch.") \
+                and isinstance(v[1], tuple):
+            dtype = getattr(torch, v[0].removeprefix("torch."), None)
+            return (v[1], dtype) if isinstance(dtype, torch.dtype) else None
+        return None
+
+    for a in args:
+        if (lead := spec(a)) is not None:
+            return lead
+    for _, v in kwargs:  # sorted by name in the key
+        if (lead := spec(v)) is not None:
+            return lead
+    return None
 
 
 _TENSOR: Any = None
@@ -801,6 +857,11 @@ class GraphScope:
             if out is not MISS:
                 return out
         book, key, profiled = self.book, None, None
+        if book.empty_leads and book.unlike(call_lead(args, kwargs)):
+            # like a call that compiled a variant serving nothing (a generation step): as written,
+            # without the key
+            self._count_uncovered()
+            return as_written(*args, **kwargs)
         if self.pending and book.profiled:  # a profiled call this scope has not compiled for yet
             key = call_key(args, kwargs)
             profiled = book.profiled_text(key)
@@ -874,11 +935,14 @@ class GraphScope:
         self._not_covered.clear()  # the new variant may cover them
         n = len(vs.codes)
         served = sum(self.sites.values()) > sites_before
+        lead = call_lead(args, kwargs)
         if served:
             vs.serving.extend(new)
             self.book.serving.add(key)
+            self.book.serving_leads.add(lead)
         else:
             self.book.empty.add(key)
+            self.book.empty_leads.add(lead)
             if earlier:
                 vs.stopped = (f"variant {n} (a call unlike those compiled before) holds none of its cards' sites, "
                               "where an earlier one does")
