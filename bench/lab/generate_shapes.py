@@ -36,7 +36,9 @@ Generating again in interleaved pairs (third session, 48 tokens, 9-11 pairs): wi
 ``--only-faster``, 1.152x and 1.177x eager at `f185799`, 1.141x and 1.167x after the refusals were
 made cheaper (`222fe54`, `bb96ba6`), within the machine's noise. The same protocol with the
 RMSNorm card alone applied (every call of a decode step refused; a script outside this probe):
-1.059-1.072x before, 1.028x after. ``--device cuda`` asks the same
+1.059-1.072x before, 1.028x after. Since a scope runs a call like one that served nothing
+without its key (`07944f7`): 1.099x and 1.097x, against 1.186x and 1.188x at `f185799` in the
+same alternation (11 pairs each). ``--device cuda`` asks the same
 of the H200, where a decode step's host decides its time.
 """
 
