@@ -2522,6 +2522,13 @@ def test_a_book_tells_calls_like_ones_that_served_nothing_by_their_first_tensor(
     book.empty_leads.add(((2, 16, 64), torch.float32))
     assert not book.unlike(((2, 16, 64), torch.float32))  # the profiled call's
     assert call_lead((1, "a"), {"n": 3}) is None
+    # a plain value that Python's literals cannot write (inf) still reads back
+    scaled = key_text(call_key((x,), {"scale": float("inf")}))
+    assert VariantBook([scaled]).profiled_leads == {((2, 16, 64), torch.float32)}
+    # a text that does not read back: the rule never answers yes (it could refuse a profiled call)
+    odd = VariantBook(["((torch.float32, nonsense"])
+    odd.empty_leads.add(step)
+    assert not odd.lead_rule and not odd.unlike(step)
 
 
 def test_a_call_key_takes_tensors_without_sizes():

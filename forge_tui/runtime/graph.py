@@ -31,6 +31,7 @@ eager's ops on the same inputs.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 import types
@@ -409,7 +410,11 @@ class VariantBook:
         self._looked: dict[Any, str | None] = {}
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
-        self.profiled_leads: frozenset[Any] = frozenset(filter(None, map(_text_lead, self.profiled)))
+        leads = [_text_lead(t) for t in self.profiled]
+        self.profiled_leads: frozenset[Any] = frozenset(lead for lead in leads if lead is not None)
+        self.lead_rule = _UNREAD not in leads
+        """Whether ``unlike`` may answer yes: not where a profiled call's text could not be read
+        back (its lead unknown, the rule could refuse it its compile)."""
         self.serving_leads: set[Any] = set()
         self.empty_leads: set[Any] = set()
         """The leads (``call_lead``) of the profiled calls, of the calls whose variants served,
@@ -453,7 +458,8 @@ class VariantBook:
         compiled for static shapes: one compiled for a call whose first tensor has another shape
         does not cover it, and the cards' ops, whose shapes follow from the call's tensors, were
         not found at this one's."""
-        return lead in self.empty_leads and lead not in self.serving_leads and lead not in self.profiled_leads
+        return self.lead_rule and lead in self.empty_leads and lead not in self.serving_leads and \
+            lead not in self.profiled_leads
 
     def spent(self) -> bool:
         """Whether the compiles on variants that served nothing are spent."""
@@ -547,6 +553,8 @@ def key_text(key: Any) -> str:
             return tuple(norm(x) for x in v)
         if isinstance(v, type):
             return f"{v.__module__}.{v.__qualname__}"
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"float {v}"  # inf and nan as text: the key reads back (``_text_lead``)
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
         return str(v)  # a dtype
@@ -559,25 +567,24 @@ def call_lead(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     first), by its shape and dtype; None where it passes none."""
     tensor = _TENSOR or _tensor_type()
     for a in args:
-        if type(a) is tensor:
+        if isinstance(a, tensor):
             return tuple(a.shape), a.dtype
-    names = [k for k, v in kwargs.items() if type(v) is tensor]
+    names = [k for k, v in kwargs.items() if isinstance(v, tensor)]
     if not names:
         return None
     t = kwargs[min(names)]
     return tuple(t.shape), t.dtype
 
 
+_UNREAD = object()
+
+
 def _text_lead(text: str) -> Any:
-    """``call_lead`` of the call a ``key_text`` stands for, or None."""
+    """``call_lead`` of the call a ``key_text`` stands for: None where it passed no tensor,
+    ``_UNREAD`` where the text does not read back."""
     import ast
 
     import torch
-
-    try:
-        args, kwargs = ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError):
-        return None
 
     def spec(v: Any) -> Any:
         if isinstance(v, tuple) and len(v) == 4 and isinstance(v[0], str) and v[0].startswith("torch.") \
@@ -586,12 +593,16 @@ def _text_lead(text: str) -> Any:
             return (v[1], dtype) if isinstance(dtype, torch.dtype) else None
         return None
 
-    for a in args:
-        if (lead := spec(a)) is not None:
-            return lead
-    for _, v in kwargs:  # sorted by name in the key
-        if (lead := spec(v)) is not None:
-            return lead
+    try:
+        args, kwargs = ast.literal_eval(text)
+        for a in args:
+            if (lead := spec(a)) is not None:
+                return lead
+        for _, v in kwargs:  # sorted by name in the key
+            if (lead := spec(v)) is not None:
+                return lead
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return _UNREAD
     return None
 
 
