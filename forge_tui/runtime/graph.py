@@ -412,9 +412,10 @@ class VariantBook:
         self.empty: set[Any] = set()
         leads = [_text_lead(t) for t in self.profiled]
         self.profiled_leads: frozenset[Any] = frozenset(lead for lead in leads if lead is not None)
-        self.lead_rule = _UNREAD not in leads
-        """Whether ``unlike`` may answer yes: not where a profiled call's text could not be read
-        back (its lead unknown, the rule could refuse it its compile)."""
+        self.lead_rule = bool(leads) and _UNREAD not in leads
+        """Whether ``unlike`` may answer yes: only where the profiled calls are recorded and read
+        back (a workspace profiled before they were has none: a warm-up call with the profiled
+        call's lead and another mask could otherwise keep the profiled call from its compile)."""
         self.serving_leads: set[Any] = set()
         self.empty_leads: set[Any] = set()
         """The leads (``call_lead``) of the profiled calls, of the calls whose variants served,
