@@ -969,8 +969,10 @@ class GraphScope:
         as written, counted as a fallback of each card the scope serves. Variants that serve
         nothing are not worth Dynamo's guards: as written costs no more. A call that no variant
         covered (nothing of the scope's cards was served or counted in it) is remembered by its
-        key, and a like call runs as written at once: Dynamo's guards on every variant cost a
-        one-token step of a tiny Llama's attention 20-60 µs on the development machine's CPU."""
+        key, and a like call runs as written at once. A tiny Llama's one-token forward whose two
+        attention scopes had stopped ran 1.39-1.43x eager's time on the development machine's
+        CPU with a run-only wrapper made at each call, 1.09-1.10x with one made once and such
+        calls remembered."""
         direct = self.direct.fn.__code__ if self.direct is not None else None
         if any(c is not direct for c in self._vs.serving):
             if key is None:
