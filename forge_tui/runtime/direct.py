@@ -249,6 +249,19 @@ def _callback() -> Any:
     return _GET_CALLBACK[0]()
 
 
+def lead_place(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, str | None] | None:
+    """Where a call's lead tensor is: (its position, None) for the first positional tensor, else
+    (None, its name) for the keyword tensor whose name sorts first (the order of ``call_key``'s
+    keywords); None where the call passes no tensor."""
+    import torch
+
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            return i, None
+    names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    return (None, min(names)) if names else None
+
+
 def _unbound(*_: Any) -> Any:
     raise AssertionError("a DirectCall is called only once built (``DirectCall.build``)")
 
@@ -317,16 +330,17 @@ class DirectCall:
         return direct, None
 
     def _lead(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, str | None, Any] | None:
-        import torch
-
-        for i, a in enumerate(args):
-            if type(a) is torch.Tensor:
-                return i, (self.names[i + 1] if i + 1 < self.positional else None), a.shape
-        for k, v in kwargs.items():
-            if type(v) is torch.Tensor:
-                j = self.index.get(k)
-                return (j - 1 if j is not None and j < self.positional else None), k, v.shape
-        return None
+        """``lead`` for a call: its lead tensor's place (``lead_place``), both ways the forward's
+        parameters let it be passed, and its shape."""
+        place = lead_place(args, kwargs)
+        if place is None:
+            return None
+        i, name = place
+        if i is not None:
+            return i, (self.names[i + 1] if i + 1 < self.positional else None), args[i].shape
+        assert name is not None
+        j = self.index.get(name)
+        return (j - 1 if j is not None and j < self.positional else None), name, kwargs[name].shape
 
     def refuses(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether the call's tensor in the place of ``lead`` has another shape (Dynamo's guards

@@ -38,7 +38,7 @@ import types
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..program import encodes_as, resolve_op, run_program
-from .direct import HOOKED, MISS, DirectCall, ModuleHooks, cache_entries
+from .direct import HOOKED, MISS, DirectCall, ModuleHooks, cache_entries, lead_place
 from .direct import plain_context as _plain_context
 
 if TYPE_CHECKING:
@@ -564,16 +564,17 @@ def key_text(key: Any) -> str:
 
 
 def call_lead(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A call's first tensor (the first positional one, else the keyword one whose name sorts
-    first), by its shape and dtype; None where it passes none."""
-    tensor = _TENSOR or _tensor_type()
-    for a in args:
-        if isinstance(a, tensor):
-            return tuple(a.shape), a.dtype
-    names = [k for k, v in kwargs.items() if isinstance(v, tensor)]
-    if not names:
+    """A call's lead tensor (``direct.lead_place``) by its shape and dtype; None where it passes
+    no tensor."""
+    place = lead_place(args, kwargs)
+    if place is None:
         return None
-    t = kwargs[min(names)]
+    i, name = place
+    if i is not None:
+        t = args[i]
+    else:
+        assert name is not None
+        t = kwargs[name]
     return tuple(t.shape), t.dtype
 
 
