@@ -286,8 +286,9 @@ class Recorder:
         self._scopes: list[str] = []
         """The paths of the modules whose forward is running, innermost last: an op card records the
         innermost as its scope, the module whose own forward made the call (not a child's)."""
-        self._scope_keys: list[str] = []
-        """The key of each of ``_scopes``' calls (``Bucket.scope_keys``)."""
+        self._scope_keys: list[list[Any]] = []
+        """The key of each of ``_scopes``' calls, [``call_key``, its text or None]: the text is
+        written at the first card made in the call (``_scope_key``), not at every module call."""
         self._WeakIdKeyDictionary = WeakIdKeyDictionary
         self._chains: dict[str, _Chain] = {}
         """The open chain of each module whose own forward is running (``_chain_step``)."""
@@ -428,7 +429,7 @@ class Recorder:
         elif self._scopes and self._scopes[-1] not in bucket.module_paths:
             bucket.module_paths.append(self._scopes[-1])
         if self._scope_keys:  # the innermost module's call: a leaf's where a leaf frame is open
-            _note_key(bucket, self._scope_keys[-1])
+            _note_key(bucket, self._scope_key())
         if len(bucket.samples) < self.opt.samples_per_card:
             if sample_in is not None and self._within_budget(out_tensors):
                 bucket.samples.append((sample_in, [pack(t) for t in out_tensors]))
@@ -466,7 +467,7 @@ class Recorder:
         if chain is None:
             chain = self._chains[path] = _Chain(path=path, refs=self._WeakIdKeyDictionary(), tensors=[], specs=[],
                                                 sample_inputs=[],
-                                                scope_key=self._scope_keys[-1] if self._scope_keys else "")
+                                                scope_key=self._scope_key() if self._scope_keys else "")
 
         def ref(t):
             r = chain.refs.get(t)
@@ -555,6 +556,13 @@ class Recorder:
             self._handles.append(mod.register_forward_pre_hook(self._push_scope(path), with_kwargs=True))
             self._handles.append(mod.register_forward_hook(self._pop_scope(path), always_call=True))
 
+    def _scope_key(self) -> str:
+        """The innermost module call's key text (``Bucket.scope_keys``)."""
+        top = self._scope_keys[-1]
+        if top[1] is None:
+            top[1] = key_text(top[0])
+        return top[1]
+
     def _push_scope(self, path: str):
         def hook(module, args, kwargs):
             parent = self._scopes[-1] if self._scopes else None
@@ -563,7 +571,7 @@ class Recorder:
                 # a child reads an intermediate of the chain: it must be computed, the chain ends
                 self._close_chain(parent)
             self._scopes.append(path)
-            self._scope_keys.append(key_text(call_key(args, kwargs)))
+            self._scope_keys.append([call_key(args, kwargs), None])
 
         return hook
 
