@@ -25,6 +25,7 @@ the pair, in inference and CUDA-graph modes.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import threading
 import time
@@ -568,12 +569,14 @@ def _comptime() -> Callable[[Callable[[Any], None]], None] | None:
 
 
 def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
-                    call_args: Any, returns: str, own_op: bool = False) -> Callable[..., Any]:
+                    call_args: Any, returns: str, own_op: bool = False,
+                    take_out: Callable[[Callable[..., Any]], bool] | None = None) -> Callable[..., Any]:
     """The forward of a module card's module. In a model compiled by torch.compile
     (``Mode.TORCH_COMPILE``) it puts the card's custom op in the graph; op by op it serves the
     call through its guard, and where Dynamo traces it (a compiled scope above it: ``graph.py``)
     it is the compiled forward, so that the scope's graph holds the card's op and does not break
-    around the module (``IN_GRAPH``)."""
+    around the module (``IN_GRAPH``). Once the card is off, its first call asks ``take_out`` to put
+    the module's own forward back (``Applied.take_out``)."""
     in_graph: list[Any] = [None]
     """The torch.compile forward that Dynamo traces, once a compiled scope above the module asks
     for it (``forward.in_graph()``: its custom op is defined then, not for every module card)."""
@@ -616,6 +619,8 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
     n_call = len(call_args[0]) + len(call_args[1]) if leads else -1
     """The profiled call's arguments, positional and keyword: a call of as many is looked up."""
     board, status = guard.board, guard.status
+    out_tried: list[bool] = []
+    """Whether ``take_out`` was asked (once: it refuses for good what it refuses)."""
     consts = guard.consts
     traced_key = f"{guard.entry.card}@{id(guard)}"
     comptime = None
@@ -639,6 +644,12 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
         traced = in_graph[0]
         if traced is not None and is_compiling():  # a compiled scope's trace: its op in the graph
             return traced(*args, **kwargs)
+        if not status.active:  # switched off: the original at once, nothing checked
+            if take_out is not None and not out_tried:
+                out_tried.append(True)
+                take_out(forward)
+            fell_back("disabled")
+            return original(*args, **kwargs)
         if shaped and args and len(args) + len(kwargs) == n_call:
             x = args[0]
             if type(x) is Tensor:
@@ -658,9 +669,6 @@ def _module_forward(module: "torch.nn.Module", original: Callable[..., Any], gua
             if why is not None:  # the card refuses these tensors, whatever else the call is
                 fell_back(why)
                 return original(*args, **kwargs)
-        if not guard.status.active:  # switched off: the original at once, nothing checked
-            fell_back("disabled")
-            return original(*args, **kwargs)
         if op is None:  # under torch.compile, Dynamo guards the module's attributes itself
             if not attrs:
                 attrs.append(_attrs_check(_module_attrs(module), module.__dict__))
@@ -1006,18 +1014,36 @@ class ReplacedForwards:
     forward attribute, or its class's), last first."""
 
     def __init__(self) -> None:
-        self._restore: list[tuple[Any, bool, Any]] = []
+        self._restore: list[list[Any]] = []
+        """[module, whether it had a forward of its own, that forward, forge's forward, taken out]."""
 
     def replace(self, module: Any, new: Callable[..., Any]) -> None:
         had_own = "forward" in module.__dict__
-        self._restore.append((module, had_own, module.__dict__.get("forward")))
+        self._restore.append([module, had_own, module.__dict__.get("forward"), new, False])
         module.forward = new
 
     def modules(self) -> list[Any]:
-        return [m for m, _, _ in self._restore]
+        return [e[0] for e in self._restore]
+
+    def take_out(self, module: Any, new: Callable[..., Any]) -> bool:
+        """Put back what ``module`` had before forge set ``new`` on it, where ``new`` is still its
+        forward (nothing set above it since). Whether it was put back."""
+        if module.__dict__.get("forward") is not new:
+            return False
+        for e in reversed(self._restore):
+            if e[0] is module and e[3] is new and not e[4]:
+                e[4] = True
+                if e[1]:
+                    module.forward = e[2]
+                else:
+                    module.__dict__.pop("forward", None)
+                return True
+        return False
 
     def restore(self) -> None:
-        for module, had_own, old in reversed(self._restore):
+        for module, had_own, old, _, out in reversed(self._restore):
+            if out:
+                continue
             if had_own:
                 module.forward = old
             else:
@@ -1050,6 +1076,30 @@ class Applied:
         self.in_graph: set[int] = set()
         """The forwards (by id) that a compiled scope's graph traces: module cards' (``IN_GRAPH``)."""
         self._backends: dict[str, CompileBackend] = {}
+        self.mode = Mode.INFERENCE
+        self.traced: set[int] = set()
+        """The modules (by id) inside a compiled scope, whose forwards Dynamo guarded: never taken
+        out (``take_out``), which would make the scope compile again."""
+        self.taken_out: list[str] = []
+        """The module paths whose forge forward was taken out once every card it served was off."""
+
+    def take_out(self, module: Any, new: Callable[..., Any]) -> bool:
+        """Every card that ``new`` (forge's forward of ``module``) serves is off for good: put back
+        the module's own forward, so that its calls no longer pay for forge's checks (a switched-off
+        RMSNorm at each step of a generation loop). Only op by op (a model compiled or captured
+        after ``apply`` keeps what it traced), outside any compiled scope, and never while one
+        traces or a CUDA graph captures. Whether it was put back."""
+        if self.mode != Mode.INFERENCE or id(module) in self.traced:
+            return False
+        import torch
+
+        if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return False
+        if not self.forwards.take_out(module, new):
+            return False
+        path = next((n for n, m in self.model.named_modules() if m is module), "?")
+        self.taken_out.append(path or "the model")
+        return True
 
     def backend(self, inner: str = "inductor") -> CompileBackend:
         """The torch.compile backend for this model in torch_compile mode:
@@ -1111,6 +1161,7 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
         device = p.device.type if p is not None else "cpu"
     board = StatusBoard(status_path)
     applied = Applied(model, board)
+    applied.mode = mode
     try:  # a failure part way leaves the model as it was
         _install(applied, model, man, folder, device, mode, cards, shadow_every, only_faster, trial_calls,
                  compiled_scopes)
@@ -1211,7 +1262,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                     module = model.get_submodule(path)
                 except AttributeError:
                     continue
-                fwd = _module_forward(module, module.forward, guard, mode, sig.call_args, sig.returns)
+                fwd = _module_forward(module, module.forward, guard, mode, sig.call_args, sig.returns,
+                                      take_out=functools.partial(applied.take_out, module)
+                                      if mode == Mode.INFERENCE else None)
                 applied._replace_forward(module, fwd)
                 if mode != Mode.TORCH_COMPILE:
                     applied.in_graph.add(id(fwd))
@@ -1246,6 +1299,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
     if ops:
         Interceptor = _interceptor_class()
         outside: list[tuple[Any, object]] = []
+        outsiders: dict[int, list[tuple[Any, Callable[..., Any]]]] = {}
+        """An intercepted scope's children that run outside its interception, with their forwards."""
         trials: dict[tuple[str, ...], Trial] = {}
         busy = _busy(applied, ops)
         books: dict[tuple[Any, ...], VariantBook] = {}
@@ -1262,7 +1317,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                     book = books[like] = VariantBook(k for g in guards for k in g.guard.sig.scope_keys)
                 scope = GraphScope(module, module.forward, [g.guard for g in guards], device, book)
                 applied.scopes[path or ""] = scope
-                applied._replace_forward(module, _graph_forward(scope, guards, trial, path))
+                applied._replace_forward(module, _graph_forward(scope, guards, trial, path,
+                                                                functools.partial(applied.take_out, module)))
                 for g in guards:
                     g.guard.status.sites = [f"{site} (compiled)" if site.endswith(f"under {path or 'the model'}") else site
                                             for site in g.guard.status.sites]
@@ -1291,15 +1347,27 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                 applied.leaves[path] = leaf
                 for g in guards:
                     g.guard.warmup += _LeafSites.LEARN_CALLS
+            children = outsiders[id(owner)] = []
+
+            def take_out(new: Callable[..., Any], module: Any = module, children: list[Any] = children) -> bool:
+                # the scope's own forward, then its children's, which left its interception
+                if not applied.take_out(module, new):
+                    return False
+                for child, fwd in children:
+                    applied.take_out(child, fwd)
+                return True
+
             applied._replace_forward(module, _intercepting(module.forward, Interceptor, table, trial, owner, leaf,
-                                                           chains or None))
+                                                           chains or None, take_out))
             if all("direct" in g.guard.sig.flags for g in guards):
                 # the cards were captured from this module's own calls: its children run unintercepted
                 outside.extend((child, owner) for child in called_children(module))
         # after every scope's own wrapper, so that a child that is a scope too leaves its parent's
         # interception before it starts its own
         for child, owner in outside:
-            applied._replace_forward(child, _outside_scope(child.forward, owner))
+            fwd = _outside_scope(child.forward, owner)
+            applied._replace_forward(child, fwd)
+            outsiders[id(owner)].append((child, fwd))
     # last: a module below a compiled scope whose forward forge replaced (a scope, a fold, a merge)
     # runs outside the scope's graph, as forge serves it; a module card's runs in it (IN_GRAPH)
     replaced = {id(m) for m in applied.forwards.modules()}
@@ -1312,6 +1380,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                     m.__dict__["forward"].in_graph()
                 else:
                     applied._replace_forward(m, _outside_graph(m.forward))
+    applied.traced = {id(m) for scope in applied.scopes.values() for m in scope.module.modules() if m is not scope.module}
 
 
 GRAPH_BREAKS = 2
@@ -1452,7 +1521,7 @@ def _outside_graph(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial: Trial | None,
-                   path: str) -> Callable[..., Any]:
+                   path: str, take_out: Callable[[Callable[..., Any]], bool] | None = None) -> Callable[..., Any]:
     """A compiled scope's forward: the original once every card of the scope is off; tried in place
     first with a ``trial``; switched to the original, with the reason in each card's status, if
     the forward cannot be compiled."""
@@ -1473,18 +1542,26 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
         # untried): a call at other shapes would time the forward as written on both sides
         return bool(scope.book.serving) and call_key(args, kwargs) in scope.book.serving
 
-    return _gated(compiled, original, owned, trial, servable)
+    return _gated(compiled, original, owned, trial, servable, take_out)
 
 
 def _gated(served: Callable[..., Any], original: Callable[..., Any], guards: list[Guard],
            trial: Trial | None, servable: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None,
-           ) -> Callable[..., Any]:
-    """A scope's forward: ``original`` once every guard of the scope is off, the two tried in
+           take_out: Callable[[Callable[..., Any]], bool] | None = None) -> Callable[..., Any]:
+    """A scope's forward: ``original`` once every guard of the scope is off (and, at the first
+    such call, ``take_out`` asked to put the module's own forward back), the two tried in
     place while the ``trial`` is pending (on the calls ``servable`` accepts, where given: those the
     kernels can serve), else ``served``."""
+    out_tried: list[bool] = []
+
+    def off(new: Callable[..., Any]) -> None:
+        if take_out is not None and not out_tried:
+            out_tried.append(True)
+            take_out(new)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not any(g.status.active for g in guards):
+            off(forward)
             return original(*args, **kwargs)
         if trial is not None and trial.pending() and (servable is None or servable(args, kwargs)):
             return trial.run(lambda: served(*args, **kwargs), lambda: original(*args, **kwargs))
@@ -1495,6 +1572,7 @@ def _gated(served: Callable[..., Any], original: Callable[..., Any], guards: lis
 
         def forward_one(*args: Any, **kwargs: Any) -> Any:  # the same, for the common case
             if not status.active:
+                off(forward_one)
                 return original(*args, **kwargs)
             return served(*args, **kwargs)
 
@@ -1558,7 +1636,8 @@ def _scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard | Ch
 
 def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[Any, list[OpGuard]],
                   trial: Trial | None = None, owner: object = None, leaf: "_LeafSites | None" = None,
-                  chains: dict[Any, list[ChainGuard]] | None = None) -> Callable[..., Any]:
+                  chains: dict[Any, list[ChainGuard]] | None = None,
+                  take_out: Callable[[Callable[..., Any]], bool] | None = None) -> Callable[..., Any]:
     """``original`` with the interceptor active while it runs (scopes nest: an op an inner scope
     does not serve goes on to the outer one, unless the outer scope's cards were captured from its
     own calls and its children run outside it). Every op of the scope then passes through Python, so
@@ -1620,7 +1699,7 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
             leaf.memo.put(key, mode.missed)
         return realize_returned(ret) if ran else ret
 
-    return _gated(intercepted, original, guards, trial)
+    return _gated(intercepted, original, guards, trial, take_out=take_out)
 
 
 _NOT_SERVED = object()

@@ -1,6 +1,7 @@
 """The runtime model with two RMSNorm leaf modules (one module card, two sites) called in the top
 module's own forward beside its softmax (an op card): a compiled scope with two graph breaks."""
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 _spec = importlib.util.spec_from_file_location("runtime_model", Path(__file__).with_name("runtime_model.py"))
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
+sys.modules.setdefault("runtime_model", _base)  # importable by name, as Dynamo's recompiles need
 RMSNorm = _base.RMSNorm
 
 
