@@ -1278,7 +1278,8 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
 
     outer_owner, inner_owner = object(), object()
     for m, owner in ((model, outer_owner), (model.blocks[0], inner_owner)):
-        table = {"any": [SimpleNamespace(guard=SimpleNamespace(status=SimpleNamespace(active=True)))]}
+        table = {"any": [SimpleNamespace(guard=SimpleNamespace(status=SimpleNamespace(active=True),
+                                                               sig=SimpleNamespace(scope_keys=[])))]}
         m.forward = apply_mod._intercepting(m.forward, Mode, table, None, owner)
     for child in children:
         child.forward = apply_mod._outside_scope(child.forward, outer_owner)
@@ -3161,3 +3162,53 @@ def test_alike_scopes_stop_sharing_where_dynamo_guards_a_layer_of_its_own(tmp_pa
     assert [s.shared for s in scopes] == [True, True, False] and not book.shared
     assert book.variants.codes and len(book.variants.codes) == 2  # layer 0's and layer 1's
     assert scopes[2].variants == 1 and st["served"] == 3 * 3
+
+
+def test_an_intercepted_scope_runs_a_call_like_one_that_served_nothing_as_written(promoted, monkeypatch):
+    """An intercepted scope (the softmax's, the model) called at a shape its cards were not
+    profiled at: the first such call passes the interceptor and serves nothing; a like call (the
+    same first tensor's shape and dtype: a decode step after the first) runs as written, its ops
+    never intercepted, counted as a fallback of each card; the profiled shape is served still. The
+    trial times only calls the kernels can serve."""
+    from forge_tui.runtime.apply import UNSERVED_WHY, Guard, Trial
+
+    ws, norm, sm = promoted
+    root = ws.root.parent / "ws-lead"
+    if not root.exists():
+        import shutil
+
+        shutil.copytree(ws.root, root)
+        path = root / "kernels" / "manifest.json"
+        data = json.loads(path.read_text())
+        data["entries"][sm.id]["evidence"]["speedup_vs_eager"] = 2.0  # installed (the fixture's is slower)
+        path.write_text(json.dumps(data))
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e6))
+    tried: list[Trial] = []
+    real_run = Trial.run
+
+    def run(self, with_kernel, without):
+        tried.append(self)
+        return real_run(self, with_kernel, without)
+
+    monkeypatch.setattr(Trial, "run", run)
+    monkeypatch.setattr(Trial, "time_call", lambda self, fn, k: (fn(), 10_000 if k else 30_000))  # kept
+    seen = _count_intercepted(monkeypatch)
+    step = torch.randn(3, 256)  # another shape than the profiled (16, 256)
+    with torch.no_grad(), apply(model, root, cards=[sm.id], compiled_scopes=False, trial_calls=2) as applied:
+        assert sm.id in applied.guards and not applied.scopes, applied.skipped
+        torch.testing.assert_close(model(step), wl.get_model()(step))  # intercepted (a trial call)
+        first = len(seen)
+        assert "aten._softmax.default" in seen and len(tried) == 1
+        for _ in range(3):  # like the first: as written, no trial call
+            torch.testing.assert_close(model(step), wl.get_model()(step))
+        assert len(seen) == first and len(tried) == 1
+        st = {c["card"]: c for c in applied.status()["cards"]}[sm.id]
+        assert st["fallbacks"].get(UNSERVED_WHY) == 3 and st["served"] == 0, st
+        for _ in range(6):  # the profiled shape: intercepted and served, tried (the first call of
+            # each side its warm-up, the step's the kernel side's), then served
+            torch.testing.assert_close(model(x), wl.get_model()(x), rtol=1e-5, atol=1e-6)
+        st = {c["card"]: c for c in applied.status()["cards"]}[sm.id]
+        assert st["active"] and st["trial"]["kept"], st
+        assert st["served"] == 3 and len(seen) > first and len(tried) == 6, (st, len(tried))

@@ -45,7 +45,7 @@ from .experts import ExpertsGuard
 from .experts import install as install_experts
 from .fold import FoldGuard
 from .fold import install as install_folds
-from .graph import CompileBackend, GraphScope, VariantBook, call_key, compilable, compile_worthy
+from .graph import CompileBackend, GraphScope, Leads, VariantBook, call_key, call_lead, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .merge import MergeGuard
@@ -1644,9 +1644,17 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
     with a ``trial`` the scope's first calls are tried with the interceptor and without, and the
     interceptor stays only if the scope ran faster with it; once every guard of the scope is off,
     the scope runs as it was, not intercepted. A leaf module (``leaf``) whose forward is one served
-    op is called, once learned, without the interceptor (see ``_LeafSites``)."""
+    op is called, once learned, without the interceptor (see ``_LeafSites``). Another scope's call
+    like one that served nothing (``Leads.unlike``: a decode step's, where the cards were profiled
+    at the prompt's shapes) runs as written, not intercepted, and is no trial call."""
     groups: list[list[Any]] = [*table.values(), *(chains or {}).values()]
     guards = list({id(g.guard): g.guard for gs in groups for g in gs}.values())
+    leads = Leads(k for g in guards for k in g.sig.scope_keys) if leaf is None else None
+    if leads is not None and not leads.lead_rule:
+        leads = None
+
+    def servable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:  # a trial call: one not unlike
+        return leads is None or not leads.empty_leads or not leads.unlike(call_lead(args, kwargs))
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
         key = None
@@ -1684,6 +1692,16 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
                 leaf.observe(args, kwargs, mode.record, ret)
                 return ret
             key = leaf.memo.key(args, kwargs)
+        lead = None
+        served = 0
+        if leads is not None:
+            lead = call_lead(args, kwargs)
+            if leads.empty_leads and leads.unlike(lead):
+                for g in guards:
+                    if g.status.active:
+                        g.board.fell_back(g.status, UNSERVED_WHY)
+                return original(*args, **kwargs)
+            served = sum(g.status.served for g in guards)  # a chain's call counts there alone
         mode = interceptor(table, owner, chains)
         if key is not None:
             mode.missed = []
@@ -1697,9 +1715,14 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
                 mode.flush()
         if key is not None and leaf is not None and not mode.served and not ran:
             leaf.memo.put(key, mode.missed)
+        if leads is not None:
+            leads.note(lead, sum(g.status.served for g in guards) > served)
         return realize_returned(ret) if ran else ret
 
-    return _gated(intercepted, original, guards, trial, take_out=take_out)
+    return _gated(intercepted, original, guards, trial, None if leads is None else servable, take_out)
+
+
+UNSERVED_WHY = "a call unlike those its scope served (new shapes): run as written, not intercepted"
 
 
 _NOT_SERVED = object()

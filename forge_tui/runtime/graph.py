@@ -385,7 +385,37 @@ def compilable(original: Any) -> bool:
         return False
 
 
-class VariantBook:
+class Leads:
+    """The leads (``call_lead``: the first tensor's shape and dtype) of a scope's calls: those its
+    cards' ops were profiled in, those whose calls served a card, and those whose calls served none.
+    A call whose lead is among the last alone (``unlike``) is one no card serves, as far as a look at
+    its first tensor can tell: a decode step's, where the cards were profiled at a prompt's shapes."""
+
+    def __init__(self, profiled: Iterable[str] = ()) -> None:
+        leads = [_text_lead(t) for t in frozenset(profiled)]
+        self.profiled_leads: frozenset[Any] = frozenset(lead for lead in leads if lead is not None)
+        self.lead_rule = bool(leads) and _UNREAD not in leads
+        """Whether ``unlike`` may answer yes: only where the profiled calls are recorded and read
+        back (a workspace profiled before they were has none: a warm-up call with the profiled
+        call's lead and another mask could otherwise keep the profiled call from being served)."""
+        self.serving_leads: set[Any] = set()
+        self.empty_leads: set[Any] = set()
+
+    def unlike(self, lead: Any) -> bool:
+        """Whether a call with this lead is one no card serves, as far as the leads can tell
+        without its key: a call with the lead served nothing, none with it served, nor was one
+        profiled with it. The cards' ops, whose shapes follow from the call's tensors, were not
+        found at this one's."""
+        return self.lead_rule and lead in self.empty_leads and lead not in self.serving_leads and \
+            lead not in self.profiled_leads
+
+    def note(self, lead: Any, served: bool) -> None:
+        """A call with this lead served a card, or none."""
+        if lead is not None:
+            (self.serving_leads if served else self.empty_leads).add(lead)
+
+
+class VariantBook(Leads):
     """What the compiles of alike scopes (one forward's code, the same cards: a model's layers)
     found, by the key of the call that compiled each variant (``call_key``): the calls whose
     variant served a card's site, and those whose variant served none. A call with a key known to
@@ -401,6 +431,7 @@ class VariantBook:
 
     def __init__(self, profiled: Iterable[str] = ()) -> None:
         self.profiled: frozenset[str] = frozenset(profiled)
+        super().__init__(self.profiled)
         """The calls the profile saw the cards' ops made in (``key_text``; the cards'
         ``scope_keys``): a call like one of them compiles a variant in each scope whatever the
         scope met before (a model first called at other shapes, as a warm-up would, spent its
@@ -410,17 +441,6 @@ class VariantBook:
         self._looked: dict[Any, str | None] = {}
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
-        leads = [_text_lead(t) for t in self.profiled]
-        self.profiled_leads: frozenset[Any] = frozenset(lead for lead in leads if lead is not None)
-        self.lead_rule = bool(leads) and _UNREAD not in leads
-        """Whether ``unlike`` may answer yes: only where the profiled calls are recorded and read
-        back (a workspace profiled before they were has none: a warm-up call with the profiled
-        call's lead and another mask could otherwise keep the profiled call from its compile)."""
-        self.serving_leads: set[Any] = set()
-        self.empty_leads: set[Any] = set()
-        """The leads (``call_lead``) of the profiled calls, of the calls whose variants served,
-        and of those whose variants served nothing: a call whose lead is among the last alone
-        runs as written at once (``GraphScope._run``)."""
         self.shared = True
         """Whether the book's scopes compile one copy of the forward's code together (``clone``):
         Dynamo takes a module's parameters as the graph's inputs, so one compile serves every
@@ -451,16 +471,6 @@ class VariantBook:
         text = key_text(key)
         looked[key] = text if text in self.profiled else None
         return looked[key]
-
-    def unlike(self, lead: Any) -> bool:
-        """Whether a call with this lead is one no variant serves, as far as the book can tell
-        without its key: a variant compiled for a call with the lead served nothing, and none
-        compiled for another call with it served, nor was one profiled with it. The variants are
-        compiled for static shapes: one compiled for a call whose first tensor has another shape
-        does not cover it, and the cards' ops, whose shapes follow from the call's tensors, were
-        not found at this one's."""
-        return self.lead_rule and lead in self.empty_leads and lead not in self.serving_leads and \
-            lead not in self.profiled_leads
 
     def spent(self) -> bool:
         """Whether the compiles on variants that served nothing are spent."""
