@@ -43,8 +43,14 @@ it where torch.compile already reaches 90% of the same-size copy. cpu: faster th
 The same-size copy, three ways: ``%copy``, torch's copy timed in the judge's process against our
 evaluator time (a round trip to the candidate's process in it); ``%cand``, a copy kernel timed as
 a candidate, through that round trip too (large cards); ``%dev``, device time against device time
-(CUDA events, our best kernel loaded into this process, large cards). The 85% target reads the
-first of ``%dev``, ``%cand``, ``%copy`` measured.
+(CUDA events, our best kernel loaded into this process, every case on cuda). The 85% target reads
+the first of ``%dev``, ``%cand``, ``%copy`` measured.
+
+torch.compile, two ways: ``vs compile``, the evaluator's, a call's latency (torch.compile's call of
+the card alone pays its guards and wrappers on the host, which a compiled model pays once a graph);
+``dev vs c``, device time against device time in this process (``device_times_us``: the device
+held busy while the host enqueues each call), what a compiled model's graph gets from our kernel in
+the place of torch.compile's. The torch.compile target reads ``dev vs c`` where measured.
 """
 
 from __future__ import annotations
@@ -454,26 +460,47 @@ def outputs_match(card, ws, loaded) -> bool:
     return all(compare(o, e, i) is None for i, (o, e) in enumerate(zip(outs, want)))
 
 
+SLEEP_CYCLES = 2_000_000
+"""``torch.cuda._sleep``'s cycles before each timed call (about 1 ms at the H200's clock): the
+device waits while the host enqueues the call, so the events around it time the device's work
+alone, not the host's (torch.compile's own call costs the host tens of µs: guards, wrappers)."""
+
+
 def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
-    """Device time (CUDA events around one launch, L2 flushed before each; median µs) of the node's
-    kernel, loaded into this process (it passed the evaluator: correct on every input set), and of
-    a torch copy of the card's bytes, interleaved. What the 85% target asks, measured without a
-    host in it: the evaluator's protocol times a candidate through another process (a round trip
-    and a GPU context switch a sample, spread over its calls) and the copy in the judge's own, so
-    the ratio of those two charges a large card's kernel what the copy is not charged. ``loaded``:
-    ``load_node``'s answer for the node on cuda."""
+    """Device time (CUDA events around one call, L2 flushed before each and the device held busy
+    while the host enqueues it: median µs) of the node's kernel, loaded into this process (it
+    passed the evaluator: correct on every input set), of eager's ops for the card, of
+    torch.compile's code for them, and of a torch copy of the card's bytes, interleaved, on the
+    same inputs. What the 85% target asks, measured without a host in it: the evaluator's protocol
+    times a candidate through another process (a round trip and a GPU context switch a sample,
+    spread over its calls) and the copy in the judge's own, so the ratio of those two charges a
+    large card's kernel what the copy is not charged. And what torch.compile's kernels do where a
+    compiled model calls them, one graph's launches among many: there a call costs no guard, so
+    the comparison with ours that matters is the device's. ``loaded``: ``load_node``'s answer
+    for the node on cuda."""
     import torch
 
-    call = loaded[0]
+    from forge_tui.program import bind_program, compile_source
+
+    call, ins, _ = loaded
     n = max(16, card.bytes // 2 // 16 * 16)
     src_b = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst_b = torch.empty_like(src_b)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    fns = {"ours": call, "copy": lambda: dst_b.copy_(src_b)}
+    fns = {"ours": call, "copy": lambda: dst_b.copy_(src_b), "eager": bind_program(card.program, ins, "cuda")}
+    compile_error = None
+    try:
+        compiled = torch.compile(compile_source(card.program, len(ins)), dynamic=False)
+        compiled(*ins, device="cuda")  # compiled now, outside the timed calls
+        fns["compile"] = lambda: compiled(*ins, device="cuda")
+    except Exception as exc:  # noqa: BLE001 - the other times still stand
+        compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    torch.cuda.synchronize()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(reps + 3):
         for name, fn in fns.items():
             flush.fill_(i & 0xFF)
+            torch.cuda._sleep(SLEEP_CYCLES)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             rc = fn()
@@ -485,8 +512,15 @@ def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
                 times[name].append(a.elapsed_time(b) * 1000.0)
     torch.cuda.synchronize()
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    return {"ours_device_us": med["ours"], "copy_device_us": med["copy"], "outputs_match_eager": outputs_match(card, ws, loaded),
-            "pct_copy_device": 100.0 * med["copy"] / med["ours"] if med["ours"] > 0 else None}
+    q = {k: (sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]) for k, v in times.items()}
+    out = {"ours_device_us": med["ours"], "copy_device_us": med["copy"], "eager_device_us": med["eager"],
+           "compile_device_us": med.get("compile"), "compile_error": compile_error,
+           "quartiles_us": q, "outputs_match_eager": outputs_match(card, ws, loaded),
+           "pct_copy_device": 100.0 * med["copy"] / med["ours"] if med["ours"] > 0 else None}
+    if med.get("compile") and med["ours"] > 0:
+        out["speedup_vs_compile_device"] = med["compile"] / med["ours"]
+        out["compile_pct_copy_device"] = 100.0 * med["copy"] / med["compile"]
+    return out
 
 
 def case_name(source: str, card, taken: set[str]) -> str:
@@ -560,14 +594,21 @@ def targets(case: dict, device: str, evals: int, large_bytes: int) -> dict:
         return out
     copy = case.get("copy_us")
     out["copy_85"] = None
-    # device time against device time where measured (large cards on the GPU); else the copy timed
+    # device time against device time where measured (every case on the GPU); else the copy timed
     # as ours are; else the copy in the judge's process
     dev = (case.get("device_time") or {}).get("pct_copy_device")
     pct = dev if dev else pct_copy(case, "copy_candidate_us") if case.get("copy_candidate_us") else pct_copy(case)
     if b and pct is not None and case.get("bytes", 0) >= large_bytes:
         out["copy_85"] = pct >= 85.0
     out["vs_compile"] = None
-    if b and b.get("compile_us") and b.get("speedup_vs_compile"):
+    dt = case.get("device_time") or {}
+    if b and dt.get("speedup_vs_compile_device"):
+        # the device's time against the device's: torch.compile's call as a compiled model makes
+        # it, with no guard or wrapper of its own in it
+        at_floor = (dt.get("compile_pct_copy_device") or 0.0) >= 90.0
+        out["vs_compile"] = dt["speedup_vs_compile_device"] >= (0.97 if at_floor else 1.0)
+        out["compile_at_floor"] = at_floor
+    elif b and b.get("compile_us") and b.get("speedup_vs_compile"):
         at_floor = bool(copy) and copy / b["compile_us"] >= 0.90
         out["vs_compile"] = b["speedup_vs_compile"] >= (0.97 if at_floor else 1.0)
         out["compile_at_floor"] = at_floor
@@ -788,8 +829,7 @@ def main(argv: list[str] | None = None) -> int:
                     loaded = load_node(ws, card, best["commit"], args.device)
                     case["reloaded_matches_eager"] = loaded is not None and loaded[0]() == 0 and \
                         outputs_match(card, ws, loaded)
-                if best is not None and loaded is not None and args.device == "cuda" \
-                        and card.bytes >= args.large_mib * (1 << 20):
+                if best is not None and loaded is not None and args.device == "cuda":
                     try:
                         case["device_time"] = device_times_us(ws, card, loaded)
                         log(f"{name}: device time (CUDA events, this process): {case['device_time']}")
@@ -833,7 +873,8 @@ def print_table(report: dict) -> None:
     print(f"\ncode generator bench, {report['device_name']}, torch {report['torch']}, {report['date']}: "
           f"{report['command']}")
     head = (f"{'case':50s} {'family':11s} {'eager µs':>9s} {'compile µs':>10s} {'ours µs':>9s} {'vs eager [q1, q3]':>20s} "
-            f"{'vs compile [q1, q3]':>20s} {'%copy':>6s} {'%cand':>6s} {'%dev':>6s} {'1st ok':>6s} {'evals':>5s}  targets")
+            f"{'vs compile [q1, q3]':>20s} {'%copy':>6s} {'%cand':>6s} {'%dev':>6s} {'dev vs c':>8s} {'1st ok':>6s} "
+            f"{'evals':>5s}  targets")
     print(head)
     for name, c in report["cases"].items():
         b, t = c.get("best"), c.get("targets", {})
@@ -853,11 +894,13 @@ def print_table(report: dict) -> None:
         pcand = "-" if pct_copy(c, "copy_candidate_us") is None else f"{pct_copy(c, 'copy_candidate_us'):5.0f}%"
         dev = (c.get("device_time") or {}).get("pct_copy_device")
         pdev = "-" if dev is None else f"{dev:5.0f}%"
+        dvc = (c.get("device_time") or {}).get("speedup_vs_compile_device")
+        pdvc = "-" if dvc is None else f"{dvc:.2f}x"
         sp = f"{b['speedup_vs_eager']:.2f}x [{_fmt(b['sp_q1'], '.2f')}, {_fmt(b['sp_q3'], '.2f')}]"
         spc = (f"{b['speedup_vs_compile']:.2f}x [{_fmt(b['spc_q1'], '.2f')}, {_fmt(b['spc_q3'], '.2f')}]"
                if b.get("speedup_vs_compile") else "-")
         print(f"{name:50s} {str(c['family']):11s} {_fmt(b['eager_us'], '9.1f'):>9s} {_fmt(b['compile_us'], '10.1f'):>10s} "
-              f"{ours:>9s} {sp:>20s} {spc:>20s} {pct:>6s} {pcand:>6s} {pdev:>6s} "
+              f"{ours:>9s} {sp:>20s} {spc:>20s} {pct:>6s} {pcand:>6s} {pdev:>6s} {pdvc:>8s} "
               f"{_fmt(c['first_correct'], '6d'):>6s} {c['evals']:5d}  {tg}")
     for name, why in report["skipped"].items():
         print(f"{name:50s} skipped: {why}")
