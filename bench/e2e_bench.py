@@ -187,6 +187,7 @@ def measure_overhead(spec: str, ws: Any, dev: str, repeats: int, tmp: Path, with
     if with_kernels:
         m1 = copy.deepcopy(model)
         a1 = apply(m1, ws, device=dev, only_faster=False)
+        a1.take_outs = False  # the cards' checks on every call, as a card that refuses them pays
         # every card on the board: kernels, folds and experts cards alike (before 2026-12-03 only the
         # kernels' guards were, so folds and experts cards went on serving in this variant)
         for st in list(a1.board.cards.values()):

@@ -3212,3 +3212,21 @@ def test_an_intercepted_scope_runs_a_call_like_one_that_served_nothing_as_writte
         st = {c["card"]: c for c in applied.status()["cards"]}[sm.id]
         assert st["active"] and st["trial"]["kept"], st
         assert st["served"] == 3 and len(seen) > first and len(tried) == 6, (st, len(tried))
+
+
+def test_a_card_off_for_good_keeps_its_checks_where_take_outs_is_off(promoted):
+    """``Applied.take_outs`` off (the e2e bench's "every kernel falling back" variant): a switched-off
+    module card's calls keep passing forge's forward, each counted, rather than the module getting
+    its own forward back at the first call."""
+    ws, norm, _ = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    for keep in (False, True):
+        with torch.no_grad(), apply(model, ws, cards=[norm.id], only_faster=False) as applied:
+            applied.take_outs = not keep
+            applied.board.disable(applied.guards[norm.id].status, "switched off by the test")
+            for _ in range(3):
+                torch.testing.assert_close(model(x), wl.get_model()(x))
+            st = {c["card"]: c for c in applied.status()["cards"]}[norm.id]
+            assert ("forward" in model.norm.__dict__) is keep
+            assert st["fallbacks"] == {"disabled": 3 if keep else 1} and applied.taken_out == ([] if keep else ["norm"])

@@ -40,6 +40,13 @@ RMSNorm card alone applied (every call of a decode step refused; a script outsid
 without its key (`07944f7`): 1.099x and 1.097x, against 1.186x and 1.188x at `f185799` in the
 same alternation (11 pairs each). ``--device cuda`` asks the same
 of the H200, where a decode step's host decides its time.
+
+Fourth session (2026-12-05, 11 pairs, ``--only-faster``, 48 tokens): a module whose cards are all
+off for good gets its own forward back (`9b8e583`), and an intercepted scope runs a call like one
+that served nothing as written (`49b8d9d`). Before/after, alternating, two runs each: 1.065x and
+1.080x at `e97cf02`, 1.078x and 1.110x after; the same within this machine's noise. The mask
+chain's scope (the model's own forward) had been switched off by its trial in each run, and the
+RMSNorm card was on in some runs and off in others, so the changes had little to take out here.
 """
 
 from __future__ import annotations

@@ -1082,6 +1082,9 @@ class Applied:
         out (``take_out``), which would make the scope compile again."""
         self.taken_out: list[str] = []
         """The module paths whose forge forward was taken out once every card it served was off."""
+        self.take_outs = True
+        """Whether ``take_out`` puts forwards back. Off, a switched-off card's calls keep passing
+        forge's checks: what the e2e bench's "every kernel falling back" variant times."""
 
     def take_out(self, module: Any, new: Callable[..., Any]) -> bool:
         """Every card that ``new`` (forge's forward of ``module``) serves is off for good: put back
@@ -1089,7 +1092,7 @@ class Applied:
         RMSNorm at each step of a generation loop). Only op by op (a model compiled or captured
         after ``apply`` keeps what it traced), outside any compiled scope, and never while one
         traces or a CUDA graph captures. Whether it was put back."""
-        if self.mode != Mode.INFERENCE or id(module) in self.traced:
+        if not self.take_outs or self.mode != Mode.INFERENCE or id(module) in self.traced:
             return False
         import torch
 
