@@ -431,13 +431,13 @@ class VariantBook(Leads):
 
     def __init__(self, profiled: Iterable[str] = ()) -> None:
         self.profiled: frozenset[str] = frozenset(profiled)
-        super().__init__(self.profiled)
         """The calls the profile saw the cards' ops made in (``key_text``; the cards'
         ``scope_keys``): a call like one of them compiles a variant in each scope whatever the
         scope met before (a model first called at other shapes, as a warm-up would, spent its
         compiles on variants that served nothing, and its kernels never served the profiled
         shape). Empty for workspaces profiled before it was recorded, and once ``LOOKS`` calls
         were looked up."""
+        super().__init__(self.profiled)
         self._looked: dict[Any, str | None] = {}
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
