@@ -316,7 +316,7 @@ def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, m
     kernel stays only if its median was lower. Op cards: their scope with and without the
     interceptor. The timer is a stand-in (the test must not depend on this machine's load): it
     gives each path a fixed time."""
-    from forge_tui.runtime.apply import Guard, Trial
+    from forge_tui.runtime.apply import TAKEN_OUT, Guard, Trial
 
     ws, norm, sm = promoted
     wl = load_workload()
@@ -351,6 +351,7 @@ def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, m
         # never reached forge (nothing counted)
         assert st[norm.id]["served"] == 4 and st[norm.id]["fallbacks"] == {"disabled": 1}
         assert not own and taken_out == ["norm"]
+        assert st[norm.id]["sites"] == [f"norm: {TAKEN_OUT}"]
     with torch.no_grad(), apply(model, ws, trial_calls=3, only_faster=False) as applied:
         model(x)
         assert applied.status()["cards"][0]["trial"] is None  # only_faster=False: no trial
@@ -360,7 +361,7 @@ def test_an_op_card_scope_is_tried_with_and_without_the_interceptor(promoted, mo
     """A scope whose ops all pass through Python while intercepted: kept only if faster so."""
     import shutil
 
-    from forge_tui.runtime.apply import Guard, Trial
+    from forge_tui.runtime.apply import TAKEN_OUT, Guard, Trial
 
     ws, norm, sm = promoted
     root = tmp_path / "ws"
@@ -385,6 +386,7 @@ def test_an_op_card_scope_is_tried_with_and_without_the_interceptor(promoted, mo
             # and (intercepted) its children's, which ran outside its interception
             assert applied.taken_out[0] == "the model"
             assert [n for n, m in model.named_modules() if "forward" in m.__dict__] == []
+            assert all(site.endswith(TAKEN_OUT) for site in st[sm.id]["sites"]), st[sm.id]["sites"]
     t = st[sm.id]["trial"]
     assert t == {"with_us": 90.0, "without_us": 30.0, "calls": 2, "kept": False, "scope": "the model"}
     assert not st[sm.id]["active"] and "with its ops intercepted" in st[sm.id]["disabled_reason"]

@@ -1051,6 +1051,9 @@ class ReplacedForwards:
         self._restore.clear()
 
 
+TAKEN_OUT = "off for good, the module's own forward given back"
+
+
 class Applied:
     """What ``apply`` installed; undo() (or leaving the ``with`` block) removes it all."""
 
@@ -1101,7 +1104,12 @@ class Applied:
         if not self.forwards.take_out(module, new):
             return False
         path = next((n for n, m in self.model.named_modules() if m is module), "?")
-        self.taken_out.append(path or "the model")
+        label = path or "the model"
+        self.taken_out.append(label)
+        for g in self.guards.values():  # the status says where forge's checks no longer run
+            g.status.sites = [f"{site}: {TAKEN_OUT}" if site == path or site.endswith(f" under {label}")
+                              or site.endswith(f" under {label} (compiled)") else site for site in g.status.sites]
+        self.board.write()
         return True
 
     def backend(self, inner: str = "inductor") -> CompileBackend:
