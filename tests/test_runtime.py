@@ -359,17 +359,10 @@ def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, m
 
 def test_an_op_card_scope_is_tried_with_and_without_the_interceptor(promoted, monkeypatch, tmp_path):
     """A scope whose ops all pass through Python while intercepted: kept only if faster so."""
-    import shutil
-
     from forge_tui.runtime.apply import TAKEN_OUT, Guard, Trial
 
     ws, norm, sm = promoted
-    root = tmp_path / "ws"
-    shutil.copytree(ws.root, root)
-    path = root / "kernels" / "manifest.json"
-    data = json.loads(path.read_text())
-    data["entries"][sm.id]["evidence"]["speedup_vs_eager"] = 2.0  # installed (the fixture's is slower)
-    path.write_text(json.dumps(data))
+    root = _installed_copy(ws, tmp_path / "ws", [sm.id])
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     monkeypatch.setattr(Trial, "time_call", lambda self, fn, k: (fn(), 90_000 if k else 30_000))
@@ -401,6 +394,35 @@ def _with_gain(init, gain_us):
         self.gain_us = gain_us
 
     return patched
+
+
+def _installed_copy(ws, root: Path, card_ids) -> Path:
+    """A copy of ``ws`` at ``root`` whose cards ``card_ids`` measured 2x eager: installed whatever
+    the fixture's timing said (its double-precision softmax is slower than eager)."""
+    import shutil
+
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    for cid in card_ids:
+        data["entries"][cid]["evidence"]["speedup_vs_eager"] = 2.0
+    path.write_text(json.dumps(data))
+    return root
+
+
+def _count_trials(monkeypatch) -> list[Any]:
+    """The trials (``Trial``) of the calls timed in place from now on, one entry a call."""
+    from forge_tui.runtime.apply import Trial
+
+    tried: list[Any] = []
+    real = Trial.run
+
+    def run(self, with_kernel, without):
+        tried.append(self)
+        return real(self, with_kernel, without)
+
+    monkeypatch.setattr(Trial, "run", run)
+    return tried
 
 
 def test_nothing_promoted_means_nothing_intercepted(tmp_path):
@@ -3104,26 +3126,9 @@ def test_in_place_trials_time_only_calls_the_kernels_can_serve(promoted, tmp_pat
     compiled scope on calls like one whose variant served a card. Before, the other calls timed
     the original forward on both sides, the kernel's side with its refusal's cost, and switched
     kernels off that were faster where they serve."""
-    import shutil
-
-    from forge_tui.runtime.apply import Trial
-
     ws, norm, sm = promoted
-    root = tmp_path / "ws"
-    shutil.copytree(ws.root, root)
-    path = root / "kernels" / "manifest.json"
-    data = json.loads(path.read_text())
-    for cid in (norm.id, sm.id):  # installed whatever the fixture's timing said
-        data["entries"][cid]["evidence"]["speedup_vs_eager"] = 2.0
-    path.write_text(json.dumps(data))
-    tried: list[Any] = []
-    real = Trial.run
-
-    def run(self, with_kernel, without):
-        tried.append(self)
-        return real(self, with_kernel, without)
-
-    monkeypatch.setattr(Trial, "run", run)
+    root = _installed_copy(ws, tmp_path / "ws", [norm.id, sm.id])
+    tried = _count_trials(monkeypatch)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     ref = wl.get_model()
@@ -3166,7 +3171,7 @@ def test_alike_scopes_stop_sharing_where_dynamo_guards_a_layer_of_its_own(tmp_pa
     assert scopes[2].variants == 1 and st["served"] == 3 * 3
 
 
-def test_an_intercepted_scope_runs_a_call_like_one_that_served_nothing_as_written(promoted, monkeypatch):
+def test_an_intercepted_scope_runs_a_call_like_one_that_served_nothing_as_written(promoted, monkeypatch, tmp_path):
     """An intercepted scope (the softmax's, the model) called at a shape its cards were not
     profiled at: the first such call passes the interceptor and serves nothing; a like call (the
     same first tensor's shape and dtype: a decode step after the first) runs as written, its ops
@@ -3175,26 +3180,11 @@ def test_an_intercepted_scope_runs_a_call_like_one_that_served_nothing_as_writte
     from forge_tui.runtime.apply import UNSERVED_WHY, Guard, Trial
 
     ws, norm, sm = promoted
-    root = ws.root.parent / "ws-lead"
-    if not root.exists():
-        import shutil
-
-        shutil.copytree(ws.root, root)
-        path = root / "kernels" / "manifest.json"
-        data = json.loads(path.read_text())
-        data["entries"][sm.id]["evidence"]["speedup_vs_eager"] = 2.0  # installed (the fixture's is slower)
-        path.write_text(json.dumps(data))
+    root = _installed_copy(ws, tmp_path / "ws", [sm.id])
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e6))
-    tried: list[Trial] = []
-    real_run = Trial.run
-
-    def run(self, with_kernel, without):
-        tried.append(self)
-        return real_run(self, with_kernel, without)
-
-    monkeypatch.setattr(Trial, "run", run)
+    tried = _count_trials(monkeypatch)
     monkeypatch.setattr(Trial, "time_call", lambda self, fn, k: (fn(), 10_000 if k else 30_000))  # kept
     seen = _count_intercepted(monkeypatch)
     step = torch.randn(3, 256)  # another shape than the profiled (16, 256)
