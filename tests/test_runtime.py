@@ -3222,3 +3222,29 @@ def test_a_card_off_for_good_keeps_its_checks_where_take_outs_is_off(promoted):
             st = {c["card"]: c for c in applied.status()["cards"]}[norm.id]
             assert ("forward" in model.norm.__dict__) is keep
             assert st["fallbacks"] == {"disabled": 3 if keep else 1} and applied.taken_out == ([] if keep else ["norm"])
+
+
+def test_a_call_by_keywords_leads_with_the_forwards_first_parameter():
+    """A model's own forward called by keywords alone (a Hugging Face model's in ``generate``):
+    its lead is the tensor of its first parameter (``input_ids``, one token at every decode step),
+    not the attention mask, which sorts first by name and grows at every step. Read back from a
+    profiled call's key text the same way; a forward without a readable signature keeps the
+    order by name."""
+    from forge_tui.runtime.graph import Leads, VariantBook, call_key, key_text
+
+    def forward(input_ids, attention_mask=None, position_ids=None, **kwargs):
+        return input_ids
+
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    steps = [{"input_ids": ids, "attention_mask": torch.ones(2, 16 + k), "position_ids": ids} for k in range(3)]
+    prompt = {"input_ids": torch.zeros(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16)}
+    leads = Leads([key_text(call_key((), prompt))], forward)
+    assert leads.profiled_leads == {((2, 16), torch.int64)}
+    assert {leads.lead((), kw) for kw in steps} == {((2, 1), torch.int64)}  # one lead at every step
+    leads.note(leads.lead((), steps[0]), served=False)
+    assert all(leads.unlike(leads.lead((), kw)) for kw in steps[1:])
+    assert not leads.unlike(leads.lead((), prompt))
+    by_name = Leads([key_text(call_key((), prompt))])  # no signature: the mask, by name
+    assert by_name.profiled_leads == {((2, 16), torch.float32)}
+    assert len({by_name.lead((), kw) for kw in steps}) == 3  # a new lead at every step
+    assert VariantBook([], lambda *a, **k: None).rank == {}  # (*args, **kwargs): by name

@@ -45,7 +45,7 @@ from .experts import ExpertsGuard
 from .experts import install as install_experts
 from .fold import FoldGuard
 from .fold import install as install_folds
-from .graph import CompileBackend, GraphScope, Leads, VariantBook, call_key, call_lead, compilable, compile_worthy
+from .graph import CompileBackend, GraphScope, Leads, VariantBook, call_key, compilable, compile_worthy
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest, Signature
 from .merge import MergeGuard
@@ -1325,7 +1325,7 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
                         tuple(sorted(g.guard.entry.card for g in guards)))
                 book = books.get(like)
                 if book is None:  # the profiled calls of the cards' ops, for every scope alike
-                    book = books[like] = VariantBook(k for g in guards for k in g.guard.sig.scope_keys)
+                    book = books[like] = VariantBook((k for g in guards for k in g.guard.sig.scope_keys), module.forward)
                 scope = GraphScope(module, module.forward, [g.guard for g in guards], device, book)
                 applied.scopes[path or ""] = scope
                 applied._replace_forward(module, _graph_forward(scope, guards, trial, path,
@@ -1660,12 +1660,12 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
     at the prompt's shapes) runs as written, not intercepted, and is no trial call."""
     groups: list[list[Any]] = [*table.values(), *(chains or {}).values()]
     guards = list({id(g.guard): g.guard for gs in groups for g in gs}.values())
-    leads = Leads(k for g in guards for k in g.sig.scope_keys) if leaf is None else None
+    leads = Leads((k for g in guards for k in g.sig.scope_keys), original) if leaf is None else None
     if leads is not None and not leads.lead_rule:
         leads = None
 
     def servable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:  # a trial call: one not unlike
-        return leads is None or not leads.empty_leads or not leads.unlike(call_lead(args, kwargs))
+        return leads is None or not leads.empty_leads or not leads.unlike(leads.lead(args, kwargs))
 
     def intercepted(*args: Any, **kwargs: Any) -> Any:
         key = None
@@ -1706,7 +1706,7 @@ def _intercepting(original: Callable[..., Any], interceptor: type, table: dict[A
         lead = None
         served = 0
         if leads is not None:
-            lead = call_lead(args, kwargs)
+            lead = leads.lead(args, kwargs)
             if leads.empty_leads and leads.unlike(lead):
                 for g in guards:
                     if g.status.active:

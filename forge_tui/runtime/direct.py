@@ -33,7 +33,7 @@ their frames as Python does, free variables included (a forward that a decorator
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 MISS = object()
 """What ``DirectCall.__call__`` returns for a call that Dynamo's guards refuse (Dynamo's to run)."""
@@ -249,17 +249,40 @@ def _callback() -> Any:
     return _GET_CALLBACK[0]()
 
 
-def lead_place(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, str | None] | None:
+def lead_place(args: tuple[Any, ...], kwargs: dict[str, Any],
+               rank: Mapping[str, int] | None = None) -> tuple[int | None, str | None] | None:
     """Where a call's lead tensor is: (its position, None) for the first positional tensor, else
-    (None, its name) for the keyword tensor whose name sorts first (the order of ``call_key``'s
-    keywords); None where the call passes no tensor."""
+    (None, its name) for the keyword tensor that comes first among the forward's parameters
+    (``rank``: ``param_rank``), then by name (the order of ``call_key``'s keywords); None where the
+    call passes no tensor. A model's own forward called by keywords alone (a Hugging Face
+    model's, in ``generate``) leads with its ``input_ids``, not the attention mask that sorts
+    first by name and grows at every step."""
     import torch
 
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             return i, None
     names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-    return (None, min(names)) if names else None
+    if not names:
+        return None
+    if not rank:
+        return None, min(names)
+    last = len(rank)
+    return None, min(names, key=lambda n: (rank.get(n, last), n))
+
+
+def param_rank(forward: Any) -> dict[str, int]:
+    """The names of ``forward``'s parameters that a call may pass by keyword, by their place in its
+    signature (through ``functools.wraps``' ``__wrapped__``); empty where it has no readable
+    signature (a wrapper of ``*args, **kwargs`` alone)."""
+    import inspect
+
+    try:
+        params = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: i for i, p in enumerate(q for q in params if q.kind in kinds)}
 
 
 def _unbound(*_: Any) -> Any:

@@ -38,7 +38,7 @@ import types
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..program import encodes_as, resolve_op, run_program
-from .direct import HOOKED, MISS, DirectCall, ModuleHooks, cache_entries, lead_place
+from .direct import HOOKED, MISS, DirectCall, ModuleHooks, cache_entries, lead_place, param_rank
 from .direct import plain_context as _plain_context
 
 if TYPE_CHECKING:
@@ -391,8 +391,11 @@ class Leads:
     A call whose lead is among the last alone (``unlike``) is one no card serves, as far as a look at
     its first tensor can tell: a decode step's, where the cards were profiled at a prompt's shapes."""
 
-    def __init__(self, profiled: Iterable[str] = ()) -> None:
-        leads = [_text_lead(t) for t in frozenset(profiled)]
+    def __init__(self, profiled: Iterable[str] = (), forward: Any = None) -> None:
+        self.rank: dict[str, int] = param_rank(forward) if forward is not None else {}
+        """The scope forward's parameters by their place (``direct.param_rank``): which keyword
+        tensor leads a call passed by keywords alone."""
+        leads = [_text_lead(t, self.rank) for t in frozenset(profiled)]
         self.profiled_leads: frozenset[Any] = frozenset(lead for lead in leads if lead is not None)
         self.lead_rule = bool(leads) and _UNREAD not in leads
         """Whether ``unlike`` may answer yes: only where the profiled calls are recorded and read
@@ -408,6 +411,10 @@ class Leads:
         found at this one's."""
         return self.lead_rule and lead in self.empty_leads and lead not in self.serving_leads and \
             lead not in self.profiled_leads
+
+    def lead(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``call_lead`` of a call of the scope's forward."""
+        return call_lead(args, kwargs, self.rank)
 
     def note(self, lead: Any, served: bool) -> None:
         """A call with this lead served a card, or none."""
@@ -429,7 +436,7 @@ class VariantBook(Leads):
     """Distinct calls the book looks up among ``profiled`` at most; then it stops looking (a
     generation loop whose profiled call never comes would pay for the lookup at every step)."""
 
-    def __init__(self, profiled: Iterable[str] = ()) -> None:
+    def __init__(self, profiled: Iterable[str] = (), forward: Any = None) -> None:
         self.profiled: frozenset[str] = frozenset(profiled)
         """The calls the profile saw the cards' ops made in (``key_text``; the cards'
         ``scope_keys``): a call like one of them compiles a variant in each scope whatever the
@@ -437,7 +444,7 @@ class VariantBook(Leads):
         compiles on variants that served nothing, and its kernels never served the profiled
         shape). Empty for workspaces profiled before it was recorded, and once ``LOOKS`` calls
         were looked up."""
-        super().__init__(self.profiled)
+        super().__init__(self.profiled, forward)
         self._looked: dict[Any, str | None] = {}
         self.serving: set[Any] = set()
         self.empty: set[Any] = set()
@@ -573,10 +580,10 @@ def key_text(key: Any) -> str:
     return repr(norm(key))
 
 
-def call_lead(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A call's lead tensor (``direct.lead_place``) by its shape and dtype; None where it passes
-    no tensor."""
-    place = lead_place(args, kwargs)
+def call_lead(args: tuple[Any, ...], kwargs: dict[str, Any], rank: Any = None) -> Any:
+    """A call's lead tensor (``direct.lead_place``, the forward's parameters ranked by ``rank``) by
+    its shape and dtype; None where it passes no tensor."""
+    place = lead_place(args, kwargs, rank)
     if place is None:
         return None
     i, name = place
@@ -591,9 +598,9 @@ def call_lead(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 _UNREAD = object()
 
 
-def _text_lead(text: str) -> Any:
-    """``call_lead`` of the call a ``key_text`` stands for: None where it passed no tensor,
-    ``_UNREAD`` where the text does not read back."""
+def _text_lead(text: str, rank: Any = None) -> Any:
+    """``call_lead`` of the call a ``key_text`` stands for (``rank`` as there): None where it passed
+    no tensor, ``_UNREAD`` where the text does not read back."""
     import ast
 
     import torch
@@ -610,7 +617,9 @@ def _text_lead(text: str) -> Any:
         for a in args:
             if (lead := spec(a)) is not None:
                 return lead
-        for _, v in kwargs:  # sorted by name in the key
+        last = len(rank or ())
+        named = sorted(kwargs, key=lambda kv: ((rank or {}).get(kv[0], last), kv[0]))  # the forward's order, then by name
+        for _, v in named:
             if (lead := spec(v)) is not None:
                 return lead
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -851,7 +860,7 @@ class GraphScope:
 
         book = self.book
         if book.empty_leads and self.failed is None and not torch.is_grad_enabled() and \
-                not torch.compiler.is_compiling() and book.unlike(call_lead(args, kwargs)):
+                not torch.compiler.is_compiling() and book.unlike(book.lead(args, kwargs)):
             # like a call that compiled a variant serving nothing (a generation step): as written,
             # told by its lead before the other checks, the decorator's code and ``_run``'s frames
             # (26 µs a decode step's attention call more than eager's on the development machine's
@@ -963,7 +972,7 @@ class GraphScope:
         self._not_covered.clear()  # the new variant may cover them
         n = len(vs.codes)
         served = sum(self.sites.values()) > sites_before
-        lead = call_lead(args, kwargs)
+        lead = self.book.lead(args, kwargs)
         if served:
             vs.serving.extend(new)
             self.book.serving.add(key)
