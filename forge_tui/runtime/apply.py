@@ -31,6 +31,7 @@ import threading
 import time
 import types
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -1009,45 +1010,54 @@ def _consts(folder: Path, entry: Entry, device: str) -> list["torch.Tensor"]:
     return [v.to(device) for v in vals]
 
 
+@dataclass
+class _Replaced:
+    """One forward forge set on a module instance, and what the instance had before."""
+
+    module: Any
+    had_own: bool
+    """Whether the instance had a forward attribute of its own (else its class's served)."""
+    old: Any
+    new: Callable[..., Any]
+    taken_out: bool = False
+
+    def put_back(self) -> None:
+        if self.had_own:
+            self.module.forward = self.old
+        else:
+            self.module.__dict__.pop("forward", None)
+
+
 class ReplacedForwards:
     """Forwards set on module instances, each undone to what the instance had before (its own
     forward attribute, or its class's), last first."""
 
     def __init__(self) -> None:
-        self._restore: list[list[Any]] = []
-        """[module, whether it had a forward of its own, that forward, forge's forward, taken out]."""
+        self._restore: list[_Replaced] = []
 
     def replace(self, module: Any, new: Callable[..., Any]) -> None:
-        had_own = "forward" in module.__dict__
-        self._restore.append([module, had_own, module.__dict__.get("forward"), new, False])
+        self._restore.append(_Replaced(module, "forward" in module.__dict__, module.__dict__.get("forward"), new))
         module.forward = new
 
     def modules(self) -> list[Any]:
-        return [e[0] for e in self._restore]
+        return [r.module for r in self._restore]
 
     def take_out(self, module: Any, new: Callable[..., Any]) -> bool:
         """Put back what ``module`` had before forge set ``new`` on it, where ``new`` is still its
         forward (nothing set above it since). Whether it was put back."""
         if module.__dict__.get("forward") is not new:
             return False
-        for e in reversed(self._restore):
-            if e[0] is module and e[3] is new and not e[4]:
-                e[4] = True
-                if e[1]:
-                    module.forward = e[2]
-                else:
-                    module.__dict__.pop("forward", None)
+        for r in reversed(self._restore):
+            if r.module is module and r.new is new and not r.taken_out:
+                r.taken_out = True
+                r.put_back()
                 return True
         return False
 
     def restore(self) -> None:
-        for module, had_own, old, _, out in reversed(self._restore):
-            if out:
-                continue
-            if had_own:
-                module.forward = old
-            else:
-                module.__dict__.pop("forward", None)
+        for r in reversed(self._restore):
+            if not r.taken_out:
+                r.put_back()
         self._restore.clear()
 
 
