@@ -460,12 +460,6 @@ def outputs_match(card, ws, loaded) -> bool:
     return all(compare(o, e, i) is None for i, (o, e) in enumerate(zip(outs, want)))
 
 
-SLEEP_CYCLES = 2_000_000
-"""``torch.cuda._sleep``'s cycles before each timed call (about 1 ms at the H200's clock): the
-device waits while the host enqueues the call, so the events around it time the device's work
-alone, not the host's (torch.compile's own call costs the host tens of µs: guards, wrappers)."""
-
-
 def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     """Device time (CUDA events around one call, L2 flushed before each and the device held busy
     while the host enqueues it: median µs) of the node's kernel, loaded into this process (it
@@ -481,12 +475,13 @@ def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     import torch
 
     from forge_tui.program import bind_program, compile_source
+    from forge_tui.timing import Timer
 
     call, ins, _ = loaded
     n = max(16, card.bytes // 2 // 16 * 16)
     src_b = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst_b = torch.empty_like(src_b)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    timer = Timer("cuda", cold_l2=True)
     fns = {"ours": call, "copy": lambda: dst_b.copy_(src_b), "eager": bind_program(card.program, ins, "cuda")}
     compile_error = None
     try:
@@ -499,17 +494,12 @@ def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(reps + 3):
         for name, fn in fns.items():
-            flush.fill_(i & 0xFF)
-            torch.cuda._sleep(SLEEP_CYCLES)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            rc = fn()
-            b.record()
-            b.synchronize()
-            if name == "ours" and rc:
-                raise RuntimeError(f"forge_launch returned {rc}")
+            rc: list = []
+            us = timer.device_us(lambda fn=fn, rc=rc: rc.append(fn()))
+            if name == "ours" and rc[0]:
+                raise RuntimeError(f"forge_launch returned {rc[0]}")
             if i >= 3:
-                times[name].append(a.elapsed_time(b) * 1000.0)
+                times[name].append(us)
     torch.cuda.synchronize()
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     q = {k: (sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]) for k, v in times.items()}

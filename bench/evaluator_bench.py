@@ -128,6 +128,9 @@ def main() -> int:
         show("good", "speedup vs eager [q1,q3] / vs compile [q1,q3]",
              f"{sp['median']:.3f} [{sp['q1']:.3f},{sp['q3']:.3f}] / {sc.get('median', float('nan')):.3f} "
              f"[{sc.get('q1', float('nan')):.3f},{sc.get('q3', float('nan')):.3f}]")
+        cd, lat = t.get("compile_device") or {}, t.get("speedup_vs_compile_latency") or {}
+        show("good", "compile device µs / basis / vs compile by latency",
+             f"{cd.get('median', float('nan')):.1f} / {t.get('compile_basis')} / {lat.get('median', float('nan')):.3f}")
         meds = [results[f"good-{i}"]["timing"]["candidate"]["median"] for i in range(4)]
         show("good", "noise: blocks / four evaluations",
              f"{100 * t['noise']:.2f}% / {100 * (max(meds) - min(meds)) / min(meds):.2f}% ({', '.join(f'{m:.1f}' for m in meds)})")

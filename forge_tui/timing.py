@@ -68,6 +68,11 @@ ORDER_SEED = 0x5EED
 """The seed of the interleaved rounds' orders (the same orders in every run)."""
 
 
+SLEEP_CYCLES = 2_000_000
+"""``torch.cuda._sleep``'s cycles before a call timed on the device alone (about 1 ms at the H200's
+clock, longer than any call's host): the device waits while the host enqueues the call."""
+
+
 class Timer:
     """Times callables on one device with the protocol above."""
 
@@ -112,6 +117,24 @@ class Timer:
         fn()
         torch.cuda.synchronize()
         return (time.perf_counter_ns() - t0) / 1000.0
+
+    def device_us(self, fn: Callable[[], object], sleep_cycles: int = SLEEP_CYCLES) -> float:
+        """CUDA: the device's time for what ``fn`` enqueues (µs), without its host. The L2 is
+        flushed, the device is held busy (``torch.cuda._sleep``) while the host enqueues the call,
+        and CUDA events on the current stream around the call time the work alone: a callable
+        whose host costs tens of µs a call (torch.compile's guards and wrappers) is charged what
+        its kernels cost where a compiled model calls them, one graph's launches among many."""
+        import torch
+
+        if self._flush is not None:
+            self._flush.zero_()
+        torch.cuda._sleep(sleep_cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0
 
     @staticmethod
     def _one_cpu(fn: Callable[[], object]) -> float:

@@ -68,6 +68,26 @@ def test_good_candidate_passes_with_full_report(evaluators, cards):
     assert EvalResult.from_json(r.to_json()) == r  # an exact JSON round trip
 
 
+def test_the_compile_baseline_names_what_its_ratio_divides(evaluators, cards):
+    """torch.compile's ratio says whether it divides the compiled baseline's kernels' device time
+    (cuda, where a compiled model calls them without guards) or its call's latency (the cpu, where
+    there is no device to time apart), and the promotion's evidence keeps the basis with it."""
+    from forge_tui.evaluator.report import format_result
+    from forge_tui.promotion import evidence_of
+
+    r = run(evaluators, cards, "softmax", "softmax_good.cpp", compile_baseline=True)
+    assert r.status == "passed", r.reason
+    t = r.timing
+    assert t.compile is not None and t.compile.n == 2 * CFG.timing.repeats
+    assert t.compile_basis == "latency" and t.compile_device is None
+    assert r.speedup_vs_compile == t.speedup_vs_compile.median == t.speedup_vs_compile_latency.median > 0
+    text = format_result(r)
+    assert "vs torch.compile" in text and "device time" not in text
+    ev = evidence_of("n1", "c0ffee", None, r, "")
+    assert ev.compile_basis == "latency" and ev.speedup_vs_compile == r.speedup_vs_compile
+    assert ev.compile_us == t.compile.median and ev.compile_device_us is None
+
+
 @pytest.mark.parametrize("filename, which, expected", [
     ("never_writes.cpp", "softmax", {"unwritten"}),                           # 1
     ("uninit_memory.cpp", "softmax", {"mismatch", "unwritten", "nondeterministic"}),  # 2

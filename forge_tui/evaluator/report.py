@@ -35,11 +35,14 @@ def format_result(r: EvalResult) -> str:
     if t:
         lines.append(f"  time: candidate {t.candidate.median:.2f} µs (spread {100 * t.candidate.spread:.1f}%), "
                      f"eager {t.eager.median:.2f} µs" +
-                     (f", torch.compile {t.compile.median:.2f} µs" if t.compile else ""))
+                     (f", torch.compile {t.compile.median:.2f} µs" if t.compile else "") +
+                     (f" ({t.compile_device.median:.2f} µs of device time)" if t.compile_device else ""))
         sp = t.speedup_vs_eager
         untrusted = "" if t.quiet else " (NOT TRUSTED: the machine was busy)"
         lines.append(f"  speedup vs eager {sp.median:.3f}x [{sp.q1:.3f}, {sp.q3:.3f}]" +
-                     (f", vs torch.compile {t.speedup_vs_compile.median:.3f}x" if t.speedup_vs_compile else
+                     (f", vs torch.compile {t.speedup_vs_compile.median:.3f}x"
+                      + (" (its device time)" if t.compile_basis == "device" else "")
+                      if t.speedup_vs_compile else
                       f" (torch.compile: {t.compile_note})") + untrusted)
         for why in t.noisy_reasons:
             lines.append(f"    busy: {why}")

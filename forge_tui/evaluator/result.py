@@ -113,9 +113,16 @@ class Timing(_Part):
     candidate: TimeStats
     eager: TimeStats
     compile: TimeStats | None = None
+    compile_device: TimeStats | None = None
+    """The compiled baseline's device time (cuda): what ``speedup_vs_compile`` divides there."""
     compile_note: str | None = None
     speedup_vs_eager: TimeStats
     speedup_vs_compile: TimeStats | None = None
+    """Against torch.compile's kernels: its device time over the candidate's time on cuda
+    (``compile_basis`` "device"), its latency on the cpu ("latency")."""
+    compile_basis: str | None = None
+    speedup_vs_compile_latency: TimeStats | None = None
+    """Against torch.compile's call, guards and wrappers included (what a lone call costs)."""
     noise: float = 0.0
     block_medians_us: list[float] = Field(default_factory=list)
     overhead_us: dict[str, float] | list[float] = Field(default_factory=dict)

@@ -1227,7 +1227,9 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         vs_compile = entry.evidence.speedup_vs_compile
         if only_faster and mode == Mode.TORCH_COMPILE and vs_compile is not None and vs_compile <= 1.0:
             # torch.compile would fuse the card better than the kernel does
-            applied.skipped[card_id] = f"measured slower than torch.compile's own code for the card ({vs_compile:.3f}x)"
+            basis = ", its kernels' device time" if entry.evidence.compile_basis == "device" else ""
+            applied.skipped[card_id] = (f"measured slower than torch.compile's own code for the card "
+                                        f"({vs_compile:.3f}x{basis})")
             continue
         if sig.kind == "fold":
             if mode == Mode.TORCH_COMPILE:

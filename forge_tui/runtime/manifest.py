@@ -81,10 +81,14 @@ class Evidence(BaseModel):
     speedup_vs_eager_q1: float | None = None
     speedup_vs_eager_q3: float | None = None
     speedup_vs_compile: float | None = None
+    compile_basis: str | None = None
+    """"device": ``speedup_vs_compile`` divides torch.compile's kernels' device time (the
+    evaluator's since 2026-12-05, on cuda); "latency" or none: its call's, guards included."""
     spread: float | None = None
     time_us: float | None = None
     eager_us: float | None = None
     compile_us: float | None = None
+    compile_device_us: float | None = None
     input_sets: list[str] = Field(default_factory=list)
     fraction_of_floor: float | None = None
     profile: dict[str, Any] | None = None

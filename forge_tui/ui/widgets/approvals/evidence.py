@@ -43,6 +43,7 @@ def evidence(req: "Request") -> RenderableType:
         parts.append(spread_bar(ev.speedup_vs_eager_q1, sp, ev.speedup_vs_eager_q3))
     times = [f"kernel {ev.time_us:.2f} µs" if ev.time_us else "", f"eager {ev.eager_us:.2f} µs" if ev.eager_us else "",
              f"torch.compile {ev.compile_us:.2f} µs" if ev.compile_us else "",
+             f"its kernels {ev.compile_device_us:.2f} µs of device time" if ev.compile_device_us else "",
              f"{100 * ev.fraction_of_floor:.0f}% of the roofline floor" if ev.fraction_of_floor else ""]
     parts.append(Text("  ".join(t for t in times if t)))
     parts.append(Text(f"correct on {len(ev.input_sets)} input sets: {', '.join(ev.input_sets)}"))
