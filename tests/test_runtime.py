@@ -3249,3 +3249,15 @@ def test_a_call_by_keywords_leads_with_the_forwards_first_parameter():
     assert by_name.profiled_leads == {((2, 16), torch.float32)}
     assert len({by_name.lead((), kw) for kw in steps}) == 3  # a new lead at every step
     assert VariantBook([], lambda *a, **k: None).rank == {}  # (*args, **kwargs): by name
+    # the lookup in the parameters' order answers as the rule does: a parameter passed as None,
+    # tensors only in **kwargs (by name), positional tensors first
+    from forge_tui.runtime.graph import call_lead
+
+    odd = [{"input_ids": None, "position_ids": ids, "attention_mask": torch.ones(2, 3)},
+           {"input_ids": None, "zeta": torch.ones(4), "alpha": torch.ones(5, dtype=torch.half)},
+           {"attention_mask": 3, "cache": torch.ones(6)}]
+    for kw in odd:
+        assert leads.lead((), kw) == call_lead((), kw, leads.rank), kw
+    assert leads.lead((), odd[0]) == ((2, 3), torch.float32)  # the mask: the first tensor parameter
+    assert leads.lead((), odd[1]) == ((5,), torch.float16)  # then by name
+    assert leads.lead((torch.ones(7),), steps[0]) == ((7,), torch.float32)

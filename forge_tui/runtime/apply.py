@@ -1551,21 +1551,19 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
     owned = list({id(g.guard): g.guard for g in guards}.values())
     original = scope.original
 
-    def compiled(*args: Any, **kwargs: Any) -> Any:
-        out = scope(*args, **kwargs)
-        why = scope.failed
-        if why is not None:
-            for g in owned:
-                if g.status.active:
-                    g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {why}")
-        return out
+    def failed(why: str) -> None:
+        for g in owned:
+            if g.status.active:
+                g.board.disable(g.status, f"its scope {path or 'the model'} runs uncompiled: {why}")
+
+    scope.on_failed = failed
 
     def servable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         # like a call whose compiled variant served a card (the first such call compiles it,
         # untried): a call at other shapes would time the forward as written on both sides
         return bool(scope.book.serving) and call_key(args, kwargs) in scope.book.serving
 
-    return _gated(compiled, original, owned, trial, servable, take_out)
+    return _gated(scope, original, owned, trial, servable, take_out)
 
 
 def _gated(served: Callable[..., Any], original: Callable[..., Any], guards: list[Guard],

@@ -395,6 +395,7 @@ class Leads:
         self.rank: dict[str, int] = param_rank(forward) if forward is not None else {}
         """The scope forward's parameters by their place (``direct.param_rank``): which keyword
         tensor leads a call passed by keywords alone."""
+        self._order = sorted(self.rank, key=self.rank.__getitem__)
         leads = [_text_lead(t, self.rank) for t in frozenset(profiled)]
         self.profiled_leads: frozenset[Any] = frozenset(lead for lead in leads if lead is not None)
         self.lead_rule = bool(leads) and _UNREAD not in leads
@@ -413,7 +414,16 @@ class Leads:
             lead not in self.profiled_leads
 
     def lead(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``call_lead`` of a call of the scope's forward."""
+        """``call_lead`` of a call of the scope's forward: for a call by keywords, the first of the
+        forward's parameters it passes a tensor for, looked up in their order (a decode step's
+        call passes its first parameter's tensor: one lookup, not a sort of its keywords)."""
+        if not args:
+            import torch
+
+            for name in self._order:
+                t = kwargs.get(name)
+                if isinstance(t, torch.Tensor):
+                    return tuple(t.shape), t.dtype
         return call_lead(args, kwargs, self.rank)
 
     def note(self, lead: Any, served: bool) -> None:
@@ -648,12 +658,13 @@ class GraphScope:
         """Shared with the scopes alike (``VariantBook``)."""
         self.original = original
         self.guards = guards
+        self._statuses = [g.status for g in guards]
         self.device = device
         self.sites: dict[str, int] = {}
         """Per card, the sites replaced in the graphs compiled so far."""
-        self.failed: str | None = None
-        """Why the scope runs as written from now on (its compile failed, Dynamo skipped its frame,
-        its hooks kept changing), or None."""
+        self._failed: str | None = None
+        self.on_failed: Callable[[str], None] | None = None
+        """Called with the reason once the scope fails (``failed``): the cards' statuses say it."""
         self.torch_level = True
         """Rewrite Dynamo's torch-level graph where the cards' sites map to it
         (``rewrite_torch_level``); else, or with False, the aten graph."""
@@ -855,11 +866,23 @@ class GraphScope:
         self._vs, self.shared, self.sites, self.levels, self.unmapped = _Variants(), False, {}, [], {}
         return False
 
+    @property
+    def failed(self) -> str | None:
+        """Why the scope runs as written from now on (its compile failed, Dynamo skipped its frame,
+        its hooks kept changing), or None."""
+        return self._failed
+
+    @failed.setter
+    def failed(self, why: str | None) -> None:
+        self._failed = why
+        if why is not None and self.on_failed is not None:
+            self.on_failed(why)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
         book = self.book
-        if book.empty_leads and self.failed is None and not torch.is_grad_enabled() and \
+        if book.empty_leads and self._failed is None and not torch.is_grad_enabled() and \
                 not torch.compiler.is_compiling() and book.unlike(book.lead(args, kwargs)):
             # like a call that compiled a variant serving nothing (a generation step): as written,
             # told by its lead before the other checks, the decorator's code and ``_run``'s frames
@@ -868,7 +891,7 @@ class GraphScope:
             self.calls += 1
             self._count_uncovered()
             return self.original(*args, **kwargs)
-        if self.failed is not None or torch.is_grad_enabled() or \
+        if self._failed is not None or torch.is_grad_enabled() or \
                 torch.compiler.is_compiling() or self._hooks_changed() or not _plain_context(self.device) or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
             # under a mode or a transform (a __torch_function__ mode, autocast, vmap) the forward
@@ -1027,9 +1050,8 @@ class GraphScope:
 
     def _count_uncovered(self) -> None:
         self.uncovered += 1
-        for g in self.guards:
-            if g.status.active:
-                g.board.fell_back(g.status, self.UNCOVERED_WHY)
+        if self.guards:  # one board holds an apply's cards
+            self.guards[0].board.fell_back_each(self._statuses, self.UNCOVERED_WHY)
 
 
 def _compiled_variants(function: Any) -> int:

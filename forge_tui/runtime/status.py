@@ -82,6 +82,15 @@ class StatusBoard:
             st.fallbacks[reason] += 1
         self._touch()
 
+    def fell_back_each(self, statuses: list[CardStatus], reason: str) -> None:
+        """``fell_back`` for each active card of ``statuses`` (a scope's call that served none of
+        its cards), under one lock."""
+        with self._lock:
+            for st in statuses:
+                if st.active:
+                    st.fallbacks[reason] += 1
+        self._touch()
+
     def traced_fallback(self, st: CardStatus, reason: str) -> None:
         with self._lock:
             st.traced_fallbacks[reason] += 1
