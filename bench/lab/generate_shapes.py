@@ -47,6 +47,12 @@ that served nothing as written (`49b8d9d`). Before/after, alternating, two runs 
 1.080x at `e97cf02`, 1.078x and 1.110x after; the same within this machine's noise. The mask
 chain's scope (the model's own forward) had been switched off by its trial in each run, and the
 RMSNorm card was on in some runs and off in others, so the changes had little to take out here.
+
+Fifth session (2026-12-05, same command): with the compiled scope's cheaper call as written
+(`a24ff60`), alternating with `8315840`, two runs each: 1.069x and 1.057x before, 1.046x and 1.054x
+after. The model's final norm, a child of the model's intercepted scope, is not taken out when its
+card goes off (its forward is the scope's wrapper over forge's, and take-out only puts back a
+forward nothing was set above): its guard still counts a fallback a step.
 """
 
 from __future__ import annotations
