@@ -101,6 +101,24 @@ class BenchResult:
         return "\n".join(lines)
 
 
+CHUNK = 1 << 24
+"""Elements of an output compared at a time: a decoder's logits (4 x 1024 x 262144) in float64,
+with the comparison's masks, would take tens of GB at once."""
+
+
+def _slices(x: Any, y: Any) -> Any:
+    """Flat slices of ``CHUNK`` elements of two tensors of one shape, in step."""
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    for start in range(0, max(yf.numel(), 1), CHUNK):
+        yield start, xf[start:start + CHUNK], yf[start:start + CHUNK]
+
+
+def _rms(y: Any) -> float:
+    """The root mean square of a floating tensor, a slice at a time."""
+    total = sum(float(ys.double().pow(2).sum()) for _, _, ys in _slices(y, y))
+    return (total / max(y.numel(), 1)) ** 0.5
+
+
 def _agree(got: Any, ref: Any, ref_name: str = "eager") -> str | None:
     a, b = tensor_leaves(got), tensor_leaves(ref)
     if len(a) != len(b):
@@ -109,10 +127,17 @@ def _agree(got: Any, ref: Any, ref_name: str = "eager") -> str | None:
         # whole-model tolerance: a fused kernel rounds once where eager rounds at every op
         dt = str(y.dtype).removeprefix("torch.")
         loose = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2), "bfloat16": (4e-2, 4e-2)}.get(dt)
-        m = compare(x, y, i, rtol=loose[0] if loose else None, atol=loose[1] if loose else None,
-                    scale=float(y.float().pow(2).mean().sqrt()) if y.is_floating_point() else None)
-        if m is not None:
-            return str(m)
+        rtol, atol = loose if loose else (None, None)
+        scale = _rms(y) if y.is_floating_point() else None
+        if x.shape != y.shape or x.dtype != y.dtype or y.numel() <= CHUNK:
+            m = compare(x, y, i, rtol=rtol, atol=atol, scale=scale)
+            if m is not None:
+                return str(m)
+            continue
+        for start, xs, ys in _slices(x, y):
+            m = compare(xs, ys, i, rtol=rtol, atol=atol, scale=scale)
+            if m is not None:
+                return f"{m} (of its elements {start} to {start + ys.numel() - 1}, in a flat order)"
     return None
 
 
@@ -161,12 +186,13 @@ def relative_error(got: Any, ref: Any) -> float | None:
         if not y.is_floating_point():
             continue
         floats = True
-        x, y = x.double(), y.double()
-        fx, fy = torch.isfinite(x), torch.isfinite(y)
-        if not torch.equal(fx, fy):
-            return float("inf")
-        num += float((x[fx] - y[fy]).pow(2).sum())
-        den += float(y[fy].pow(2).sum())
+        for _, xs, ys in _slices(x, y):
+            xs, ys = xs.double(), ys.double()
+            fx, fy = torch.isfinite(xs), torch.isfinite(ys)
+            if not torch.equal(fx, fy):
+                return float("inf")
+            num += float((xs[fx] - ys[fy]).pow(2).sum())
+            den += float(ys[fy].pow(2).sum())
     if not floats:
         return None
     return (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else float("inf"))

@@ -265,3 +265,29 @@ def test_the_per_call_table_times_a_leaf_module_as_the_model_calls_it(tmp_path):
     v = pc["cards"][card.id]
     assert v["served_us"] > 0 and v["leaf_fast"] is True, v
     assert v["leaf_served_us"] > 0 and v["leaf_eager_us"] > 0
+
+
+def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
+    """A decoder's logits (a billion elements) compared in float64 at once took tens of GB and ran
+    the H100 out of memory: the bench compares and measures errors a slice at a time, with the
+    same answers as at once."""
+    import torch
+
+    from forge_tui import e2e
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(30, 10, generator=g).to(torch.bfloat16).t()  # not contiguous: 300 elements
+    x = y.clone()
+    x[5, 25] += 1.0  # flat index 5 * 30 + 25 = 175
+    nan = y.clone()
+    nan[9, 29] = float("nan")  # the last element
+    whole = (e2e._agree(x, y), e2e.relative_error(x, y), e2e._agree(y.clone(), y), e2e.relative_error(nan, y))
+    assert whole[0] is not None and whole[2] is None and whole[1] > 0 and whole[3] == float("inf")
+    sizes = []
+    real = e2e.compare
+    monkeypatch.setattr(e2e, "compare", lambda a, b, *args, **kw: sizes.append(b.numel()) or real(a, b, *args, **kw))
+    monkeypatch.setattr(e2e, "CHUNK", 64)
+    sliced = (e2e._agree(x, y), e2e.relative_error(x, y), e2e._agree(y.clone(), y), e2e.relative_error(nan, y))
+    assert max(sizes) == 64 and len(sizes) == 3 + 5  # up to the bad slice; every slice of the good one
+    assert "elements 128 to 191" in sliced[0]
+    assert sliced[1] == pytest.approx(whole[1], rel=1e-12) and sliced[2] is None and sliced[3] == float("inf")
