@@ -620,6 +620,38 @@ def test_a_kernel_slower_than_torch_compile_is_left_out_of_compiled_models(promo
         assert norm.id in applied.guards
 
 
+def test_a_pointwise_module_card_is_left_to_torch_compile(promoted, tmp_path):
+    """A module card whose program is pointwise (an activation, or a batch norm in inference, a
+    per-channel affine map) is not a custom op in a torch.compile'd model: inductor fuses it with
+    its neighbours (ResNet-50's batch norms with their ReLUs), which an opaque kernel stops. A
+    program with a reduction (the RMSNorm's mean) stays a custom op; eager models keep both."""
+    import shutil
+
+    from forge_tui.runtime.graph import compile_worthy
+
+    def bn(training, op="aten.native_batch_norm.default"):
+        args = [{"$in": i} for i in range(5)] + ([training, 0.1, 1e-5] if training is not None else [0.1, 1e-5])
+        return {"nodes": [{"op": op, "args": args}]}
+
+    assert compile_worthy(bn(False)) and "pointwise" in compile_worthy(bn(False))
+    assert compile_worthy(bn(None, "aten._native_batch_norm_legit_no_training.default"))
+    assert compile_worthy(bn(True)) is None  # training: the batch's statistics, a reduction
+    ws, norm, _ = promoted
+    assert compile_worthy(norm.program) is None
+    root = tmp_path / "ws"
+    shutil.copytree(ws.root, root)
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["entries"][norm.id]["signature"]["program"] = {
+        "nodes": [{"op": "aten.relu.default", "args": [{"$in": 0}]}], "outputs": [{"$node": 0}]}
+    path.write_text(json.dumps(data))
+    model = load_workload().get_model()
+    with apply(model, root, mode=Mode.TORCH_COMPILE) as applied:
+        assert norm.id not in applied.guards and "pointwise" in applied.skipped[norm.id]
+    with apply(model, ws.root, mode=Mode.TORCH_COMPILE) as applied:
+        assert norm.id in applied.guards  # its own program reduces
+
+
 def test_each_mode_takes_its_own_verdict(promoted, tmp_path):
     """A kernel switched off op by op (the host's cost of each call outweighed it) still serves
     compiled models and graphs; switched off under torch.compile, it still serves eager models."""

@@ -1251,9 +1251,10 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
         if sig.kind == "module" and sig.returns == "other":
             applied.skipped[card_id] = "the module returns something other than a tensor or a tuple of them"
             continue
-        if sig.kind != "module" and mode == Mode.TORCH_COMPILE:
+        if mode == Mode.TORCH_COMPILE:
             why = compile_worthy(sig.program)
-            if why is None and (len(sig.outputs) != 1 or any(s.role == "const" for s in sig.inputs)):
+            if why is None and sig.kind != "module" and \
+                    (len(sig.outputs) != 1 or any(s.role == "const" for s in sig.inputs)):
                 why = "a card with more than one output or a constant input is not found in a compiled graph"
             if why:
                 applied.skipped[card_id] = f"not served under torch.compile: {why}"
