@@ -65,3 +65,20 @@ def test_kernel_loops_calling_them_vectorise(lib):
     """No call to libm's scalar expf/tanhf is left in the loops: they are inlined and vectorised."""
     asm = lib[1]
     assert "expf@" not in asm and "tanhf@" not in asm and "call\texpf" not in asm and "call\ttanhf" not in asm
+
+
+def test_each_reference_program_has_a_source_file_of_its_own():
+    """torch.compile (torch 2.11) traces a function whose source file it cannot find through one
+    shared wrapper with 8 cached variants: the 9th program compiled in a process ran eager's code.
+    Each program's source is registered under its own name, so inspect finds it."""
+    import inspect
+
+    from forge_tui.program import compile_source
+
+    progs = [{"nodes": [{"op": "aten.mul.Tensor", "args": [{"$in": 0}, float(k)]}], "outputs": [{"$node": 0}]}
+             for k in range(3)]
+    fns = [compile_source(p, 1) for p in progs]
+    files = [inspect.getsourcefile(f) for f in fns]
+    assert None not in files and len(set(files)) == 3 and len({f.__code__ for f in fns}) == 3
+    assert "aten.mul.Tensor" in inspect.getsource(fns[1]) and "1.0" in inspect.getsource(fns[1])
+    assert [float(f(torch.ones(1), device="cpu")[0]) for f in fns] == [0.0, 1.0, 2.0]
