@@ -70,7 +70,9 @@ ORDER_SEED = 0x5EED
 
 SLEEP_CYCLES = 2_000_000
 """``torch.cuda._sleep``'s cycles before a call timed on the device alone (about 1 ms at the H200's
-clock, longer than any call's host): the device waits while the host enqueues the call."""
+clock, longer than one call's host): the device waits while the host enqueues the call. Where
+the host enqueues more (a sample of many calls), the caller asks for longer: a sleep that ends
+before the host does leaves the device idle between the calls, and that idle time is counted."""
 
 
 class Timer:

@@ -52,7 +52,7 @@ from ..kernel_abi import card_scalars
 from ..program import bind_program, compile_source, run_program, run_program_float64
 from ..quiet import Calibration, Verdict, profile_reason, spread_reason
 from ..tensorstore import TensorStore, span
-from ..timing import Stats, Timer, paired_ratio
+from ..timing import SLEEP_CYCLES, Stats, Timer, paired_ratio
 from .accused import MAX_SETS, Accused, CandidateProcessError
 from .request import JudgeRequest
 
@@ -540,7 +540,10 @@ class Evaluation:
                 t_e = self._one(timer, functools.partial(run_eagers, box))
                 t_c = self._one(timer, run_compiled) if compiled is not None else None
                 # what torch.compile's kernels cost where a compiled model runs them: no guard, no wrapper
-                t_cd = timer.device_us(run_compiled) if compiled is not None and self.device == "cuda" else None
+                # the device held busy twice as long as the calls' latency just measured (their host
+                # and device at 2 GHz): K compiled calls' guards and launches, all enqueued under it
+                t_cd = (timer.device_us(run_compiled, sleep_cycles=max(SLEEP_CYCLES, int(4000 * (t_c or 0.0))))
+                        if compiled is not None and self.device == "cuda" else None)
                 t_0 = self._one(timer, lambda: tiny.zero_())
                 expected = [[o.clone() for o in outs] for outs in box]
                 cpu1 = acc.cpu_ns()
