@@ -474,7 +474,7 @@ def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     for the node on cuda."""
     import torch
 
-    from forge_tui.program import bind_program, compile_source
+    from forge_tui.program import bind_program, compile_source, first_compiled_call
     from forge_tui.timing import Timer
 
     call, ins, _ = loaded
@@ -486,8 +486,9 @@ def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     compile_error = None
     try:
         compiled = torch.compile(compile_source(card.program, len(ins)), dynamic=False)
-        compiled(*ins, device="cuda")  # compiled now, outside the timed calls
-        fns["compile"] = lambda: compiled(*ins, device="cuda")
+        compile_error = first_compiled_call(compiled, *ins, device="cuda")  # compiled now, not timed
+        if compile_error is None:
+            fns["compile"] = lambda: compiled(*ins, device="cuda")
     except Exception as exc:  # noqa: BLE001 - the other times still stand
         compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     torch.cuda.synchronize()

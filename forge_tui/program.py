@@ -242,6 +242,21 @@ def compile_source(program: dict, n_inputs: int) -> Callable:
     return namespace["reference"]
 
 
+NO_GRAPH = ("torch.compile compiled no graph for it: Dynamo ran the reference's own code (its "
+            "recompile limit reached, or the function skipped)")
+
+
+def first_compiled_call(compiled: Callable, *args: Any, **kwargs: Any) -> str | None:
+    """Call a fresh ``torch.compile`` of a reference program once, and say why not where Dynamo
+    compiled no graph for the call: past its recompile limit it runs the function's own code with a
+    warning alone, and a baseline timed so would be eager's under torch.compile's name."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    compiled(*args, **kwargs)
+    return None if counters["stats"]["unique_graphs"] > before else NO_GRAPH
+
+
 def tensor_leaves(obj: Any) -> list[Any]:
     """The tensors in a nest of lists, tuples and dicts, in order (a module's arguments or outputs)."""
     import torch

@@ -82,3 +82,17 @@ def test_each_reference_program_has_a_source_file_of_its_own():
     assert None not in files and len(set(files)) == 3 and len({f.__code__ for f in fns}) == 3
     assert "aten.mul.Tensor" in inspect.getsource(fns[1]) and "1.0" in inspect.getsource(fns[1])
     assert [float(f(torch.ones(1), device="cpu")[0]) for f in fns] == [0.0, 1.0, 2.0]
+
+
+def test_a_compile_that_ran_eagers_code_is_told():
+    """Past Dynamo's recompile limit torch.compile runs the function's own code with a warning
+    alone: the first call of a baseline says so, so that it is never timed as torch.compile's."""
+    import torch._dynamo
+
+    from forge_tui.program import NO_GRAPH, compile_source, first_compiled_call
+
+    prog = {"nodes": [{"op": "aten.mul.Tensor", "args": [{"$in": 0}, 2.0]}], "outputs": [{"$node": 0}]}
+    compiled = torch.compile(compile_source(prog, 1), dynamic=False)
+    assert first_compiled_call(compiled, torch.ones(8), device="cpu") is None
+    with torch._dynamo.config.patch(recompile_limit=1):  # a new shape: a variant it may not compile
+        assert first_compiled_call(compiled, torch.ones(16), device="cpu") == NO_GRAPH
