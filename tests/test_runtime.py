@@ -357,6 +357,41 @@ def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, m
         assert applied.status()["cards"][0]["trial"] is None  # only_faster=False: no trial
 
 
+def test_a_card_off_for_good_under_an_intercepted_scope_is_taken_out_too(promoted):
+    """The RMSNorm is a child of the model, whose softmax card intercepts its forward: the norm's
+    forward is the scope's wrapper (it leaves the interception) over forge's. Its card off for
+    good, the wrapper calls the module's own forward from the next call; the scope's own
+    take-out and undo then leave the module as it was."""
+    from forge_tui.runtime.apply import TAKEN_OUT
+
+    ws, norm, sm = promoted
+    wl = load_workload()
+    model, x = wl.get_model(), wl.get_inputs()[0]
+    want = wl.get_model()(x)
+    with torch.no_grad(), apply(model, ws, trial_calls=0, only_faster=False, compiled_scopes=False) as applied:
+        assert {norm.id, sm.id} <= set(applied.guards), applied.skipped
+        wrapper = model.norm.__dict__["forward"]
+        assert "_outside_scope" in wrapper.__qualname__  # the scope's, over forge's
+        model(x)
+        applied.board.disable(applied.guards[norm.id].status, "a test switched it off")
+        for _ in range(3):
+            torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-6)
+        st = {c["card"]: c for c in applied.status()["cards"]}
+        assert applied.taken_out == ["norm"] and st[norm.id]["fallbacks"] == {"disabled": 1}
+        assert st[norm.id]["sites"] == [f"norm: {TAKEN_OUT}"]
+        assert model.norm.__dict__["forward"] is wrapper  # still leaving the scope's interception
+        applied.board.disable(applied.guards[sm.id].status, "a test switched it off")
+        model(x)
+        assert applied.taken_out == ["norm", "the model", "norm"]  # then the scope's wrapper on it
+        assert [n for n, m in model.named_modules() if "forward" in m.__dict__] == []
+    assert [n for n, m in model.named_modules() if "forward" in m.__dict__] == []
+    with torch.no_grad(), apply(model, ws, trial_calls=0, only_faster=False, compiled_scopes=False) as applied:
+        applied.board.disable(applied.guards[norm.id].status, "a test switched it off")
+        model(x)
+    assert [n for n, m in model.named_modules() if "forward" in m.__dict__] == []  # undone after a take-out
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-6)
+
+
 def test_an_op_card_scope_is_tried_with_and_without_the_interceptor(promoted, monkeypatch, tmp_path):
     """A scope whose ops all pass through Python while intercepted: kept only if faster so."""
     from forge_tui.runtime.apply import TAKEN_OUT, Guard, Trial

@@ -1044,15 +1044,27 @@ class ReplacedForwards:
 
     def take_out(self, module: Any, new: Callable[..., Any]) -> bool:
         """Put back what ``module`` had before forge set ``new`` on it, where ``new`` is still its
-        forward (nothing set above it since). Whether it was put back."""
-        if module.__dict__.get("forward") is not new:
+        forward, or where the forward is a wrapper forge set over ``new`` that can call another
+        (``_outside_scope``'s, a scope's child leaving its interception): that wrapper then calls
+        the module's own forward, and undo puts back what the module had before ``new``. Whether
+        it was taken out."""
+        live = [r for r in self._restore if r.module is module and not r.taken_out]
+        inner = next((r for r in reversed(live) if r.new is new), None)
+        if inner is None:
             return False
-        for r in reversed(self._restore):
-            if r.module is module and r.new is new and not r.taken_out:
-                r.taken_out = True
-                r.put_back()
-                return True
-        return False
+        current = module.__dict__.get("forward")
+        if current is new:
+            inner.taken_out = True
+            inner.put_back()
+            return True
+        outer = next((r for r in reversed(live) if r.new is current), None)
+        retarget = getattr(current, "forge_retarget", None)
+        if outer is None or outer.old is not new or retarget is None:
+            return False
+        retarget(inner.old if inner.had_own else types.MethodType(type(module).forward, module))
+        outer.old, outer.had_own = inner.old, inner.had_own
+        inner.taken_out = True
+        return True
 
     def restore(self) -> None:
         for r in reversed(self._restore):
@@ -1623,6 +1635,8 @@ def _outside_scope(original: Callable[..., Any], owner: object) -> Callable[...,
     them)."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
+    target = [original]
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         mode: Any = _get_current_dispatch_mode()
         if getattr(mode, "forge_owner", None) is owner:
@@ -1632,9 +1646,14 @@ def _outside_scope(original: Callable[..., Any], owner: object) -> Callable[...,
                     for run in mode.runs:
                         if given & run.storages():
                             run.end()
-                return original(*args, **kwargs)
-        return original(*args, **kwargs)
+                return target[0](*args, **kwargs)
+        return target[0](*args, **kwargs)
 
+    def retarget(own: Callable[..., Any]) -> None:
+        """Call ``own`` from now on (the module's own forward, once forge's below is taken out)."""
+        target[0] = own
+
+    forward.forge_retarget = retarget  # type: ignore[attr-defined]
     return forward
 
 
