@@ -52,7 +52,7 @@ Fifth session (2026-12-05, same command): with the compiled scope's cheaper call
 (`a24ff60`), alternating with `8315840`, two runs each: 1.069x and 1.057x before, 1.046x and 1.054x
 after. The model's final norm, a child of the model's intercepted scope, is not taken out when its
 card goes off (its forward is the scope's wrapper over forge's, and take-out only puts back a
-forward nothing was set above): its guard still counts a fallback a step. Since `b817758`
+forward nothing was set above): its guard still counts a fallback a step. Since `efef2c3`
 the wrapper calls the module's own forward once the card is off: the RMSNorm card's "disabled"
 fallbacks went from 532 to 5 in a run, and the loop, alternating with the commit before, two runs
 each: 1.047x and 1.050x before, 1.045x and 1.042x after (within this machine's noise).
