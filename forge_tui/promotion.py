@@ -249,7 +249,8 @@ def evidence_of(node: str, commit: str, parent: str | None, r: EvalResult, diff:
     return Evidence(
         node=node, commit=commit, parent=parent, speedup_vs_eager=r.speedup_vs_eager,
         speedup_vs_eager_q1=sp.q1 if sp else None, speedup_vs_eager_q3=sp.q3 if sp else None,
-        speedup_vs_compile=r.speedup_vs_compile, compile_basis=t.compile_basis if t else None, spread=sp.spread if sp else None, time_us=r.time_us,
+        speedup_vs_compile=r.speedup_vs_compile, compile_basis=t.compile_basis if t else None,
+        spread=sp.spread if sp else None, time_us=r.time_us,
         eager_us=t.eager.median if t else None, compile_us=t.compile.median if t and t.compile else None,
         compile_device_us=t.compile_device.median if t and t.compile_device else None,
         input_sets=[s.name for s in r.correctness.sets] if r.correctness else [],

@@ -549,9 +549,9 @@ class Evaluation:
                 box: list = []
                 t_e = self._one(timer, functools.partial(run_eagers, box))
                 t_c = self._one(timer, run_compiled) if compiled is not None else None
-                # what torch.compile's kernels cost where a compiled model runs them: no guard, no wrapper
-                # the device held busy twice as long as the calls' latency just measured (their host
-                # and device at 2 GHz): K compiled calls' guards and launches, all enqueued under it
+                # what torch.compile's kernels cost where a compiled model runs them (no guard, no
+                # wrapper): the device held busy twice the calls' latency just measured (at 2 GHz),
+                # so that the K calls' guards and launches are all enqueued under it
                 t_cd = (timer.device_us(run_compiled, sleep_cycles=max(SLEEP_CYCLES, int(4000 * (t_c or 0.0))))
                         if compiled is not None and self.device == "cuda" else None)
                 t_0 = self._one(timer, lambda: tiny.zero_())
@@ -619,8 +619,8 @@ class Evaluation:
         m2 = Stats.from_samples(samples["candidate"][repeats:]).median
         noise = abs(m1 - m2) / min(m1, m2) if min(m1, m2) > 0 else 0.0
         cand_med = stats["candidate"].median
-        compile_basis = ("compile_device" if "compile_device" in samples
-                         else "compile" if "compile" in samples else None)
+        vs_compile = ("compile_device" if "compile_device" in samples
+                      else "compile" if "compile" in samples else None)
         return {
             "candidate": stats["candidate"].to_json(), "eager": stats["eager"].to_json(),
             "compile": stats["compile"].to_json() if "compile" in stats else None,
@@ -630,9 +630,9 @@ class Evaluation:
             # against torch.compile's kernels, not its call: the compiled baseline's device time
             # where there is a device (the candidate's sample keeps its launch: the ratio errs
             # against the candidate), its latency on the cpu
-            "speedup_vs_compile": (_ratio(samples[compile_basis], samples["candidate"], resolution)
-                                   if compile_basis else None),
-            "compile_basis": {"compile_device": "device", "compile": "latency"}.get(compile_basis or ""),
+            "speedup_vs_compile": (_ratio(samples[vs_compile], samples["candidate"], resolution)
+                                   if vs_compile else None),
+            "compile_basis": {"compile_device": "device", "compile": "latency"}.get(vs_compile or ""),
             "speedup_vs_compile_latency": (_ratio(samples["compile"], samples["candidate"], resolution)
                                            if "compile" in samples else None),
             "noise": noise, "block_medians_us": [m1, m2],
