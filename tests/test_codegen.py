@@ -21,6 +21,7 @@ from torch import nn
 
 from forge_tui.cards import Card
 from forge_tui.codegen import Unsupported, analyze, explain
+from forge_tui.codegen.emit_common import math_modes
 from forge_tui.codegen.emit_cpu import PRELUDE, emit_cpu
 from forge_tui.codegen.index import Space, evaluate
 from forge_tui.codegen.interp import interpret
@@ -440,6 +441,83 @@ def test_a_batch_of_random_programs_compiled_once_matches_eager(tmp_path):
             _check_against_eager(card, outs, ins, special)
 
 
+def _run_cpu(card: Card, params: dict, inputs: list, tmp_path: Path) -> list:
+    built = Builder("cpu", tmp_path).build(emit_cpu(analyze(card), params, card))
+    assert built.ok, built.log[:3000]
+    fn_ptr = ctypes.CDLL(str(built.library)).forge_launch
+    fn_ptr.restype = ctypes.c_int
+    outs = alloc_outputs(card.outputs, "cpu")
+    assert _call(fn_ptr, inputs, outs) == 0
+    return outs
+
+
+def test_fp32_math_rounds_the_outputs_where_eager_math_rounds_every_op(tmp_path):
+    """``math``: ``eager`` is eager bit for bit; ``fp32`` rounds only what is stored, so it differs
+    from eager where an op's bf16 rounding mattered, is nearer the float64 result than eager, and
+    a later op reads an output as it was stored."""
+
+    def prog(x, y):
+        h = x * y + y
+        return h, h * h - x
+
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(64, 256, generator=g).bfloat16() for _ in range(2))
+    card, ins = captured(prog, x, y)
+    kern = analyze(card)
+    assert math_modes(kern, "cpu") == ["eager", "fp32"] and math_modes(kern, "cuda") == ["eager", "fp32"]
+    base = {"chunk": 1, "simd": 1, "cblock": 0}
+    exact = _run_cpu(card, {**base, "math": "eager"}, ins, tmp_path / "eager")
+    wide = _run_cpu(card, {**base, "math": "fp32"}, ins, tmp_path / "fp32")
+    eager = run_program(card.program, [t.clone() for t in ins])
+    assert all(torch.equal(a, b) for a, b in zip(exact, eager))
+    xd, yd = x.double(), y.double()
+    truth = [xd * yd + yd]
+    truth.append(truth[0] * truth[0] - xd)
+    h = wide[0].float()
+    assert (wide[1] == (h * h - x.float()).bfloat16()).float().mean() > 0.99  # from h as stored
+    for k in (0, 1):
+        assert not torch.equal(wide[k], exact[k])
+        err_wide = (wide[k].double() - truth[k]).abs().mean()
+        err_eager = (exact[k].double() - truth[k]).abs().mean()
+        assert err_wide < err_eager, (k, err_wide, err_eager)
+
+
+def test_math_modes_are_offered_where_they_change_the_kernel(table_ws):
+    by = {(_name(c), c.dtype): c for c in table_ws.cards() if c.kind == "module"}
+    gate = GEN.match(by[("GeluGate", "bfloat16")])
+    assert GEN.axes(gate, "cuda")["math"] == ["eager", "fast", "fp32"]
+    assert GEN.axes(gate, "cpu")["math"] == ["eager", "fp32"]  # no approximate functions on the cpu
+    first = GEN.initial(gate, "cuda")
+    assert first["math"] == "eager"
+    # both other modes are one step away, the first moves tried (a compute-bound program)
+    from forge_tui.templates.proposer import TemplateProposer
+
+    assert [q["math"] for q in TemplateProposer().neighbours(GEN, gate, first, "cuda")[:2]] == ["fast", "fp32"]
+    fast = GEN.render(gate, {**first, "math": "fast"}, "cuda")
+    wide = GEN.render(gate, {**first, "math": "fp32"}, "cuda")
+    eager = GEN.render(gate, first, "cuda")
+    body = lambda src: src.split("__global__", 1)[1]  # noqa: E731
+    assert "fg_gelu_tanh_fast(" in body(fast) and "fg_gelu_tanh(" in body(wide) + body(eager)
+    assert body(eager).count("fg_rbf(") == 2 and body(wide).count("fg_rbf(") == 1  # gelu's rounding, then the output's
+    # fp32 programs and programs without an op to round inside have eager's mode only
+    for key in (("GeluGate", "float32"), ("GemmaRMSNorm", "bfloat16"), ("SiluGate", "float32")):
+        if key in by:
+            m = GEN.match(by[key])
+            assert "math" not in GEN.axes(m, "cuda") and "math" not in GEN.initial(m, "cuda"), key
+            assert not GEN.valid(m, {**GEN.initial(m, "cuda"), "math": "fp32"}, "cuda"), key
+
+
+def test_every_math_mode_passes_the_evaluator_on_the_cpu(table_ws):
+    cards = [c for c in table_ws.cards() if c.kind == "module" and "math" in GEN.axes(GEN.match(c), "cpu")]
+    assert {_name(c) for c in cards} >= {"GeluGate", "SoftCap", "HalfCastChain"}
+    with Evaluator(table_ws.store, table_ws.cache, CFG, backend="cpu") as ev:
+        for card in cards:
+            m = GEN.match(card)
+            r = ev.evaluate(card, GEN.render(m, {**GEN.initial(m, "cpu"), "math": "fp32"}, "cpu"),
+                            EvalOptions(timing=False))
+            assert r.status == "passed", (card.id, r.reason)
+
+
 # ---- CUDA ----------------------------------------------------------------------------------------
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -470,6 +548,12 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     assert "load_vec<__nv_bfloat16, VEC>" in jobs[1] and "keep1[NV][VEC]" in jobs[1] and "fg_smem" in jobs[2]
     # unfolded, rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
     assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[5], jobs[5][-2500:]
+    for name in ("GeluGate", "SoftCap"):
+        m = GEN.match(by[(name, "bfloat16")])
+        jobs += [GEN.render(m, {**GEN.initial(m, "cuda"), "math": mode}, "cuda") for mode in ("fast", "fp32")]
+    kernels = [src.split("__global__", 1)[1] for src in jobs[-4:]]  # gelu fast, fp32; soft cap fast, fp32
+    assert "fg_gelu_tanh_fast(" in kernels[0] and "fg_tanh_fast(" in kernels[2] and "tanh.approx.f32" in jobs[-2]
+    assert "_fast(" not in kernels[1] + kernels[3]
     builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(builder.build, jobs))

@@ -5,9 +5,26 @@ from __future__ import annotations
 
 from ..kernel_abi import CPU_CTYPE, CUDA_CTYPE
 from .index import Index, to_c
-from .ir import BOOL_OPS, FLOAT_OPS, INT_OPS, Kernel, Node, c_float
+from .ir import BOOL_OPS, FLOAT_OPS, FLOATS, INT_OPS, Kernel, Node, c_float
 
 VALUE_TYPE = {"f": "float", "i": "int64_t", "b": "bool"}
+HALF = ("bfloat16", "float16")
+
+# ``math`` = ``fast`` (cuda): the hardware's approximate functions in place of libm's, for
+# programs whose float outputs are all half precision (their error, about 2^-11 relative, is a
+# quarter of a bf16 rounding step)
+FAST_C = {"tanh": "fg_tanh_fast({0})", "exp": "fg_exp_fast({0})", "sigmoid": "fg_sigmoid_fast({0})",
+          "silu": "fg_silu_fast({0})", "gelu_tanh": "fg_gelu_tanh_fast({0})"}
+FAST_HELPERS = r'''
+FG float fg_tanh_fast(float x) { float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+FG float fg_exp_fast(float x) { return __expf(x); }
+FG float fg_sigmoid_fast(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+FG float fg_silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+FG float fg_gelu_tanh_fast(float x) {
+    const float k = 0.79788456080286536f;
+    return 0.5f * x * (1.f + fg_tanh_fast(k * (x + 0.044715f * x * x * x)));
+}
+'''
 
 # Scalar helpers, written once for both backends (FG is the function qualifier).
 HELPERS = r'''
@@ -35,15 +52,51 @@ FG float fg_sign(float x) { return x != x ? x : (float)((x > 0.f) - (x < 0.f)); 
 '''
 
 
+def _output_nodes(kern: Kernel) -> set[int]:
+    return {o.node for d in kern.domains for o in d.outputs}
+
+
+def _rounds_inside(kern: Kernel, outs: set[int]) -> bool:
+    """Whether an op that is not an output rounds its result to half precision (what ``fp32``
+    leaves out)."""
+    return any(n.kind == "f" and n.dtype in HALF and n.op in FLOAT_OPS and FLOAT_OPS[n.op].out == "f"
+               and n.id not in outs for d in kern.domains for n in d.nodes)
+
+
+def math_modes(kern: Kernel, backend: str) -> list[str]:
+    """How a kernel may compute: ``eager`` rounds every op's result to its dtype, as eager does (bit
+    for bit where eager is exact); ``fp32`` rounds only the outputs and explicit casts, keeping
+    the rest in fp32 as torch.compile does (fewer conversions: a bf16 NewGELU rounds nine times in
+    eager); ``fast`` (cuda) is ``fp32`` with approximate tanh, exp and sigmoid. Only the modes
+    that differ from ``eager`` for this program are listed after it."""
+    key = "math_" + backend
+    hit = kern.memo.get(key)
+    if hit is None:
+        outs = _output_nodes(kern)
+        hit = ["eager"]
+        floats = [o.dtype for d in kern.domains for o in d.outputs if o.dtype in FLOATS]
+        if backend == "cuda" and floats and all(dt in HALF for dt in floats) and any(
+                n.op in FAST_C for d in kern.domains for n in d.nodes):
+            hit.append("fast")
+        if _rounds_inside(kern, outs):
+            hit.append("fp32")
+        kern.memo[key] = hit
+    return list(hit)
+
+
 class NodeWriter:
     """C statements for nodes: ``t<id>`` names each node's value; loads read ``p<k>`` at a row
-    offset (``row_name``) plus their column part."""
+    offset (``row_name``) plus their column part. ``math``: see ``math_modes`` (an output's value
+    is rounded in every mode, so what later ops read of it is what was stored)."""
 
-    def __init__(self, kern: Kernel, backend: str) -> None:
+    def __init__(self, kern: Kernel, backend: str, math: str = "eager") -> None:
         self.k = kern
         self.backend = backend
         self.types = CUDA_CTYPE if backend == "cuda" else CPU_CTYPE
         self.row_offsets: dict[Index, str] = {}
+        self.exact = math == "eager"
+        self.fast = math == "fast"
+        self.outs = set() if self.exact else _output_nodes(kern)
 
     # ---- offsets -----------------------------------------------------------------------------------
     def row_name(self, e: Index) -> str:
@@ -125,8 +178,8 @@ class NodeWriter:
             return INT_OPS[n.op].format(*a)
         op = FLOAT_OPS[n.op]
         attrs = {f"a{i}": c_float(v) for i, v in enumerate(n.attr or ())}
-        e = op.c.format(*a, **attrs)
-        if op.out == "b":
+        e = ((self.fast and FAST_C.get(n.op)) or op.c).format(*a, **attrs)
+        if op.out == "b" or not (self.exact or n.id in self.outs):
             return e
         return self.round(n.dtype, e)
 

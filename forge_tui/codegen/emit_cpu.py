@@ -23,7 +23,7 @@ def emit_cpu(kern: Kernel, params: dict, card) -> str:
     """The candidate's source (without its header line). params: chunk (rows an OpenMP chunk),
     cblock (columns a block, 0 for whole rows; pointwise programs only), simd (0/1). A program
     with outputs of different sizes (``kern.more``) runs one loop nest a size, in turn."""
-    w = NodeWriter(kern, "cpu")
+    w = NodeWriter(kern, "cpu", params.get("math", "eager"))
     ptrs = []
     for leaf in kern.leaves:
         ptrs.append(f"    const {w.types[leaf.dtype]}* __restrict__ p{leaf.index} = "
@@ -47,7 +47,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 
 def _nest(kern: Kernel, params: dict) -> str:
     """One domain's loops over its rows (and column blocks), in a scope of its own."""
-    w = NodeWriter(kern, "cpu")
+    w = NodeWriter(kern, "cpu", params.get("math", "eager"))
     simd = "#pragma omp simd" if params.get("simd", 1) else ""
     body: list[str] = []
     done: set[int] = set()

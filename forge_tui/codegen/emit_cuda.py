@@ -33,7 +33,7 @@ from ..kernel_abi import ITEMSIZE
 from ..templates.base import cluster_config, workspace_entry
 from ..templates.cuda_common import COMMON
 from ..templates.device import DEFAULT_DEVICE, DeviceProps
-from .emit_common import HELPERS, NodeWriter, check_inputs
+from .emit_common import FAST_HELPERS, HELPERS, NodeWriter, check_inputs
 from .index import Atom, Index, Space, to_c
 from .ir import FLOATS, Kernel
 
@@ -43,7 +43,7 @@ PRELUDE = COMMON + r'''
 FG float fg_rbf(float v) { return round_to<__nv_bfloat16>(v); }
 FG float fg_rh(float v) { return round_to<__half>(v); }
 FG float fg_rsqrt(float v) { return rsqrtf(v); }
-''' + HELPERS + r'''
+''' + HELPERS + FAST_HELPERS + r'''
 template <int OP> FG float fg_comb(float a, float b) { return OP == 0 ? a + b : OP == 1 ? fg_max_acc(a, b) : fg_min_acc(a, b); }
 template <int OP> FG float fg_ident() { return OP == 0 ? 0.f : OP == 1 ? -INFINITY : INFINITY; }
 
@@ -234,7 +234,7 @@ def _flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     divide that way (see ``fold_gains``) is not folded. A program with outputs of different sizes
     (``kern.more``): a kernel a size, launched one after the other on the stream (``launch`` =
     ``each``), or one launch whose blocks are split among the sizes (``one``)."""
-    w = NodeWriter(kern, "cuda")
+    w = NodeWriter(kern, "cuda", p.get("math", "eager"))
     params_c, args_c = _args(kern, w)
     one = p.get("launch", "each") == "one" and len(kern.domains) > 1
     vec, threads = p["vec"], p["threads"]
@@ -271,7 +271,7 @@ def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_
     """One domain's kernel named ``kname`` (a ``__global__`` one, or with ``device_fn`` a device
     function of its block index and block count, for a launch shared with other domains), its grid
     at VEC and at 1, and the condition for the VEC instantiation."""
-    w = NodeWriter(kern, "cuda")
+    w = NodeWriter(kern, "cuda", p.get("math", "eager"))
     threads, vec, parts = p["threads"], p["vec"], p.get("fold", 1)
     h = kern.cols // parts
     space = Space({"r": kern.rows, "c": h})
@@ -479,7 +479,7 @@ def smem_bytes(kern: Kernel, rpb: int, vec: int) -> int:
 
 
 def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
-    w = NodeWriter(kern, "cuda")
+    w = NodeWriter(kern, "cuda", p.get("math", "eager"))
     tpr, rpb, vec, cache = p["tpr"], p["rpb"], p["vec"], p["cache"]
     split = p.get("split", 1)
     assert split == 1 or (rpb == 1 and p.get("grid", "rows") == "rows" and cache != "smem"), p
@@ -773,7 +773,7 @@ def _tiles(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     block's chunk in shared memory (or re-read), a thread a channel's run of pixels."""
     lay = tile_layout(kern)
     assert lay is not None and p.get("split", 1) == 1 and p.get("rpb", 1) == 1, p
-    w = NodeWriter(kern, "cuda")
+    w = NodeWriter(kern, "cuda", p.get("math", "eager"))
     threads, vec, cache = p["tpr"], p["vec"], p["cache"]
     blocks = device.sms * p.get("bps", 1)
     nstep = tile_steps(kern, threads, vec, blocks)

@@ -14,7 +14,7 @@ from .base import Family, Match, describe, parse_header
 from .device import DeviceProps, detect_device
 from .registry import match
 
-AXIS_ORDER = ("mode", "launch", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
+AXIS_ORDER = ("mode", "launch", "math", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
               "grid", "unroll", "per_thread", "simd")
 
 
@@ -83,7 +83,7 @@ class TemplateProposer:
                 continue
             k = values.index(params[axis])
             steps = [values[j] for j in (k + 1, k - 1) if 0 <= j < len(values)]
-            if axis == "mode":
+            if axis in ("mode", "math"):  # no order among the values: each is one step away
                 steps = [v for v in values if v != params[axis]]
             for v in steps:
                 q = dict(params, **{axis: v})

@@ -13,7 +13,11 @@ one launch whose blocks are split among them). cpu: ``chunk`` rows an OpenMP chu
 row, a cluster of them sharing its reductions (few long rows: a group norm's groups). ``grid`` =
 ``tiles`` with ``bps`` blocks an SM (cuda, rows interleaved in memory: a channels-last group
 norm): the whole GPU walks the tensor in memory order, the rows' sums combined behind a grid
-barrier.
+barrier. ``math`` (programs that round inside or call tanh, exp or sigmoid with half-precision
+outputs): ``eager`` rounds every op's result as eager does, ``fp32`` only the outputs and explicit
+casts (as torch.compile; a bf16 NewGELU's eight conversions run on the GPU's quarter-rate pipe and
+bound it at 45% of a copy), ``fast`` (cuda) also takes the hardware's approximate tanh and exp.
+The evaluator decides whether a mode is close enough to eager.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections import OrderedDict
 
 from ...cards import Card
 from ...codegen import Unsupported, analyze
+from ...codegen.emit_common import math_modes
 from ...codegen.emit_cpu import emit_cpu
 from ...codegen.emit_cuda import (
     cached_loads,
@@ -146,6 +151,13 @@ class Generated(Family):
         return list(hit)
 
     def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
+        ax = self._axes(m, backend, device)
+        modes = math_modes(self._k(m), backend)
+        if len(modes) > 1:
+            ax["math"] = modes
+        return ax
+
+    def _axes(self, m: Match, backend: str, device: DeviceProps) -> dict[str, list]:
         k = self._k(m)
         if backend == "cpu":
             ax: dict[str, list] = {"chunk": [1, 4, 16, 64], "simd": [1, 0]}
@@ -164,6 +176,8 @@ class Generated(Family):
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         k = self._k(m)
+        if p.get("math", "eager") not in math_modes(k, backend):
+            return False
         if backend == "cpu":
             return not (p.get("cblock") and k.reductions)
         if p["vec"] not in self._vecs(k):
@@ -233,6 +247,14 @@ class Generated(Family):
         return True
 
     def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
+        """The heuristic first configuration; ``math`` starts at ``eager`` (bit for bit where eager
+        is exact) where the program has other modes."""
+        p = self._initial(m, backend, device)
+        if len(math_modes(self._k(m), backend)) > 1:
+            p["math"] = "eager"
+        return p
+
+    def _initial(self, m: Match, backend: str, device: DeviceProps) -> dict:
         k = self._k(m)
         if backend == "cpu":
             p: dict = {"chunk": 4 if k.rows >= 256 else 1, "simd": 1}
