@@ -498,7 +498,14 @@ def test_math_modes_are_offered_where_they_change_the_kernel(table_ws):
     eager = GEN.render(gate, first, "cuda")
     body = lambda src: src.split("__global__", 1)[1]  # noqa: E731
     assert "fg_gelu_tanh_fast(" in body(fast) and "fg_gelu_tanh(" in body(wide) + body(eager)
-    assert body(eager).count("fg_rbf(") == 2 and body(wide).count("fg_rbf(") == 1  # gelu's rounding, then the output's
+    # eager rounds gelu's result; the product is stored only, and the store rounds it
+    assert body(eager).count("fg_rbf(") == 1 and body(wide).count("fg_rbf(") == 0
+    # the model's own cast rounds in every mode: HalfCastChain's .half() (then the add's rounding,
+    # which fp32 leaves out; the ELU's output is rounded by its store)
+    chain = GEN.match(by[("HalfCastChain", "float16")])
+    counts = [GEN.render(chain, {**GEN.initial(chain, "cpu"), "math": mode}, "cpu").split("forge_launch", 1)[1]
+              .count("fg_rh(") for mode in ("eager", "fp32")]
+    assert counts == [2, 1], counts
     # fp32 programs and programs without an op to round inside have eager's mode only
     for key in (("GeluGate", "float32"), ("GemmaRMSNorm", "bfloat16"), ("SiluGate", "float32")):
         if key in by:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from ..cards import Card
 from ..kernel_abi import ITEMSIZE
 from .index import Atom, Index, IndexError_, Space, evaluate
-from .ir import FLOAT_OPS, FLOATS, INTS, Graph, Kernel, Leaf, Output, kind
+from .ir import EXPLICIT, FLOAT_OPS, FLOATS, INTS, Graph, Kernel, Leaf, Output, kind
 
 
 class Unsupported(Exception):
@@ -269,20 +269,22 @@ class Builder:
             v = bool(value)
         return self.g.add("const", (), v, dtype, varying=False)
 
-    def cast(self, node: int, dtype: str) -> int:
+    def cast(self, node: int, dtype: str, attr=None) -> int:
+        """``attr``: EXPLICIT for the model's own casts (``.to``, ``type_as``, copies), which
+        round in every ``math`` mode; None for an op's rounding of its result."""
         n = self.g.nodes[node]
         if n.dtype == dtype:
             return node
         src, dst = n.kind, kind(dtype)
         if src == "f" and dst == "i":
             raise Unsupported("a cast from floating point to an integer type")
-        return self.g.add("cast", (node,), None, dtype)
+        return self.g.add("cast", (node,), attr if src == "f" and dst == "f" else None, dtype)
 
     def apply(self, op: str, ops: list, attr, dtype: str, where: str) -> int:
         """The node of ``op`` on operand nodes (ints) or Python numbers, result of ``dtype``."""
         g = self.g
         if op == "cast":
-            return self.cast(ops[0], dtype)
+            return self.cast(ops[0], dtype, attr)
         if op == "where":
             cond = self.operand(ops[0], "bool")
             return g.add("where", (cond, self.operand(ops[1], dtype), self.operand(ops[2], dtype)), None, dtype)
@@ -837,7 +839,7 @@ class Lowering:
 
     # ---- copies and casts ------------------------------------------------------------------------
     def _copy(self, x, meta, where):
-        return pointwise("cast", [x], self._out(meta)[1], where)
+        return pointwise("cast", [x], self._out(meta)[1], where, attr=EXPLICIT)
 
     def op__to_copy(self, a, meta, where, base):
         return self._copy(a["self"], meta, where)
@@ -856,7 +858,7 @@ class Lowering:
         src = a["src"]
         if list(src.shape) != shape:
             src = expand(src, shape, where)
-        return pointwise("cast", [src], dtype, where)
+        return pointwise("cast", [src], dtype, where, attr=EXPLICIT)
 
     def op_type_as(self, a, meta, where, base):
         return self._copy(a["self"], meta, where)

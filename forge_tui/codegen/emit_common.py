@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..kernel_abi import CPU_CTYPE, CUDA_CTYPE
 from .index import Index, to_c
-from .ir import BOOL_OPS, FLOAT_OPS, FLOATS, INT_OPS, Kernel, Node, c_float
+from .ir import BOOL_OPS, EXPLICIT, FLOAT_OPS, FLOATS, INT_OPS, Kernel, Node, c_float
 
 VALUE_TYPE = {"f": "float", "i": "int64_t", "b": "bool"}
 HALF = ("bfloat16", "float16")
@@ -56,11 +56,29 @@ def _output_nodes(kern: Kernel) -> set[int]:
     return {o.node for d in kern.domains for o in d.outputs}
 
 
+def stored_only(kern: Kernel) -> set[int]:
+    """Output nodes that no other node reads and that are stored in their own dtype: the store
+    rounds them (``from_f``), so rounding them before is a second conversion of the same value."""
+    hit = kern.memo.get("stored_only")
+    if hit is None:
+        used = {a for d in kern.domains for n in d.nodes for a in n.args}
+        used |= {r.body for d in kern.domains for r in d.reductions}
+        outs = [o for d in kern.domains for o in d.outputs]
+        hit = kern.memo["stored_only"] = {o.node for o in outs if o.node not in used and all(
+            p.dtype == kern.nodes[o.node].dtype for p in outs if p.node == o.node)}
+    return set(hit)
+
+
 def _rounds_inside(kern: Kernel, outs: set[int]) -> bool:
     """Whether an op that is not an output rounds its result to half precision (what ``fp32``
-    leaves out)."""
-    return any(n.kind == "f" and n.dtype in HALF and n.op in FLOAT_OPS and FLOAT_OPS[n.op].out == "f"
-               and n.id not in outs for d in kern.domains for n in d.nodes)
+    leaves out; the model's own casts round in every mode)."""
+    def rounds(n: Node) -> bool:
+        if n.op == "cast":
+            return n.attr != EXPLICIT and kern.nodes[n.args[0]].kind == "f"
+        return n.op in FLOAT_OPS and FLOAT_OPS[n.op].out == "f"
+
+    return any(n.kind == "f" and n.dtype in HALF and n.id not in outs and rounds(n)
+               for d in kern.domains for n in d.nodes)
 
 
 def math_modes(kern: Kernel, backend: str) -> list[str]:
@@ -97,6 +115,7 @@ class NodeWriter:
         self.exact = math == "eager"
         self.fast = math == "fast"
         self.outs = set() if self.exact else _output_nodes(kern)
+        self.stored_only = stored_only(kern)
 
     # ---- offsets -----------------------------------------------------------------------------------
     def row_name(self, e: Index) -> str:
@@ -164,7 +183,8 @@ class NodeWriter:
                     return f"({x} ? 1.f : 0.f)"
                 if src.kind == "i":
                     return self.round(n.dtype, f"(float){x}")
-                return self.round(n.dtype, x) if n.dtype != src.dtype else x
+                keep = self.exact or n.attr == EXPLICIT or n.id in self.outs
+                return self.round(n.dtype, x) if n.dtype != src.dtype and keep and n.id not in self.stored_only else x
             if n.kind == "b":
                 return f"({x} != 0)"
             ct = self.types[n.dtype]
@@ -179,7 +199,7 @@ class NodeWriter:
         op = FLOAT_OPS[n.op]
         attrs = {f"a{i}": c_float(v) for i, v in enumerate(n.attr or ())}
         e = ((self.fast and FAST_C.get(n.op)) or op.c).format(*a, **attrs)
-        if op.out == "b" or not (self.exact or n.id in self.outs):
+        if op.out == "b" or n.id in self.stored_only or not (self.exact or n.id in self.outs):
             return e
         return self.round(n.dtype, e)
 

@@ -23,6 +23,8 @@ from typing import Any, Callable
 from .index import Index
 
 FLOATS = ("float32", "float16", "bfloat16")
+EXPLICIT = "explicit"
+"""A cast node's attr when the model cast (``.to``, ``type_as``, a copy), not an op rounding its result."""
 INTS = ("int64", "int32", "int16", "int8", "uint8")
 
 
