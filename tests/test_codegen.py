@@ -514,6 +514,28 @@ def test_math_modes_are_offered_where_they_change_the_kernel(table_ws):
             assert not GEN.valid(m, {**GEN.initial(m, "cuda"), "math": "fp32"}, "cuda"), key
 
 
+def test_the_elementwise_family_has_the_same_math_modes(table_ws):
+    """The hand-written elementwise family keeps the gates it matches (priority), with the same
+    ``math`` axis: eager rounds gelu's result, fp32 and fast do not; fast takes tanh.approx; the
+    product is rounded once, by its store."""
+    by = {(_name(c), c.dtype): c for c in table_ws.cards() if c.kind == "module"}
+    fam, m = match(by[("GeluGate", "bfloat16")])
+    assert fam.name == "elementwise"
+    assert fam.axes(m, "cuda")["math"] == ["eager", "fast", "fp32"] and fam.axes(m, "cpu")["math"] == ["eager", "fp32"]
+    first = fam.initial(m, "cuda")
+    src = {mode: fam.render(m, {**first, "math": mode}, "cuda").split("fused(", 1)[1] for mode in ("eager", "fp32", "fast")}
+    assert [src[k].count("ROUND_BFLOAT16(") for k in ("eager", "fp32", "fast")] == [1, 0, 0]
+    assert "fg_tanh_fast(" in src["fast"] and "tanhf(" in src["fp32"] and "fg_tanh_fast(" not in src["fp32"]
+    if ("GeluGate", "float32") in by:
+        fam32, m32 = match(by[("GeluGate", "float32")])
+        assert "math" not in fam32.axes(m32, "cuda")
+    with Evaluator(table_ws.store, table_ws.cache, CFG, backend="cpu") as ev:
+        for mode in ("eager", "fp32"):
+            card = by[("GeluGate", "bfloat16")]
+            r = ev.evaluate(card, fam.render(m, {**fam.initial(m, "cpu"), "math": mode}, "cpu"), EvalOptions(timing=False))
+            assert r.status == "passed", (mode, r.reason)
+
+
 def test_every_math_mode_passes_the_evaluator_on_the_cpu(table_ws):
     cards = [c for c in table_ws.cards() if c.kind == "module" and "math" in GEN.axes(GEN.match(c), "cpu")]
     assert {_name(c) for c in cards} >= {"GeluGate", "SoftCap", "HalfCastChain"}
@@ -558,8 +580,10 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     for name in ("GeluGate", "SoftCap"):
         m = GEN.match(by[(name, "bfloat16")])
         jobs += [GEN.render(m, {**GEN.initial(m, "cuda"), "math": mode}, "cuda") for mode in ("fast", "fp32")]
-    kernels = [src.split("__global__", 1)[1] for src in jobs[-4:]]  # gelu fast, fp32; soft cap fast, fp32
-    assert "fg_gelu_tanh_fast(" in kernels[0] and "fg_tanh_fast(" in kernels[2] and "tanh.approx.f32" in jobs[-2]
+    fam, em = match(by[("GeluGate", "bfloat16")])
+    jobs += [fam.render(em, {**fam.initial(em, "cuda"), "math": mode}, "cuda") for mode in ("eager", "fast", "fp32")]
+    kernels = [src.split("__global__", 1)[1] for src in jobs[-7:-3]]  # gelu fast, fp32; soft cap fast, fp32
+    assert "fg_gelu_tanh_fast(" in kernels[0] and "fg_tanh_fast(" in kernels[2] and "tanh.approx.f32" in jobs[-5]
     assert "_fast(" not in kernels[1] + kernels[3]
     builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
     with ThreadPoolExecutor(2) as pool:

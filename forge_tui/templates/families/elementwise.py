@@ -2,10 +2,15 @@
 aten ops (activations, gates such as silu(a) * b and gelu(a) * b, bias adds, casts) becomes one
 kernel. Each op is computed in fp32 and rounded to its own output dtype, as eager rounds between
 kernels, so the fused result matches eager's. Inputs broadcast to the output (a bias, a
-per-row scale); same-shape inputs are read with 16-byte vectors.
+per-row scale); same-shape inputs are read with 16-byte vectors. ``math`` (as the generated
+family's, see ``codegen.emit_common.math_modes``): ``fp32`` leaves out the ops' roundings inside
+the chain (the model's own casts round), ``fast`` (cuda, half-precision output) also takes the
+hardware's approximate tanh and exp; the result is rounded once, by its store.
 """
 
 from __future__ import annotations
+
+import re
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
@@ -24,6 +29,9 @@ GELU_TANH = ("(0.5f * ({a}) * (1.f + tanhf(0.79788456080286536f * (({a}) + 0.044
 BINARY = {"mul": "(({a}) * ({b}))", "div": "(({a}) / ({b}))", "maximum": "MAXIMUM({a}, {b})",
           "minimum": "MINIMUM({a}, {b})"}
 OVERLOADS = {"Tensor", "Scalar", "default", "self"}
+HALF = ("float16", "bfloat16")
+FAST_RE = re.compile(r"\b(tanhf|expf)\(")
+FAST_FN = {"tanhf(": "fg_tanh_fast(", "expf(": "__expf("}
 
 
 def _op(name: str) -> tuple[str, str]:
@@ -34,11 +42,12 @@ def _op(name: str) -> tuple[str, str]:
 class Elementwise(Family):
     name = "elementwise"
 
-    def _translate(self, card: Card) -> tuple[list[str], str] | None:
-        """C statements computing the output from inputs in0..inK (floats) and the result name."""
+    def _translate(self, card: Card) -> tuple[list[tuple[int, str, str, bool]], str] | None:
+        """Per node, (k, its fp32 expression, its dtype, whether it is the model's cast), computing
+        the output from inputs in0..inK (floats), and the result name."""
         nodes = card.program["nodes"]
         out_shape = card.outputs[0].shape
-        lines: list[str] = []
+        lines: list[tuple[int, str, str, bool]] = []
 
         def ref(v) -> str | None:
             if isinstance(v, dict) and "$in" in v:
@@ -97,9 +106,7 @@ class Elementwise(Family):
                     return None
             else:
                 return None
-            dtype = meta[0][1]
-            rounded = f"ROUND_{dtype.upper()}({expr})"
-            lines.append(f"const float t{k} = {rounded};")
+            lines.append((k, expr, meta[0][1], op == "_to_copy"))
         out = card.program["outputs"]
         if len(out) != 1 or "$node" not in out[0]:
             return None
@@ -145,18 +152,46 @@ class Elementwise(Family):
         isz = min([ITEMSIZE[i["dtype"]] for i in m.info["ins"] if i["same"]] + [ITEMSIZE[m.info["tout"]]])
         return vec_widths(m.info["n"], isz)
 
+    @staticmethod
+    def _modes(m: Match, backend: str) -> list[str]:
+        i = m.info
+        modes = ["eager"]
+        if backend == "cuda" and i["tout"] in HALF and any(FAST_RE.search(e) for _, e, _, _ in i["lines"]):
+            modes.append("fast")
+        if any(dt in HALF and not cast and f"t{k}" != i["result"] for k, _, dt, cast in i["lines"]):
+            modes.append("fp32")
+        return modes
+
+    def _code(self, m: Match, math: str) -> str:
+        """The chain's statements: each op's result rounded to its dtype (``eager``), or only the
+        model's casts (``fp32``, ``fast``); never the result, which the store rounds."""
+        out = []
+        for k, expr, dtype, cast in m.info["lines"]:
+            if math == "fast":
+                expr = FAST_RE.sub(lambda f: FAST_FN[f.group(0)], expr)
+            if f"t{k}" != m.info["result"] and (math == "eager" or cast):
+                expr = f"ROUND_{dtype.upper()}({expr})"
+            out.append(f"const float t{k} = {expr};")
+        return "\n            ".join(out)
+
     def axes(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict[str, list]:
-        if backend == "cpu":
-            return {"chunk": [4096, 16384, 65536]}
-        return {"threads": [128, 256, 512], "vec": self._vecs(m), "grid": ["full", "waves4", "waves1"]}
+        ax: dict[str, list] = ({"chunk": [4096, 16384, 65536]} if backend == "cpu" else
+                               {"threads": [128, 256, 512], "vec": self._vecs(m), "grid": ["full", "waves4", "waves1"]})
+        modes = self._modes(m, backend)
+        if len(modes) > 1:
+            ax["math"] = modes
+        return ax
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
+        if p.get("math", "eager") not in self._modes(m, backend):
+            return False
         return backend == "cpu" or p["vec"] in self._vecs(m)
 
     def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
-        if backend == "cpu":
-            return {"chunk": 16384}
-        return {"threads": 256, "vec": self._vecs(m)[0], "grid": "full"}
+        p: dict = {"chunk": 16384} if backend == "cpu" else {"threads": 256, "vec": self._vecs(m)[0], "grid": "full"}
+        if len(self._modes(m, backend)) > 1:
+            p["math"] = "eager"
+        return p
 
     def passes(self, m: Match, p: dict) -> int:
         return 1
@@ -191,7 +226,7 @@ class Elementwise(Family):
         i = m.info
         params, loads, args = self._body(m, CPU_CTYPE, False)
         same = "\n            ".join(f"const float in{k} = to_f(p{k}[i]);" for k, inp in enumerate(i["ins"]) if inp["same"])
-        comp = "\n            ".join(i["lines"])
+        comp = self._code(m, p.get("math", "eager"))
         return COMMON + ROUNDING_CPU + f'''
 typedef {CPU_CTYPE[i["tout"]]} TO;
 static const int64_t NUMEL = {i["n"]};
@@ -223,7 +258,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         same_loads = "\n        ".join(f"float v{k}[VEC]; load_vec<{CTYPE[inp['dtype']]}, VEC>(p{k} + base, v{k});"
                                        for k, inp in enumerate(i["ins"]) if inp["same"])
         same_pick = "\n            ".join(f"const float in{k} = v{k}[j];" for k, inp in enumerate(i["ins"]) if inp["same"])
-        comp = "\n            ".join(i["lines"])
+        comp = self._code(m, p.get("math", "eager"))
         n = i["n"]
         full = -(-n // (threads * vec))
         wave = device.sms * (device.max_threads_per_sm // threads)  # blocks resident on the GPU at once
@@ -231,7 +266,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         aligned = " && ".join([f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[inp['dtype']]})"
                                for k, inp in enumerate(i["ins"]) if inp["same"]]
                               + [f"forge_aligned(out[0].data, {vec * ITEMSIZE[i['tout']]})"])
-        return COMMON + ROUNDING_CUDA + f'''
+        return COMMON + ROUNDING_CUDA + FAST_CUDA + f'''
 typedef {CTYPE[i["tout"]]} TO;
 static const int64_t NUMEL = {n};
 
@@ -272,6 +307,9 @@ ROUNDING_CUDA = r'''
 #define RSQRT(v) rsqrtf(v)
 __device__ __forceinline__ float MAXIMUM(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
 __device__ __forceinline__ float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN : fminf(a, b); }
+'''
+FAST_CUDA = r'''
+__device__ __forceinline__ float fg_tanh_fast(float x) { float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 '''
 ROUNDING_CPU = r'''
 #define ROUND_FLOAT32(v) (v)
