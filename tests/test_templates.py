@@ -17,7 +17,7 @@ from forge_tui.search.proposer import NodeView, ProposalContext
 from forge_tui.templates.base import describe, numel, parse_header, ring_stash, stash_bytes
 from forge_tui.templates.device import DEFAULT_DEVICE, DeviceProps, detect_device
 from forge_tui.templates.proposer import TemplateProposer
-from forge_tui.templates.registry import match
+from forge_tui.templates.registry import match, matches
 from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
@@ -430,6 +430,33 @@ def test_first_choices_follow_the_device(matched):
             assert bps * smem <= device.smem_per_sm < (bps + 1) * smem, (device.name, bps)
 
 
+def test_the_generator_competes_with_a_hand_written_family(matched):
+    """A hand-written family keeps priority (the root's first child), the generator's first choice
+    comes next where it serves the card too, and each node's children stay in its family."""
+    card, fam, m = next((c, f, mm) for c, f, mm in matched["rms_norm"] if c.kind == "module")
+    assert [mm.family for _, mm in matches(card)] == ["rms_norm", "generated"]
+    prop = TemplateProposer()
+    first = prop.propose(ctx_for(card))
+    second = prop.propose(ctx_for(card, moves=[first.move]))
+    third = prop.propose(ctx_for(card, moves=[first.move, second.move]))
+    assert (first.meta["family"], second.meta["family"], third.meta["family"]) == ("rms_norm", "generated", "rms_norm")
+    gen_fam, gen_m = matches(card)[1]
+    assert second.meta["params"] == gen_fam.initial(gen_m, "cuda") and "forge-template" in second.source
+    moves = [first.move, second.move, third.move]
+    child = prop.propose(ctx_for(card, parent_source=second.source, moves=moves, parent_id="n0002"))
+    assert child.meta["family"] == "generated"
+    a, b = second.meta["params"], child.meta["params"]
+    assert sum(a[k] != b[k] for k in a) == 1
+    # a card the generator alone serves has one family
+    gen_only = next((c for c in ws_cards(matched) if match(c)[0] is not None and match(c)[0].name == "generated"), None)
+    if gen_only is not None:
+        assert [mm.family for _, mm in matches(gen_only)] == ["generated"]
+
+
+def ws_cards(matched):
+    return [c for cards in matched.values() for c, _, _ in cards]
+
+
 def test_no_cluster_mode_is_proposed_without_clusters(matched):
     """On a GPU without thread-block clusters the proposer hands out no cluster mode, from the
     root or from a child, on the shapes whose first choices on the H200 are cluster modes."""
@@ -448,8 +475,8 @@ def test_no_cluster_mode_is_proposed_without_clusters(matched):
                     break
                 got.append(p)
         assert len(got) >= 12
-        for p in got:
-            assert p.meta["params"]["mode"] not in CLUSTER_MODES, p.move
+        for p in got:  # the family's modes, and the generator's kernels (its second child) alike
+            assert p.meta["params"].get("mode") not in CLUSTER_MODES and p.meta["params"].get("split", 1) == 1, p.move
             assert "cudaLaunchKernelEx" not in p.source and "cudaFuncAttributeMaxDynamicSharedMemorySize" not in p.source
 
 

@@ -12,7 +12,7 @@ from ..cards import Card
 from ..search.proposer import Proposal, ProposalContext
 from .base import Family, Match, describe, parse_header
 from .device import DeviceProps, detect_device
-from .registry import match
+from .registry import match, matches
 
 AXIS_ORDER = ("mode", "launch", "math", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
               "grid", "unroll", "per_thread", "simd")
@@ -101,28 +101,42 @@ class TemplateProposer:
         return out
 
     def propose(self, ctx: ProposalContext) -> Proposal | None:
-        fam, m = match(ctx.card)
-        if fam is None or m is None:
+        """The root's children: the first family's first choice, then the generator's where it
+        serves the card too (a hand-written family keeps priority, not the card: the generator's
+        kernel was faster than the rms_norm family's on some shapes), then the first family's
+        moves and points. A node's children: moves within its own family."""
+        found = matches(ctx.card)
+        if not found:
             return None
         backend, device = ctx.backend, self.device
         parent = parse_header(ctx.parent.source) if ctx.parent.id != "root" else None
+        candidates: list[tuple[Family, Match, dict]] = []
         if parent is None:
+            fam, m = found[0]
             first = fam.initial(m, backend, device)
-            candidates = [first] + self.neighbours(fam, m, first, backend) + self._valid_points(fam, m, backend, device)
+            candidates.append((fam, m, first))
+            for other, om in found[1:]:
+                if self.has_point(other, om, backend):
+                    p0 = other.initial(om, backend, device)
+                    if other.valid(om, p0, backend, device):
+                        candidates.append((other, om, p0))
+            candidates += [(fam, m, p) for p in self.neighbours(fam, m, first, backend)
+                           + self._valid_points(fam, m, backend, device)]
         else:
-            candidates = self.neighbours(fam, m, parent["params"], backend)
+            fam, m = next(((f, mm) for f, mm in found if mm.family == parent.get("family")), found[0])
+            candidates = [(fam, m, p) for p in self.neighbours(fam, m, parent["params"], backend)]
         with self._lock:
             handed = self._handed.setdefault(ctx.card.id, set())
             handed.update(ctx.tree_moves)
             chosen = None
-            for p in candidates:
+            for fam, m, p in candidates:
                 move = describe(m.family, fam.relevant(p))
                 if move not in handed:
                     handed.add(move)
-                    chosen = (p, move)
+                    chosen = (fam, m, p, move)
                     break
         if chosen is not None:
-            p, move = chosen
+            fam, m, p, move = chosen
             source = fam.render(m, p, backend, device)
             return Proposal(source=source, move=move, meta={"family": m.family, "params": p,
                                                               "passes": fam.passes(m, p)})

@@ -17,6 +17,22 @@ FAMILIES: list[Family] = [Softmax(), RowNorm(), GroupNorm(), BatchNorm(), MeanPo
 BY_NAME = {f.name: f for f in FAMILIES}
 
 
+def matches(card: Card) -> list[tuple[Family, Match]]:
+    """The first family that serves the card and, where that is a hand-written one, the generated
+    family too if it serves the card: the search tries the hand-written family's first choice
+    first and the generator's next, and each node's children stay in its own family."""
+    fam, m = match(card)
+    if fam is None or m is None:
+        return []
+    out: list[tuple[Family, Match]] = [(fam, m)]
+    gen = FAMILIES[-1]
+    if fam is not gen:
+        g = gen.match(card)
+        if g is not None:
+            out.append((gen, g))
+    return out
+
+
 def match(card: Card) -> tuple[Family, Match] | tuple[None, None]:
     """(family, match) for the first family that serves the card, else (None, None)."""
     for fam in FAMILIES:
