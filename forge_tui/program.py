@@ -270,7 +270,7 @@ def tensor_leaves(obj: Any) -> list[Any]:
     return []
 
 
-def run_program_float64(program: dict, inputs: list, device: str | None = None) -> list:
+def run_program_float64(program: dict, inputs: list, device: str | None = None, rounding: str = "ops") -> list:
     """The program with each op computed in float64 and its result rounded once to the dtype
     eager gives it: the program's own roundings at op boundaries stay (a cast to fp16 is part of
     what it computes), the error inside one op's kernel goes. The evaluator's arbiter where a
@@ -278,7 +278,13 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
     eager's result (computed on the widened values flowing in: a view stays a view of them, and an
     in-place op writes through it). Raises ``NoFloat64Result`` where an op has no float64 kernel on
     the device, or where its float64 result is finite where eager's is not or the reverse (an op
-    whose result depends on the dtype, as ``nan_to_num``'s default replacement of inf does)."""
+    whose result depends on the dtype, as ``nan_to_num``'s default replacement of inf does).
+
+    ``rounding="casts"``: only the model's own casts (``_to_copy`` and ``copy_`` to another dtype)
+    round inside; every other op's result stays in float64, and the outputs are rounded to their
+    dtypes at the end. The truth of a kernel that computes a chain in fp32 and rounds its outputs
+    once (the generated families' ``math`` modes, torch.compile): where eager's rounding of each
+    product is what cancels (a rotary's ``q * cos + rotate_half(q) * sin``), eager is the one off."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_map
@@ -316,11 +322,40 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None) 
                 exact = func(*tree_map(wide, args), **tree_map(wide, kwargs))
             except Exception as exc:  # noqa: BLE001 - no float64 kernel for this op here
                 raise NoFloat64Result(f"{func}: {type(exc).__name__}") from None
+            if rounding == "casts" and schema.name.split("::")[-1] not in MODEL_CASTS:
+                return exact
             return rounded(plain, exact, func)
 
     copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
     with Widen():
-        return run_program(program, copies, device)
+        outs = run_program(program, copies, device)
+    if rounding != "casts":
+        return outs
+    dtypes = _output_dtypes(program, inputs)
+    return [o.to(dtypes[k]) if isinstance(o, torch.Tensor) and dtypes[k] is not None and o.dtype != dtypes[k] else o
+            for k, o in enumerate(outs)]
+
+
+MODEL_CASTS = ("_to_copy", "to", "type_as")
+"""The ops by which a model casts (``rounding="casts"`` keeps their rounding)."""
+
+
+def _output_dtypes(program: dict, inputs: list) -> list:
+    """Each output's dtype in eager (torch.dtype), from the program's metadata; None where unknown."""
+    import torch
+
+    out = []
+    for ref in program.get("outputs", []):
+        dt = None
+        if isinstance(ref, dict) and "$node" in ref:
+            meta = program["nodes"][ref["$node"]].get("out") or []
+            j = ref.get("out", 0)
+            if j < len(meta) and meta[j] is not None:
+                dt = getattr(torch, meta[j][1], None)
+        elif isinstance(ref, dict) and "$in" in ref and isinstance(inputs[ref["$in"]], torch.Tensor):
+            dt = inputs[ref["$in"]].dtype
+        out.append(dt)
+    return out
 
 
 DTYPE_DEPENDENT_OPS = ("nan_to_num",)
