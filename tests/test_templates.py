@@ -122,11 +122,16 @@ def test_moves_are_one_axis_transformations(matched):
     first = prop.propose(ctx_for(card))
     assert first.meta["params"] == fam.initial(m, "cuda")  # the root's first child is the heuristic choice
     assert parse_header(first.source)["params"] == first.meta["params"]
-    child = prop.propose(ctx_for(card, parent_source=first.source, moves=[first.move], parent_id="n0001"))
+    moves = [first.move]
+    child = prop.propose(ctx_for(card, parent_source=first.source, moves=moves, parent_id="n0001"))
+    if len(matches(card)) > 1:  # the first move from a hand-written family's kernel: the generator's
+        assert child.meta["family"] == "generated"
+        moves.append(child.move)
+        child = prop.propose(ctx_for(card, parent_source=first.source, moves=moves, parent_id="n0001"))
     a, b = first.meta["params"], child.meta["params"]
     changed = [k for k in a if a[k] != b[k]]
     assert len(changed) == 1 or "mode" in changed
-    assert child.move != first.move
+    assert child.move not in moves and child.meta["family"] == first.meta["family"]
 
 
 def test_no_move_is_handed_out_twice_under_concurrency(matched):
@@ -444,9 +449,17 @@ def test_the_generator_competes_with_a_hand_written_family(matched):
     assert second.meta["params"] == gen_fam.initial(gen_m, "cuda") and "forge-template" in second.source
     moves = [first.move, second.move, third.move]
     child = prop.propose(ctx_for(card, parent_source=second.source, moves=moves, parent_id="n0002"))
-    assert child.meta["family"] == "generated"
+    assert child.meta["family"] == "generated"  # a generated node's children stay generated
     a, b = second.meta["params"], child.meta["params"]
     assert sum(a[k] != b[k] for k in a) == 1
+    # with a budget that expands the first child before the root's second, the switch to the
+    # generator is that child's first move, once a card
+    fresh = TemplateProposer()
+    one = fresh.propose(ctx_for(card))
+    two = fresh.propose(ctx_for(card, parent_source=one.source, moves=[one.move], parent_id="n0001"))
+    assert two.meta["family"] == "generated" and two.meta["params"] == gen_fam.initial(gen_m, "cuda")
+    three = fresh.propose(ctx_for(card, moves=[one.move, two.move]))  # the root, widened later
+    assert three.meta["family"] == "rms_norm"
     # a card the generator alone serves has one family
     gen_only = next((c for c in ws_cards(matched) if match(c)[0] is not None and match(c)[0].name == "generated"), None)
     if gen_only is not None:

@@ -100,11 +100,22 @@ class TemplateProposer:
                         out.append(min(same_mode, key=lambda c: sum(c[k] != params.get(k) for k in c)))
         return out
 
+    def _firsts(self, found: list[tuple[Family, Match]], backend: str) -> list[tuple[Family, Match, dict]]:
+        """Each family's first choice, where it has a valid one."""
+        out = []
+        for fam, m in found:
+            if self.has_point(fam, m, backend):
+                p = fam.initial(m, backend, self.device)
+                if fam.valid(m, p, backend, self.device):
+                    out.append((fam, m, p))
+        return out
+
     def propose(self, ctx: ProposalContext) -> Proposal | None:
         """The root's children: the first family's first choice, then the generator's where it
         serves the card too (a hand-written family keeps priority, not the card: the generator's
         kernel was faster than the rms_norm family's on some shapes), then the first family's
-        moves and points. A node's children: moves within its own family."""
+        moves and points. A node's children: moves within its own family; from a node of the first
+        family, the switch to the generator's first choice first, once a card."""
         found = matches(ctx.card)
         if not found:
             return None
@@ -115,16 +126,17 @@ class TemplateProposer:
             fam, m = found[0]
             first = fam.initial(m, backend, device)
             candidates.append((fam, m, first))
-            for other, om in found[1:]:
-                if self.has_point(other, om, backend):
-                    p0 = other.initial(om, backend, device)
-                    if other.valid(om, p0, backend, device):
-                        candidates.append((other, om, p0))
+            candidates += self._firsts(found[1:], backend)
             candidates += [(fam, m, p) for p in self.neighbours(fam, m, first, backend)
                            + self._valid_points(fam, m, backend, device)]
         else:
             fam, m = next(((f, mm) for f, mm in found if mm.family == parent.get("family")), found[0])
-            candidates = [(fam, m, p) for p in self.neighbours(fam, m, parent["params"], backend)]
+            if (fam, m) == found[0]:
+                # the switch to the generator is a move too, from the first family's kernels (once
+                # a card: the search widens the root only after a few visits, and a budget of two
+                # evaluations a card expands the first child)
+                candidates += self._firsts(found[1:], backend)
+            candidates += [(fam, m, p) for p in self.neighbours(fam, m, parent["params"], backend)]
         with self._lock:
             handed = self._handed.setdefault(ctx.card.id, set())
             handed.update(ctx.tree_moves)
