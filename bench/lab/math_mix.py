@@ -55,28 +55,17 @@ def _cases():
     return [("NewGELU", new_gelu, (x,)), ("QuickGELU", quick_gelu, (x,)), ("GeluGate", gelu_gate, (x, x.clone()))]
 
 
-def _card(fn, inputs):
+def _card(fn, inputs, name):
+    """The module card of ``fn`` (``funcards.reference_module``: a leaf module the profiler makes a
+    card of), captured on ``inputs``."""
     import torch
-    from torch import nn
 
     from forge_tui.cards import Card
     from forge_tui.config import ForgeConfig
-    from forge_tui.profiler.capture import CARD_ATTR, CaptureOptions, Recorder
+    from forge_tui.funcards import reference_module
+    from forge_tui.profiler.capture import CaptureOptions, Recorder
 
-    class Leaf(nn.Module):
-        def forward(self, *xs):
-            return fn(*xs)
-
-    class Outer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.leaf = Leaf()
-            setattr(self.leaf, CARD_ATTR, True)
-
-        def forward(self, *xs):
-            return self.leaf(*xs)
-
-    model = Outer()
+    model = reference_module(fn, name)
     rec = Recorder(model, CaptureOptions(ForgeConfig().profile))
     with torch.no_grad():
         rec.run(lambda: model(*inputs))
@@ -118,7 +107,7 @@ def main() -> None:
     print(f"{'module':10} {'math':6} {'instr/el':>8} {'F2F/el':>7} {'MUFU/el':>7}")
     with tempfile.TemporaryDirectory() as d:
         for name, fn, inputs in _cases():
-            m = gen.match(_card(fn, inputs))
+            m = gen.match(_card(fn, inputs, name))
             assert m is not None, name
             first = gen.initial(m, "cuda")
             for mode in gen.axes(m, "cuda").get("math", ["eager"]):
