@@ -84,7 +84,7 @@ def _rounds_inside(kern: Kernel, outs: set[int]) -> bool:
 def math_modes(kern: Kernel, backend: str) -> list[str]:
     """How a kernel may compute: ``eager`` rounds every op's result to its dtype, as eager does (bit
     for bit where eager is exact); ``fp32`` rounds only the outputs and explicit casts, keeping
-    the rest in fp32 as torch.compile does (fewer conversions: a bf16 NewGELU rounds nine times in
+    the rest in fp32 as torch.compile does (fewer conversions: a bf16 NewGELU rounds eight times in
     eager); ``fast`` (cuda) is ``fp32`` with approximate tanh, exp and sigmoid. Only the modes
     that differ from ``eager`` for this program are listed after it."""
     key = "math_" + backend

@@ -131,7 +131,7 @@ class TemplateProposer:
                            + self._valid_points(fam, m, backend, device)]
         else:
             fam, m = next(((f, mm) for f, mm in found if mm.family == parent.get("family")), found[0])
-            if (fam, m) == found[0]:
+            if fam is found[0][0]:
                 # the switch to the generator is a move too, from the first family's kernels (once
                 # a card: the search widens the root only after a few visits, and a budget of two
                 # evaluations a card expands the first child)

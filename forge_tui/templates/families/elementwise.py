@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ...cards import Card
+from ...codegen.emit_common import FAST_HELPERS, HALF
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, numel, vec_widths
 from ..device import DEFAULT_DEVICE, DeviceProps
@@ -29,9 +30,8 @@ GELU_TANH = ("(0.5f * ({a}) * (1.f + tanhf(0.79788456080286536f * (({a}) + 0.044
 BINARY = {"mul": "(({a}) * ({b}))", "div": "(({a}) / ({b}))", "maximum": "MAXIMUM({a}, {b})",
           "minimum": "MINIMUM({a}, {b})"}
 OVERLOADS = {"Tensor", "Scalar", "default", "self"}
-HALF = ("float16", "bfloat16")
 FAST_RE = re.compile(r"\b(tanhf|expf)\(")
-FAST_FN = {"tanhf(": "fg_tanh_fast(", "expf(": "__expf("}
+FAST_FN = {"tanhf(": "fg_tanh_fast(", "expf(": "fg_exp_fast("}
 
 
 def _op(name: str) -> tuple[str, str]:
@@ -308,9 +308,7 @@ ROUNDING_CUDA = r'''
 __device__ __forceinline__ float MAXIMUM(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
 __device__ __forceinline__ float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN : fminf(a, b); }
 '''
-FAST_CUDA = r'''
-__device__ __forceinline__ float fg_tanh_fast(float x) { float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-'''
+FAST_CUDA = "#define FG __device__ __forceinline__\n" + FAST_HELPERS  # the generated kernels' approximations
 ROUNDING_CPU = r'''
 #define ROUND_FLOAT32(v) (v)
 #define ROUND_FLOAT16(v) round_to<fhalf>(v)
