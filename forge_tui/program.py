@@ -336,8 +336,10 @@ def run_program_float64(program: dict, inputs: list, device: str | None = None, 
             for k, o in enumerate(outs)]
 
 
-MODEL_CASTS = ("_to_copy", "to", "type_as")
-"""The ops by which a model casts (``rounding="casts"`` keeps their rounding)."""
+MODEL_CASTS = ("_to_copy",)
+"""The op by which a model casts at the dispatch level (``.to``, ``.float()``, ``type_as`` all
+arrive as it; ``rounding="casts"`` keeps its rounding, and ``copy_`` into a tensor of another
+dtype rounds as an in-place op)."""
 
 
 def _output_dtypes(program: dict, inputs: list) -> list:
