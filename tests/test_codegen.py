@@ -163,6 +163,29 @@ def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows
             assert grid == sms * 32 < 512, (grid, sms)
 
 
+def test_early_issues_the_outputs_loads_before_the_reduction(table_ws):
+    """``early=1``: the loads only the outputs' loop reads (the norm's weight) are issued in the
+    first loop, into register arrays, and read from them after the reduction; the row's own
+    load stays where it was. Valid only with the row in registers and something to issue early."""
+    from forge_tui.codegen.emit_cuda import early_loads
+
+    by = {(_name(c), c.dtype): c for c in table_ws.cards()}
+    gemma = GEN.match(by[("GemmaRMSNorm", "bfloat16")])
+    first = GEN.initial(gemma, "cuda")
+    assert first["cache"] == "regs" and not first.get("early")
+    kern = GEN._k(gemma)
+    (w,) = early_loads(kern, first["vec"])
+    weight = f"load_vec<__nv_bfloat16, VEC>(p{kern.nodes[w].attr[0]} + 0LL + c0, cache{w}[k]);"
+    late, early = (GEN.render(gemma, {**first, "early": e}, "cuda").split("fg_kernel(", 1)[1] for e in (0, 1))
+    before, after = early.split("fg_row_reduce<TPR, 0>", 1)
+    assert weight in before and f"cache{w}[k][j]" in after and "load_vec" not in after.split("store_vec")[0]
+    assert weight not in late and f"p{kern.nodes[w].attr[0]} + 0LL + c0" in late.split("fg_row_reduce<TPR, 0>", 1)[1]
+    assert GEN.valid(gemma, {**first, "early": 1}, "cuda")
+    assert not GEN.valid(gemma, {**first, "early": 1, "cache": "none"}, "cuda")
+    l2 = GEN.match(by[("L2Normalize", "float32")])  # x / norm(x): only the row itself, read twice
+    assert early_loads(GEN._k(l2), 4) == [] and not GEN.valid(l2, {**GEN.initial(l2, "cuda"), "early": 1}, "cuda")
+
+
 # ---- refusals ------------------------------------------------------------------------------------
 def captured(fn, *inputs) -> tuple[Card, list]:
     """The module card of ``fn`` as a leaf module (a card even for one op), and its captured
@@ -577,6 +600,7 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     assert "load_vec<__nv_bfloat16, VEC>" in jobs[1] and "keep1[NV][VEC]" in jobs[1] and "fg_smem" in jobs[2]
     # unfolded, rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
     assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[5], jobs[5][-2500:]
+    jobs.append(GEN.render(gemma, {**first, "early": 1}, "cuda"))  # the weight loaded before the reduction
     for name in ("GeluGate", "SoftCap"):
         m = GEN.match(by[(name, "bfloat16")])
         jobs += [GEN.render(m, {**GEN.initial(m, "cuda"), "math": mode}, "cuda") for mode in ("fast", "fp32")]

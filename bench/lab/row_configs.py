@@ -1,0 +1,180 @@
+"""Asks: on the norms whose rows are short (Gemma-3's and Qwen-3's per-head q/k norms, 256 and 128
+columns; T5's layer norm, 1024), where the H100 had the generator's or the rms_norm family's best
+kernel at 0.87-0.95x torch.compile's by device time (2026-12-05, sixth session), which of the
+generator's row configurations reach torch.compile's kernel, and does issuing the outputs' loop's
+loads (the weight) before the row's reduction (``early=1``) help? Profiles the ``transformers``
+leaf modules of ``codegen_bench.py`` on cuda, renders the generator's kernel for each norm card at
+its first configuration and a sweep around it (threads a row, rows a block, vector width, grid,
+early), and times every one against eager, torch.compile and a same-size copy by device time (CUDA
+events, L2 flushed, interleaved), each kernel's outputs checked against eager's.
+
+    python bench/lab/row_configs.py [--cases Qwen3RMSNorm Gemma3RMSNorm T5LayerNorm] [--reps 30]
+
+Prints a table per card; writes $OUT/row_configs.json.
+
+Answer: not run yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def configs(gen, m, device) -> list[dict]:
+    """The first configuration, then one-axis and two-axis variants around it (valid ones only,
+    each once): threads a row x rows a block at the first vector width, the vector widths, the
+    waves grid, each with ``early`` off and on."""
+    first = gen.initial(m, "cuda", device)
+    out: list[dict] = []
+
+    def add(p: dict) -> None:
+        if gen.valid(m, p, "cuda", device) and p not in out:
+            out.append(p)
+
+    for early in (0, 1):
+        add({**first, "early": early})
+    t0 = first["tpr"]
+    for tpr, block in itertools.product((t0 // 2, t0, t0 * 2, t0 * 4), (256, 512)):
+        if tpr >= 4 and block % tpr == 0:
+            for early in (0, 1):
+                add({**first, "tpr": tpr, "rpb": block // tpr, "early": early})
+    for early in (0, 1):
+        add({**first, "vec": first["vec"] // 2, "early": early})
+        add({**first, "grid": "waves", "early": early})
+        if "math" in first:
+            add({**first, "math": "fp32", "early": early})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", nargs="*", default=["Qwen3RMSNorm", "Gemma3RMSNorm", "T5LayerNorm", "LlamaRMSNorm"])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--max-configs", type=int, default=24, help="configurations a card at most")
+    args = ap.parse_args(argv)
+
+    import codegen_bench as cb
+    import torch
+
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.inputs import sample_inputs
+    from forge_tui.kernel_abi import Library, alloc_outputs, card_scalars, workspace_for
+    from forge_tui.program import bind_program, compile_source, first_compiled_call
+    from forge_tui.templates.device import detect_device
+    from forge_tui.templates.families.generated import Generated
+    from forge_tui.timing import Timer
+    from forge_tui.workspace import profile_into_workspace
+
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 2
+    out_dir = Path(os.environ.get("OUT") or ROOT / "bench-out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="forge-rowcfg-"))
+    os.environ.setdefault("FORGE_CACHE_DIR", str(tmp / "cache"))
+    cfg = tmp / "forge.toml"
+    cfg.write_text(cb.CONFIG.format(ops="false", warmup=3, repeats=10, threads=0, max_sample_mib=1200.0))
+    spec = tmp / "transformers_leaves.py"
+    spec.write_text(cb.TRANSFORMERS_WORKLOAD.format(B=4, S=1024, small=False))
+    t0 = time.time()
+    ws, _ = profile_into_workspace(spec, tmp / "ws", device="cuda", config_path=cfg)
+    print(f"profiled in {time.time() - t0:.1f}s", flush=True)
+    gen = Generated()
+    dev = detect_device()
+    report: dict = {"date": time.strftime("%Y-%m-%d"), "device_name": torch.cuda.get_device_name(),
+                    "torch": torch.__version__, "command": "python bench/lab/row_configs.py " + " ".join(sys.argv[1:]),
+                    "cards": {}}
+    builder = Builder("cuda", ws.cache)
+    timer = Timer("cuda", cold_l2=True)
+    seen: set[str] = set()
+    for card in ws.cards():
+        if card.kind != "module" or card.op_name not in args.cases or card.id in seen:
+            continue
+        seen.add(card.id)
+        m = gen.match(card)
+        if m is None:
+            continue
+        ps = configs(gen, m, dev)[: args.max_configs]
+        srcs = [gen.render(m, p, "cuda", dev) for p in ps]
+        t0 = time.time()
+        builds = builder.build_many(srcs)
+        print(f"{card.op_name} {card.shapes()}: {len(ps)} configurations built in {time.time() - t0:.1f}s", flush=True)
+        ins = sample_inputs(card, ws.store, 0, "cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        scalars = card_scalars(card.program)
+        fns: dict[str, object] = {}
+        loaded: dict[str, tuple] = {}
+        rows: list[dict] = []
+        for i, (p, b) in enumerate(zip(ps, builds)):
+            name = f"k{i:02d}"
+            row = {"name": name, "config": p, "built": b.ok}
+            rows.append(row)
+            if not b.ok:
+                row["log"] = b.log[-600:]
+                continue
+            lib = Library(b.library)
+            outs = alloc_outputs(card.outputs, "cuda")
+            call = lib.bind(ins, outs, scalars, stream, workspace_for(lib, ins, outs, scalars, "cuda"))
+            loaded[name] = (call, ins, outs)
+            fns[name] = call
+        n = max(16, card.bytes // 2 // 16 * 16)
+        src_b = torch.empty(n, dtype=torch.uint8, device="cuda")
+        dst_b = torch.empty_like(src_b)
+        fns["copy"] = lambda dst_b=dst_b, src_b=src_b: dst_b.copy_(src_b)
+        fns["eager"] = bind_program(card.program, ins, "cuda")
+        compiled = torch.compile(compile_source(card.program, len(ins)), dynamic=False)
+        err = first_compiled_call(compiled, *ins, device="cuda")
+        if err is None:
+            fns["compile"] = lambda compiled=compiled, ins=ins: compiled(*ins, device="cuda")
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for it in range(args.reps + 3):
+            for k, fn in fns.items():
+                rc: list = []
+                us = timer.device_us(lambda fn=fn, rc=rc: rc.append(fn()))
+                if k.startswith("k") and rc[0]:
+                    raise RuntimeError(f"{k}: forge_launch returned {rc[0]}")
+                if it >= 3:
+                    times[k].append(us)
+        torch.cuda.synchronize()
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        iqr = {k: (sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]) for k, v in times.items()}
+        for row in rows:
+            k = row["name"]
+            if k in med:
+                row["device_us"] = med[k]
+                row["iqr_us"] = iqr[k]
+                row["matches_eager"] = cb.outputs_match(card, ws, loaded[k])
+                row["pct_copy"] = 100.0 * med["copy"] / med[k]
+                if "compile" in med:
+                    row["vs_compile"] = med["compile"] / med[k]
+        entry = {"shapes": card.shapes(), "bytes": card.bytes, "copy_us": med["copy"], "eager_us": med["eager"],
+                 "compile_us": med.get("compile"), "compile_error": err, "configs": rows}
+        report["cards"][f"{card.op_name} {card.shapes()}"] = entry
+        print(f"\n{card.op_name} {card.shapes()}: copy {med['copy']:.2f} µs, eager {med['eager']:.2f}, "
+              f"torch.compile {med.get('compile') or float('nan'):.2f}")
+        print(f"  {'config':64s} {'µs':>7s} {'IQR':>13s} {'%copy':>6s} {'vs tc':>6s} ok")
+        for row in sorted(rows, key=lambda r: r.get("device_us") or 1e9):
+            p = row["config"]
+            desc = " ".join(f"{a}={p[a]}" for a in ("tpr", "rpb", "vec", "grid", "cache", "math", "early") if a in p)
+            if "device_us" not in row:
+                print(f"  {desc:64s} {'build failed' if not row['built'] else '-'}")
+                continue
+            print(f"  {desc:64s} {row['device_us']:7.2f} [{row['iqr_us'][0]:5.2f},{row['iqr_us'][1]:5.2f}] "
+                  f"{row['pct_copy']:6.1f} {row.get('vs_compile', float('nan')):6.3f} {row['matches_eager']}")
+        (out_dir / "row_configs.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
