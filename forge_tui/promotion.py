@@ -148,13 +148,20 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
     (``faster_only=False``: its best passed node, even one slower than eager, for a caller whose
     own rule decides: ``forge_tui.generate``)."""
     from .search.store import NodeRecord, SearchStore
-    from .search.tree import ROOT
+    from .search.tree import ROOT, pooled_speedups
 
     man = manifest(ws)
     out: list[Request] = []
     with ws.git() as repo:
         store = SearchStore(repo)
         loaded = store.load()
+        by_card: dict[str, list[NodeRecord]] = {}
+        for rec in loaded.nodes:
+            by_card.setdefault(rec.card, []).append(rec)
+        score: dict[tuple[str, str], float] = {}
+        for card_id, recs in by_card.items():  # ranked by their own times (see pooled_speedups)
+            for nid, sp in pooled_speedups((r.node, r.status, r.speedup, r.time_us, r.eager_us) for r in recs).items():
+                score[(card_id, nid)] = sp
         best: dict[str, tuple[float, int, NodeRecord]] = {}
         for rec in loaded.nodes:
             if rec.node == ROOT or rec.status != "passed" or not rec.speedup or (faster_only and rec.speedup <= 1.0):
@@ -166,9 +173,9 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
             entry = man.entries.get(rec.card)
             if entry is not None and entry.evidence.node == rec.node:
                 continue
-            key = (rec.speedup, -rec.seq)
+            key = (score.get((rec.card, rec.node), rec.speedup), -rec.seq)
             if rec.card not in best or key > best[rec.card][:2]:
-                best[rec.card] = (rec.speedup, -rec.seq, rec)
+                best[rec.card] = (*key, rec)
         for card_id, (_, _, rec) in sorted(best.items()):
             try:
                 card = ws.card(card_id)

@@ -49,8 +49,10 @@ class FakePool:
     backend = "cpu"
 
     def __init__(self, speedup=lambda card, source: 1.1, delay=(0.0, 0.0), status=lambda card, source: "passed",
-                 speedup_when=("passed",)):
+                 speedup_when=("passed",), times=None):
         self.speedup = speedup
+        self.times = times
+        """(card, source) -> (candidate µs, eager µs) of a passed result, or None: untimed."""
         self.speedup_when = speedup_when
         """Statuses whose results carry a speedup (the evaluator gives one to passed results only)."""
         self.delay = delay
@@ -69,8 +71,16 @@ class FakePool:
         try:
             time.sleep(random.uniform(*self.delay))
             st = self.status(card, source)
+            timing, time_us = None, None
+            if self.times is not None and st == "passed":
+                from forge_tui.evaluator.result import TimeStats, Timing
+
+                cand, eager = self.times(card, source)
+                stats = [TimeStats(median=x, mean=x, min=x, max=x, q1=x, q3=x, n=5)
+                         for x in (cand, eager, self.speedup(card, source))]
+                timing, time_us = Timing(candidate=stats[0], eager=stats[1], speedup_vs_eager=stats[2]), cand
             return EvalResult(status=st, reason="" if st == "passed" else "fake failure", card=card.id,
-                              backend=self.backend,
+                              backend=self.backend, timing=timing, time_us=time_us,
                               speedup_vs_eager=self.speedup(card, source) if st in self.speedup_when else None)
         finally:
             with self._lock:

@@ -455,3 +455,30 @@ def test_forge_retime_evaluates_the_noisy_kernels_on_the_real_pool(tmp_path, cap
     assert "retimed busy n0001: n0003 rejected" in capsys.readouterr().out
     assert main(["retime", str(ws.root), "other", "--backend", "cpu"]) == 0
     assert "no kernel to time again" in capsys.readouterr().out
+
+
+def test_the_best_and_its_promotion_request_are_the_fastest_kernel_by_its_own_time(tmp_path):
+    """Three kernels whose ratios against their own samples of eager disagree with their times:
+    the card's best and the kernel offered for promotion are the fastest against eager pooled over
+    the card (kernel 2 at 15 µs, not kernel 1's 10x at 20 µs on a slow sample of eager), and every
+    node's times replay from its commit."""
+    from forge_tui.promotion import requests
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
+    plan = {1: (10.0, 20.0, 200.0), 2: (9.0, 15.0, 135.0), 3: (8.0, 22.0, 176.0)}  # ratio, µs, eager µs
+
+    def kernel(src: str) -> int:
+        return int(src.split()[2])  # "// kernel <n> for ..."
+
+    pool = FakePool(speedup=lambda card, src: plan[kernel(src)][0], times=lambda card, src: plan[kernel(src)][1:])
+    summary, rec = run_search(ws, cfg(max_evals=3, evals_per_card=3, parallel=1), CountingProposer(), pool)
+    pool.close()
+    with ws.git() as repo:
+        recs = {r.move: r for r in SearchStore(repo).load().nodes if r.node != "root"}
+    bests = [(e.node, round(e.speedup, 3)) for e in rec.events if e.kind == "best_improved"]
+    assert bests == [(recs["k1"].node, 10.0), (recs["k2"].node, round(200.0 / 15.0, 3))]  # k2 against eager pooled then
+    assert sorted(recs) == ["k1", "k2", "k3"]
+    assert (recs["k2"].time_us, recs["k2"].eager_us, recs["k2"].speedup) == (15.0, 135.0, 9.0)
+    assert summary.best["a"]["node"] == recs["k2"].node
+    (req,) = requests(ws)
+    assert req.node == recs["k2"].node

@@ -2,7 +2,7 @@
 
 import math
 
-from forge_tui.search.tree import ROOT, CardTree, Node, reward
+from forge_tui.search.tree import ROOT, CardTree, Node, pooled_speedups, reward
 from forge_tui.search.uct import select, uct_score, widen_limit
 
 
@@ -180,3 +180,26 @@ def test_a_noisy_node_grows_but_is_never_best():
     assert t.nodes["n"].expandable and not t.nodes["n"].dead
     assert t.nodes["n"].value == 0.5 and t.nodes[ROOT].value == reward("passed", 1.2, 4.0)
     assert t.best().id == "a"
+
+
+def test_the_best_node_is_the_fastest_by_its_own_time_against_a_pooled_eager():
+    """Each evaluation's ratio divides by its own sample of eager: "a" drew a slow eager (200 µs)
+    and claims 10x at 20 µs, "b" a fast one (135 µs) and claims 9x at 15 µs. Against eager
+    pooled over the card (the median, 200 µs here), "b" is the faster kernel and the best."""
+    t = CardTree("c", cap=4.0)
+    t.add(Node("c", ROOT, None, 0, "reference", 1.0))
+    t.add(Node("c", "a", ROOT, 1, "passed", 10.0, time_us=20.0, eager_us=200.0))
+    t.add(Node("c", "b", ROOT, 2, "passed", 9.0, time_us=15.0, eager_us=135.0))
+    t.add(Node("c", "n", ROOT, 3, "noisy", None, time_us=1.0, eager_us=1000.0))  # not timed: neither ranked nor pooled
+    assert t.best().id == "b"
+    assert pooled_speedups([("a", "passed", 10.0, 20.0, 200.0), ("b", "passed", 9.0, 15.0, 135.0),
+                            ("n", "noisy", None, 1.0, 1000.0)]) == {"a": 10.0, "b": 200.0 / 15.0}
+    # a node recorded before nodes carried their times keeps its own ratio
+    t.add(Node("c", "old", ROOT, 4, "passed", 14.0))
+    assert t.best().id == "old"
+    slow = CardTree("c", cap=4.0)  # slower than eager pooled: the root (eager) stays the best
+    slow.add(Node("c", ROOT, None, 0, "reference", 1.0))
+    slow.add(Node("c", "a", ROOT, 1, "passed", 1.05, time_us=110.0, eager_us=115.0))
+    slow.add(Node("c", "b", ROOT, 2, "passed", 0.9, time_us=120.0, eager_us=100.0))
+    slow.add(Node("c", "d", ROOT, 3, "passed", 0.9, time_us=116.0, eager_us=104.0))
+    assert slow.best().id == ROOT  # "a" claimed 1.05x on a slow sample of eager: 104 / 110 pooled

@@ -5,24 +5,36 @@ from __future__ import annotations
 
 from .events import BestImproved, NodeAdded, SearchEvent, make_event
 from .store import Loaded, LogRecord, NodeRecord
-from .tree import OK_STATUSES, ROOT
+from .tree import OK_STATUSES, ROOT, pooled_speedups
 
 
 class History:
     def __init__(self) -> None:
         self.best: dict[str, float] = {}
+        self.best_node: dict[str, str] = {}
+        self.timed: dict[str, list[tuple[str, str, float | None, float | None, float | None]]] = {}
 
     def node(self, rec: NodeRecord) -> list[SearchEvent]:
+        """NodeAdded, and BestImproved when the card's best (``CardTree.best``'s ranking, against
+        eager pooled over the card) becomes another node."""
         events: list[SearchEvent] = [NodeAdded(seq=rec.seq, card=rec.card, node=rec.node, parent=rec.parent,
                                                status=rec.status, speedup=rec.speedup, move=rec.move,
                                                proposer=rec.proposer, reason=rec.reason, cost_usd=rec.cost_usd)]
         if rec.node == ROOT:
             self.best.setdefault(rec.card, 1.0)
-        elif rec.status in OK_STATUSES and rec.speedup is not None and rec.speedup > self.best.get(rec.card, 1.0):
-            previous = self.best.get(rec.card, 1.0)
-            self.best[rec.card] = rec.speedup
-            events.append(BestImproved(seq=rec.seq, card=rec.card, node=rec.node, speedup=rec.speedup,
-                                       previous=previous))
+            return events
+        if rec.status not in OK_STATUSES or rec.speedup is None:
+            return events
+        rows = self.timed.setdefault(rec.card, [])
+        rows.append((rec.node, rec.status, rec.speedup, rec.time_us, rec.eager_us))
+        score = pooled_speedups(rows)
+        top = max(score, key=lambda n: score[n], default=None)  # the first of equals: the earliest
+        previous = self.best.get(rec.card, 1.0)
+        if top is not None and top != self.best_node.get(rec.card) and score[top] > 1.0:
+            self.best[rec.card], self.best_node[rec.card] = score[top], top
+            events.append(BestImproved(seq=rec.seq, card=rec.card, node=top, speedup=score[top], previous=previous))
+        elif top is not None and top == self.best_node.get(rec.card):
+            self.best[rec.card] = score[top]  # eager pooled over one more evaluation
         return events
 
     def log(self, rec: LogRecord) -> list[SearchEvent]:

@@ -159,7 +159,7 @@ class Search:
         tree = self.trees.setdefault(rec.card, CardTree(rec.card, self.scfg.reward_cap))
         tree.add(Node(card=rec.card, id=rec.node, parent=rec.parent, seq=rec.seq, status=rec.status,
                       speedup=rec.speedup, move=rec.move, proposer=rec.proposer, commit=rec.commit,
-                      cost_usd=rec.cost_usd, reason=rec.reason))
+                      cost_usd=rec.cost_usd, reason=rec.reason, time_us=rec.time_us, eager_us=rec.eager_us))
         b = self.budgets.get(rec.card)
         if rec.node != ROOT:
             self.evals_total += 1
@@ -355,9 +355,12 @@ class Search:
         node_id = self._new_id(card.id)
         speedup = result.speedup_vs_eager if result.passed else None
         conversation = str(proposal.meta.get("conversation") or "")
+        timed = result.passed and result.timing is not None
         rec = NodeRecord(self._next_seq(), card.id, node_id, parent.id, result.status, speedup,
                          proposal.move, str(proposal.proposer or getattr(self.proposer, "name", "?")), proposal.cost_usd,
-                         result.reason, "", conversation)
+                         result.reason, "", conversation,
+                         time_us=result.time_us if timed else None,
+                         eager_us=result.timing.eager.median if timed and result.timing is not None else None)
         files = {SOURCE_NAMES.get(self.backend, SOURCE_NAMES["cuda"]): proposal.source.encode(),
                  "result.json": result.to_json().encode(),
                  "node.json": json.dumps({"card": card.id, "node": node_id, "parent": parent.id, "move": proposal.move,

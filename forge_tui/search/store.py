@@ -50,6 +50,11 @@ class NodeRecord:
     commit: str
     conversation: str = ""
     """The agent's conversation that wrote the node (its transcript is the node's transcript.json)."""
+    time_us: float | None = None
+    """The candidate's median time in its evaluation (None: not timed, or a node recorded before
+    nodes carried it)."""
+    eager_us: float | None = None
+    """Eager's median time in the same evaluation."""
 
 
 @dataclass
@@ -179,9 +184,12 @@ def parse_node(ref: str, commit: str, message: str) -> NodeRecord | Damage:
     if node != ROOT and parent is None:
         return bad("Forge-Parent is none, but only the root has no parent")
     assert not isinstance(speedup, str) and not isinstance(cost, str)  # returned as damage above
+    times = [_number(t, k) if k in t else None for k in ("Forge-Time-Us", "Forge-Eager-Us")]
+    time_us, eager_us = (x if isinstance(x, float) and x > 0 else None for x in times)  # optional: unreadable is unknown
     return NodeRecord(seq=seq, card=card, node=node, parent=parent, status=t["Forge-Status"], speedup=speedup,
                       move=t.get("Forge-Move", ""), proposer=t["Forge-Proposer"], cost_usd=cost or 0.0,
-                      reason=t.get("Forge-Reason", ""), commit=commit, conversation=t.get("Forge-Conversation", ""))
+                      reason=t.get("Forge-Reason", ""), commit=commit, conversation=t.get("Forge-Conversation", ""),
+                      time_us=time_us, eager_us=eager_us)
 
 
 def parse_log(commit: str, message: str) -> LogRecord | Damage:
@@ -317,6 +325,9 @@ class SearchStore:
         }
         if rec.conversation:
             trailers["Forge-Conversation"] = rec.conversation
+        if rec.time_us and rec.eager_us:
+            trailers["Forge-Time-Us"] = repr(float(rec.time_us))
+            trailers["Forge-Eager-Us"] = repr(float(rec.eager_us))
         subject = f"{rec.card} {rec.node}: {rec.status}" + (f" {rec.speedup:.3f}x" if rec.speedup else "")
         parents = [base_commit]
         commit = self.writer.commit_files(base_commit, FOLDER, files, parents, format_message(subject, rec.move, trailers))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 ROOT = "root"
@@ -22,6 +23,29 @@ def reward(status: str, speedup: float | None, cap: float) -> float:
         return 0.0
     x = math.log(speedup) / math.log(cap)
     return 0.5 + 0.5 * max(-1.0, min(1.0, x))
+
+
+def pooled_speedups(nodes: Iterable[tuple[str, str, float | None, float | None, float | None]]) -> dict[str, float]:
+    """Each passed node's speedup against eager's time pooled over the card's evaluations: the
+    median of every passed evaluation's eager time over the node's own time. ``nodes``: (id,
+    status, paired speedup, time µs, eager µs) of one card's nodes.
+
+    What ranks a card's kernels. Each evaluation's ratio divides by its own sample of eager, and
+    eager's many launches make that sample the noisier one: on the H200 eager's time for a norm
+    card varied 10-27% (coefficient of variation) across one search's evaluations while the
+    candidates' own times spanned 15-20%, so the largest ratio was often not the fastest kernel
+    (the Qwen-3 per-head norm promoted a kernel 1.12x slower by device time than one it had
+    timed, 2026-12-05). Pooled, eager is one number a card and the ranking is the candidates'
+    own times. A node without its times (recorded before nodes carried them) keeps its ratio."""
+    rows = list(nodes)
+    eagers = sorted(e for _, status, _, _, e in rows if status == "passed" and e)
+    pooled = eagers[len(eagers) // 2] if eagers else None
+    out: dict[str, float] = {}
+    for nid, status, speedup, time_us, eager_us in rows:
+        if status != "passed" or not speedup:
+            continue
+        out[nid] = pooled / time_us if pooled and time_us and eager_us else speedup
+    return out
 
 
 @dataclass
@@ -48,6 +72,9 @@ class Node:
     """False once the proposer has no more children for it, or the node failed."""
     dead: bool = False
     """Nothing below it can be expanded any more."""
+    time_us: float | None = None
+    eager_us: float | None = None
+    """The candidate's and eager's median times in its evaluation (see ``pooled_speedups``)."""
 
     @property
     def ok(self) -> bool:
@@ -91,8 +118,10 @@ class CardTree:
         return out[::-1]
 
     def best(self) -> Node | None:
+        """The fastest correct node by ``pooled_speedups`` (the root, eager, at 1.0)."""
         ok = [n for n in self.nodes.values() if n.ok and n.speedup]
-        return max(ok, key=lambda n: (n.speedup, -n.seq)) if ok else None
+        score = pooled_speedups((n.id, n.status, n.speedup, n.time_us, n.eager_us) for n in self.nodes.values())
+        return max(ok, key=lambda n: (score.get(n.id, n.speedup or 0.0), -n.seq)) if ok else None
 
     def evaluated(self) -> int:
         return sum(1 for n in self.nodes.values() if n.id != ROOT)
