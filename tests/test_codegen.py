@@ -5,6 +5,7 @@ against eager; refusals that say why; a property test of random pointwise/reduct
 and run; the index algebra; CUDA sources compiled with nvcc; op cards nested in module cards."""
 
 import ctypes
+import dataclasses
 import os
 import random
 import shutil
@@ -32,6 +33,7 @@ from forge_tui.evaluator.build import Builder
 from forge_tui.kernel_abi import ForgeScalar, ForgeTensor, alloc_outputs, describe
 from forge_tui.profiler.capture import CARD_ATTR, CaptureOptions, Recorder
 from forge_tui.program import run_program
+from forge_tui.templates.device import H200
 from forge_tui.templates.families.generated import Generated
 from forge_tui.templates.proposer import TemplateProposer
 from forge_tui.templates.registry import match
@@ -43,6 +45,8 @@ WORKLOADS = HERE / "data" / "workloads"
 CFG = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0},
                     "evaluator": {"run_timeout_s": 30.0}})
 GEN = Generated()
+FEW_SMS = dataclasses.replace(H200, sms=2)
+"""A GPU the tiny table's cards fill: enough blocks for every SM with several rows a thread."""
 # every leaf module of codegen_modules.py that makes a module card (dtype variants count once)
 MODULES = {"GemmaRMSNorm", "HFRMSNorm", "QKNorm", "T5LayerNorm", "FP32LayerNorm", "Rotary", "GQARotary", "PartialRotary",
            "SoftCap",
@@ -184,6 +188,34 @@ def test_early_issues_the_outputs_loads_before_the_reduction(table_ws):
     assert not GEN.valid(gemma, {**first, "early": 1, "cache": "none"}, "cuda")
     l2 = GEN.match(by[("L2Normalize", "float32")])  # x / norm(x): only the row itself, read twice
     assert early_loads(GEN._k(l2), 4) == [] and not GEN.valid(l2, {**GEN.initial(l2, "cuda"), "early": 1}, "cuda")
+
+
+def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
+    """``rpt``: each thread handles ``rpt`` rows, ``rpb`` apart; every row's loads come before the
+    first row's reduction (more bytes in flight a thread, the way torch.compile's kernel for a
+    128-column per-head norm does it), each row with its own names, and the grid has a block for
+    each ``rpb * rpt`` rows. Refused with a row split over a cluster, with shared memory, and where
+    the grid would have fewer blocks than the GPU has SMs."""
+    import re
+
+    few = FEW_SMS
+    by = {(_name(c), c.dtype): c for c in table_ws.cards()}
+    gemma = GEN.match(by[("GemmaRMSNorm", "bfloat16")])  # 16 rows of 64
+    first = GEN.initial(gemma, "cuda", few)
+    assert first["rpt"] == 1 and "rpt" in GEN.axes(gemma, "cuda", few)
+    p = {**first, "tpr": 16, "rpb": 2, "rpt": 4}
+    assert GEN.valid(gemma, p, "cuda", few)
+    src = GEN.render(gemma, p, "cuda", few).split("fg_kernel(", 1)[1]
+    before, after = src.split("fg_row_reduce<TPR, 0>(acc0_0", 1)
+    assert all(f"p0 + ro0_{i} + c0" in before for i in range(4)) and "_4" not in src
+    assert [f"const int64_t rr_{i} = (g * RPT + {i}) * RPB + slot;" in before for i in range(4)] == [True] * 4
+    assert all(f"store_vec<__nv_bfloat16, VEC>(q0 + ro0_{i} + c0, o0_{i});" in after for i in range(4))
+    assert re.search(r"GROUPS = 2;", GEN.render(gemma, p, "cuda", few))  # 16 rows, 8 a block
+    plain = GEN.render(gemma, {**p, "rpt": 1}, "cuda", few)
+    assert "const int64_t rr = g * RPB + slot;" in plain and "GROUPS = 8;" in plain
+    assert not GEN.valid(gemma, {**p, "cache": "smem"}, "cuda", few)
+    assert not GEN.valid(gemma, {**p, "rpt": 8}, "cuda", few)  # one block for two SMs
+    assert not GEN.valid(gemma, p, "cuda", dataclasses.replace(few, sms=4))  # two blocks for four SMs
 
 
 # ---- refusals ------------------------------------------------------------------------------------
@@ -601,6 +633,7 @@ def test_cuda_sources_compile_for_sm90(table_ws):
     # unfolded, rotate_half's two halves are vector loads too: (c % 8) is contiguous within an aligned run
     assert "load_vec<float, VEC>(p0 + ro0 + (c0 % 8LL), v" in jobs[5], jobs[5][-2500:]
     jobs.append(GEN.render(gemma, {**first, "early": 1}, "cuda"))  # the weight loaded before the reduction
+    jobs.append(GEN.render(gemma, {**first, "tpr": 16, "rpb": 2, "rpt": 2}, "cuda", FEW_SMS))  # rows a thread
     for name in ("GeluGate", "SoftCap"):
         m = GEN.match(by[(name, "bfloat16")])
         jobs += [GEN.render(m, {**GEN.initial(m, "cuda"), "math": mode}, "cuda") for mode in ("fast", "fp32")]

@@ -27,6 +27,7 @@ copy, and takes 20-25% less GPU time under Nsight Compute; neither is bound by m
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..kernel_abi import ITEMSIZE
@@ -525,6 +526,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     for n in cached if cache == "smem" else []:
         t = w.types[kern.nodes[n].dtype]
         body.append(ind + f"{t}* sm{n} = ({t}*)(fg_smem + {smem_off[n]}) + (int64_t)slot * COLS;")
+    cuts = [len(body)]  # where the body's stages end: each is written for every row of a thread in turn
 
     def row_nodes(roots: list[int]) -> None:
         for n in kern.needed(roots):
@@ -607,9 +609,11 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             body.append(ind + f"float acc{k} = fg_ident<{OPS[r.kind]}>();")
             tail.append(f"acc{k} = fg_comb<{OPS[r.kind]}>(acc{k}, t{r.body});")
         body += loop(level, [r.body for _, r in reds], tail, "")
+        cuts.append(len(body))
         if split == 1:
             for k, r in reds:
                 body.append(ind + f"const float red{k} = fg_row_reduce<TPR, {OPS[r.kind]}>(acc{k}, fg_scratch);")
+            cuts.append(len(body))
             continue
         # the row's blocks: each one's partial result in its slot, then every slot in rank order
         for k, r in reds:
@@ -645,9 +649,15 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
                   f"{col0(o.offset)}, o{o.index});"
                   for o in vouts]
         body += loop(kern.levels, [o.node for o in full], tail, "live && ", head, stores)
-    decls = [ind + d for d in w.row_decls()]
+    rpt = p.get("rpt", 1)
+    assert rpt == 1 or (split == 1 and cache != "smem"), p
+    head = ["const int64_t rr = g * RPB + slot;" if rpt == 1 else "const int64_t rr = (g * RPT + I) * RPB + slot;",
+            "const bool live = rr < ROWS;", "const int64_t r = live ? rr : ROWS - 1;", "(void)live;"]
+    stages = [[ind + x for x in head] + [ind + d for d in w.row_decls()] + body[:cuts[0]]]
+    stages += [body[a:b] for a, b in zip(cuts, cuts[1:] + [len(body)])]
+    body = [line for stage in stages for i in range(rpt) for line in _row_copy(stage, i, rpt)]
     params_c, args_c = _args(kern, w)
-    groups = -(-kern.rows // rpb)
+    groups = -(-kern.rows // (rpb * rpt))
     grid = groups if p.get("grid", "rows") == "rows" else min(groups, device.sms * resident_blocks(tpr * rpb, device))
     nv = -(-cols // (tpr * vec * split))
     nv1 = -(-cols // (tpr * split))
@@ -669,12 +679,14 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         launches = (f"    if ({aligned}) {{\n{_cluster_launch(f'fg_kernel<{vec}, {nv}>', groups, split, args_c)}    }} else {{\n"
                     f"{_cluster_launch(f'fg_kernel<1, {nv1}>', groups, split, args_c)}    }}\n")
     parts = f"    __shared__ float fg_part[{max(1, len(kern.reductions))}];\n" if split > 1 else ""
+    rows_note = f", {rpt} rows a thread" if rpt > 1 else ""
     return PRELUDE + f'''
-/* {kern.summary}; {tpr} threads a row, {rpb} rows a block, {split} blocks a row, cache {cache} */
+/* {kern.summary}; {tpr} threads a row, {rpb} rows a block, {split} blocks a row, cache {cache}{rows_note} */
 static const int64_t ROWS = {kern.rows}, GROUPS = {groups};
 static const int COLS = {cols};
 #define TPR {tpr}
 #define RPB {rpb}
+#define RPT {rpt}
 #define SPLIT {split}
 
 template <int VEC, int NV>
@@ -685,17 +697,24 @@ __global__ void __launch_bounds__(TPR * RPB) fg_kernel({params_c}) {{
     const int rank = SPLIT > 1 ? (int)(blockIdx.x % SPLIT) : 0;
     (void)rank;
     for (int64_t g = blockIdx.x / SPLIT; g < GROUPS; g += gridDim.x / SPLIT) {{
-        const int64_t rr = g * RPB + slot;
-        const bool live = rr < ROWS;
-        const int64_t r = live ? rr : ROWS - 1;
-        (void)live;
-{nl.join(decls)}
 {nl.join(body)}
     }}
 }}
 
 {_launcher(kern, card, launches)}
 '''
+
+
+_ROW_NAMES = re.compile(r"\b(I|r|rr|live|(?:ro|acc|red|part|keep|cache|t|v|o|raw|sm)\d+)\b")
+
+
+def _row_copy(lines: list[str], i: int, rpt: int) -> list[str]:
+    """A stage of the rows kernel's body for a thread's ``i``-th row of ``rpt``: the row's own
+    names (its index, offsets, accumulators, values and register arrays) suffixed, so that the
+    rows' copies of a stage sit side by side (all rows' loads before any row's reduction)."""
+    if rpt == 1:
+        return lines
+    return [_ROW_NAMES.sub(lambda m: str(i) if m.group(1) == "I" else f"{m.group(1)}_{i}", x) for x in lines]
 
 
 # ---- tiles ---------------------------------------------------------------------------------------

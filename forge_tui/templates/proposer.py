@@ -14,7 +14,7 @@ from .base import Family, Match, describe, parse_header
 from .device import DeviceProps, detect_device
 from .registry import match, matches
 
-AXIS_ORDER = ("mode", "launch", "math", "vec", "owv", "tpr", "rpb", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
+AXIS_ORDER = ("mode", "launch", "math", "vec", "owv", "tpr", "rpb", "rpt", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
               "grid", "unroll", "per_thread", "simd")
 
 

@@ -53,6 +53,9 @@ from ..device import DEFAULT_DEVICE, DeviceProps
 TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 RPBS = [1, 2, 4, 8, 16, 32, 64]
 SPLITS = [1, 2, 4, 8, 16]
+RPTS = [1, 2, 4, 8]
+"""Rows a thread: a thread's rows loaded before any is reduced (torch.compile's kernel for the
+Qwen-3 per-head norm, 128 columns: 64 threads a block, 32 rows, 8 rows a thread)."""
 BPS = [1, 2, 4]
 
 
@@ -168,7 +171,7 @@ class Generated(Family):
         if not k.reductions:
             return {"threads": [128, 256, 512], "vec": self._vecs(k), "grid": ["full", "waves4", "waves1"],
                     "fold": self._folds(k), "launch": ["each", "one"] if k.more else ["each"]}
-        ax = {"tpr": TPRS, "rpb": RPBS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
+        ax = {"tpr": TPRS, "rpb": RPBS, "rpt": RPTS, "vec": self._vecs(k), "cache": ["regs", "smem", "none"],
               "grid": ["rows", "waves"], "split": SPLITS if device.clusters else [1]}
         if tile_layout(k) is not None:  # rows interleaved in memory: also walked in memory order
             ax["grid"] = ["tiles", "rows", "waves"]
@@ -194,6 +197,9 @@ class Generated(Family):
             return self._valid_tiles(k, p, device)
         if p.get("bps", 1) != 1:
             return False  # blocks an SM: the tiles grid's setting
+        rpt = p.get("rpt", 1)
+        if rpt > 1 and (split > 1 or cache == "smem" or -(-k.rows // (p["rpb"] * rpt)) < device.sms):
+            return False  # a thread's rows in registers, with blocks enough for every SM
         if tpr * rpb > 1024 or (tpr * rpb) % 32 or (rpb > 1 and tpr > 256):
             return False
         if split > 1 and (not device.clusters or rpb > 1 or p["grid"] != "rows" or cache == "smem"
@@ -210,7 +216,7 @@ class Generated(Family):
         if cache == "regs":
             nv = -(-k.cols // (tpr * vec * split))
             arrays = len(cached) + (len(early_loads(k, vec)) if p.get("early") else 0)
-            return nv * vec * max(1, arrays) <= 64
+            return nv * vec * max(1, arrays) * rpt <= 64
         if not cached:
             return False  # nothing is read twice: every cache setting is the same kernel
         if cache == "smem":
@@ -227,7 +233,7 @@ class Generated(Family):
         periods, every row's threads in a block known, what is cached within the SM's memory."""
         lay = tile_layout(k)
         tpr, vec, cache, bps = p["tpr"], p["vec"], p["cache"], p.get("bps", 1)
-        if lay is None or p["rpb"] != 1 or p.get("split", 1) != 1 or lay.rl % vec:
+        if lay is None or p["rpb"] != 1 or p.get("split", 1) != 1 or p.get("rpt", 1) != 1 or lay.rl % vec:
             return False
         blocks = device.sms * bps
         if tpr < 32 or tpr % 32 or tpr % k.rows or tpr * bps > device.max_threads_per_sm:
@@ -300,7 +306,7 @@ class Generated(Family):
                 rpb = max(1, 256 // t) if t <= 128 else 1
                 while t * rpb < 32:
                     rpb *= 2
-                p = {**base, "tpr": t, "rpb": min(rpb, 64), "cache": cache}
+                p = {**base, "tpr": t, "rpb": min(rpb, 64), "rpt": 1, "cache": cache}
                 if self.valid(m, p, backend, device):
                     return p
                 t *= 2
