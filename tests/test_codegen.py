@@ -218,6 +218,30 @@ def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
     assert not GEN.valid(gemma, p, "cuda", dataclasses.replace(few, sms=4))  # two blocks for four SMs
 
 
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_rows_kernel_of_the_table_builds_with_two_rows_a_thread(table_ws):
+    """Each row's copy of the body declares its names in one scope: a name left unsuffixed is
+    declared twice, one suffixed in a use but not where it is declared is undeclared, and nvcc
+    refuses either. Every module card of the table whose kernel reduces rows, at two rows a
+    thread (softmax's two levels, per-row outputs, several outputs, group norms)."""
+    few = dataclasses.replace(H200, sms=1)
+    jobs = []
+    for card in table_ws.cards():
+        m = GEN.match(card) if card.kind == "module" else None
+        first = GEN.initial(m, "cuda", few) if m is not None else {}
+        if "rpt" in first:
+            p = {**first, "rpt": 2}
+            assert GEN.valid(GEN.match(card), p, "cuda", few), (card.id, p)
+            jobs.append(GEN.render(m, p, "cuda", few))
+    assert len(jobs) >= 18 and all(", 2 rows a thread */" in j for j in jobs)
+    builder = Builder("cuda", Path(tempfile.mkdtemp(dir=table_ws.cache)), arch="sm_90")
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(builder.build, jobs))
+    bad = [r.log[:2000] for r in results if not r.ok]
+    assert not bad, bad[0]
+
+
 # ---- refusals ------------------------------------------------------------------------------------
 def captured(fn, *inputs) -> tuple[Card, list]:
     """The module card of ``fn`` as a leaf module (a card even for one op), and its captured
