@@ -1,20 +1,21 @@
 """Asks: on the norms whose rows are short (Gemma-3's and Qwen-3's per-head q/k norms, 256 and 128
 columns; T5's layer norm, 1024), where the H100 had the generator's or the rms_norm family's best
 kernel at 0.87-0.95x torch.compile's by device time (2026-12-05, sixth session), which of the
-generator's row configurations reach torch.compile's kernel, and does issuing the outputs' loop's
-loads (the weight) before the row's reduction (``early=1``) help? Profiles the ``transformers``
-leaf modules of ``codegen_bench.py`` on cuda, renders the generator's kernel for each norm card at
-its first configuration and a sweep around it (threads a row, rows a block, vector width, grid,
-early), and times every one against eager, torch.compile and a same-size copy by device time (CUDA
-events, L2 flushed, interleaved), each kernel's outputs checked against eager's.
+generator's row configurations reach torch.compile's kernel, and do several rows a thread
+(``rpt``) close the gap? Profiles the ``transformers`` leaf modules of ``codegen_bench.py`` on
+cuda, renders the generator's kernel for each norm card at its first configuration and a sweep
+around it (threads a row, rows a block, rows a thread), and times every one against eager,
+torch.compile and a same-size copy by device time (CUDA events, L2 flushed, interleaved), each
+kernel's outputs checked against eager's.
 
     python bench/lab/row_configs.py [--cases Qwen3RMSNorm Gemma3RMSNorm T5LayerNorm] [--reps 30]
 
 Prints a table per card; writes $OUT/row_configs.json.
 
-Answers (H200, 2026-12-05, seventh session, `221cce9`: the sweep then had no ``rpt``):
+Answers (H200, 2026-12-05, seventh session, `221cce9`: the sweep then had no ``rpt``, and tried
+each configuration with and without ``early``, the weight's loads issued before the reduction):
 - ``early`` is no gain: better by 0.1-0.6 µs on some configurations, worse by up to 2 µs on others
-  (more registers a thread, fewer blocks an SM). It stays a setting, not a search axis.
+  (more registers a thread, fewer blocks an SM). The setting was removed again.
 - The generator's best row configurations, by device time against torch.compile's kernel: Qwen-3
   per head 12.77 µs against 12.22 (0.957x, ``tpr=16 rpb=16``); Gemma-3 per head 12.74 against 12.29
   (0.965x); T5 8.03 against 8.45 (1.052x, ``tpr=64 rpb=4 vec=4``); Gemma-3 at 1536 columns 9.60
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def configs(gen, m, device) -> list[dict]:
-    """The first configuration with ``early`` on, then threads a row (half, as many and
+    """The first configuration, then threads a row (half, as many and
     twice the first's) x blocks of 64 and 256 threads x rows a thread (1, 2, 4, 8): valid ones
     only, each once."""
     first = gen.initial(m, "cuda", device)
@@ -55,7 +56,6 @@ def configs(gen, m, device) -> list[dict]:
         if gen.valid(m, p, "cuda", device) and p not in out:
             out.append(p)
 
-    add({**first, "early": 1})
     t0 = first["tpr"]
     for tpr, block, rpt in itertools.product((t0 // 2, t0, t0 * 2), (64, 256), (1, 2, 4, 8)):
         if tpr >= 4 and block % tpr == 0:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'config':64s} {'µs':>7s} {'IQR':>13s} {'%copy':>6s} {'vs tc':>6s} ok")
         for row in sorted(rows, key=lambda r: r.get("device_us") or 1e9):
             p = row["config"]
-            desc = " ".join(f"{a}={p[a]}" for a in ("tpr", "rpb", "rpt", "vec", "grid", "cache", "math", "early") if a in p)
+            desc = " ".join(f"{a}={p[a]}" for a in ("tpr", "rpb", "rpt", "vec", "grid", "cache", "math") if a in p)
             if "device_us" not in row:
                 print(f"  {desc:64s} {'build failed' if not row['built'] else '-'}")
                 continue

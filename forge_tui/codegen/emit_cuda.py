@@ -385,21 +385,6 @@ def _cached_loads(kern: Kernel) -> list[int]:
     return sorted(n for n, phases in uses.items() if len(phases) > 1)
 
 
-def early_loads(kern: Kernel, vec: int) -> list[int]:
-    """With the row in registers, the vector loads only the outputs' loop reads (a norm's weight,
-    a residual), which the ``early`` setting issues in the first loop, before the row's reduction,
-    so that their latency overlaps it: register arrays like the cache's."""
-    if not kern.levels:
-        return []
-    if carries(kern, "regs"):
-        plan = carry_plan(kern)
-        need, cached = plan.need[kern.levels], plan.loads
-    else:
-        need, cached = _loop_nodes(kern, [o.node for o in kern.outputs if not o.per_row]), cached_loads(kern)
-    return [n for n in need if kern.nodes[n].op == "load" and kern.nodes[n].kind == "f" and n not in cached
-            and vec_ok(kern.nodes[n].attr[1], vec)]
-
-
 def _loop_nodes(kern: Kernel, roots: list[int]) -> list[int]:
     return [n for n in kern.needed(roots) if kern.nodes[n].varying]
 
@@ -507,8 +492,6 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         cached = [n for n in cached if vec_ok(kern.nodes[n].attr[1], vec)]
     elif cache == "none":
         cached = []
-    # loads of the outputs' loop issued in the first loop (see early_loads)
-    early = early_loads(kern, vec) if cache == "regs" and p.get("early") else []
     body: list[str] = []
     done: set[int] = set()
     filled: set[int] = set()
@@ -519,7 +502,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             smem_off[n] = off
             off += -(-rpb * cols * ITEMSIZE[kern.nodes[n].dtype] // 16) * 16
     if cache == "regs":
-        for n in cached + early:
+        for n in cached:
             body.append(ind + f"float cache{n}[NV][VEC];")
         for n in sorted(n for ph in carry.keep for n in ph) if carry else []:
             body.append(ind + f"{w.vtype(kern.nodes[n])} keep{n}[NV][VEC];")
@@ -560,9 +543,7 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             row, _ = offs.split("c")
             is_vec = node.kind == "f" and vec_ok(offs, vec)
             src = f"p{k} + {w.row_name(row)} + {col0(offs) if is_vec else 'c0'}"
-            if n in early:
-                sub[n] = f"cache{n}[k][j]"
-            elif n in cached and cache == "regs":
+            if n in cached and cache == "regs":
                 if n not in filled:
                     if is_vec:
                         pre.append(f"load_vec<{lt}, VEC>({src}, cache{n}[k]);")
@@ -582,12 +563,6 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
             elif is_vec:
                 pre.append(f"float v{n}[VEC]; load_vec<{lt}, VEC>({src}, v{n});")
                 sub[n] = f"v{n}[j]"
-        if phase == 0:
-            for n in early:
-                k, offs = kern.nodes[n].attr
-                pre.append(f"load_vec<{w.types[kern.leaves[k].dtype]}, VEC>(p{k} + {w.row_name(offs.split('c')[0])} + "
-                           f"{col0(offs)}, cache{n}[k]);")
-            filled.update(early)
         filled.update(n for n in need if n in cached)
         for n in need:
             inner.append(w.stmt(kern.nodes[n], f"keep{n}[k][j]" if n in kept else sub.get(n)))

@@ -33,7 +33,6 @@ from ...codegen.emit_common import math_modes
 from ...codegen.emit_cpu import emit_cpu
 from ...codegen.emit_cuda import (
     cached_loads,
-    early_loads,
     emit_cuda,
     fold_gains,
     resident_blocks,
@@ -211,12 +210,9 @@ class Generated(Family):
         if p["grid"] == "waves" and groups <= device.sms * resident_blocks(tpr * rpb, device):
             return False  # a wave holds every group: the same launch as "rows"
         cached = cached_loads(k)
-        if p.get("early") and (cache != "regs" or not early_loads(k, vec)):
-            return False  # nothing to issue early: the same kernel as without
         if cache == "regs":
             nv = -(-k.cols // (tpr * vec * split))
-            arrays = len(cached) + (len(early_loads(k, vec)) if p.get("early") else 0)
-            return nv * vec * max(1, arrays) * rpt <= 64
+            return nv * vec * max(1, len(cached)) * rpt <= 64
         if not cached:
             return False  # nothing is read twice: every cache setting is the same kernel
         if cache == "smem":
