@@ -57,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,15 @@ def beats_compile(man: Any, served_compiled: dict[str, int]) -> list[str]:
     return out
 
 
+def _noisy_cards(ws: Any, cards: list[str]) -> list[str]:
+    """Those of ``cards`` with a correct kernel timed while the machine was busy ("noisy")."""
+    from forge_tui.search.store import SearchStore
+
+    with ws.git() as repo:
+        noisy = {r.card for r in SearchStore(repo).load().nodes if r.status == "noisy"}
+    return [c for c in cards if c in noisy]
+
+
 def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: Path, t_start: float,
                  tmp: Path) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
@@ -424,6 +434,29 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
                    "skipped": len(summary.skipped)}
     rec.log(f"search stopped: {summary.stopped}; {summary.evaluations} evaluations")
     rec.phase("search", t0)
+
+    # a correct kernel timed while the machine was busy (its builds and the other evaluations in
+    # flight) claims no speed: timed again, one at a time, it can compete (on the H200 the
+    # decoder's generated RMSNorm and the diffusion's group_norm family kernel were left so)
+    noisy = _noisy_cards(ws, searched)
+    if noisy and left() > opts["retime_reserve"]:
+        t0 = time.time()
+        with s.search(proposer="templates", backend=dev, bus=bus, cards=noisy) as again:
+            # no new evaluation once the bench's own reserve is reached
+            timer = threading.Timer(max(1.0, left() - opts["retime_reserve"]), again.request_stop,
+                                    ("the workload's time for timing again is spent",))
+            timer.start()
+            try:
+                retimed = again.retime()
+            finally:
+                timer.cancel()
+        d["retime"] = {"cards": noisy, "evaluations": retimed.evaluations, "wall_s": retimed.wall_s,
+                       "lines": again.retime_lines()}
+        for line in again.retime_lines():
+            rec.log(f"  {line}")
+        rec.phase("retime", t0)
+    elif noisy:
+        d["notes"].append(f"not timed again: {', '.join(noisy)} ({left():.0f} s left)")
 
     t0 = time.time()
     done, refused = approve(ws, auto=AutoRule(opts["min_speedup"], opts["max_spread"]))
@@ -747,6 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grace-s", type=float, default=15.0, help="a workload is killed this long after its share ends")
     ap.add_argument("--search-fraction", type=float, default=0.4,
                     help="the search takes at most this fraction of the workload's time left")
+    ap.add_argument("--retime-reserve-s", type=float, help="time a workload must have left to time its noisy "
+                    "kernels again after the search: the bench's own time (default 80; --small 40)")
     ap.add_argument("--compile-reserve-s", type=float, help="time a workload must have left to run the "
                     "torch.compile variants (default 45; --small 25)")
     ap.add_argument("--no-compile", action="store_true", help="skip the two torch.compile variants")
@@ -791,6 +826,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "parallel": pick(args.parallel, 3, 1), "workload_wall": pick(args.workload_wall, 60.0, 20.0),
             "budget_s": pick(args.budget_s, 540.0, 170.0), "grace_s": args.grace_s,
             "search_fraction": args.search_fraction, "compile_reserve": pick(args.compile_reserve_s, 45.0, 25.0),
+            "retime_reserve": pick(args.retime_reserve_s, 80.0, 40.0),
             "compile": not args.no_compile, "repeats": pick(args.repeats, 20, 10),
             "overhead_repeats": pick(args.overhead_repeats, 30, 15), "min_speedup": args.min_speedup,
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10

@@ -291,3 +291,26 @@ def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
     assert max(sizes) == 64 and len(sizes) == 3 + 5  # up to the bad slice; every slice of the good one
     assert "elements 128 to 191" in sliced[0]
     assert sliced[1] == pytest.approx(whole[1], rel=1e-12) and sliced[2] is None and sliced[3] == float("inf")
+
+
+def test_the_cards_to_time_again_are_those_with_a_noisy_kernel(tmp_path):
+    """After the search the bench times again the kernels a busy machine left untimed: the cards
+    it asks for are the searched ones with a correct kernel timed "noisy", no other."""
+    import importlib.util
+
+    from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
+
+    from forge_tui.config import parse_config
+    from forge_tui.search.runner import Search
+
+    spec = importlib.util.spec_from_file_location("e2e_bench_noisy", ROOT / "bench" / "e2e_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cards = [synthetic_card(c, share=0.3, time_us=100.0, floor_us=10.0) for c in ("a", "b", "c")]
+    ws = make_workspace(tmp_path / "ws", cards)
+    pool = FakePool(status=lambda card, src: "noisy" if card.id == "b" else "passed")
+    Search(ws, parse_config({"search": {"max_evals": 6, "evals_per_card": 2, "parallel": 1, "min_gain": 0.0}}),
+           CountingProposer(), pool).run()
+    pool.close()
+    assert bench._noisy_cards(ws, ["a", "b", "c"]) == ["b"]
+    assert bench._noisy_cards(ws, ["a", "c"]) == []
