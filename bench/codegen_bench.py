@@ -460,6 +460,30 @@ def outputs_match(card, ws, loaded) -> bool:
     return all(compare(o, e, i) is None for i, (o, e) in enumerate(zip(outs, want)))
 
 
+def interleaved_device_us(fns: dict, reps: int, launches, timer=None) -> tuple[dict, dict]:
+    """Each function's device time (CUDA events, L2 flushed before each call), the functions in
+    turn round after round, three rounds of warm-up left out: medians and quartiles, µs.
+    ``launches(name)``: whether that function returns forge_launch's code (0 or an error)."""
+    import torch
+
+    from forge_tui.timing import Timer
+
+    timer = timer or Timer("cuda", cold_l2=True)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(reps + 3):
+        for name, fn in fns.items():
+            rc: list = []
+            us = timer.device_us(lambda fn=fn, rc=rc: rc.append(fn()))
+            if launches(name) and rc[0]:
+                raise RuntimeError(f"{name}: forge_launch returned {rc[0]}")
+            if i >= 3:
+                times[name].append(us)
+    torch.cuda.synchronize()
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    q = {k: (sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]) for k, v in times.items()}
+    return med, q
+
+
 def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     """Device time (CUDA events around one call, L2 flushed before each and the device held busy
     while the host enqueues it: median µs) of the node's kernel, loaded into this process (it
@@ -492,18 +516,7 @@ def device_times_us(ws, card, loaded, reps: int = 30) -> dict:
     except Exception as exc:  # noqa: BLE001 - the other times still stand
         compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     torch.cuda.synchronize()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for i in range(reps + 3):
-        for name, fn in fns.items():
-            rc: list = []
-            us = timer.device_us(lambda fn=fn, rc=rc: rc.append(fn()))
-            if name == "ours" and rc[0]:
-                raise RuntimeError(f"forge_launch returned {rc[0]}")
-            if i >= 3:
-                times[name].append(us)
-    torch.cuda.synchronize()
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    q = {k: (sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]) for k, v in times.items()}
+    med, q = interleaved_device_us(fns, reps, lambda name: name == "ours", timer)
     out = {"ours_device_us": med["ours"], "copy_device_us": med["copy"], "eager_device_us": med["eager"],
            "compile_device_us": med.get("compile"), "compile_error": compile_error,
            "quartiles_us": q, "outputs_match_eager": outputs_match(card, ws, loaded),

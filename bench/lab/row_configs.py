@@ -143,18 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         err = first_compiled_call(compiled, *ins, device="cuda")
         if err is None:
             fns["compile"] = lambda compiled=compiled, ins=ins: compiled(*ins, device="cuda")
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for it in range(args.reps + 3):
-            for k, fn in fns.items():
-                rc: list = []
-                us = timer.device_us(lambda fn=fn, rc=rc: rc.append(fn()))
-                if k.startswith("k") and rc[0]:
-                    raise RuntimeError(f"{k}: forge_launch returned {rc[0]}")
-                if it >= 3:
-                    times[k].append(us)
-        torch.cuda.synchronize()
-        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-        iqr = {k: (sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]) for k, v in times.items()}
+        med, iqr = cb.interleaved_device_us(fns, args.reps, lambda k: k.startswith("k"), timer)
         for row in rows:
             k = row["name"]
             if k in med:
