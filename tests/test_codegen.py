@@ -167,6 +167,34 @@ def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows
             assert grid == sms * 32 < 512, (grid, sms)
 
 
+def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
+    """``rpt``: each thread handles ``rpt`` rows, ``rpb`` apart; every row's loads come before the
+    first row's reduction (more bytes in flight a thread, the way torch.compile's kernel for a
+    128-column per-head norm does it), each row with its own names, and the grid has a block for
+    each ``rpb * rpt`` rows. Refused with a row split over a cluster, with shared memory, and where
+    the grid would have fewer blocks than the GPU has SMs."""
+    import re
+
+    few = FEW_SMS
+    by = {(_name(c), c.dtype): c for c in table_ws.cards()}
+    gemma = GEN.match(by[("GemmaRMSNorm", "bfloat16")])  # 16 rows of 64
+    first = GEN.initial(gemma, "cuda", few)
+    assert first["rpt"] == 1 and "rpt" in GEN.axes(gemma, "cuda", few)
+    p = {**first, "tpr": 16, "rpb": 2, "rpt": 4}
+    assert GEN.valid(gemma, p, "cuda", few)
+    src = GEN.render(gemma, p, "cuda", few).split("fg_kernel(", 1)[1]
+    before, after = src.split("fg_row_reduce<TPR, 0>(acc0_0", 1)
+    assert all(f"p0 + ro0_{i} + c0" in before for i in range(4)) and "_4" not in src
+    assert [f"const int64_t rr_{i} = (g * RPT + {i}) * RPB + slot;" in before for i in range(4)] == [True] * 4
+    assert all(f"store_vec<__nv_bfloat16, VEC>(q0 + ro0_{i} + c0, o0_{i});" in after for i in range(4))
+    assert re.search(r"GROUPS = 2;", GEN.render(gemma, p, "cuda", few))  # 16 rows, 8 a block
+    plain = GEN.render(gemma, {**p, "rpt": 1}, "cuda", few)
+    assert "const int64_t rr = g * RPB + slot;" in plain and "GROUPS = 8;" in plain
+    assert not GEN.valid(gemma, {**p, "cache": "smem"}, "cuda", few)
+    assert not GEN.valid(gemma, {**p, "rpt": 8}, "cuda", few)  # one block for two SMs
+    assert not GEN.valid(gemma, p, "cuda", dataclasses.replace(few, sms=4))  # two blocks for four SMs
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_rows_kernel_of_the_table_builds_with_two_rows_a_thread(table_ws):
