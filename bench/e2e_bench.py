@@ -450,9 +450,9 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
                 retimed = again.retime()
             finally:
                 timer.cancel()
-        d["retime"] = {"cards": noisy, "evaluations": retimed.evaluations, "wall_s": retimed.wall_s,
-                       "lines": again.retime_lines()}
-        for line in again.retime_lines():
+        lines = again.retime_lines()
+        d["retime"] = {"cards": noisy, "evaluations": retimed.evaluations, "wall_s": retimed.wall_s, "lines": lines}
+        for line in lines:
             rec.log(f"  {line}")
         rec.phase("retime", t0)
     elif noisy:
