@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 if "compile" in med:
                     row["vs_compile"] = med["compile"] / med[k]
         entry = {"shapes": card.shapes(), "bytes": card.bytes, "copy_us": med["copy"], "eager_us": med["eager"],
-                 "compile_us": med.get("compile"), "compile_error": err, "configs": rows}
+                 "compile_us": med.get("compile"), "compile_error": err, "configs": rows,
+                 "iqr_us": {k: iqr[k] for k in ("copy", "eager", "compile") if k in iqr}}
         report["cards"][f"{card.op_name} {card.shapes()}"] = entry
         print(f"\n{card.op_name} {card.shapes()}: copy {med['copy']:.2f} µs, eager {med['eager']:.2f}, "
               f"torch.compile {med.get('compile') or float('nan'):.2f}")
