@@ -72,10 +72,11 @@ class FakePool:
             time.sleep(random.uniform(*self.delay))
             st = self.status(card, source)
             timing, time_us = None, None
-            if self.times is not None and st == "passed":
+            got = self.times(card, source) if self.times is not None and st == "passed" else None
+            if got is not None:
                 from forge_tui.evaluator.result import TimeStats, Timing
 
-                cand, eager = self.times(card, source)
+                cand, eager = got
                 stats = [TimeStats(median=x, mean=x, min=x, max=x, q1=x, q3=x, n=5)
                          for x in (cand, eager, self.speedup(card, source))]
                 timing, time_us = Timing(candidate=stats[0], eager=stats[1], speedup_vs_eager=stats[2]), cand

@@ -482,3 +482,37 @@ def test_the_best_and_its_promotion_request_are_the_fastest_kernel_by_its_own_ti
     assert summary.best["a"]["node"] == recs["k2"].node
     (req,) = requests(ws)
     assert req.node == recs["k2"].node
+
+
+def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
+    """The search tree's node lines and its card line speak of one number: each passed kernel's
+    speedup against eager pooled over the card, as the search ranks them (not the paired ratio
+    against its own sample of eager), with the kernel's own time; the cost plot's points too. A
+    node recorded without its times keeps its ratio."""
+    from forge_tui.ui.state import SearchState, points
+    from forge_tui.ui.widgets.search.tree import card_label, node_label
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
+    plan = {1: (10.0, 20.0, 200.0), 2: (9.0, 15.0, 135.0), 3: (8.0, None, None)}  # ratio, µs, eager µs
+
+    def kernel(src: str) -> int:
+        return int(src.split()[2])
+
+    pool = FakePool(speedup=lambda card, src: plan[kernel(src)][0],
+                    times=lambda card, src: None if plan[kernel(src)][1] is None else plan[kernel(src)][1:])
+    _, rec = run_search(ws, cfg(max_evals=3, evals_per_card=3, parallel=1), CountingProposer(), pool)
+    pool.close()
+    state = SearchState.of(rec.events)
+    card = state.cards["a"]
+    by_move = {n.move.split()[-1]: n for n in card.nodes.values() if n.id != "root"}
+    k1, k2, k3 = by_move["k1"], by_move["k2"], by_move["k3"]
+    assert (k2.time_us, k2.eager_us, k3.time_us) == (15.0, 135.0, None)
+    pooled = 200.0  # the median of the timed evaluations' eager (135, 200)
+    assert card.ranked() == pytest.approx({k1.id: pooled / 20.0, k2.id: pooled / 15.0, k3.id: 8.0})
+    assert card.best == k2.id and card.best_speedup == pytest.approx(pooled / 15.0)
+    assert f"best {pooled / 15.0:.2f}x" in str(card_label(card))
+    line = str(node_label(k2, True, card.ranked()[k2.id]))
+    assert f"{pooled / 15.0:.2f}x 15.0 µs" in line and "9.00x" not in line
+    assert f"{pooled / 20.0:.2f}x 20.0 µs" in str(node_label(k1, False, card.ranked()[k1.id]))
+    assert "8.00x" in str(node_label(k3, False, card.ranked()[k3.id]))
+    assert sorted(sp for _, _, sp in points(state)) == pytest.approx(sorted(card.ranked().values()))

@@ -64,6 +64,10 @@ class NodeAdded(SearchEvent):
     proposer: str = ""
     reason: str = ""
     cost_usd: float = 0.0
+    time_us: float | None = None
+    """The kernel's own time and eager's in its evaluation (µs; None where not recorded): what
+    ranks a card's kernels (``tree.pooled_speedups``), beside the paired ``speedup``."""
+    eager_us: float | None = None
 
     @property
     def is_root(self) -> bool:
@@ -74,6 +78,8 @@ class NodeAdded(SearchEvent):
         if self.is_root:
             return f"{head} root: eager reference (1.000x)"
         sp = f"{self.speedup:.3f}x" if self.speedup else "-"
+        if self.time_us and self.status in ("passed", "noisy"):
+            sp += f" ({self.time_us:.1f} µs)"
         why = f"  ({self.reason[:100]})" if self.status != "passed" and self.reason else ""
         return f"{head} <- {self.parent}: {self.status} {sp}  {self.move}{why}"
 

@@ -19,7 +19,8 @@ class History:
         eager pooled over the card) becomes another node."""
         events: list[SearchEvent] = [NodeAdded(seq=rec.seq, card=rec.card, node=rec.node, parent=rec.parent,
                                                status=rec.status, speedup=rec.speedup, move=rec.move,
-                                               proposer=rec.proposer, reason=rec.reason, cost_usd=rec.cost_usd)]
+                                               proposer=rec.proposer, reason=rec.reason, cost_usd=rec.cost_usd,
+                                               time_us=rec.time_us, eager_us=rec.eager_us)]
         if rec.node == ROOT:
             self.best.setdefault(rec.card, 1.0)
             return events

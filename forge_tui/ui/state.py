@@ -22,6 +22,7 @@ from ..search.events import (
     SearchStarted,
     SearchStopped,
 )
+from ..search.tree import pooled_speedups
 
 ROOT = "root"
 
@@ -39,6 +40,8 @@ class NodeState:
     cost_usd: float = 0.0
     seq: int = 0
     children: list[str] = field(default_factory=list)
+    time_us: float | None = None
+    eager_us: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -59,6 +62,17 @@ class CardState:
     promotion_requested: list[str] = field(default_factory=list)
     proposer_failures: int = 0
     cost_usd: float = 0.0
+    _ranked: tuple[int, dict[str, float]] = field(default=(-1, {}), repr=False, compare=False)
+
+    def ranked(self) -> dict[str, float]:
+        """Each passed node's speedup as the search ranks it (``tree.pooled_speedups``: eager's
+        median over the card's evaluations against the kernel's own time; the paired ratio for a
+        node recorded without its times): the number the card's best is shown with, so that a
+        node's line and the card's line agree."""
+        if self._ranked[0] != len(self.nodes):
+            rows = [(n.id, n.status, n.speedup, n.time_us, n.eager_us) for n in self.nodes.values() if n.id != ROOT]
+            self._ranked = (len(self.nodes), pooled_speedups(rows))
+        return self._ranked[1]
 
     @property
     def evals(self) -> int:
@@ -128,7 +142,8 @@ class SearchState:
                 self.card(cid).skipped = why
         elif isinstance(e, NodeAdded) and e.card and e.node:
             c = self.card(e.card)
-            n = NodeState(e.card, e.node, e.parent, e.status, e.speedup, e.move, e.proposer, e.reason, e.cost_usd, e.seq)
+            n = NodeState(e.card, e.node, e.parent, e.status, e.speedup, e.move, e.proposer, e.reason, e.cost_usd, e.seq,
+                          time_us=e.time_us, eager_us=e.eager_us)
             c.nodes[e.node] = n
             if e.parent and e.parent in c.nodes:
                 c.nodes[e.parent].children.append(e.node)
@@ -197,12 +212,14 @@ class SearchState:
 
 
 def points(state: SearchState) -> list[tuple[str, float, float]]:
-    """(card, cost in dollars, speedup) for every passed node: cost against speedup."""
+    """(card, cost in dollars, speedup) for every passed node: cost against speedup (as the search
+    ranks the card's kernels, ``CardState.ranked``)."""
     out = []
     for c in state.cards.values():
+        ranked = c.ranked()
         for n in c.nodes.values():
-            if n.id != ROOT and n.status == "passed" and n.speedup:
-                out.append((c.id, n.cost_usd, n.speedup))
+            if n.id != ROOT and n.status == "passed" and n.id in ranked:
+                out.append((c.id, n.cost_usd, ranked[n.id]))
     return out
 
 

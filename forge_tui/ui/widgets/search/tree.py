@@ -14,12 +14,17 @@ STATUS_STYLE = {"passed": "green", "reference": "", "noisy": "yellow", "rejected
                 "crash": "bold red", "timeout": "red", "error": "red"}
 
 
-def node_label(n: NodeState, best: bool) -> Text:
+def node_label(n: NodeState, best: bool, ranked: float | None = None) -> Text:
+    """``ranked``: the node's speedup as the search ranks the card's kernels (``CardState.ranked``),
+    shown in place of its paired ratio, with the kernel's own time where it was recorded."""
     if n.id == ROOT:
         return Text.assemble(("root", "bold"), " eager reference 1.00x")
     t = Text.assemble(("★ " if best else "", "bold yellow"), (n.id, "bold" if best else ""), " ")
-    if n.speedup:
-        t.append(f"{n.speedup:.2f}x ", style=STATUS_STYLE.get(n.status, ""))
+    sp = ranked or n.speedup
+    if sp:
+        t.append(f"{sp:.2f}x ", style=STATUS_STYLE.get(n.status, ""))
+    if n.time_us and n.status in ("passed", "noisy"):
+        t.append(f"{n.time_us:.1f} µs ", style="dim")
     if n.status != "passed":
         t.append(n.status, style=STATUS_STYLE.get(n.status, ""))
         if n.failed and n.reason:
@@ -74,7 +79,7 @@ class SearchTree(Tree[tuple[str, str | None]]):
             def add(parent: TreeNode[tuple[str, str | None]], nid: str, c: CardState = c) -> None:
                 nonlocal at
                 n = c.nodes[nid]
-                node = parent.add(node_label(n, nid == c.best), data=(c.id, nid), expand=True,
+                node = parent.add(node_label(n, nid == c.best, c.ranked().get(nid)), data=(c.id, nid), expand=True,
                                   allow_expand=bool(n.children))
                 if chosen == (c.id, nid):
                     at = node
