@@ -27,6 +27,13 @@ each configuration with and without ``early``, the weight's loads issued before 
   vectors a thread), 9.8 µs, DRAM 37%, SM 25%; ours (``tpr=8 rpb=32``) 2048 blocks of 256
   threads, 16 elements a thread, 10.4-11.0 µs, DRAM 33-35%, SM 39-40%. This led to ``rpt`` (rows a
   thread), swept here since.
+- ptxas on the development machine (nvcc 13.0, sm_90, 2026-12-05, eighth session; no GPU): the
+  generator's kernel for the Qwen-3 card takes 38 registers at its first configuration (``tpr=8
+  rpb=32``), 64 at ``tpr=16 rpb=4 rpt=4`` and 120 at ``rpt=8`` (torch.compile's: 64 at 8 rows a
+  thread); held to 64 by launch bounds, ``rpt=8`` spills 344 bytes. 32-bit row offsets in place of
+  64-bit ones take ``rpt=8`` to 96 and ``rpt=4`` to 56; keeping the rows' values as loaded (bf16)
+  instead of widened changes nothing (ptxas already does). The table now has each configuration's
+  registers and spill bytes beside its time.
 """
 
 from __future__ import annotations
@@ -43,6 +50,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+
+def ptxas_usage(log: str, vec: int) -> tuple[int | None, int | None]:
+    """(registers, spill-store bytes) ptxas reports for the kernel the launcher runs on aligned
+    tensors (``fg_kernel<VEC, NV>``, VEC the configuration's vector width), from the build log."""
+    import re
+
+    for entry in re.split(r"Compiling entry function ", log)[1:]:
+        name = entry.split("'", 2)[1] if entry.startswith("'") else ""
+        if not re.search(rf"fg_kernelILi{vec}E", name):
+            continue
+        regs = re.search(r"Used (\d+) registers", entry)
+        spill = re.search(r"(\d+) bytes spill stores", entry)
+        return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+    return None, None
 
 
 def configs(gen, m, device) -> list[dict]:
@@ -125,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, (p, b) in enumerate(zip(ps, builds)):
             name = f"k{i:02d}"
             row = {"name": name, "config": p, "built": b.ok}
+            row["registers"], row["spill_bytes"] = ptxas_usage(b.log, p.get("vec", 1)) if b.ok else (None, None)
             rows.append(row)
             if not b.ok:
                 row["log"] = b.log[-600:]
@@ -159,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         report["cards"][f"{card.op_name} {card.shapes()}"] = entry
         print(f"\n{card.op_name} {card.shapes()}: copy {med['copy']:.2f} µs, eager {med['eager']:.2f}, "
               f"torch.compile {med.get('compile') or float('nan'):.2f}")
-        print(f"  {'config':64s} {'µs':>7s} {'IQR':>13s} {'%copy':>6s} {'vs tc':>6s} ok")
+        print(f"  {'config':64s} {'µs':>7s} {'IQR':>13s} {'%copy':>6s} {'vs tc':>6s} {'regs':>4s} {'spill':>5s} ok")
         for row in sorted(rows, key=lambda r: r.get("device_us") or 1e9):
             p = row["config"]
             desc = " ".join(f"{a}={p[a]}" for a in ("tpr", "rpb", "rpt", "vec", "grid", "cache", "math") if a in p)
@@ -167,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {desc:64s} {'build failed' if not row['built'] else '-'}")
                 continue
             print(f"  {desc:64s} {row['device_us']:7.2f} [{row['iqr_us'][0]:5.2f},{row['iqr_us'][1]:5.2f}] "
-                  f"{row['pct_copy']:6.1f} {row.get('vs_compile', float('nan')):6.3f} {row['matches_eager']}")
+                  f"{row['pct_copy']:6.1f} {row.get('vs_compile', float('nan')):6.3f} {row['registers'] or '-':>4} "
+                  f"{row['spill_bytes'] if row['spill_bytes'] is not None else '-':>5} {row['matches_eager']}")
         (out_dir / "row_configs.json").write_text(json.dumps(report, indent=1, default=str))
     return 0
 
