@@ -67,12 +67,6 @@ class Family(ABC):
         starve another). By default none: the move changes the mode alone."""
         return {}
 
-    def jumps(self, m: Match, params: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> list[dict]:
-        """Configurations several axes away that a node of ``params`` should try before its one-axis
-        moves: another layout altogether, too far for the moves to reach within a card's budget.
-        By default none."""
-        return []
-
     def relevant(self, params: dict) -> dict:
         """The parameters that change the rendered kernel: two configurations that agree on these
         are the same move. By default all of them."""

@@ -73,11 +73,10 @@ class TemplateProposer:
         return out
 
     def neighbours(self, fam: Family, m: Match, params: dict, backend: str) -> list[dict]:
-        """The family's jumps from these settings (``Family.jumps``: another layout, valid ones
-        only), then the configurations one step away on one axis, most promising axes first."""
+        """Configurations one step away on one axis, most promising axes first."""
         device = self.device
         axes = fam.axes(m, backend, device)
-        out = [q for q in fam.jumps(m, params, backend, device) if q != params and fam.valid(m, q, backend, device)]
+        out = []
         for axis in sorted(axes, key=lambda a: AXIS_ORDER.index(a) if a in AXIS_ORDER else 99):
             values = axes[axis]
             if axis not in params or params[axis] not in values:

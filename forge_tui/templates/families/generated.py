@@ -308,37 +308,6 @@ class Generated(Family):
                 t *= 2
         return {**base, "tpr": 256, "rpb": 1, "cache": "none"}
 
-    JUMP_VALUES = 32
-    """The most row values (fp32) a thread of the jump's layout holds for its rows (``jumps``)."""
-
-    def jumps(self, m: Match, params: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> list[dict]:
-        """From the first configuration of a rows kernel whose row fits a warp a vector a thread
-        (at most 32 vectors): torch.compile's layout for such rows, 64-thread blocks, each thread
-        a vector of each of ``rpt`` rows, loaded before any is reduced. Its kernel for the Qwen-3
-        per-head norm on the H200 (128 columns of bf16: 16 threads a row, 4 row slots, 8 rows a
-        thread, 64 registers) ran 9.8 µs at 1.78 TB/s under Nsight Compute, where this family's
-        first configuration (8 threads a row, 32 rows a block, one row a thread) ran 10.4-11.0
-        µs: six one-axis moves away, more than a card's budget reaches (2026-12-05). At most
-        ``JUMP_VALUES`` values a thread: ptxas gives this family's kernel for that card 56-64
-        registers at 4 rows a thread and 96-120 at 8 (spilling 250-340 bytes when held to 64),
-        so the jump is to 4 and ``rpt``'s move reaches 8."""
-        if backend != "cuda" or params.get("grid") != "rows" or params.get("rpt", 1) != 1:
-            return []
-        k = self._k(m)
-        vec = params.get("vec", 1)
-        if not k.reductions or k.cols % vec or params != self.initial(m, backend, device):
-            return []
-        tpr = k.cols // vec
-        if tpr not in TPRS or tpr > 32:
-            return []
-        rpb = max(1, 64 // tpr)
-        arrays = max(1, len(cached_loads(k)))
-        for rpt in reversed(RPTS[1:]):
-            q = {**params, "tpr": tpr, "rpb": rpb, "rpt": rpt}
-            if vec * arrays * rpt <= self.JUMP_VALUES and self.valid(m, q, backend, device):
-                return [q]
-        return []
-
     def passes(self, m: Match, p: dict) -> int:
         k = self._k(m)
         if p.get("cache") == "none" and cached_loads(k):
