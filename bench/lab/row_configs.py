@@ -32,8 +32,18 @@ each configuration with and without ``early``, the weight's loads issued before 
   rpb=32``), 64 at ``tpr=16 rpb=4 rpt=4`` and 120 at ``rpt=8`` (torch.compile's: 64 at 8 rows a
   thread); held to 64 by launch bounds, ``rpt=8`` spills 344 bytes. 32-bit row offsets in place of
   64-bit ones take ``rpt=8`` to 96 and ``rpt=4`` to 56; keeping the rows' values as loaded (bf16)
-  instead of widened changes nothing (ptxas already does). The table now has each configuration's
+  and widening them again where the output reads them, behind an empty asm that stops the compiler
+  reusing the first widening, changes nothing (122 registers; held to 64, still 344 bytes
+  spilled): the values are not what fills the registers. The table now has each configuration's
   registers and spill bytes beside its time.
+- H100 (2026-12-05, eighth session, `8b68603`, data/2026-12-05-s8/call1): rows a thread do not close
+  the gap. Qwen-3 per head: torch.compile 15.04 µs; the generator's 18 configurations 15.90-16.86,
+  the best at one row a thread (``tpr=8 rpb=8``, 0.946x), ``tpr=16 rpb=4 rpt=4`` (torch.compile's
+  layout at 4 rows, 64 registers) 16.03 (0.938x), ``rpt=8`` (120 registers) 16.54 (0.909x).
+  Gemma-3 per head: torch.compile 15.74, the best 15.90 (``tpr=32 rpb=2 rpt=2``, 0.990x), one row
+  a thread 16.03 (0.982x). T5: torch.compile 9.41, the best 9.47 at one row a thread (0.993x).
+  Gemma-3 at 1536 columns: 10.69 against 13.79 (1.290x), rows a thread only slower. So a jump to
+  torch.compile's layout from the first configuration (tried as `4ed2b8b`) was reverted.
 """
 
 from __future__ import annotations
