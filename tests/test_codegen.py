@@ -171,7 +171,7 @@ def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
     """``rpt``: each thread handles ``rpt`` rows, ``rpb`` apart; every row's loads come before the
     first row's reduction (more bytes in flight a thread, the way torch.compile's kernel for a
     128-column per-head norm does it), each row with its own names, and the grid has a block for
-    each ``rpb * rpt`` rows. Refused with a row split over a cluster, with shared memory, and where
+    each ``rpb * rpt`` rows; where every group is whole, no row is clamped. Refused with a row split over a cluster, with shared memory, and where
     the grid would have fewer blocks than the GPU has SMs."""
     import re
 
@@ -190,6 +190,12 @@ def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
     assert re.search(r"GROUPS = 2;", GEN.render(gemma, p, "cuda", few))  # 16 rows, 8 a block
     plain = GEN.render(gemma, {**p, "rpt": 1}, "cuda", few)
     assert "const int64_t rr = g * RPB + slot;" in plain and "GROUPS = 8;" in plain
+    # every group whole (16 rows, 8 a block): no row's liveness or clamp; one row a thread, or a
+    # last group with dead rows (16 rows, 32 a block), keep them
+    assert "const int64_t r_3 = rr_3;" in src and "ROWS - 1" not in src
+    assert "const int64_t r = live ? rr : ROWS - 1;" in plain
+    ragged = GEN.render(gemma, {**p, "rpb": 8}, "cuda", few)
+    assert "const int64_t r_3 = live_3 ? rr_3 : ROWS - 1;" in ragged and "GROUPS = 1;" in ragged
     assert not GEN.valid(gemma, {**p, "cache": "smem"}, "cuda", few)
     assert not GEN.valid(gemma, {**p, "rpt": 8}, "cuda", few)  # one block for two SMs
     assert not GEN.valid(gemma, p, "cuda", dataclasses.replace(few, sms=4))  # two blocks for four SMs

@@ -626,8 +626,15 @@ def _rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
         body += loop(kern.levels, [o.node for o in full], tail, "live && ", head, stores)
     rpt = p.get("rpt", 1)
     assert rpt == 1 or (split == 1 and cache != "smem"), p
-    head = ["const int64_t rr = g * RPB + slot;" if rpt == 1 else "const int64_t rr = (g * RPT + I) * RPB + slot;",
-            "const bool live = rr < ROWS;", "const int64_t r = live ? rr : ROWS - 1;", "(void)live;"]
+    head = ["const int64_t rr = g * RPB + slot;" if rpt == 1 else "const int64_t rr = (g * RPT + I) * RPB + slot;"]
+    if rpt == 1 or kern.rows % (rpb * rpt):
+        head += ["const bool live = rr < ROWS;", "const int64_t r = live ? rr : ROWS - 1;", "(void)live;"]
+    else:
+        # several rows a thread, every group whole: every row is live, no row clamped. ptxas gives
+        # the Qwen-3 per-head norm's kernel 48 registers at 8 rows a thread so (one wave of 64-thread
+        # blocks on an H100 or H200, as torch.compile's kernel), 120 with each row's liveness and
+        # clamp; at one row a thread it gave 48 against 38, so one row a thread keeps them
+        head += ["const bool live = ROWS > 0;  // every group is whole", "const int64_t r = rr;", "(void)live;"]
     stages = [[ind + x for x in head] + [ind + d for d in w.row_decls()] + body[:cuts[0]]]
     stages += [body[a:b] for a, b in zip(cuts, cuts[1:] + [len(body)])]
     body = [line for stage in stages for i in range(rpt) for line in _row_copy(stage, i, rpt)]
