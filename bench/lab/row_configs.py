@@ -44,6 +44,9 @@ each configuration with and without ``early``, the weight's loads issued before 
   a thread 16.03 (0.982x). T5: torch.compile 9.41, the best 9.47 at one row a thread (0.993x).
   Gemma-3 at 1536 columns: 10.69 against 13.79 (1.290x), rows a thread only slower. So a jump to
   torch.compile's layout from the first configuration (tried as `4ed2b8b`) was reverted.
+- Since `320b861` (no row's liveness or clamp where a thread's rows fill whole groups) ptxas gives
+  the Qwen-3 card's kernel 48 registers at ``rpt=8`` and 40 at ``rpt=4`` (120 and 64 before): one
+  wave of 64-thread blocks, as torch.compile's. Not yet timed on a GPU.
 """
 
 from __future__ import annotations
