@@ -36,7 +36,7 @@ each configuration with and without ``early``, the weight's loads issued before 
   reusing the first widening, changes nothing (122 registers; held to 64, still 344 bytes
   spilled): the values are not what fills the registers. The table now has each configuration's
   registers and spill bytes beside its time.
-- H100 (2026-12-05, eighth session, `8b68603`, data/2026-12-05-s8/call1): rows a thread do not close
+- H100 (2026-12-05, eighth session, `0c8eed0`, data/2026-12-05-s8/call1): rows a thread do not close
   the gap. Qwen-3 per head: torch.compile 15.04 µs; the generator's 18 configurations 15.90-16.86,
   the best at one row a thread (``tpr=8 rpb=8``, 0.946x), ``tpr=16 rpb=4 rpt=4`` (torch.compile's
   layout at 4 rows, 64 registers) 16.03 (0.938x), ``rpt=8`` (120 registers) 16.54 (0.909x).
@@ -44,7 +44,7 @@ each configuration with and without ``early``, the weight's loads issued before 
   a thread 16.03 (0.982x). T5: torch.compile 9.41, the best 9.47 at one row a thread (0.993x).
   Gemma-3 at 1536 columns: 10.69 against 13.79 (1.290x), rows a thread only slower. So a jump to
   torch.compile's layout from the first configuration (tried as `4ed2b8b`) was reverted.
-- Since `320b861` (no row's liveness or clamp where a thread's rows fill whole groups) ptxas gives
+- Since `6c0dd12` (no row's liveness or clamp where a thread's rows fill whole groups) ptxas gives
   the Qwen-3 card's kernel 48 registers at ``rpt=8`` and 40 at ``rpt=4`` (120 and 64 before): one
   wave of 64-thread blocks, as torch.compile's. Not yet timed on a GPU.
 """
