@@ -8,6 +8,7 @@ import pytest
 
 from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
+from forge_tui.evaluator.accused import MAX_SETS
 from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
@@ -66,6 +67,23 @@ def test_good_candidate_passes_with_full_report(evaluators, cards):
     from forge_tui.evaluator.result import EvalResult
 
     assert EvalResult.from_json(r.to_json()) == r  # an exact JSON round trip
+
+
+def test_a_candidate_faster_than_the_profile_said_gets_samples_of_its_own_length(evaluators, cards):
+    """A sample holds as many calls as eager's profiled time asks for only until the warm-up has
+    timed the candidate: a kernel many times faster than eager then gets enough calls (each on
+    fresh inputs, each checked) that its own samples last the target, not a fraction of it."""
+    ws, card = cards["softmax"]
+    slow = card.model_copy(update={"time_us": 50_000.0})  # a profile 250x the sample's 200 µs: 1 call
+    ev = evaluators["softmax"]
+    r = ev.evaluate(slow, (CPU / "softmax_good.cpp").read_text(), EvalOptions())
+    assert r.status == "passed", r.reason
+    t, w, n = r.timing, CFG.timing.warmup, 2 * CFG.timing.repeats
+    k = t.calls_per_sample
+    assert k > 1, "the candidate's own time did not size its samples"
+    assert t.checked_timed_runs == 1 * w + k * n  # the warm-up's one call, then k a sample
+    # the count follows the warm-up's time: its samples reach the target or the sets run out
+    assert k == MAX_SETS or k * t.candidate.median >= 0.5 * CFG.timing.batch_us, (k, t.candidate.median)
 
 
 def test_the_compile_baseline_names_what_its_ratio_divides(evaluators, cards):

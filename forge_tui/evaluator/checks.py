@@ -191,21 +191,35 @@ class Evaluation:
         self.sets_passed: list[str] = []
         """The input sets found correct so far (a failure names the ones before it)."""
 
-    def calls_per_sample(self) -> int:
-        """How many calls, each on its own fresh inputs, one timed sample holds: enough that a
-        sample of a small card lasts ``batch_us`` (the round trip's jitter is then small beside
-        it), within MAX_SETS and 256 MiB of buffers."""
-        if not self.opt.timing:
-            return 1
+    def sample_target_us(self) -> float:
+        """How long one timed sample of the candidate should last: ``batch_us``, at least 2 ms on
+        the GPU (a round trip to another process there costs a context switch too, ~100 µs, and
+        a loaded host's wake-ups more: the sample must be long beside them)."""
         target = self.tcfg.batch_us
         if self.device == "cuda":
-            # a round trip to another process on the GPU costs a context switch too (~100 µs)
             target = max(target, 2000.0)
-        est = max(self.card.time_us or target, 0.5)
+        return target
+
+    def calls_for(self, est_us: float | None) -> int:
+        """Calls, each on its own fresh inputs, that make a sample of calls lasting ``est_us``
+        each last ``sample_target_us``, within MAX_SETS and the buffers' memory budget (256 MiB
+        on the cpu, 4 GiB on the GPU)."""
+        target = self.sample_target_us()
+        est = max(est_us or target, 0.5)
         k = max(1, min(MAX_SETS, math.ceil(target / est)))
         per_set = max(1, sum(s.numel for s in self.card.inputs + self.card.outputs) * 8)
         budget = (4 << 30) if self.device == "cuda" else (256 << 20)
         return max(1, min(k, budget // per_set))
+
+    def calls_per_sample(self, floor_us: float | None = None) -> int:
+        """The input sets the runner holds: as many as a sample needs if the candidate ran at the
+        card's floor (``floor_us``; without one, at eager's profiled time). Timing starts with the
+        calls eager's time asks for and grows to what the candidate's own warm-up time asks for
+        (``time``): a kernel 10x faster than eager would otherwise be timed in samples a tenth as
+        long as intended, and a loaded host's jitter be most of each."""
+        if not self.opt.timing:
+            return 1
+        return self.calls_for(floor_us if floor_us else self.card.time_us)
 
     @property
     def acc(self) -> Accused:
@@ -484,10 +498,14 @@ class Evaluation:
         fn()
         return (time.perf_counter_ns() - t0) / 1000.0
 
+    def floor_us(self, ceil: dict) -> float:
+        """The card's roofline floor on this device (µs)."""
+        from .. import roofline
+
+        return roofline.floor_us(self.card.bytes, self.card.flops, self.card.dtype, ceil)
+
     def time(self, ceil: dict) -> dict:
         import torch
-
-        from .. import roofline
 
         timer = self._timer()
         cal = self._calibration(timer)
@@ -496,7 +514,8 @@ class Evaluation:
         max_spread = self.tcfg.max_spread
         max_slowdown = self.tcfg.max_slowdown
         acc = self.acc
-        K = acc.sets
+        # calls a sample: eager's time's count first, then the candidate's own (after each warm-up)
+        K = min(acc.sets, self.calls_for(self.card.time_us))
         eagers = [bind_program(self.card.program, ins, self.device) for ins in acc.batch_inputs]
         compiled, compile_note = self.compiled_baseline()
         if compiled is not None:
@@ -525,13 +544,13 @@ class Evaluation:
         ov = Stats.from_samples([x / 1000.0 for x in acc.overhead_ns])
         runner_overhead, runner_res = ov.median, ov.q3 - ov.q1
         gen = torch.Generator(self.device).manual_seed(self.seed + 104729)
-        floor = roofline.floor_us(self.card.bytes, self.card.flops, self.card.dtype, ceil)
+        floor = self.floor_us(ceil)
 
         def run_eagers(box: list) -> None:
-            box.extend(fn() for fn in eagers)
+            box.extend(fn() for fn in eagers[:K])
 
         def run_compiled() -> None:
-            for ins in acc.batch_inputs:
+            for ins in acc.batch_inputs[:K]:
                 compiled(*ins, device=self.device)
 
         self.phase("timing")
@@ -554,10 +573,11 @@ class Evaluation:
                     raw["compile_device"] = []
             checked = 0
             ran_while_frozen = 0
+            warm_ns: list[int] = []
             for i in range(-warmup, 2 * repeats):
                 acc.freeze()
                 cpu0 = acc.cpu_ns()
-                for k, ins in enumerate(acc.batch_inputs):
+                for k, ins in enumerate(acc.batch_inputs[:K]):
                     fresh_inputs_into(self.card, ins, gen, (i + warmup + k) % len(DISTRIBUTIONS))
                 box: list = []
                 t_e = self._one(timer, functools.partial(run_eagers, box))
@@ -573,7 +593,7 @@ class Evaluation:
                 if cpu0 is not None and cpu1 is not None:
                     ran_while_frozen += cpu1 - cpu0
                 acc.thaw()
-                for outs in acc.batch_outputs:
+                for outs in acc.batch_outputs[:K]:
                     for o in outs:
                         _poison(o, i % 2)
                 if acc.workspace is not None:
@@ -581,21 +601,28 @@ class Evaluation:
                 timer.prepare()
                 rc, ns = acc.call(0, K)
                 acc.freeze()
-                landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs]
+                landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs[:K]]
                 if rc != 0:
                     raise CandidateFailure("returned_error", f"forge_launch returned {rc} in timed run {i}")
                 for k in range(K):
                     where = f"timed run {i}" + (f", call {k + 1} of {K}" if K > 1 else "") + " (fresh inputs)"
                     self.spot_check(where, acc.batch_inputs[k], acc.batch_outputs[k], expected[k], i % 2)
                 self._sync()
-                for k, outs in enumerate(acc.batch_outputs):
+                for k, outs in enumerate(acc.batch_outputs[:K]):
                     for j, (o, before) in enumerate(zip(outs, landed[k])):
                         if not torch.equal(_bits(o), before):
                             raise CandidateFailure("late_writes", f"timed run {i}: output {j} changed after the "
                                                    "candidate reported it was done (work still running after the "
                                                    "call returned)")
                 checked += K
-                if i >= 0:
+                if i < 0:
+                    warm_ns.append(ns)
+                    if i == -1:
+                        # the warm-up's fastest sample says what the candidate costs a call: enough
+                        # calls that its own samples, not eager's, last the target (never fewer)
+                        per_call = max(min(warm_ns) / 1000.0 - runner_overhead, 0.0) / K
+                        K = max(K, min(acc.sets, self.calls_for(max(per_call, 0.5))))
+                elif i >= 0:
                     raw["candidate"].append(ns / 1000.0)
                     raw["eager"].append(t_e)
                     raw["empty"].append(t_0)
@@ -679,7 +706,7 @@ class Evaluation:
         self._acc = Accused(Path(self.runner), self.library, self.card.inputs, self.card.outputs, self.scalars,
                            self.device, threads=self.threads, call_limit_s=limit,
                            confinement=self.opt.confinement, landlock=self.opt.landlock,
-                           sets=self.calls_per_sample())
+                           sets=self.calls_per_sample(self.floor_us(ceil) if do_timing else None))
         with self.acc:
             timer = self._timer()
             self.acc.measure_overhead(max(11, self.tcfg.repeats), before=timer.prepare)
