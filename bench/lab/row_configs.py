@@ -9,6 +9,7 @@ torch.compile and a same-size copy by device time (CUDA events, L2 flushed, inte
 kernel's outputs checked against eager's.
 
     python bench/lab/row_configs.py [--cases Qwen3RMSNorm Gemma3RMSNorm T5LayerNorm] [--reps 30]
+    python bench/lab/row_configs.py --cases Qwen3RMSNorm --configs tpr=16,rpb=4,rpt=8 --sass --reps 3
 
 Prints a table per card; writes $OUT/row_configs.json.
 
@@ -80,6 +81,36 @@ def ptxas_usage(log: str, vec: int) -> tuple[int | None, int | None]:
     return None, None
 
 
+def sass_summary(library: str, vec: int) -> dict | None:
+    """Opcode counts (global loads and stores, shuffles, all instructions) of the kernel the
+    launcher runs on aligned tensors, from ``cuobjdump -sass`` of the built library (None where
+    cuobjdump is missing): whether a layout issues its loads as the count of rows says."""
+    import collections
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("cuobjdump") is None:
+        return None
+    out = subprocess.run(["cuobjdump", "-sass", library], capture_output=True, text=True).stdout
+    funcs = re.split(r"\n\s*Function : ", out)
+    body = next((f for f in funcs[1:] if re.match(rf"_Z\d+fg_kernelILi{vec}E", f)), None)
+    if body is None:
+        return None
+    ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body))
+    return {"instructions": sum(ops.values()), "LDG": ops.get("LDG", 0), "STG": ops.get("STG", 0),
+            "SHFL": ops.get("SHFL", 0), "top": dict(ops.most_common(12))}
+
+
+def parse_config(text: str) -> dict:
+    """``tpr=16,rpb=4,rpt=8`` -> {"tpr": 16, "rpb": 4, "rpt": 8} (integers where they parse)."""
+    out: dict = {}
+    for part in text.split(","):
+        k, _, v = part.partition("=")
+        out[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+    return out
+
+
 def configs(gen, m, device) -> list[dict]:
     """The first configuration, then threads a row (half, as many and
     twice the first's) x blocks of 64 and 256 threads x rows a thread (1, 2, 4, 8): valid ones
@@ -103,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", default=["Qwen3RMSNorm", "Gemma3RMSNorm", "T5LayerNorm", "LlamaRMSNorm"])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--max-configs", type=int, default=30, help="configurations a card at most")
+    ap.add_argument("--configs", nargs="+", metavar="K=V,...", help="only these overrides of the first "
+                    "configuration (e.g. tpr=16,rpb=4,rpt=8), the first itself included; for Nsight Compute")
+    ap.add_argument("--sass", action="store_true", help="each kernel's opcode counts (cuobjdump) in the table's JSON")
     args = ap.parse_args(argv)
 
     import codegen_bench as cb
@@ -146,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         m = gen.match(card)
         if m is None:
             continue
-        ps = configs(gen, m, dev)[: args.max_configs]
+        if args.configs:
+            first = gen.initial(m, "cuda", dev)
+            ps = [first] + [q for q in ({**first, **parse_config(c)} for c in args.configs)
+                            if q != first and gen.valid(m, q, "cuda", dev)]
+        else:
+            ps = configs(gen, m, dev)[: args.max_configs]
         srcs = [gen.render(m, p, "cuda", dev) for p in ps]
         t0 = time.time()
         builds = builder.build_many(srcs)
@@ -161,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             name = f"k{i:02d}"
             row = {"name": name, "config": p, "built": b.ok}
             row["registers"], row["spill_bytes"] = ptxas_usage(b.log, p.get("vec", 1)) if b.ok else (None, None)
+            if args.sass and b.ok:
+                row["sass"] = sass_summary(str(b.library), p.get("vec", 1))
+                print(f"  {name} {p}: {row['sass']}", flush=True)
             rows.append(row)
             if not b.ok:
                 row["log"] = b.log[-600:]
