@@ -47,7 +47,15 @@ each configuration with and without ``early``, the weight's loads issued before 
   torch.compile's layout from the first configuration (tried as `4ed2b8b`) was reverted.
 - Since `6c0dd12` (no row's liveness or clamp where a thread's rows fill whole groups) ptxas gives
   the Qwen-3 card's kernel 48 registers at ``rpt=8`` and 40 at ``rpt=4`` (120 and 64 before): one
-  wave of 64-thread blocks, as torch.compile's. Not yet timed on a GPU.
+  wave of 64-thread blocks, as torch.compile's.
+- H100 (2026-12-05, ninth session, `ad81753`, data/2026-12-05-s9/call1): the registers were not what
+  held the rows-a-thread layouts back. Qwen-3 per head: torch.compile 15.14 µs; the 18
+  configurations 15.94-18.05, the best again at one row a thread (``tpr=8 rpb=8``, 38 registers,
+  0.950x); torch.compile's layout ``tpr=16 rpb=4 rpt=8`` at 48 registers 16.58 (0.913x), as slow as
+  ``rpt=4`` at 40. Gemma-3 per head: ours 16.00 against torch.compile's 15.81 (0.988x, ``tpr=16
+  rpb=16 rpt=2`` and ``rpt=4``). T5: 9.41 against 9.54 (1.014x, ``tpr=32 rpb=2``). Gemma-3 at 1536
+  columns: 10.75 against 13.92 (1.295x). Every configuration of ours lands at 15.9-16.6 µs on both per-head
+  cards (the same bytes) where torch.compile's kernel runs 15.1 on one and 15.8 on the other.
 """
 
 from __future__ import annotations
