@@ -86,6 +86,29 @@ def test_a_candidate_faster_than_the_profile_said_gets_samples_of_its_own_length
     assert k == MAX_SETS or k * t.candidate.median >= 0.5 * CFG.timing.batch_us, (k, t.candidate.median)
 
 
+def test_the_sets_a_gpu_sample_holds_fit_an_eighth_of_its_free_memory(cards, monkeypatch):
+    """On the GPU a sample's calls each need their own inputs and outputs on the device: as many
+    as the candidate's time asks for, but never more than 4 GiB or an eighth of the memory the
+    GPU has free (evaluations run several at once, beside the user's own work)."""
+    import torch
+
+    from forge_tui.config import TimingConfig
+    from forge_tui.evaluator.checks import Evaluation
+
+    _, card = cards["softmax"]
+    big = card.model_copy(update={"inputs": [i.model_copy(update={"shape": [4096, 4096]}) for i in card.inputs],
+                                  "outputs": [o.model_copy(update={"shape": [4096, 4096]}) for o in card.outputs]})
+    per_set = 2 * 4096 * 4096 * 8  # the budget's bytes a set (inputs and outputs, 8 bytes an element)
+    ev = Evaluation.__new__(Evaluation)
+    ev.card, ev.device, ev.tcfg, ev._free_bytes = big, "cuda", TimingConfig(), None
+    asked = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (asked.append(1) or (80 << 30), 80 << 30))
+    assert ev.calls_for(1.0) == (4 << 30) // per_set  # 2 ms of 1 µs calls: the 4 GiB cap
+    ev._free_bytes = 8 * 5 * per_set  # a GPU with five sets' worth of an eighth free
+    assert ev.calls_for(1.0) == 5 and ev.calls_for(1000.0) == 2  # 2 ms of 1 ms calls
+    assert len(asked) == 1  # the free memory is asked once an evaluation
+
+
 def test_the_compile_baseline_names_what_its_ratio_divides(evaluators, cards):
     """torch.compile's ratio says whether it divides the compiled baseline's kernels' device time
     (cuda, where a compiled model calls them without guards) or its call's latency (the cpu, where

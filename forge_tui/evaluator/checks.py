@@ -190,6 +190,7 @@ class Evaluation:
         eager to the float64 truth (``eager_is_off``)."""
         self.sets_passed: list[str] = []
         """The input sets found correct so far (a failure names the ones before it)."""
+        self._free_bytes: int | None = None
 
     def sample_target_us(self) -> float:
         """How long one timed sample of the candidate should last: ``batch_us``, at least 2 ms on
@@ -203,13 +204,22 @@ class Evaluation:
     def calls_for(self, est_us: float | None) -> int:
         """Calls, each on its own fresh inputs, that make a sample of calls lasting ``est_us``
         each last ``sample_target_us``, within MAX_SETS and the buffers' memory budget (256 MiB
-        on the cpu, 4 GiB on the GPU)."""
+        on the cpu; on the GPU 4 GiB or an eighth of its free memory, whichever is less: several
+        evaluations run at once beside the user's own work)."""
         target = self.sample_target_us()
         est = max(est_us or target, 0.5)
         k = max(1, min(MAX_SETS, math.ceil(target / est)))
         per_set = max(1, sum(s.numel for s in self.card.inputs + self.card.outputs) * 8)
-        budget = (4 << 30) if self.device == "cuda" else (256 << 20)
+        budget = min(4 << 30, self._free_device_bytes() // 8) if self.device == "cuda" else (256 << 20)
         return max(1, min(k, budget // per_set))
+
+    def _free_device_bytes(self) -> int:
+        """The GPU's free memory (bytes), asked once an evaluation."""
+        if self._free_bytes is None:
+            import torch
+
+            self._free_bytes = int(torch.cuda.mem_get_info()[0])
+        return self._free_bytes
 
     def calls_per_sample(self, floor_us: float | None = None) -> int:
         """The input sets the runner holds: as many as a sample needs if the candidate ran at the
