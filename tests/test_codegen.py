@@ -544,6 +544,40 @@ def test_fp32_math_rounds_the_outputs_where_eager_math_rounds_every_op(tmp_path)
         assert err_wide < err_eager, (k, err_wide, err_eager)
 
 
+def test_nocast_math_keeps_the_models_own_downcast_in_fp32_as_torch_compile_does(tmp_path):
+    """``nocast``: a model that casts an fp32 value to bf16 between ops (Qwen-3's and Llama's
+    RMSNorm: ``w * h.to(bf16)``) rounds it in eager and fp32 math, one conversion an element on the
+    GPU's quarter-rate pipe; torch.compile keeps it in fp32 (Inductor's default), and so does
+    ``nocast``: the kernel has no rounding before the weight's product, differs from eager only
+    where that rounding mattered, and is nearer the float64 result than eager."""
+
+    def prog(x, w):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(torch.bfloat16)
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(64, 128, generator=g).bfloat16(), (1 + 0.1 * torch.randn(128, generator=g)).bfloat16()
+    card, ins = captured(prog, x, w)
+    kern = analyze(card)
+    assert math_modes(kern, "cpu") == ["eager", "nocast"] and math_modes(kern, "cuda") == ["eager", "nocast"]
+    m = GEN.match(card)
+    first = GEN.initial(m, "cuda")
+    body = {mode: GEN.render(m, {**first, "math": mode}, "cuda").split("__global__", 1)[1] for mode in ("eager", "nocast")}
+    assert body["eager"].count("fg_rbf(") == 1 and body["nocast"].count("fg_rbf(") == 0
+    base = {"chunk": 1, "simd": 1}
+    exact = _run_cpu(card, {**base, "math": "eager"}, ins, tmp_path / "eager")[0]
+    loose = _run_cpu(card, {**base, "math": "nocast"}, ins, tmp_path / "nocast")[0]
+    assert torch.equal(exact, run_program(card.program, [t.clone() for t in ins])[0])
+    assert not torch.equal(loose, exact)
+    xd = x.double()
+    truth = w.double() * xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert (loose.double() - truth).abs().mean() < (exact.double() - truth).abs().mean()
+    # casts to fp32 alone round nothing: no such mode
+    card2, _ = captured(lambda x, w: (w * x).float() * 2, x, w)
+    assert "nocast" not in math_modes(analyze(card2), "cuda")
+
+
 def test_math_modes_are_offered_where_they_change_the_kernel(table_ws):
     by = {(_name(c), c.dtype): c for c in table_ws.cards() if c.kind == "module"}
     gate = GEN.match(by[("GeluGate", "bfloat16")])
@@ -601,12 +635,16 @@ def test_the_elementwise_family_has_the_same_math_modes(table_ws):
 def test_every_math_mode_passes_the_evaluator_on_the_cpu(table_ws):
     cards = [c for c in table_ws.cards() if c.kind == "module" and "math" in GEN.axes(GEN.match(c), "cpu")]
     assert {_name(c) for c in cards} >= {"GeluGate", "SoftCap", "HalfCastChain"}
+    tried = set()
     with Evaluator(table_ws.store, table_ws.cache, CFG, backend="cpu") as ev:
         for card in cards:
             m = GEN.match(card)
-            r = ev.evaluate(card, GEN.render(m, {**GEN.initial(m, "cpu"), "math": "fp32"}, "cpu"),
-                            EvalOptions(timing=False))
-            assert r.status == "passed", (card.id, r.reason)
+            for mode in GEN.axes(m, "cpu")["math"][1:]:
+                r = ev.evaluate(card, GEN.render(m, {**GEN.initial(m, "cpu"), "math": mode}, "cpu"),
+                                EvalOptions(timing=False))
+                assert r.status == "passed", (card.id, mode, r.reason)
+                tried.add(mode)
+    assert tried == {"fp32", "nocast"}
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------

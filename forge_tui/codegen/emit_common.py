@@ -69,9 +69,18 @@ def stored_only(kern: Kernel) -> set[int]:
     return set(hit)
 
 
+def _casts_inside(kern: Kernel, outs: set[int]) -> bool:
+    """Whether the model casts an fp32 value to half precision where the result is not an output
+    (``x.float() ... .to(torch.bfloat16) * w``: what ``nocast`` leaves out)."""
+    nodes = kern.nodes
+    return any(n.op == "cast" and n.attr == EXPLICIT and n.kind == "f" and n.dtype in HALF and n.id not in outs
+               and nodes[n.args[0]].kind == "f" and nodes[n.args[0]].dtype == "float32"
+               for d in kern.domains for n in d.nodes)
+
+
 def _rounds_inside(kern: Kernel, outs: set[int]) -> bool:
     """Whether an op that is not an output rounds its result to half precision (what ``fp32``
-    leaves out; the model's own casts round in every mode)."""
+    leaves out; the model's own casts round in every mode but ``nocast``)."""
     def rounds(n: Node) -> bool:
         if n.op == "cast":
             return n.attr != EXPLICIT and kern.nodes[n.args[0]].kind == "f"
@@ -84,9 +93,12 @@ def _rounds_inside(kern: Kernel, outs: set[int]) -> bool:
 def math_modes(kern: Kernel, backend: str) -> list[str]:
     """How a kernel may compute: ``eager`` rounds every op's result to its dtype, as eager does (bit
     for bit where eager is exact); ``fp32`` rounds only the outputs and explicit casts, keeping
-    the rest in fp32 as torch.compile does (fewer conversions: a bf16 NewGELU rounds eight times in
-    eager); ``fast`` (cuda) is ``fp32`` with approximate tanh, exp and sigmoid. Only the modes
-    that differ from ``eager`` for this program are listed after it."""
+    the rest in fp32 (fewer conversions: a bf16 NewGELU rounds eight times in eager); ``nocast``
+    is ``fp32`` that also keeps in fp32 the model's own casts of fp32 values to half precision
+    between ops, as torch.compile does by default (Inductor's ``emulate_precision_casts`` off: a
+    Qwen-3 RMSNorm's ``.to(bf16)`` before its weight is one conversion an element); ``fast``
+    (cuda) is ``fp32`` with approximate tanh, exp and sigmoid. Only the modes that differ from
+    ``eager`` for this program are listed after it; the evaluator judges each against eager."""
     key = "math_" + backend
     hit = kern.memo.get(key)
     if hit is None:
@@ -98,6 +110,8 @@ def math_modes(kern: Kernel, backend: str) -> list[str]:
             hit.append("fast")
         if _rounds_inside(kern, outs):
             hit.append("fp32")
+        if _casts_inside(kern, outs):
+            hit.append("nocast")
         kern.memo[key] = hit
     return list(hit)
 
@@ -114,6 +128,7 @@ class NodeWriter:
         self.row_offsets: dict[Index, str] = {}
         self.exact = math == "eager"
         self.fast = math == "fast"
+        self.nocast = math == "nocast"
         self.outs = set() if self.exact else _output_nodes(kern)
         self.stored_only = stored_only(kern)
 
@@ -183,7 +198,8 @@ class NodeWriter:
                     return f"({x} ? 1.f : 0.f)"
                 if src.kind == "i":
                     return self.round(n.dtype, f"(float){x}")
-                keep = self.exact or n.attr == EXPLICIT or n.id in self.outs
+                model_cast = n.attr == EXPLICIT and not (self.nocast and src.dtype == "float32")
+                keep = self.exact or model_cast or n.id in self.outs
                 return self.round(n.dtype, x) if n.dtype != src.dtype and keep and n.id not in self.stored_only else x
             if n.kind == "b":
                 return f"({x} != 0)"
