@@ -56,6 +56,16 @@ each configuration with and without ``early``, the weight's loads issued before 
   rpb=16 rpt=2`` and ``rpt=4``). T5: 9.41 against 9.54 (1.014x, ``tpr=32 rpb=2``). Gemma-3 at 1536
   columns: 10.75 against 13.92 (1.295x). Every configuration of ours lands at 15.9-16.6 µs on both per-head
   cards (the same bytes) where torch.compile's kernel runs 15.1 on one and 15.8 on the other.
+- Why (H100, ninth session, `--configs ... --sass`, then under Nsight Compute; data/2026-12-05-s9,
+  call3-*): torch.compile's kernel for the Qwen-3 card keeps the model's ``.to(bf16)`` before the
+  weight's product in fp32 (its source: ``tmp13 = tmp12.to(tl.float32)``, Inductor's
+  ``emulate_precision_casts`` off) and executes 1.90M warp instructions; ours round it (eager's
+  numerics, one F2F an element on the quarter-rate pipe: 16 of 208 SASS instructions a thread at
+  one row a thread, 64 of 664 at 8 rows) and execute 2.66-3.21M. Under ncu (its clocks, cold
+  caches) torch.compile's kernel 11.26-11.36 µs; ours 11.49 (``rpt=8``, 48 registers), 11.62-11.71
+  (the first configuration), 11.87 (``rpt=4``), 12.13-12.16 (``tpr=8 rpb=8``), DRAM 46-48% against
+  49%. This led to the ``nocast`` math mode (the model's fp32-to-half casts kept in fp32, the
+  first move from the generator's start where a program has one), not yet timed on a GPU.
 """
 
 from __future__ import annotations
