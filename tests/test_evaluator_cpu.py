@@ -69,21 +69,24 @@ def test_good_candidate_passes_with_full_report(evaluators, cards):
     assert EvalResult.from_json(r.to_json()) == r  # an exact JSON round trip
 
 
-def test_a_candidate_faster_than_the_profile_said_gets_samples_of_its_own_length(evaluators, cards):
+def test_a_candidate_faster_than_the_profile_said_gets_samples_of_its_own_length(cards):
     """A sample holds as many calls as eager's profiled time asks for only until the warm-up has
     timed the candidate: a kernel many times faster than eager then gets enough calls (each on
     fresh inputs, each checked) that its own samples last the target, not a fraction of it."""
     ws, card = cards["softmax"]
-    slow = card.model_copy(update={"time_us": 50_000.0})  # a profile 250x the sample's 200 µs: 1 call
-    ev = evaluators["softmax"]
-    r = ev.evaluate(slow, (CPU / "softmax_good.cpp").read_text(), EvalOptions())
+    cfg = parse_config({"timing": {"warmup": 2, "repeats": 4, "max_spread": 10.0, "max_slowdown": 100.0,
+                                   "threads": 1, "batch_us": 2000.0},
+                        "evaluator": {"run_timeout_s": 8.0, "build_timeout_s": 120.0}})
+    slow = card.model_copy(update={"time_us": 500_000.0})  # a profile 250x the sample's 2 ms: 1 call
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(slow, (CPU / "softmax_good.cpp").read_text(), EvalOptions())
     assert r.status == "passed", r.reason
-    t, w, n = r.timing, CFG.timing.warmup, 2 * CFG.timing.repeats
+    t, w, n = r.timing, cfg.timing.warmup, 2 * cfg.timing.repeats
     k = t.calls_per_sample
-    assert k > 1, "the candidate's own time did not size its samples"
-    assert t.checked_timed_runs == 1 * w + k * n  # the warm-up's one call, then k a sample
+    assert k > 4, f"the candidate's own time did not size its samples: {k} calls of {t.candidate.median} µs"
+    assert t.checked_timed_runs == 1 * w + k * n  # the warm-up's one call a sample, then k a sample
     # the count follows the warm-up's time: its samples reach the target or the sets run out
-    assert k == MAX_SETS or k * t.candidate.median >= 0.5 * CFG.timing.batch_us, (k, t.candidate.median)
+    assert k == MAX_SETS or k * t.candidate.median >= 0.5 * cfg.timing.batch_us, (k, t.candidate.median)
 
 
 def test_the_sets_a_gpu_sample_holds_fit_an_eighth_of_its_free_memory(cards, monkeypatch):

@@ -632,7 +632,7 @@ class Evaluation:
                         # calls that its own samples, not eager's, last the target (never fewer)
                         per_call = max(min(warm_ns) / 1000.0 - runner_overhead, 0.0) / K
                         K = max(K, min(acc.sets, self.calls_for(max(per_call, 0.5))))
-                elif i >= 0:
+                else:
                     raw["candidate"].append(ns / 1000.0)
                     raw["eager"].append(t_e)
                     raw["empty"].append(t_0)
