@@ -82,17 +82,26 @@ def _disassembler(given: str | None) -> list[str]:
     raise SystemExit("math_mix: no nvdisasm or cuobjdump (see --nvdisasm)")
 
 
+def opcode_counts(sass: str, vec: int) -> Counter | None:
+    """Opcodes of the kernel the launcher runs on aligned tensors (``fg_kernel<VEC, ...>``) in a
+    disassembly, nvdisasm's (from the kernel's ``<name>:`` label to the next section) or
+    ``cuobjdump -sass``'s (a ``Function : <name>`` block), NOPs included; None where the kernel is
+    not in it."""
+    start = re.search(rf"Function : _Z\d+fg_kernelILi{vec}E\w*|_Z\d+fg_kernelILi{vec}E\w*:", sass)
+    if start is None:
+        return None
+    body = re.split(r"\.section|\n\s*Function : ", sass[start.end():], maxsplit=1)[0]
+    return Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", body))
+
+
 def _mix(src: str, arch: str, dis: list[str], vec: int, tmp: Path) -> Counter:
     cu, cubin = tmp / "k.cu", tmp / "k.cubin"
     cu.write_text(src)
     subprocess.run(["nvcc", f"-arch={arch}", "-O3", "-cubin", "-I", str(ROOT / "forge_tui" / "abi"), "-o", str(cubin),
                     str(cu)], check=True, capture_output=True, text=True)
-    sass = subprocess.run([*dis, str(cubin)], check=True, capture_output=True, text=True).stdout
-    start = re.search(rf"fg_kernelILi{vec}E\w*:", sass)  # the VEC instantiation's code, to the next section
-    assert start is not None, f"no fg_kernel<{vec}> in the disassembly"
-    body = sass[start.end():].split(".section", 1)[0]
-    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?P[0-9T]\s+)?([A-Z0-9_]+)", body)
-    return Counter(op for op in ops if op != "NOP")
+    ops = opcode_counts(subprocess.run([*dis, str(cubin)], check=True, capture_output=True, text=True).stdout, vec)
+    assert ops is not None, f"no fg_kernel<{vec}> in the disassembly"
+    return Counter({op: n for op, n in ops.items() if op != "NOP"})
 
 
 def main() -> None:

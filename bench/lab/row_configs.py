@@ -103,19 +103,16 @@ def sass_summary(library: str, vec: int) -> dict | None:
     """Opcode counts (global loads and stores, shuffles, all instructions) of the kernel the
     launcher runs on aligned tensors, from ``cuobjdump -sass`` of the built library (None where
     cuobjdump is missing): whether a layout issues its loads as the count of rows says."""
-    import collections
-    import re
     import shutil
     import subprocess
 
+    from math_mix import opcode_counts
+
     if shutil.which("cuobjdump") is None:
         return None
-    out = subprocess.run(["cuobjdump", "-sass", library], capture_output=True, text=True).stdout
-    funcs = re.split(r"\n\s*Function : ", out)
-    body = next((f for f in funcs[1:] if re.match(rf"_Z\d+fg_kernelILi{vec}E", f)), None)
-    if body is None:
+    ops = opcode_counts(subprocess.run(["cuobjdump", "-sass", library], capture_output=True, text=True).stdout, vec)
+    if ops is None:
         return None
-    ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body))
     return {"instructions": sum(ops.values()), "LDG": ops.get("LDG", 0), "STG": ops.get("STG", 0),
             "SHFL": ops.get("SHFL", 0), "top": dict(ops.most_common(12))}
 
