@@ -144,7 +144,8 @@ def manifest(ws: Workspace) -> Manifest:
 
 
 def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool = True) -> list[Request]:
-    """One request per card whose best node beats eager and is neither promoted nor rejected
+    """One request per card whose best node beats eager (as the search ranks it: against eager
+    pooled over the card, ``pooled_speedups``) and is neither promoted nor rejected
     (``faster_only=False``: its best passed node, even one slower than eager, for a caller whose
     own rule decides: ``forge_tui.generate``)."""
     from .search.store import NodeRecord, SearchStore
@@ -164,7 +165,10 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
                 score[(card_id, nid)] = sp
         best: dict[str, tuple[float, int, NodeRecord]] = {}
         for rec in loaded.nodes:
-            if rec.node == ROOT or rec.status != "passed" or not rec.speedup or (faster_only and rec.speedup <= 1.0):
+            if rec.node == ROOT or rec.status != "passed" or not rec.speedup:
+                continue
+            ranked = score.get((rec.card, rec.node), rec.speedup)
+            if faster_only and ranked <= 1.0:  # the card's best's own rule: no star, no request
                 continue
             if cards and not any(id_matches(rec.card, c) for c in cards):
                 continue
@@ -173,7 +177,7 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
             entry = man.entries.get(rec.card)
             if entry is not None and entry.evidence.node == rec.node:
                 continue
-            key = (score.get((rec.card, rec.node), rec.speedup), -rec.seq)
+            key = (ranked, -rec.seq)
             if rec.card not in best or key > best[rec.card][:2]:
                 best[rec.card] = (*key, rec)
         for card_id, (_, _, rec) in sorted(best.items()):

@@ -484,6 +484,27 @@ def test_the_best_and_its_promotion_request_are_the_fastest_kernel_by_its_own_ti
     assert req.node == recs["k2"].node
 
 
+def test_no_promotion_request_for_a_kernel_that_beat_only_its_own_sample_of_eager(tmp_path):
+    """A kernel whose paired ratio beat eager (1.5x: on a loaded machine eager and the kernel slow
+    down together, sample by sample) while eager's median, pooled over the card, is 34 µs against
+    its 200: the card gets no best, and no promotion is requested for it (the app's banner counted
+    such a request while its tree showed the kernel at 0.17x and no star)."""
+    from forge_tui.promotion import requests
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
+    plan = {1: (1.5, 200.0, 30.0), 2: (0.17, 200.0, 34.0)}  # paired ratio, µs, eager µs
+
+    def kernel(src: str) -> int:
+        return int(src.split()[2])
+
+    pool = FakePool(speedup=lambda card, src: plan[kernel(src)][0], times=lambda card, src: plan[kernel(src)][1:])
+    summary, rec = run_search(ws, cfg(max_evals=2, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    pool.close()
+    assert [e for e in rec.events if e.kind == "best_improved"] == []
+    assert requests(ws) == []
+    assert len(requests(ws, faster_only=False)) == 1  # a caller with its own rule still sees it
+
+
 def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
     """The search tree's node lines and its card line speak of one number: each passed kernel's
     speedup against eager pooled over the card, as the search ranks them (not the paired ratio
