@@ -211,7 +211,7 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
     kernel timed while the machine was busy ("noisy") claims no speedup and is not offered; nor is
     one that ran no faster than eager. ``pending``: the requests, where the caller has read them."""
     from .search.store import SearchStore
-    from .search.tree import ROOT
+    from .search.tree import ROOT, pooled_speedups
 
     man = manifest(ws)
     offered = {r.card.id for r in (requests(ws, cards) if pending is None else pending)}
@@ -229,21 +229,26 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
         left = [n for n in nodes if n.node not in refused]
         passed = [n for n in left if n.status == "passed" and n.speedup]
         noisy = [n for n in left if n.status == "noisy"]
+        ranked = pooled_speedups((n.node, n.status, n.speedup, n.time_us, n.eager_us) for n in nodes)
+
+        def sp(n: Any, ranked: dict[str, float] = ranked) -> float:
+            return ranked.get(n.node, n.speedup)
+
         if not left:
             out.append((card_id, f"every kernel offered was rejected ({len(nodes)})"))
-        elif passed and max(n.speedup for n in passed) > 1.0:
+        elif passed and max(sp(n) for n in passed) > 1.0:
             continue  # a request once its node's result is readable again (requests() skipped it)
         elif noisy:
             why = (noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded")[:160]
             others = f" (and {len(noisy) - 1} more)" if len(noisy) > 1 else ""
-            best = max(passed, key=lambda n: n.speedup) if passed else None
-            slower = f"; its fastest timed kernel, {best.node}, ran {best.speedup:.2f}x eager" if best else ""
+            best = max(passed, key=sp) if passed else None
+            slower = f"; its fastest timed kernel, {best.node}, ran {sp(best):.2f}x eager" if best else ""
             out.append((card_id, f"{noisy[-1].node}{others} is correct, but the machine was too busy to trust its "
                                  f"timing ({why}){slower}: forge retime times it again, and a kernel is offered "
                                  "once it is timed faster than eager"))
         elif passed:
-            best = max(passed, key=lambda n: n.speedup)
-            out.append((card_id, f"its fastest correct kernel, {best.node}, ran {best.speedup:.2f}x eager: "
+            best = max(passed, key=sp)
+            out.append((card_id, f"its fastest correct kernel, {best.node}, ran {sp(best):.2f}x eager: "
                                  "nothing faster than eager to offer"))
         else:
             counts: dict[str, int] = {}

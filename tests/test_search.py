@@ -489,7 +489,7 @@ def test_no_promotion_request_for_a_kernel_that_beat_only_its_own_sample_of_eage
     down together, sample by sample) while eager's median, pooled over the card, is 34 µs against
     its 200: the card gets no best, and no promotion is requested for it (the app's banner counted
     such a request while its tree showed the kernel at 0.17x and no star)."""
-    from forge_tui.promotion import requests
+    from forge_tui.promotion import requests, unrequested
 
     ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
     plan = {1: (1.5, 200.0, 30.0), 2: (0.17, 200.0, 34.0)}  # paired ratio, µs, eager µs
@@ -503,6 +503,8 @@ def test_no_promotion_request_for_a_kernel_that_beat_only_its_own_sample_of_eage
     assert [e for e in rec.events if e.kind == "best_improved"] == []
     assert requests(ws) == []
     assert len(requests(ws, faster_only=False)) == 1  # a caller with its own rule still sees it
+    (why,) = unrequested(ws)  # and the empty queue says why, in the same numbers
+    assert why[0] == "a" and "ran 0.17x eager: nothing faster than eager to offer" in why[1], why
 
 
 def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
