@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import timed_win
 
 from forge_tui.cards import Card
 from forge_tui.config import parse_config
@@ -162,13 +163,18 @@ def test_template_search_on_cpu(ws, matched):
     # eager shares its cores with the other worker and the paired ratios swing
     cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0},
                         "search": {"max_evals": 3, "parallel": 2, "min_gain": 0.0}})
-    pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu")
-    try:
-        summary = Search(ws, cfg, TemplateProposer(), pool, cards=[card.id]).run()
-    finally:
-        pool.close()
-    assert summary.evaluations == 3
-    assert card.id in summary.best and summary.best[card.id]["node"] != "root"  # a template beat eager on the CPU
+
+    def search(attempt: int):
+        pool = LocalEvalPool(ws.store, ws.cache, cfg, backend="cpu")
+        try:
+            summary = Search(ws, cfg, TemplateProposer(), pool, cards=[card.id]).run()
+        finally:
+            pool.close()
+        assert summary.evaluations == 3
+        # a template beat eager on the CPU (a loaded machine may say otherwise: the search goes on)
+        return summary, card.id in summary.best and summary.best[card.id]["node"] != "root"
+
+    timed_win(search)
 
 
 # ---- CUDA: every variant builds -----------------------------------------------------------------
