@@ -144,12 +144,12 @@ def manifest(ws: Workspace) -> Manifest:
 
 
 def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool = True) -> list[Request]:
-    """One request per card whose best node beats eager (as the search ranks it: against eager
-    pooled over the card, ``pooled_speedups``) and is neither promoted nor rejected
+    """One request per card whose best node beats eager (``faster_than_eager``: the rule of the
+    card's best), ranked against eager pooled over the card, and is neither promoted nor rejected
     (``faster_only=False``: its best passed node, even one slower than eager, for a caller whose
     own rule decides: ``forge_tui.generate``)."""
     from .search.store import NodeRecord, SearchStore
-    from .search.tree import ROOT, pooled_speedups
+    from .search.tree import ROOT, faster_than_eager, pooled_speedups
 
     man = manifest(ws)
     out: list[Request] = []
@@ -160,16 +160,18 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
         for rec in loaded.nodes:
             by_card.setdefault(rec.card, []).append(rec)
         score: dict[tuple[str, str], float] = {}
+        wins: set[tuple[str, str]] = set()
         for card_id, recs in by_card.items():  # ranked by their own times (see pooled_speedups)
-            for nid, sp in pooled_speedups((r.node, r.status, r.speedup, r.time_us, r.eager_us) for r in recs).items():
-                score[(card_id, nid)] = sp
+            rows = [(r.node, r.status, r.speedup, r.time_us, r.eager_us) for r in recs]
+            score.update(((card_id, nid), sp) for nid, sp in pooled_speedups(rows).items())
+            wins.update((card_id, nid) for nid in faster_than_eager(rows))
         best: dict[str, tuple[float, int, NodeRecord]] = {}
         for rec in loaded.nodes:
             if rec.node == ROOT or rec.status != "passed" or not rec.speedup:
                 continue
-            ranked = score.get((rec.card, rec.node), rec.speedup)
-            if faster_only and ranked <= 1.0:  # the card's best's own rule: no star, no request
+            if faster_only and (rec.card, rec.node) not in wins:  # the card's best's own rule
                 continue
+            ranked = score.get((rec.card, rec.node), rec.speedup)
             if cards and not any(id_matches(rec.card, c) for c in cards):
                 continue
             if rec.node in man.rejected_nodes(rec.card):
@@ -211,7 +213,7 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
     kernel timed while the machine was busy ("noisy") claims no speedup and is not offered; nor is
     one that ran no faster than eager. ``pending``: the requests, where the caller has read them."""
     from .search.store import SearchStore
-    from .search.tree import ROOT, pooled_speedups
+    from .search.tree import ROOT, faster_than_eager, pooled_speedups
 
     man = manifest(ws)
     offered = {r.card.id for r in (requests(ws, cards) if pending is None else pending)}
@@ -229,14 +231,15 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
         left = [n for n in nodes if n.node not in refused]
         passed = [n for n in left if n.status == "passed" and n.speedup]
         noisy = [n for n in left if n.status == "noisy"]
-        ranked = pooled_speedups((n.node, n.status, n.speedup, n.time_us, n.eager_us) for n in nodes)
+        rows = [(n.node, n.status, n.speedup, n.time_us, n.eager_us) for n in nodes]
+        ranked, wins = pooled_speedups(rows), faster_than_eager(rows)
 
         def sp(n: Any, ranked: dict[str, float] = ranked) -> float:
             return ranked.get(n.node, n.speedup)
 
         if not left:
             out.append((card_id, f"every kernel offered was rejected ({len(nodes)})"))
-        elif passed and max(sp(n) for n in passed) > 1.0:
+        elif any(n.node in wins for n in passed):
             continue  # a request once its node's result is readable again (requests() skipped it)
         elif noisy:
             why = (noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded")[:160]
@@ -248,7 +251,9 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
                                  "once it is timed faster than eager"))
         elif passed:
             best = max(passed, key=sp)
-            out.append((card_id, f"its fastest correct kernel, {best.node}, ran {sp(best):.2f}x eager: "
+            beside = (f" against eager's median over the card, {best.speedup:.2f}x against eager timed beside it"
+                      if sp(best) > 1.0 else "")
+            out.append((card_id, f"its fastest correct kernel, {best.node}, ran {sp(best):.2f}x eager{beside}: "
                                  "nothing faster than eager to offer"))
         else:
             counts: dict[str, int] = {}

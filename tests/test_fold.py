@@ -102,7 +102,8 @@ def test_fold_promotes_cards_with_evidence(folded_ws):
     assert sum(len(e.signature.module_paths) for e in folds.values()) == PAIRS
     for card, e in folds.items():
         assert card.startswith("fold-Conv2d+BatchNorm2d-")
-        assert e.evidence.speedup_vs_eager and e.evidence.speedup_vs_eager > 1.0
+        # a measured ratio (``--min-speedup 0`` promotes a fold however a loaded machine timed it)
+        assert e.evidence.speedup_vs_eager and 0.0 < e.evidence.speedup_vs_eager < float("inf")
         assert e.evidence.input_sets == ["captured", "random"]
         assert (kernels_dir(folded_ws) / e.source).is_file() and e.approved_by
     log = subprocess.run(["git", "-C", str(folded_ws.root), "log", "-1", "--format=%s%n%b", "main"],

@@ -507,6 +507,35 @@ def test_no_promotion_request_for_a_kernel_that_beat_only_its_own_sample_of_eage
     assert why[0] == "a" and "ran 0.17x eager: nothing faster than eager to offer" in why[1], why
 
 
+def test_a_kernel_slower_than_the_eager_timed_beside_it_is_not_the_best(tmp_path):
+    """The other way round: kernel 2 at 80 µs beats eager's median over the card (200 µs, 2.5x)
+    but lost to the eager timed beside it (0.95x); kernel 1 beat both (2.0x). The card's best, its
+    star and its promotion request are kernel 1; alone, kernel 2 is offered nowhere, and the empty
+    queue gives both numbers."""
+    from forge_tui.promotion import requests, unrequested
+
+    def searched(name: str, plan: dict):
+        ws = make_workspace(tmp_path / name, [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
+        pool = FakePool(speedup=lambda card, src: plan[int(src.split()[2])][0],
+                        times=lambda card, src: plan[int(src.split()[2])][1:])
+        summary, rec = run_search(ws, cfg(max_evals=len(plan), evals_per_card=len(plan), parallel=1),
+                                  CountingProposer(), pool)
+        pool.close()
+        with ws.git() as repo:
+            nodes = {r.move: r.node for r in SearchStore(repo).load().nodes if r.node != "root"}
+        return ws, summary, rec, nodes
+
+    ws, summary, rec, nodes = searched("both", {1: (2.0, 100.0, 200.0), 2: (0.95, 80.0, 76.0)})
+    assert [(e.node, e.speedup) for e in rec.events if e.kind == "best_improved"] == [(nodes["k1"], 2.0)]
+    assert summary.best["a"]["node"] == nodes["k1"]
+    assert [r.node for r in requests(ws)] == [nodes["k1"]]
+    ws, summary, rec, nodes = searched("alone", {1: (0.95, 80.0, 100.0)})
+    assert summary.best["a"]["node"] == "root" and requests(ws) == []
+    assert not [e for e in rec.events if e.kind == "best_improved"]
+    (why,) = unrequested(ws)
+    assert "ran 1.25x eager against eager's median over the card, 0.95x against eager timed beside it" in why[1], why
+
+
 def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
     """The search tree's node lines and its card line speak of one number: each passed kernel's
     speedup against eager pooled over the card, as the search ranks them (not the paired ratio

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .events import BestImproved, NodeAdded, SearchEvent, make_event
 from .store import Loaded, LogRecord, NodeRecord
-from .tree import OK_STATUSES, ROOT, pooled_speedups
+from .tree import OK_STATUSES, ROOT, faster_than_eager
 
 
 class History:
@@ -15,8 +15,8 @@ class History:
         self.timed: dict[str, list[tuple[str, str, float | None, float | None, float | None]]] = {}
 
     def node(self, rec: NodeRecord) -> list[SearchEvent]:
-        """NodeAdded, and BestImproved when the card's best (``CardTree.best``'s ranking, against
-        eager pooled over the card) becomes another node."""
+        """NodeAdded, and BestImproved when the card's best (``CardTree.best``: the fastest of
+        ``faster_than_eager``) becomes another node."""
         events: list[SearchEvent] = [NodeAdded(seq=rec.seq, card=rec.card, node=rec.node, parent=rec.parent,
                                                status=rec.status, speedup=rec.speedup, move=rec.move,
                                                proposer=rec.proposer, reason=rec.reason, cost_usd=rec.cost_usd,
@@ -28,10 +28,10 @@ class History:
             return events
         rows = self.timed.setdefault(rec.card, [])
         rows.append((rec.node, rec.status, rec.speedup, rec.time_us, rec.eager_us))
-        score = pooled_speedups(rows)
+        score = faster_than_eager(rows)
         top = max(score, key=lambda n: score[n], default=None)  # the first of equals: the earliest
         previous = self.best.get(rec.card, 1.0)
-        if top is not None and top != self.best_node.get(rec.card) and score[top] > 1.0:
+        if top is not None and top != self.best_node.get(rec.card):
             self.best[rec.card], self.best_node[rec.card] = score[top], top
             events.append(BestImproved(seq=rec.seq, card=rec.card, node=top, speedup=score[top], previous=previous))
         elif top is not None and top == self.best_node.get(rec.card):
