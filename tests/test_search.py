@@ -536,6 +536,19 @@ def test_a_kernel_slower_than_the_eager_timed_beside_it_is_not_the_best(tmp_path
     assert "ran 1.25x eager against eager's median over the card, 0.95x against eager timed beside it" in why[1], why
 
 
+def test_one_ratio_against_a_slow_sample_of_eager_does_not_finish_a_card_at_its_floor(tmp_path):
+    """A kernel's paired ratio of 50x (eager's sample ran slow beside it) while its time against
+    eager's median says 1.5x: the card (100 µs, floor 10) is not finished as at its floor after
+    that evaluation; the search goes on with the speed its best can claim."""
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=10.0)])
+    pool = FakePool(speedup=lambda card, src: 50.0 if " 1 " in src else 1.2,
+                    times=lambda card, src: (60.0, 90.0) if " 1 " in src else (80.0, 90.0))
+    summary, _ = run_search(ws, cfg(max_evals=3, evals_per_card=3, parallel=1), CountingProposer(), pool)
+    pool.close()
+    assert summary.evaluations == 3, summary
+    assert "roofline floor" not in (summary.finished.get("a") or ""), summary.finished
+
+
 def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
     """The search tree's node lines and its card line speak of one number: each passed kernel's
     speedup against eager pooled over the card, as the search ranks them (not the paired ratio

@@ -166,7 +166,9 @@ class Search:
             if b is not None:
                 b.evals += 1
                 if rec.status in ("passed",) and rec.speedup:
-                    b.best_speedup = max(b.best_speedup, rec.speedup)
+                    # the card's best's speedup (``CardTree.best``), not the largest paired ratio:
+                    # one ratio against a slow sample of eager must not say the floor is reached
+                    b.best_speedup = max(tree.wins().values(), default=1.0)
         return self.history.node(rec)
 
     @property
