@@ -135,6 +135,36 @@ def test_moves_are_one_axis_transformations(matched):
     assert child.move not in moves and child.meta["family"] == first.meta["family"]
 
 
+def test_a_proposal_goes_through_the_configurations_once_a_card(matched, monkeypatch):
+    """The softmax family's axes make some 450,000 configurations (221 distinct kernels): the
+    proposer goes through them once a card, not at every proposal (each took seconds of the search's
+    time), and hands out the same moves as before, one axis from their parent."""
+    from forge_tui.templates.families.softmax import Softmax
+
+    card, fam, m = matched["softmax"][0]
+    calls = [0]
+    valid = Softmax.valid
+
+    def counted(self, *a, **k):
+        calls[0] += 1
+        return valid(self, *a, **k)
+
+    monkeypatch.setattr(Softmax, "valid", counted)
+    prop = TemplateProposer()
+    first = prop.propose(ctx_for(card))
+    once = calls[0]
+    assert once > 100_000  # the whole product, once
+    moves = [first.move]
+    for _ in range(5):
+        child = prop.propose(ctx_for(card, parent_source=first.source, moves=moves, parent_id="n0001"))
+        moves.append(child.move)
+        if child.meta["family"] == "softmax":
+            a, b = first.meta["params"], child.meta["params"]
+            assert len([k for k in fam.relevant(a) if a[k] != b.get(k)]) == 1 or a["mode"] != b["mode"]
+    prop.propose(ctx_for(card, moves=moves))  # the root's next child
+    assert calls[0] - once < 1000, calls[0] - once
+
+
 def test_no_move_is_handed_out_twice_under_concurrency(matched):
     card, fam, m = matched["layer_norm"][0]
     prop = TemplateProposer()
