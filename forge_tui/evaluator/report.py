@@ -48,7 +48,8 @@ def format_result(r: EvalResult) -> str:
             lines.append(f"    busy: {why}")
         lines.append(f"  roofline floor {t.floor_us:.2f} µs ({100 * t.fraction_of_floor:.0f}% of it reached); "
                      f"noise between two timing blocks {100 * t.noise:.1f}%; {t.checked_timed_runs} timed calls "
-                     f"checked, each on fresh inputs ({t.calls_per_sample} per sample)")
+                     f"checked, each on fresh inputs ({t.calls_per_sample} per sample)" +
+                     (f"; {t.eager_off} of their elements where eager is off the float64 result" if t.eager_off else ""))
     if r.confinement:
         conf = r.confinement
         lines.append(f"  ran confined: seccomp {str(conf.get('seccomp', '?')).split(':')[0]}, {conf.get('landlock')}")

@@ -132,6 +132,10 @@ class Timing(_Part):
     below_resolution: bool = False
     impossible: bool = False
     checked_timed_runs: int = 0
+    eager_off: int = 0
+    """Elements of the timed calls where the candidate missed eager's output and the arbiter
+    accepted it (nearer the program's float64 result than eager, on the inputs as the judge drew
+    them: ``Evaluation.regenerated``)."""
     calls_per_sample: int = 1
     quiet: bool = True
     noisy_reasons: list[str] = Field(default_factory=list)
