@@ -155,11 +155,11 @@ class Elementwise(Family):
     @staticmethod
     def _modes(m: Match, backend: str) -> list[str]:
         i = m.info
-        modes = ["eager"]
-        if backend == "cuda" and i["tout"] in HALF and any(FAST_RE.search(e) for _, e, _, _ in i["lines"]):
-            modes.append("fast")
+        modes = ["eager"]  # nearest eager's results first, as the generator's (``math_modes``)
         if any(dt in HALF and not cast and f"t{k}" != i["result"] for k, _, dt, cast in i["lines"]):
             modes.append("fp32")
+        if backend == "cuda" and i["tout"] in HALF and any(FAST_RE.search(e) for _, e, _, _ in i["lines"]):
+            modes.append("fast")
         return modes
 
     def _code(self, m: Match, math: str) -> str:
