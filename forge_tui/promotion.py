@@ -163,8 +163,9 @@ def requests(ws: Workspace, cards: list[str] | None = None, *, faster_only: bool
         wins: set[tuple[str, str]] = set()
         for card_id, recs in by_card.items():  # ranked by their own times (see pooled_speedups)
             rows = [(r.node, r.status, r.speedup, r.time_us, r.eager_us) for r in recs]
-            score.update(((card_id, nid), sp) for nid, sp in pooled_speedups(rows).items())
-            wins.update((card_id, nid) for nid in faster_than_eager(rows))
+            pooled = pooled_speedups(rows)
+            score.update(((card_id, nid), sp) for nid, sp in pooled.items())
+            wins.update((card_id, nid) for nid in faster_than_eager(rows, pooled))
         best: dict[str, tuple[float, int, NodeRecord]] = {}
         for rec in loaded.nodes:
             if rec.node == ROOT or rec.status != "passed" or not rec.speedup:
@@ -232,7 +233,8 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
         passed = [n for n in left if n.status == "passed" and n.speedup]
         noisy = [n for n in left if n.status == "noisy"]
         rows = [(n.node, n.status, n.speedup, n.time_us, n.eager_us) for n in nodes]
-        ranked, wins = pooled_speedups(rows), faster_than_eager(rows)
+        ranked = pooled_speedups(rows)
+        wins = faster_than_eager(rows, ranked)
 
         def sp(n: Any, ranked: dict[str, float] = ranked) -> float:
             return ranked.get(n.node, n.speedup)

@@ -48,17 +48,19 @@ def pooled_speedups(nodes: Iterable[tuple[str, str, float | None, float | None, 
     return out
 
 
-def faster_than_eager(nodes: Iterable[tuple[str, str, float | None, float | None, float | None]]) -> dict[str, float]:
+def faster_than_eager(nodes: Iterable[tuple[str, str, float | None, float | None, float | None]],
+                      pooled: dict[str, float] | None = None) -> dict[str, float]:
     """The nodes that beat eager, each with the speedup the card ranks it by: a passed node whose
     ratio against eager pooled over the card (``pooled_speedups``) and whose paired ratio (its own
     evaluation's verdict, eager and the kernel timed side by side) both exceed 1. On a loaded
     machine the two can fall on either side of 1 (eager and the kernel slow down together, pair by
     pair, while their medians lie far apart): neither alone makes a kernel faster. The one rule
     for the card's best (the app's star), its promotion request, and the search's best.
-    ``nodes``: as ``pooled_speedups``'."""
+    ``nodes``: as ``pooled_speedups``'; ``pooled``: its answer for them, where the caller has it."""
     rows = list(nodes)
     paired = {nid: speedup for nid, _, speedup, _, _ in rows}
-    return {nid: sp for nid, sp in pooled_speedups(rows).items() if sp > 1.0 and (paired.get(nid) or 0.0) > 1.0}
+    ranked = pooled_speedups(rows) if pooled is None else pooled
+    return {nid: sp for nid, sp in ranked.items() if sp > 1.0 and (paired.get(nid) or 0.0) > 1.0}
 
 
 @dataclass
