@@ -536,6 +536,36 @@ def test_a_kernel_slower_than_the_eager_timed_beside_it_is_not_the_best(tmp_path
     assert "ran 1.25x eager against eager's median over the card, 0.95x against eager timed beside it" in why[1], why
 
 
+def test_a_best_that_stops_beating_eager_loses_its_star(tmp_path):
+    """Kernel 1 beats eager (1.2x, 90 µs against 108); kernels 2 and 3 lose (0.5x) beside an
+    eager of 30 µs, which brings eager's median over the card to 30 µs: kernel 1 now runs 0.33x of
+    it and nothing on the card beats eager. A BestLost event says so, the app's state drops the card's
+    star, the queue offers nothing, and a replay yields the same events."""
+    from forge_tui.promotion import requests
+    from forge_tui.ui.state import SearchState
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)])
+    plan = {1: (1.2, 90.0, 108.0), 2: (0.5, 60.0, 30.0), 3: (0.5, 60.0, 30.0)}  # paired ratio, µs, eager µs
+    pool = FakePool(speedup=lambda card, src: plan[int(src.split()[2])][0],
+                    times=lambda card, src: plan[int(src.split()[2])][1:])
+    summary, rec = run_search(ws, cfg(max_evals=3, evals_per_card=3, parallel=1), CountingProposer(), pool)
+    pool.close()
+    with ws.git() as repo:
+        nodes = {r.move: r.node for r in SearchStore(repo).load().nodes if r.node != "root"}
+    kinds = [(e.kind, e.node) for e in rec.events if e.kind in ("best_improved", "best_lost")]
+    assert kinds == [("best_improved", nodes["k1"]), ("best_lost", nodes["k1"])]
+    (lost,) = [e for e in rec.events if e.kind == "best_lost"]
+    assert round(lost.speedup, 3) == round(30.0 / 90.0, 3) and lost.previous == 1.2 and lost.seq > 0
+    assert "nothing on this card beats eager" in lost.line()
+    state = SearchState()
+    for e in rec.events:
+        state.apply(e)
+    assert state.best() == {} and state.progress[-1][2] == 1.0
+    assert summary.best["a"]["node"] == "root" and requests(ws) == []
+    replayed = [e for e in load_events(ws) if e.persistent]
+    assert [(e.kind, e.node) for e in replayed if e.kind in ("best_improved", "best_lost")] == kinds
+
+
 def test_one_ratio_against_a_slow_sample_of_eager_does_not_finish_a_card_at_its_floor(tmp_path):
     """A kernel's paired ratio of 50x (eager's sample ran slow beside it) while its time against
     eager's median says 1.5x: the card (100 µs, floor 10) is not finished as at its floor after

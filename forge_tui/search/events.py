@@ -93,6 +93,20 @@ class BestImproved(SearchEvent):
         return f"[{self.seq:5d}] {self.card} best improved: {self.node} {self.speedup:.3f}x (was {self.previous:.3f}x)"
 
 
+class BestLost(SearchEvent):
+    """The card's best (``node``) no longer beats eager: a later evaluation moved eager's median
+    over the card, and no other kernel beats it either. The card has no best until one does."""
+
+    kind: Literal["best_lost"] = "best_lost"
+    speedup: float | None = None
+    previous: float = 1.0
+
+    def line(self) -> str:
+        now = f"now {self.speedup:.3f}x against eager pooled over the card" if self.speedup else "no longer timed"
+        return (f"[{self.seq:5d}] {self.card} best lost: {self.node} {now} (was {self.previous:.3f}x); "
+                "nothing on this card beats eager")
+
+
 class CardFinished(SearchEvent):
     kind: Literal["card_finished"] = "card_finished"
     reason: str = "finished"
@@ -210,12 +224,12 @@ class OtherEvent(SearchEvent):
     model_config = ConfigDict(frozen=True, extra="allow")
 
 
-Event = Annotated[Union[SearchStarted, NodeAdded, BestImproved, CardFinished, ProposerFailed, PromotionRequested,
+Event = Annotated[Union[SearchStarted, NodeAdded, BestImproved, BestLost, CardFinished, ProposerFailed, PromotionRequested,
                         SearchStopped, NodeStarted, BudgetSpent, StoreDamaged, AgentInterrupted, AgentStep],
                   Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 KINDS = {cls.model_fields["kind"].default: cls for cls in
-         (SearchStarted, NodeAdded, BestImproved, CardFinished, ProposerFailed, PromotionRequested, SearchStopped,
+         (SearchStarted, NodeAdded, BestImproved, BestLost, CardFinished, ProposerFailed, PromotionRequested, SearchStopped,
           NodeStarted, BudgetSpent, StoreDamaged, AgentInterrupted, AgentStep)}
 PERSISTENT = tuple(k for k, cls in KINDS.items() if cls.persistent)
 TRANSIENT = tuple(k for k, cls in KINDS.items() if not cls.persistent)

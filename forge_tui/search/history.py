@@ -3,9 +3,9 @@ a replay yields exactly the persistent events the live run published, in the sam
 
 from __future__ import annotations
 
-from .events import BestImproved, NodeAdded, SearchEvent, make_event
+from .events import BestImproved, BestLost, NodeAdded, SearchEvent, make_event
 from .store import Loaded, LogRecord, NodeRecord
-from .tree import OK_STATUSES, ROOT, faster_than_eager
+from .tree import OK_STATUSES, ROOT, faster_than_eager, pooled_speedups
 
 
 class History:
@@ -15,8 +15,9 @@ class History:
         self.timed: dict[str, list[tuple[str, str, float | None, float | None, float | None]]] = {}
 
     def node(self, rec: NodeRecord) -> list[SearchEvent]:
-        """NodeAdded, and BestImproved when the card's best (``CardTree.best``: the fastest of
-        ``faster_than_eager``) becomes another node."""
+        """NodeAdded; BestImproved when the card's best (``CardTree.best``: the fastest of
+        ``faster_than_eager``) becomes another node; BestLost when it becomes none (this
+        evaluation's eager moved the card's pooled median so that no kernel beats eager)."""
         events: list[SearchEvent] = [NodeAdded(seq=rec.seq, card=rec.card, node=rec.node, parent=rec.parent,
                                                status=rec.status, speedup=rec.speedup, move=rec.move,
                                                proposer=rec.proposer, reason=rec.reason, cost_usd=rec.cost_usd,
@@ -36,6 +37,10 @@ class History:
             events.append(BestImproved(seq=rec.seq, card=rec.card, node=top, speedup=score[top], previous=previous))
         elif top is not None and top == self.best_node.get(rec.card):
             self.best[rec.card] = score[top]  # eager pooled over one more evaluation
+        elif top is None and (lost := self.best_node.pop(rec.card, None)) is not None:
+            self.best[rec.card] = 1.0
+            now = pooled_speedups(rows).get(lost)
+            events.append(BestLost(seq=rec.seq, card=rec.card, node=lost, speedup=now, previous=previous))
         return events
 
     def log(self, rec: LogRecord) -> list[SearchEvent]:

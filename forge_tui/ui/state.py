@@ -12,6 +12,7 @@ from ..search.events import (
     AgentInterrupted,
     AgentStep,
     BestImproved,
+    BestLost,
     BudgetSpent,
     CardFinished,
     NodeAdded,
@@ -159,6 +160,12 @@ class SearchState:
             if self.progress and self.progress[-1][1] == e.card:
                 at, card, _ = self.progress[-1]
                 self.progress[-1] = (at, card, e.speedup)
+        elif isinstance(e, BestLost) and e.card:
+            c = self.card(e.card)
+            c.best, c.best_speedup = None, 1.0
+            if self.progress and self.progress[-1][1] == e.card:
+                at, card, _ = self.progress[-1]
+                self.progress[-1] = (at, card, 1.0)
         elif isinstance(e, CardFinished) and e.card:
             self.card(e.card).finished = e.reason
         elif isinstance(e, ProposerFailed) and e.card:
