@@ -51,12 +51,16 @@ class BenchResult:
     in the compiled graphs): these cards decide where torch.compile + forge must beat
     torch.compile, not those eager + forge serves (ResNet-50's batch norms are served only there:
     op by op they are folded into the convolutions)."""
+    compile_bound: float | None = None
+    """What the cards served under torch.compile promise over torch.compile's forward, from their
+    isolated speedups over torch.compile's own kernels (``compile_bound``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "times_us": {k: v.to_json() for k, v in self.times.items()},
                 "speedups": {k: v.to_json() for k, v in self.speedups.items()}, "outputs_agree": self.outputs_agree,
                 "bound": self.bound, "served": self.served, "switched_off": self.switched_off, "notes": self.notes,
-                "accuracy": self.accuracy, "served_compiled": self.served_compiled}
+                "accuracy": self.accuracy, "served_compiled": self.served_compiled,
+                "compile_bound": self.compile_bound}
 
     def all_switched_off(self) -> bool:
         """Whether the op-by-op verdict switched off every kernel the eager + forge forward served."""
@@ -82,7 +86,10 @@ class BenchResult:
             lines.append(f"{name:18s} {st.median:11.1f} {st.q1:9.1f} - {st.q3:7.1f} "
                          f"{(f'{sp.median:.3f}x' if sp else '-'):>9s}  {said}")
         if "compile+forge/compile" in self.speedups:
-            lines.append(f"torch.compile + forge vs torch.compile: {self.speedups['compile+forge/compile'].median:.3f}x")
+            bound = (f" (bound from the cards served there, their isolated speedups over torch.compile's kernels "
+                     f"and their time: {self.compile_bound:.3f}x)" if self.compile_bound else "")
+            lines.append(f"torch.compile + forge vs torch.compile: {self.speedups['compile+forge/compile'].median:.3f}x"
+                         + bound)
         g = self.speedups.get("graphs: forge/eager")
         if g:
             lines.append(f"in CUDA graphs, eager + forge vs eager: {g.median:.3f}x [{g.q1:.3f}, {g.q3:.3f}]")
@@ -488,8 +495,9 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         compiled_applied.undo()
     if graph_applied is not None:
         graph_applied.undo()
+    c_bound = compile_bound(ws, man, served_compiled, stats["compile"].median) if "compile" in stats else None
     return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy,
-                       served_compiled)
+                       served_compiled, c_bound)
 
 
 def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
@@ -503,6 +511,28 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
         if served.get(card) and sp and share:
             saved += share * (1 - 1 / sp)
     return 1 / (1 - saved) if 0 < saved < 1 else None
+
+
+def compile_bound(ws: Any, man: Manifest, served: dict[str, int], compile_us: float) -> float | None:
+    """What the cards served under torch.compile can give over its forward (``compile_us``, µs):
+    each card's calls a forward times torch.compile's own time for the card in isolation (its
+    kernels' device time where the evaluator had it), less the kernel's at its isolated speedup
+    over torch.compile, summed over the cards, the forward's time over what is left. A card
+    without torch.compile's time in its evidence (fold, merge, experts) counts nothing: an upper
+    estimate, since torch.compile may fuse a card with its neighbours in the model, where the
+    isolated card cannot. None where no served card has the numbers."""
+    calls = {c.id: c.calls for c in ws.cards()}
+    saved, counted = 0.0, False
+    for card, e in man.entries.items():
+        ev = e.evidence
+        base = ev.compile_device_us if ev.compile_basis == "device" and ev.compile_device_us else ev.compile_us
+        sp, n = ev.speedup_vs_compile, calls.get(card, 0)
+        if served.get(card) and sp and base and n:
+            saved += n * base * (1 - 1 / sp)
+            counted = True
+    if not counted or compile_us <= 0 or saved >= compile_us:
+        return None
+    return compile_us / (compile_us - saved)
 
 
 def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:

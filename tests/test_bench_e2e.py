@@ -104,6 +104,40 @@ def test_the_compile_target_applies_to_the_cards_the_compiled_forward_serves():
     assert bench.beats_compile(man, {"bn": 0, "gone": 3}) == []  # not served there, or not in the manifest
 
 
+def test_the_compile_bound_weighs_each_served_card_by_torch_compiles_own_time():
+    """Two cards served under torch.compile: 4 calls a forward of a card torch.compile runs in
+    15 µs of device time, ours 1.25x faster (12 µs: 12 µs saved a forward), and 2 calls of one it
+    runs in 10 µs of latency (no device time), ours 0.8x (2.5 µs lost each); a fold card without
+    torch.compile's time and a card not served count nothing. Over a 1000 µs forward the bound is
+    1000 / (1000 - 7); a FAIL of the 1.05x target under it says the cards cannot reach it."""
+    import importlib.util
+    from types import SimpleNamespace as NS
+
+    from forge_tui.e2e import compile_bound
+
+    def entry(sp, basis, device_us, us):
+        return NS(evidence=NS(speedup_vs_compile=sp, compile_basis=basis, compile_device_us=device_us, compile_us=us))
+
+    ws = NS(cards=lambda: [NS(id="rms", calls=4), NS(id="gelu", calls=2), NS(id="idle", calls=9)])
+    man = NS(entries={"rms": entry(1.25, "device", 15.0, 40.0), "gelu": entry(0.8, "latency", None, 10.0),
+                      "fold": entry(None, None, None, None), "idle": entry(3.0, "device", 50.0, 60.0)})
+    served = {"rms": 40, "gelu": 20, "fold": 10, "idle": 0}
+    assert compile_bound(ws, man, served, 1000.0) == pytest.approx(1000.0 / (1000.0 - 7.0))
+    assert compile_bound(ws, man, {"fold": 10}, 1000.0) is None
+
+    spec = importlib.util.spec_from_file_location("e2e_bench_cbound", ROOT / "bench" / "e2e_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ratio = {"median": 1.004, "q1": 1.0, "q3": 1.01}
+    w = {"workload": "decoder", "done": True,
+         "bench": {"speedups": {"compile+forge/compile": ratio}, "beats_compile_in_isolation": ["rms"],
+                   "compile_bound": 1.007}}
+    verdict = bench.targets(w)["compile+forge >= 1.05x compile"]
+    assert verdict.startswith("FAIL") and "bound it at 1.007x" in verdict, verdict
+    w["bench"]["compile_bound"] = 1.2
+    assert bench.targets(w)["compile+forge >= 1.05x compile"] == "FAIL"
+
+
 def test_never_below_eager_is_judged_on_the_model_as_the_switch_off_left_it():
     """A final bench that measured forge slower and switched every kernel off passes "never below
     1.0x" (the model runs eager's code from then on) and fails the speedup target; with some left
