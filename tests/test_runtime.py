@@ -2184,6 +2184,56 @@ def test_each_switch_off_unit_is_timed_against_a_fresh_copy_with_every_kernel(mo
     assert len(undone) == len(bases) and all(u is b for u, b in zip(undone, bases))
 
 
+def test_a_unit_is_switched_off_only_when_a_second_pair_of_copies_agrees(monkeypatch):
+    """A unit that measured slower once (4674 µs with it, 4174 without: the H100's diffusion,
+    2026-12-06, where the bench's own copies with it ran 4069-4184) is measured again on another
+    pair of fresh copies and stays on when that disagrees; one slower in both is switched off, the
+    reason giving both measurements."""
+    from types import SimpleNamespace
+
+    from forge_tui import e2e
+    from forge_tui.timing import Stats
+
+    def st(median):
+        return Stats.from_samples([median - 10.0, median, median + 10.0])
+
+    monkeypatch.setattr(e2e, "apply", lambda model, ws, cards=(), **k: SimpleNamespace(undo=lambda: None))
+    committed: list[list[str]] = []
+    monkeypatch.setattr(e2e, "commit_manifest", lambda ws, man, kind, subject, lines, cards: committed.append(cards))
+    served = ["mod-a", "mod-b"]
+
+    def run(pairs):
+        pairs = list(pairs)
+        calls: list[tuple[str, ...]] = []
+
+        def timed(wl, inputs, ws, dev, timer, only_faster, base, model, cards, names):
+            calls.append(tuple(cards))
+            if names == ("with", "without"):
+                w, wo = pairs.pop(0)
+                return st(w), st(wo), st(1.0)
+            return st(5000.0), st(4200.0), Stats.from_samples([1.17, 1.18, 1.19])
+
+        monkeypatch.setattr(e2e, "_time_against", timed)
+        man = SimpleNamespace(entries={c: SimpleNamespace(signature=SimpleNamespace(kind="module", module_paths=[c]),
+                                                          enabled=True, disabled_reason=None) for c in served})
+        applied = SimpleNamespace(status=lambda: {"cards": [{"card": c, "served": 1} for c in served]})
+        raw = {"eager": [5000.0] * 3, "eager+forge": [4100.0] * 3}
+        stats = {k: Stats.from_samples(v) for k, v in raw.items()}
+        out, _ = e2e._switch_off_slower(None, torch.nn.Linear(2, 2), [], None, man, applied, "cpu", None, True,
+                                        stats, raw)
+        return out, calls, man
+
+    # mod-a: slower once, then not; mod-b: never slower
+    out, calls, man = run([(4674.0, 4174.0), (4150.0, 4160.0), (4100.0, 4150.0)])
+    assert out == {} and calls == [("mod-b",), ("mod-b",), ("mod-a",)] and committed == []
+    assert all(e.enabled for e in man.entries.values())
+    # mod-a slower in both pairs: off, with both measurements
+    out, calls, man = run([(4674.0, 4174.0), (4600.0, 4150.0), (4100.0, 4150.0)])
+    assert list(out) == ["mod-a"] and not man.entries["mod-a"].enabled and committed == [["mod-a"]]
+    assert "4674.0 µs with it and 4174.0 µs without, then 4600.0 and 4150.0 on fresh copies" in out["mod-a"]
+    assert calls[:2] == [("mod-b",), ("mod-b",)] and calls[-1] == ("mod-b",)  # the kernels left, timed together
+
+
 STRIDE_MISS, SHAPE_MISS = "input 1: strides (2,)", "input 0: shape (4, 256)"
 
 
