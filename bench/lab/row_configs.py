@@ -66,6 +66,11 @@ each configuration with and without ``early``, the weight's loads issued before 
   (the first configuration), 11.87 (``rpt=4``), 12.13-12.16 (``tpr=8 rpb=8``), DRAM 46-48% against
   49%. This led to the ``nocast`` math mode (the model's fp32-to-half casts kept in fp32, the
   first move from the generator's start where a program has one), not yet timed on a GPU.
+- H100 (2026-12-06, `6417ed3`, data/2026-12-06/row_configs.*): ``nocast`` is not it either. Qwen-3
+  per head: torch.compile 15.14 µs; ``tpr=8 rpb=32`` 15.94 with ``nocast`` against 16.19 without,
+  ``tpr=8 rpb=8`` 15.94 against 15.97 (0.950x and 0.948x), ``tpr=16 rpb=4 rpt=8 math=nocast``
+  16.51. T5: 10.11 with against 10.21 without (torch.compile 9.34). Inside the spread: what keeps
+  the per-head kernel 5% behind is neither its registers, its rows a thread nor its casts.
 """
 
 from __future__ import annotations
