@@ -54,13 +54,18 @@ class BenchResult:
     compile_bound: float | None = None
     """What the cards served under torch.compile promise over torch.compile's forward, from their
     isolated speedups over torch.compile's own kernels (``compile_bound``)."""
+    units: list[dict[str, Any]] = field(default_factory=list)
+    """Per switch-off unit, what it saves in the model against what isolation promises: "cards",
+    "with_us" and "without_us" (the forward with every served kernel and without the unit's,
+    medians of one interleaved measurement), "promised_us" (the unit's share of eager's forward
+    times 1 - 1/speedup, summed over its cards; None where a card lacks either)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "times_us": {k: v.to_json() for k, v in self.times.items()},
                 "speedups": {k: v.to_json() for k, v in self.speedups.items()}, "outputs_agree": self.outputs_agree,
                 "bound": self.bound, "served": self.served, "switched_off": self.switched_off, "notes": self.notes,
                 "accuracy": self.accuracy, "served_compiled": self.served_compiled,
-                "compile_bound": self.compile_bound}
+                "compile_bound": self.compile_bound, "units": self.units}
 
     def all_switched_off(self) -> bool:
         """Whether the op-by-op verdict switched off every kernel the eager + forge forward served."""
@@ -97,6 +102,10 @@ class BenchResult:
             sp = self.speedups.get("eager+forge")
             got = f"{sp.median:.3f}x, {100 * (sp.median - 1) / (self.bound - 1):.0f}% of the way" if sp and self.bound > 1 else "-"
             lines.append(f"bound from the served cards' isolated speedups and shares: {self.bound:.3f}x (reached {got})")
+        for u in self.units:
+            promised = f"; isolation promised {u['promised_us']:.0f}" if u.get("promised_us") is not None else ""
+            lines.append(f"in the model {' + '.join(u['cards'])} saved {u['without_us'] - u['with_us']:.0f} µs a forward "
+                         f"({u['with_us']:.0f} with it, {u['without_us']:.0f} without){promised}")
         for card, why in self.switched_off.items():
             lines.append(f"switched off {card}: {why}")
         after = self.speedups.get(AFTER_SWITCH_OFF)
@@ -462,8 +471,14 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         _release(variants, fns, ("compile", "compile+forge"))
         switched: dict[str, str] = {}
         after: Stats | None = None
+        units: list[dict[str, Any]] = []
         if switch_off:
-            switched, after = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw)
+            switched, after = _switch_off_slower(wl, model, inputs, ws, man, applied, dev, timer, only_faster, stats, raw,
+                                                 units)
+            promised = _promised_us(ws, man, stats["eager"].median)
+            for u in units:
+                each = [promised.get(c) for c in u["cards"]]
+                u["promised_us"] = None if any(v is None for v in each) else sum(v for v in each if v is not None)
         if (switch_off if switch_off_compile is None else switch_off_compile) and compiled_applied is not None:
             switched.update(_switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev))
         if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
@@ -497,7 +512,7 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         graph_applied.undo()
     c_bound = compile_bound(ws, man, served_compiled, stats["compile"].median) if "compile" in stats else None
     return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy,
-                       served_compiled, c_bound)
+                       served_compiled, c_bound, units)
 
 
 def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
@@ -511,6 +526,19 @@ def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
         if served.get(card) and sp and share:
             saved += share * (1 - 1 / sp)
     return 1 / (1 - saved) if 0 < saved < 1 else None
+
+
+def _promised_us(ws: Any, man: Manifest, eager_us: float) -> dict[str, float]:
+    """Per promoted card, what its isolated speedup promises to save of eager's forward
+    (``eager_us``): its share (as ``_bound`` takes it) x eager_us x (1 - 1/speedup)."""
+    every = {c: 1 for c in man.entries}
+    shares = {c.id: c.share for c in ws.cards()} | fold_shares(ws, man, every) | config_shares(ws, man, every)
+    out: dict[str, float] = {}
+    for card, e in man.entries.items():
+        sp, share = e.evidence.speedup_vs_eager, shares.get(card)
+        if sp and share:
+            out[card] = share * eager_us * (1 - 1 / sp)
+    return out
 
 
 def compile_bound(ws: Any, man: Manifest, served: dict[str, int], compile_us: float) -> float | None:
@@ -707,12 +735,14 @@ def _unit_times(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_fast
 
 def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,
                        timer: Timer, only_faster: bool, stats: dict[str, Stats],
-                       raw: dict[str, list[float]]) -> tuple[dict[str, str], Stats | None]:
+                       raw: dict[str, list[float]], units_log: list[dict[str, Any]] | None = None,
+                       ) -> tuple[dict[str, str], Stats | None]:
     """Leave each unit of served kernels (``switch_off_units``) out in turn; one whose absence
     makes the forward faster (by more than the spread of the measurement), twice on fresh copies,
     is switched off in the manifest, with the numbers. Then the kernels left, together, against eager: unless the forward
     is faster with them (``not_faster``), they are all switched off. ``stats`` and ``raw``: the bench's timing of "eager" and
-    "eager+forge", which stands for that check when no unit was switched off.
+    "eager+forge", which stands for that check when no unit was switched off. ``units_log``, where
+    given, gets each unit's first measurement (its cards, the forward's medians with and without).
 
     Where that check's paired ratio has a median below 1 but an upper quartile above it, the
     forward is timed again, twice as long, and that measurement decides.
@@ -729,6 +759,8 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
     if len(units) > 1:
         for unit in units:
             w, wo = _unit_times(wl, inputs, ws, dev, timer, only_faster, model, served, unit)
+            if units_log is not None:
+                units_log.append({"cards": list(unit), "with_us": w.median, "without_us": wo.median})
             if wo.q3 < w.q1:  # faster without it, beyond the spread of both
                 # once more, on another pair of fresh copies: on the H100 (2026-12-06) one pair ran
                 # the diffusion 4674 µs a forward with its transformer group norm and 4174 without,

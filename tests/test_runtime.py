@@ -998,8 +998,8 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
 def test_the_forward_is_timed_again_with_the_kernels_a_switch_off_left_on(promoted, monkeypatch, tmp_path):
     """Where the switch-off leaves one unit out and keeps the other, the bench reports the forward
     as it runs from now on: eager against eager + forge with the kernels left, timed again (a
-    stand-in timer: the first unit's trial runs faster without it, the forward with the rest
-    faster than eager)."""
+    stand-in timer: the first unit's trials, on two pairs of copies, run faster without it, the
+    forward with the rest faster than eager)."""
     import shutil
 
     from forge_tui import e2e
@@ -1013,12 +1013,16 @@ def test_the_forward_is_timed_again_with_the_kernels_a_switch_off_left_on(promot
     def samples(name):
         if name == "without":
             trials.append(name)
-            return [50.0] * 5 if len(trials) == 1 else [150.0] * 5
+            return [50.0] * 5 if len(trials) <= 2 else [150.0] * 5
         return {"eager+forge": [110.0] * 5, "with": [100.0] * 5, "forge": [80.0] * 5}.get(name, [100.0] * 5)
 
     _stand_in_timer(monkeypatch, samples)
     r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, with_compile=False, only_faster=False)
-    assert len(r.switched_off) == 1 and len(trials) == 2, r.switched_off
+    assert len(r.switched_off) == 1 and len(trials) == 3, r.switched_off
+    # the two units' first measurements, in the report beside what isolation promised them
+    assert [(u["with_us"], u["without_us"]) for u in r.units] == [(100.0, 50.0), (100.0, 150.0)]
+    assert all(isinstance(u["promised_us"], float) for u in r.units), r.units  # < 0 for a kernel slower alone
+    assert "in the model" in r.table() and "isolation promised" in r.table()
     after = r.speedups[e2e.AFTER_SWITCH_OFF]
     assert after.median == pytest.approx(1.25)
     assert "eager + forge with the kernels left on: 1.250x" in r.table()
@@ -2219,19 +2223,50 @@ def test_a_unit_is_switched_off_only_when_a_second_pair_of_copies_agrees(monkeyp
         applied = SimpleNamespace(status=lambda: {"cards": [{"card": c, "served": 1} for c in served]})
         raw = {"eager": [5000.0] * 3, "eager+forge": [4100.0] * 3}
         stats = {k: Stats.from_samples(v) for k, v in raw.items()}
+        units: list[dict] = []
         out, _ = e2e._switch_off_slower(None, torch.nn.Linear(2, 2), [], None, man, applied, "cpu", None, True,
-                                        stats, raw)
-        return out, calls, man
+                                        stats, raw, units)
+        return out, calls, man, units
 
     # mod-a: slower once, then not; mod-b: never slower
-    out, calls, man = run([(4674.0, 4174.0), (4150.0, 4160.0), (4100.0, 4150.0)])
+    out, calls, man, units = run([(4674.0, 4174.0), (4150.0, 4160.0), (4100.0, 4150.0)])
     assert out == {} and calls == [("mod-b",), ("mod-b",), ("mod-a",)] and committed == []
+    # each unit's first measurement is kept for the bench's report
+    assert units == [{"cards": ["mod-a"], "with_us": 4674.0, "without_us": 4174.0},
+                     {"cards": ["mod-b"], "with_us": 4100.0, "without_us": 4150.0}]
     assert all(e.enabled for e in man.entries.values())
     # mod-a slower in both pairs: off, with both measurements
-    out, calls, man = run([(4674.0, 4174.0), (4600.0, 4150.0), (4100.0, 4150.0)])
+    out, calls, man, _ = run([(4674.0, 4174.0), (4600.0, 4150.0), (4100.0, 4150.0)])
     assert list(out) == ["mod-a"] and not man.entries["mod-a"].enabled and committed == [["mod-a"]]
     assert "4674.0 µs with it and 4174.0 µs without, then 4600.0 and 4150.0 on fresh copies" in out["mod-a"]
     assert calls[:2] == [("mod-b",), ("mod-b",)] and calls[-1] == ("mod-b",)  # the kernels left, timed together
+
+
+def test_each_units_saving_in_the_model_is_set_beside_what_isolation_promised():
+    """A card at 20% of a 1000 µs eager forward, 4x faster in isolation, promises 150 µs; one
+    without a speedup promises nothing; the bench's table says, per unit, what it saved in the
+    model (the forward without it less with it) beside that."""
+    from types import SimpleNamespace as NS
+
+    from forge_tui import e2e
+    from forge_tui.timing import Stats
+
+    ws = NS(cards=lambda: [NS(id="rms", share=0.2, kind="module", module_paths=["n"]),
+                           NS(id="gelu", share=0.1, kind="op", module_paths=[])])
+
+    def entry(sp):
+        return NS(signature=NS(kind="module"), evidence=NS(speedup_vs_eager=sp))
+
+    man = NS(entries={"rms": entry(4.0), "gelu": entry(None)})
+    assert e2e._promised_us(ws, man, 1000.0) == {"rms": pytest.approx(150.0)}
+    one = Stats.from_samples([1000.0])
+    r = e2e.BenchResult("cpu", {"eager": one}, {}, {}, None, {"rms": 3}, units=[
+        {"cards": ["rms"], "with_us": 800.0, "without_us": 900.0, "promised_us": 150.0},
+        {"cards": ["gelu"], "with_us": 800.0, "without_us": 790.0, "promised_us": None}])
+    table = r.table()
+    assert "in the model rms saved 100 µs a forward (800 with it, 900 without); isolation promised 150" in table
+    assert "in the model gelu saved -10 µs a forward (800 with it, 790 without)\n" in table + "\n"
+    assert r.to_json()["units"][0]["promised_us"] == 150.0
 
 
 STRIDE_MISS, SHAPE_MISS = "input 1: strides (2,)", "input 0: shape (4, 256)"
