@@ -515,30 +515,30 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
                        served_compiled, c_bound, units)
 
 
-def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
-    """1 / (1 - sum of share x (1 - 1/speedup)) over the served cards, fold cards included (the
-    share of a fold: its pairs' ``fold_shares``)."""
+def _saved_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
+    """Per served card with a speedup and a share, the share of eager's forward its isolated
+    speedup promises to save: share x (1 - 1/speedup), fold, experts and merge cards included (the
+    share of a fold: its pairs' ``fold_shares``; of the others, ``config_shares``)."""
     shares = {c.id: c.share for c in ws.cards()}
-    saved = 0.0
     folds = fold_shares(ws, man, served) | config_shares(ws, man, served)
+    out: dict[str, float] = {}
     for card, e in man.entries.items():
         sp, share = e.evidence.speedup_vs_eager, folds.get(card, shares.get(card))
         if served.get(card) and sp and share:
-            saved += share * (1 - 1 / sp)
+            out[card] = share * (1 - 1 / sp)
+    return out
+
+
+def _bound(ws: Any, man: Manifest, served: dict[str, int]) -> float | None:
+    """1 / (1 - sum of share x (1 - 1/speedup)) over the served cards (``_saved_shares``)."""
+    saved = sum(_saved_shares(ws, man, served).values())
     return 1 / (1 - saved) if 0 < saved < 1 else None
 
 
 def _promised_us(ws: Any, man: Manifest, eager_us: float) -> dict[str, float]:
     """Per promoted card, what its isolated speedup promises to save of eager's forward
-    (``eager_us``): its share (as ``_bound`` takes it) x eager_us x (1 - 1/speedup)."""
-    every = {c: 1 for c in man.entries}
-    shares = {c.id: c.share for c in ws.cards()} | fold_shares(ws, man, every) | config_shares(ws, man, every)
-    out: dict[str, float] = {}
-    for card, e in man.entries.items():
-        sp, share = e.evidence.speedup_vs_eager, shares.get(card)
-        if sp and share:
-            out[card] = share * eager_us * (1 - 1 / sp)
-    return out
+    (``eager_us``, µs): ``_saved_shares`` x eager_us."""
+    return {c: v * eager_us for c, v in _saved_shares(ws, man, {c: 1 for c in man.entries}).items()}
 
 
 def compile_bound(ws: Any, man: Manifest, served: dict[str, int], compile_us: float) -> float | None:
