@@ -160,16 +160,18 @@ class Search:
         tree.add(Node(card=rec.card, id=rec.node, parent=rec.parent, seq=rec.seq, status=rec.status,
                       speedup=rec.speedup, move=rec.move, proposer=rec.proposer, commit=rec.commit,
                       cost_usd=rec.cost_usd, reason=rec.reason, time_us=rec.time_us, eager_us=rec.eager_us))
+        events = self.history.node(rec)
         b = self.budgets.get(rec.card)
         if rec.node != ROOT:
             self.evals_total += 1
             if b is not None:
                 b.evals += 1
                 if rec.status in ("passed",) and rec.speedup:
-                    # the card's best's speedup (``CardTree.best``), not the largest paired ratio:
-                    # one ratio against a slow sample of eager must not say the floor is reached
-                    b.best_speedup = max(tree.wins().values(), default=1.0)
-        return self.history.node(rec)
+                    # the card's best's speedup (``CardTree.best``, which the history has just
+                    # weighed), not the largest paired ratio: one ratio against a slow sample of
+                    # eager must not say the floor is reached
+                    b.best_speedup = self.history.best.get(rec.card, 1.0)
+        return events
 
     @property
     def _store(self) -> SearchStore:
