@@ -348,3 +348,50 @@ def test_the_cards_to_time_again_are_those_with_a_noisy_kernel(tmp_path):
     pool.close()
     assert bench._noisy_cards(ws, ["a", "b", "c"]) == ["b"]
     assert bench._noisy_cards(ws, ["a", "c"]) == []
+
+
+def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_times():
+    """The decoder's case: its RMSNorm card, 17 calls a forward, costs eager 152 µs a call by the
+    evaluator's clock (the host's 8 launches) and 100 µs of device time; the kernel 14. Isolation's
+    bound counts 138 µs saved a call, the device 86. A card without its own times (one its guard
+    would not serve on its captured inputs) counts what isolation promises. Replayed from CUDA graphs eager's forward takes 95% of its op-by-op
+    time, so the forward is bound by its device and the 90% target reads the bound from the
+    cards' own times; a forward whose graphs run at half its op-by-op time reads isolation's."""
+    import importlib.util
+    from types import SimpleNamespace as NS
+
+    from forge_tui import e2e
+    from forge_tui.timing import Stats
+
+    ws = NS(cards=lambda: [NS(id="rms", calls=17, share=17 * 152 / 20000, kind="module", module_paths=["n"]),
+                           NS(id="gelu", calls=1, share=0.1, kind="module", module_paths=["g"])])
+
+    def entry(sp):
+        return NS(signature=NS(kind="module"), evidence=NS(speedup_vs_eager=sp))
+
+    man = NS(entries={"rms": entry(152 / 14), "gelu": entry(2.0), "idle": entry(3.0)})
+    served = {"rms": 17, "gelu": 1, "idle": 0}
+    own = {"rms": (100.0, 14.0)}
+    saved = e2e.own_saved_us(ws, man, served, 20000.0, own)
+    assert saved == {"rms": pytest.approx(17 * 86.0), "gelu": pytest.approx(0.1 * 0.5 * 20000.0)}
+    assert e2e.own_bound(ws, man, served, 20000.0, own) == pytest.approx(20000.0 / (20000.0 - 17 * 86.0 - 1000.0))
+    assert e2e.own_bound(ws, man, served, 20000.0, {}) is None
+
+    def st(x):
+        return Stats.from_samples([x])
+
+    assert e2e.bound_basis({"eager": st(20000.0), "eager (graph)": st(19000.0)}) == "own times"
+    assert e2e.bound_basis({"eager": st(8000.0), "eager (graph)": st(4000.0)}) == "isolation"
+    assert e2e.bound_basis({"eager": st(20000.0)}) == "isolation"
+
+    spec = importlib.util.spec_from_file_location("e2e_bench_own", ROOT / "bench" / "e2e_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ratio = {"median": 1.37, "q1": 1.35, "q3": 1.40}
+    b = {"speedups": {"eager+forge": ratio}, "bound": 1.72, "of_bound": 1.37 / 1.72, "own_bound": 1.45,
+         "of_own_bound": 1.37 / 1.45, "bound_basis": "own times"}
+    verdict = bench.targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
+    assert verdict.startswith("pass (94% of 1.450x") and "80% of isolation's 1.720x" in verdict, verdict
+    b["bound_basis"] = "isolation"
+    verdict = bench.targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
+    assert verdict.startswith("FAIL (80%;") and "94% of the cards' own times' 1.450x" in verdict, verdict

@@ -3413,3 +3413,29 @@ def test_a_call_by_keywords_leads_with_the_forwards_first_parameter():
     assert leads.lead((), odd[0]) == ((2, 3), torch.float32)  # the mask: the first tensor parameter
     assert leads.lead((), odd[1]) == ((5,), torch.float16)  # then by name
     assert leads.lead((torch.ones(7),), steps[0]) == ((7,), torch.float32)
+
+
+def test_the_bench_bounds_the_forward_by_the_served_cards_own_times(promoted, tmp_path):
+    """Beside the bound from isolation, the bench times each card its guard serves, eager's ops
+    and the served call on the card's captured inputs in its own process, and bounds the forward
+    by what those save (each card's calls a forward times the difference); the forward is held
+    to that bound only where it is bound by its device (no graphed times here: isolation's)."""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.promotion import manifest
+    from forge_tui.workspace import Workspace
+
+    src, norm, sm = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, only_faster=False)
+    assert set(r.own_times) == {norm.id, sm.id} == {c for c, n in r.served.items() if n}
+    assert all(e > 0 and o > 0 for e, o in r.own_times.values()), r.own_times
+    eager = r.times["eager"].median
+    saved = sum(ws.card(c).calls * (e - o) for c, (e, o) in r.own_times.items())
+    assert saved == pytest.approx(sum(e2e.own_saved_us(ws, manifest(ws), r.served, eager, r.own_times).values()))
+    assert r.own_bound == (pytest.approx(eager / (eager - saved)) if 0 < saved < eager else None)
+    assert r.bound_basis == "isolation"
+    assert r.to_json()["own_times_us"] == {c: list(v) for c, v in r.own_times.items()}
+    assert f"{norm.id}: eager's ops {r.own_times[norm.id][0]:.1f} µs a call" in r.table()
