@@ -127,7 +127,9 @@ class BenchResult:
         if self.bound or self.own_bound:
             lines.append("the forward is held to the bound from " + (
                 "the cards' own times: bound by its device, it waits on their device time alone"
-                if self.bound_basis == "own times" else "isolation"))
+                if self.bound_basis == "own times" else "isolation" + (
+                    "" if "eager (graph)" in self.times or self.device != "cuda" else
+                    " (without CUDA graphs, --graphs, the bench cannot tell whether the forward is bound by its device)")))
         for u in self.units:
             promised = f"; isolation promised {u['promised_us']:.0f}" if u.get("promised_us") is not None else ""
             if u.get("promised_own_us") is not None:

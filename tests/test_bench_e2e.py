@@ -395,3 +395,20 @@ def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_t
     b["bound_basis"] = "isolation"
     verdict = bench.targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
     assert verdict.startswith("FAIL (80%;") and "94% of the cards' own times' 1.450x" in verdict, verdict
+
+
+def test_the_table_says_which_bound_holds_and_when_it_cannot_tell():
+    """A cuda bench with graphed times states the bound it holds the forward to; one without
+    them says that without --graphs it cannot tell a forward bound by its device."""
+    from forge_tui import e2e
+    from forge_tui.timing import Stats
+
+    one = Stats.from_samples([1000.0])
+    sp = {"eager+forge": Stats.from_samples([1.3])}
+    plain = e2e.BenchResult("cuda", {"eager": one}, sp, {}, 1.5, {}, own_bound=1.4).table()
+    assert "held to the bound from isolation (without CUDA graphs, --graphs, the bench cannot tell" in plain
+    graphed = e2e.BenchResult("cuda", {"eager": one, "eager (graph)": one}, sp, {}, 1.5, {}, own_bound=1.4,
+                              bound_basis="own times").table()
+    assert "held to the bound from the cards' own times: bound by its device" in graphed
+    assert "cannot tell" not in graphed
+    assert "own times in this process (eager's ops against the served call, device time, the host out): 1.400x" in graphed

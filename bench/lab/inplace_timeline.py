@@ -48,6 +48,13 @@ measured 0.949x. In the diffusion (bound by the device: 5.0 ms of host, 6.6 ms o
 module took far longer inside the forward than alone, eager's too (``vae_norm_out`` 112 µs against
 40 alone; forge's 276 against 49). The moe's forward is 70% Python outside any leaf module (100.8
 of 144.3 ms with the hooks).
+
+In place against the cards' own device times (H100, 2026-12-06, twelfth session, `bb116e8`,
+docs/runs/data/2026-12-06-s12/call3-*): the decoder's eager kernels that forge removed took 8049
+µs a forward and forge's 1797 (6252 µs saved), where the served cards' own device times in the
+bench's process promise 7353 and their isolated speedups (the host's clock) 8968; the GPU busy
+18237 µs a forward in eager, 11006 with forge, and idle 10.5% and 30.8% under the profiler. The
+forward ran 1.525x: 95% of the bound from the own times, 82% of isolation's.
 """
 
 from __future__ import annotations
