@@ -631,8 +631,8 @@ def bound_basis(times: dict[str, Stats]) -> str:
 def card_own_us(ws: Any, applied: Any, cards: list[str], dev: str, reps: int = 15) -> dict[str, tuple[float, float]]:
     """Per card of ``cards`` that a guard of ``applied`` serves (module, op and chain cards whose
     captured inputs pass the guard), eager's ops for the card and the served call, one call each
-    on the card's captured inputs, interleaved ``reps`` times after one of each: their medians,
-    µs. On cuda the device's time alone (``Timer.device_us``: the L2 flushed, the device held busy
+    on the card's captured inputs, interleaved ``reps`` times (the served call once before, to see
+    that it serves): their medians, µs. On cuda the device's time alone (``Timer.device_us``: the L2 flushed, the device held busy
     while the host enqueues, CUDA events around the call), the evaluator's cold caches; on the cpu
     the call's. Fold, merge and experts cards have none: their own calls are not a card's."""
     from . import timing
