@@ -111,17 +111,18 @@ class BenchResult:
         g = self.speedups.get("graphs: forge/eager")
         if g:
             lines.append(f"in CUDA graphs, eager + forge vs eager: {g.median:.3f}x [{g.q1:.3f}, {g.q3:.3f}]")
+        sp = self.speedups.get("eager+forge")
+
+        def reached(bound: float) -> str:
+            return f"{sp.median:.3f}x, {100 * (sp.median - 1) / (bound - 1):.0f}% of the way" if sp and bound > 1 else "-"
+
         if self.bound:
-            sp = self.speedups.get("eager+forge")
-            got = f"{sp.median:.3f}x, {100 * (sp.median - 1) / (self.bound - 1):.0f}% of the way" if sp and self.bound > 1 else "-"
-            lines.append(f"bound from the served cards' isolated speedups and shares: {self.bound:.3f}x (reached {got})")
+            lines.append(f"bound from the served cards' isolated speedups and shares: {self.bound:.3f}x "
+                         f"(reached {reached(self.bound)})")
         if self.own_bound:
-            sp = self.speedups.get("eager+forge")
-            got = f"{sp.median:.3f}x, {100 * (sp.median - 1) / (self.own_bound - 1):.0f}% of the way" \
-                if sp and self.own_bound > 1 else "-"
             clock = "device time, the host out" if self.device == "cuda" else "their time"
             lines.append(f"bound from the served cards' own times in this process (eager's ops against the served "
-                         f"call, {clock}): {self.own_bound:.3f}x (reached {got})")
+                         f"call, {clock}): {self.own_bound:.3f}x (reached {reached(self.own_bound)})")
         for card, (e, o) in self.own_times.items():
             lines.append(f"  {card}: eager's ops {e:.1f} µs a call, served {o:.1f}")
         if self.bound or self.own_bound:
