@@ -168,3 +168,52 @@ def test_gradients_and_a_capture_running_already_run_the_forward_as_written():
         y = b(x)
         y.sum().backward()
         assert x.grad is not None and pieces.status()[""]["graphs"] == 0
+
+
+class _FailsInsideTracedCode(StandIn):
+    """A capture that fails inside a torch.fx-generated forward (as the bundled decoder's
+    ``torch.tensor(..., device=x.device)`` does under a CUDA capture): the traced code calls a C
+    function that raises, where torch.fx prints a whole traceback to stderr before re-raising."""
+
+    def capture(self, fn):
+        import math
+        from unittest import mock
+
+        with mock.patch("torch.tanh", math.sqrt):  # a multi-element tensor is no real number
+            return super().capture(fn)
+
+
+class _Talks(nn.Module):
+    def forward(self, x):
+        import sys
+
+        print("the forward's own words", file=sys.stderr)
+        return x * 2
+
+
+class _Holds(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def test_a_failed_capture_says_why_in_its_status_and_prints_nothing(capsys):
+    model = _Holds(torch.fx.symbolic_trace(Block()))  # the traced module called as a module
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = model(x)
+        with capture_pieces(model, capturer=_FailsInsideTracedCode(), device="cpu") as pieces:
+            got = [model(x), model(x)]
+            st = pieces.status()[""]
+    assert st["graphs"] == 0 and st["refused"] and st["refused"][0].startswith("not capturable: ValueError"), st
+    for g in got:
+        torch.testing.assert_close(g, expected)
+    assert capsys.readouterr().err == ""
+    # a capture that succeeds shows what its calls printed: it is the model's own output
+    with torch.no_grad(), capture_pieces(_Talks(), capturer=StandIn(), device="cpu") as pieces:
+        pieces.model(x)
+        assert pieces.status()[""]["graphs"] == 1
+    assert capsys.readouterr().err.count("the forward's own words") == 3  # as written, warm-up, capture

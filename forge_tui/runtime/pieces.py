@@ -26,6 +26,9 @@ config object changed in place): the same contract as capturing a model by hand.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -247,14 +250,21 @@ class Piece:
             it = iter(static)
             s_args, s_kwargs = tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in flat], spec)
             versions = [s._version for s in static]
+            # What the capture's calls print to stderr is held back: where the capture fails, the
+            # reason below says it in one line, where torch.fx would print a whole traceback (a
+            # traced forward prints one before it re-raises); where it succeeds, it is shown.
+            said = io.StringIO()
             try:
-                replay, s_out = self.owner.capturer.capture(lambda: self.original(*s_args, **s_kwargs))
+                with contextlib.redirect_stderr(said):
+                    replay, s_out = self.owner.capturer.capture(lambda: self.original(*s_args, **s_kwargs))
             except Refused:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure to capture: the piece runs as written
                 cause = exc.__context__ if exc.__context__ is not None else exc
                 text = (str(cause).splitlines() or [""])[0][:200]
                 raise Refused(f"not capturable: {type(cause).__name__}: {text}") from None
+            if said.getvalue():
+                sys.stderr.write(said.getvalue())
             if [s._version for s in static] != versions:
                 raise Refused("its forward changes its inputs in place")
             s_outs, _ = tree_flatten(s_out)
