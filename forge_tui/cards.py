@@ -111,6 +111,19 @@ class Card(BaseModel):
         return ", ".join(s.short() for s in self.inputs if s.role in ("input", "param")) or "-"
 
 
+IN_PLACE = "in-place ops are not served"
+
+
+def not_served(kind: str, flags: list[str]) -> str | None:
+    """Why the runtime never serves a card of this kind with these flags, None where it may: an op
+    or a chain that changes its inputs in place (its kernel writes new outputs; the model reads
+    the input it changed). The one rule for the runtime, the search (which does not search such a
+    card) and the op table's share of the forward served."""
+    if kind != "module" and "mutates" in flags:
+        return IN_PLACE
+    return None
+
+
 def id_matches(card_id: str, prefix: str) -> bool:
     """Whether a user's card reference (an id or its start, leading underscores optional) names ``card_id``."""
     return card_id.lstrip("_").startswith(prefix.lstrip("_"))

@@ -829,6 +829,60 @@ def test_op_cards_nest_under_their_module_card_and_are_not_searched_apart(tmp_pa
     assert alone == {inner[0].id}  # named alone, without its module card, it is searched
 
 
+IN_PLACE_MODEL = """
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 256)
+
+    def forward(self, x):
+        y = self.lin(x)
+        y.relu_()  # in place, as torchvision's ReLU(inplace=True) after each batch norm
+        return y.sum(-1)
+
+
+def get_model():
+    return M()
+
+
+def get_inputs():
+    return [torch.randn(512, 64)]
+"""
+
+
+def test_an_in_place_op_is_neither_searched_nor_counted_as_served(tmp_path):
+    """The runtime never serves an op that changes its input in place (the model reads the input
+    it changed; a kernel writes new outputs): the search does not spend evaluations on its card
+    (ResNet-50's relu_ got some on the H200, 2026-12-06, then "not used") and the op table does not
+    count it in the share of the forward that offline kernels serve."""
+    from forge_tui.search.pool import LocalEvalPool
+    from forge_tui.search.runner import Search
+    from forge_tui.templates.coverage import offline_kernels
+
+    (tmp_path / "inplace.py").write_text(IN_PLACE_MODEL)
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
+    ws, _ = profile_into_workspace(tmp_path / "inplace.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    cards = ws.cards()
+    relu = next(c for c in cards if c.op_name == "relu_")
+    total = next(c for c in cards if c.op_name == "sum")
+    assert "mutates" in relu.flags and match(relu)[0] is not None  # a family has a kernel for its program
+    served = offline_kernels(cards)
+    assert relu.id not in served and total.id in served
+    pool = LocalEvalPool(ws.store, ws.cache, CFG, backend="cpu")
+    try:
+        search = Search(ws, CFG, TemplateProposer(), pool, cards=[relu.id, total.id])
+        eligible = {c.id for c in search._eligible(cards)}
+    finally:
+        pool.close()
+    assert eligible == {total.id}
+    assert search.skipped[relu.id] == "the runtime would never use its kernel: in-place ops are not served"
+
+
 def test_unsupported_is_an_exception_with_the_reason():
     card = card_of(lambda x: torch.cumsum(x, 0) + 1, X)
     with pytest.raises(Unsupported, match="cumsum"):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..cards import not_served
 from ..compare import compare
 from ..errors import ForgeError
 from ..program import encode, resolve_op, run_program, tensor_leaves
@@ -1271,8 +1272,8 @@ def _install(applied: Applied, model: "torch.nn.Module", man: Manifest, folder: 
             if why:
                 applied.skipped[card_id] = f"not served under torch.compile: {why}"
                 continue
-        if sig.kind != "module" and "mutates" in sig.flags:
-            applied.skipped[card_id] = "in-place ops are not served"
+        if (why := not_served(sig.kind, sig.flags)) is not None:
+            applied.skipped[card_id] = why
             continue
         try:
             # no dispatch rule outside the op-by-op forward: in a CUDA graph the host's cost of a

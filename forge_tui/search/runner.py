@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cards import Card, id_matches
+from ..cards import Card, id_matches, not_served
 from ..config import ForgeConfig
 from ..errors import ForgeError, WorkspaceError
 from ..evaluator.result import EvalResult, load_result
@@ -123,6 +123,8 @@ class Search:
             if self.card_filter and not any(id_matches(card.id, p) for p in self.card_filter):
                 continue
             why = next((msg for flag, msg in INELIGIBLE_FLAGS.items() if flag in card.flags), None)
+            if why is None and (never := not_served(card.kind, card.flags)) is not None:
+                why = f"the runtime would never use its kernel: {never}"
             if why is None and (card.share or 0.0) < self.scfg.min_share:
                 why = f"its share ({100 * (card.share or 0):.2f}%) is below min_share"
             if why is None and card.time_us is None:
