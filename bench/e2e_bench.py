@@ -389,6 +389,44 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             (", NOISY: the machine was busy (shares are off)" if result.forward_noisy else ""))
     rec.phase("profile", t0)
 
+    # what `forge fold`, `forge experts` and `forge merge` run: batch norms folded into the
+    # convolutions before them, routed experts in one grouped pass, sibling linears in one product;
+    # before the search, which then leaves out the cards whose calls they replace (on the H200 the
+    # search once spent all of ResNet-50's evaluations on batch norms the folds then served)
+    from forge_tui.errors import ForgeError
+    from forge_tui.experts import experts_workload
+    from forge_tui.folding import fold_workload
+    from forge_tui.merging import merge_workload
+
+    def times(c: Any, before: str, after: str) -> dict:
+        own, new = (c.eager, getattr(c, after.removesuffix("_us")))
+        return {"speedup": c.speedup.to_json() if c.speedup else None, before: own.median if own else None,
+                after: new.median if new else None}
+
+    for key, run, sites, cards_json, why_key in (
+            ("fold", fold_workload, "batch norms",
+             lambda c: {"pairs": [p.bn_path for p in c.pairs]} | times(c, "pair_us", "folded_us"), "not_folded"),
+            ("experts", experts_workload, "blocks",
+             lambda c: {"blocks": c.blocks, "share": c.share} | times(c, "block_us", "grouped_us"), "not_served"),
+            ("merge", merge_workload, "linears",
+             lambda c: {"groups": c.groups, "share": c.share} | times(c, "separate_us", "merged_us"), "not_merged")):
+        if not opts.get(key, True):
+            continue
+        t0 = time.time()
+        try:
+            rcards, rwhy, rentries = run(spec, ws, device=dev)
+        except ForgeError as exc:
+            d[key] = {"none": str(exc)}
+            rec.log(f"{key}: {exc}")
+        else:
+            d[key] = {"cards": {c.card: {"refused": c.refused} | cards_json(c) for c in rcards}, why_key: rwhy,
+                      "promoted": [e.card for e in rentries]}
+            rec.log(f"{key}: {sum(len(e.signature.module_paths) for e in rentries)} {sites} in {len(rentries)} "
+                    f"cards ({sum(bool(c.refused) for c in rcards)} refused, {len(rwhy)} look-alikes not served)")
+            for c in rcards:
+                rec.log(f"  {c.line()}")
+        rec.phase(key, t0)
+
     t0 = time.time()
     wall = max(5.0, min(opts["workload_wall"], left() * opts["search_fraction"]))
     s = Session.open(ws.root, tmp / "search.toml").with_search_settings(
@@ -473,41 +511,6 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         rec.log(f"left {r.card.id}: {why}")
     rec.phase("approve", t0)
 
-    # what `forge fold`, `forge experts` and `forge merge` run: batch norms folded into the
-    # convolutions before them, routed experts in one grouped pass, sibling linears in one product
-    from forge_tui.errors import ForgeError
-    from forge_tui.experts import experts_workload
-    from forge_tui.folding import fold_workload
-    from forge_tui.merging import merge_workload
-
-    def times(c: Any, before: str, after: str) -> dict:
-        own, new = (c.eager, getattr(c, after.removesuffix("_us")))
-        return {"speedup": c.speedup.to_json() if c.speedup else None, before: own.median if own else None,
-                after: new.median if new else None}
-
-    for key, run, sites, cards_json, why_key in (
-            ("fold", fold_workload, "batch norms",
-             lambda c: {"pairs": [p.bn_path for p in c.pairs]} | times(c, "pair_us", "folded_us"), "not_folded"),
-            ("experts", experts_workload, "blocks",
-             lambda c: {"blocks": c.blocks, "share": c.share} | times(c, "block_us", "grouped_us"), "not_served"),
-            ("merge", merge_workload, "linears",
-             lambda c: {"groups": c.groups, "share": c.share} | times(c, "separate_us", "merged_us"), "not_merged")):
-        if not opts.get(key, True):
-            continue
-        t0 = time.time()
-        try:
-            rcards, rwhy, rentries = run(spec, ws, device=dev)
-        except ForgeError as exc:
-            d[key] = {"none": str(exc)}
-            rec.log(f"{key}: {exc}")
-        else:
-            d[key] = {"cards": {c.card: {"refused": c.refused} | cards_json(c) for c in rcards}, why_key: rwhy,
-                      "promoted": [e.card for e in rentries]}
-            rec.log(f"{key}: {sum(len(e.signature.module_paths) for e in rentries)} {sites} in {len(rentries)} "
-                    f"cards ({sum(bool(c.refused) for c in rcards)} refused, {len(rwhy)} look-alikes not served)")
-            for c in rcards:
-                rec.log(f"  {c.line()}")
-        rec.phase(key, t0)
     promoted = bool(manifest(ws).entries)
 
     served: list[str] = []

@@ -415,3 +415,29 @@ def test_a_rewrite_is_promoted_by_default_only_when_faster_beyond_its_spread():
     assert speed_refusal(straddles, 0.0, "own") == ""  # --min-speedup 0: the median alone
     assert "below --min-speedup 1.1" in speed_refusal(straddles, 1.1, "own")
 
+
+def test_the_search_leaves_out_the_cards_whose_every_call_a_fold_replaces(folded_ws):
+    """A folded batch norm runs no more: its module card and the ops inside it are not searched
+    (on the H200, 2026-12-06, ResNet-50's search spent all its evaluations on batch norm cards
+    that the folds then served in their place, and promoted kernels that served no call)."""
+    from forge_tui.config import parse_config
+    from forge_tui.search.pool import LocalEvalPool
+    from forge_tui.search.runner import Search
+    from forge_tui.templates.proposer import TemplateProposer
+
+    man = manifest(folded_ws)
+    folded = {p for e in man.entries.values() if e.signature.kind == "fold" and e.enabled
+              for p in e.signature.module_paths}
+    cards = folded_ws.cards()
+    inside = {c.id for c in cards if c.module_paths and all(p in folded for p in c.module_paths)}
+    assert any(c.kind == "module" and c.id in inside for c in cards)  # the batch norms' module cards
+    cfg = parse_config({"search": {"min_share": 0.0}})
+    pool = LocalEvalPool(folded_ws.store, folded_ws.cache, cfg, backend="cpu")
+    try:
+        search = Search(folded_ws, cfg, TemplateProposer(), pool)
+        eligible = {c.id for c in search._eligible(cards)}
+    finally:
+        pool.close()
+    assert eligible and not eligible & inside
+    assert all(search.skipped[c].startswith("every call of it is replaced by the promoted fold-") for c in inside)
+    assert not any("replaced by" in why for c, why in search.skipped.items() if c not in inside)

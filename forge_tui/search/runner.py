@@ -24,6 +24,7 @@ from ..evaluator.result import EvalResult, load_result
 from ..gitrepo import RefConflict, short_ref
 from ..kernel_abi import SOURCE_NAMES
 from ..program import program_source
+from ..runtime.manifest import KERNELS_DIR, Manifest
 from ..workspace import Workspace
 from .budget import CardBudget, pick
 from .events import BudgetSpent, EventBus, NodeStarted, SearchEvent, StoreDamaged
@@ -38,6 +39,38 @@ from .uct import select
 INELIGIBLE_FLAGS = {"dynamic_shape": "its output shape depends on the data",
                     "replay_failed": "its reference could not be replayed",
                     "reference_mismatch": "its reference does not reproduce the captured output"}
+
+
+REWRITES = ("fold", "experts", "merge")
+"""Promoted cards that replace what runs at their sites (``forge fold``, ``experts``, ``merge``)."""
+
+
+def replaced_sites(ws: Workspace) -> dict[str, str]:
+    """Module path -> the enabled promoted rewrite card that replaces what runs there: a fold's
+    batch norms, an experts card's blocks (everything inside them), a merge's linears."""
+    man = Manifest.load(ws.root / KERNELS_DIR)
+    out: dict[str, str] = {}
+    for card, e in sorted(man.entries.items()):
+        if e.signature.kind in REWRITES and e.enabled:
+            for path in e.signature.module_paths:
+                out.setdefault(path, card)
+    return out
+
+
+def replaced_by(card: Card, sites: dict[str, str]) -> str | None:
+    """The rewrite card (``replaced_sites``) that replaces every call of ``card``: each of the
+    module paths its calls are made in lies at or inside one of its sites. None where one does
+    not (or the card has no module path: ops of the model's own forward)."""
+    if not sites or not card.module_paths:
+        return None
+    owner = None
+    for path in card.module_paths:
+        parts = path.split(".")
+        owner = next((sites[".".join(parts[:k])] for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in sites),
+                     None)
+        if owner is None:
+            return None
+    return owner
 
 
 @dataclass
@@ -119,12 +152,15 @@ class Search:
     # ---- state ---------------------------------------------------------------------------------
     def _eligible(self, all_cards: list[Card]) -> list[Card]:
         out = []
+        sites = replaced_sites(self.ws)
         for card in all_cards:
             if self.card_filter and not any(id_matches(card.id, p) for p in self.card_filter):
                 continue
             why = next((msg for flag, msg in INELIGIBLE_FLAGS.items() if flag in card.flags), None)
             if why is None and (never := not_served(card.kind, card.flags)) is not None:
                 why = f"the runtime would never use its kernel: {never}"
+            if why is None and (rewrite := replaced_by(card, sites)) is not None:
+                why = f"every call of it is replaced by the promoted {rewrite}"
             if why is None and (card.share or 0.0) < self.scfg.min_share:
                 why = f"its share ({100 * (card.share or 0):.2f}%) is below min_share"
             if why is None and card.time_us is None:
