@@ -1,4 +1,4 @@
-"""End to end on the bundled examples: profile, search, approve, bench (issue 15's targets).
+"""End to end on the bundled examples: profile, rewrite, search, approve, bench (issue 15's targets).
 
     python bench/e2e_bench.py [WORKLOAD ...] [--evals 12] [--top 6] [--workload-wall 60] [--budget-s 540]
     python bench/e2e_bench.py --device cpu --small          # the CPU-sized examples, a few evaluations each
@@ -6,16 +6,17 @@
 For each workload (default: diffusion decoder resnet50; `forge examples` lists them; the moe, whose
 profile alone took 107 s on the H200, runs when named, best alone), in a process
 of its own (a kernel that breaks the CUDA context, or a torch.compile that runs long, costs that
-workload alone): profile into a temporary workspace; search the cards with the most to gain
-(share x headroom, the search's own priority; --top of them) with the offline template proposer
-(the template families and the code generator) under --evals evaluations and a wall limit; approve
-with thresholds (promotion.approve with an AutoRule: what `forge approve --auto` runs); fold the batch
-norms into the convolutions before them (what `forge fold` runs; --no-fold skips it); serve the routed
-mixture-of-experts blocks in one grouped pass each (what `forge experts` runs; --no-experts skips it);
-compute sibling linears on one input in one batched product (what `forge merge` runs; --no-merge skips it); then
-e2e.bench, what `forge bench` runs: eager and eager + forge first (kernels slower in the model are
-switched off), then the runtime's overheads, then the four ways interleaved (eager, eager + forge,
-torch.compile, torch.compile + forge; outputs checked against eager) when enough time is left,
+workload alone): profile into a temporary workspace; fold the batch norms into the convolutions
+before them (what `forge fold` runs; --no-fold skips it), serve the routed mixture-of-experts blocks
+in one grouped pass each (what `forge experts` runs; --no-experts skips it) and compute sibling
+linears on one input in one batched product (what `forge merge` runs; --no-merge skips it); search
+the cards with the most to gain (share x headroom, the search's own priority; --top of them; not
+the cards those rewrites replace) with the offline template proposer (the template families and the
+code generator) under --evals evaluations and a wall limit; approve with thresholds
+(promotion.approve with an AutoRule: what `forge approve --auto` runs); then e2e.bench, what
+`forge bench` runs: eager and eager + forge first (kernels slower in the model are switched off),
+then the runtime's overheads, then the four ways interleaved (eager, eager + forge, torch.compile,
+torch.compile + forge; outputs checked against eager) when enough time is left,
 where the switch-off is decided again on its numbers (the targets then read the model as it left
 it: the forward timed again with the kernels left on, or eager's own code where none is).
 
