@@ -791,15 +791,21 @@ def get_inputs():
 '''
 
 
+def _profiled(tmp_path, workload_source):
+    """A workspace profiled on the CPU from a workload's source, timed briefly."""
+    (tmp_path / "model.py").write_text(workload_source)
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
+    ws, _ = profile_into_workspace(tmp_path / "model.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    return ws
+
+
 def test_op_cards_nest_under_their_module_card_and_are_not_searched_apart(tmp_path):
     from forge_tui.search.pool import LocalEvalPool
     from forge_tui.search.runner import Search
     from forge_tui.table import offline_share, render
 
-    (tmp_path / "nested.py").write_text(NESTED)
-    cfg = tmp_path / "forge.toml"
-    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
-    ws, _ = profile_into_workspace(tmp_path / "nested.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    ws = _profiled(tmp_path, NESTED)
     cards = ws.cards()
     module = next(c for c in cards if c.kind == "module")
     chain = next(c for c in cards if c.kind == "chain")  # the model's own tanh, then the add
@@ -863,10 +869,7 @@ def test_an_in_place_op_is_neither_searched_nor_counted_as_served(tmp_path):
     from forge_tui.search.runner import Search
     from forge_tui.templates.coverage import offline_kernels
 
-    (tmp_path / "inplace.py").write_text(IN_PLACE_MODEL)
-    cfg = tmp_path / "forge.toml"
-    cfg.write_text("[timing]\nwarmup = 1\nrepeats = 2\nthreads = 1\n")
-    ws, _ = profile_into_workspace(tmp_path / "inplace.py", tmp_path / "ws", device="cpu", config_path=cfg)
+    ws = _profiled(tmp_path, IN_PLACE_MODEL)
     cards = ws.cards()
     relu = next(c for c in cards if c.op_name == "relu_")
     total = next(c for c in cards if c.op_name == "sum")
