@@ -290,11 +290,11 @@ def leaf_call_us(mod: Any, leaf: Any, x: Any, dev: str, n: int) -> dict[str, Any
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
-    from forge_tui.e2e import card_shares, config_shares, fold_shares
+    from forge_tui.e2e import config_shares, fold_shares
     from forge_tui.promotion import manifest
 
     out = r.to_json()
-    shares = {c: v or 0.0 for c, v in card_shares(ws).items()}
+    shares = {c.id: c.share or 0.0 for c in ws.cards()}
     served = [c for c, n in r.served.items() if n]
     man = manifest(ws)
     folds = fold_shares(ws, man, r.served)

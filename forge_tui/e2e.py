@@ -550,37 +550,16 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     if graph_applied is not None:
         graph_applied.undo()
     c_bound = compile_bound(ws, man, served_compiled, stats["compile"].median) if "compile" in stats else None
-    if (scale := share_scale(ws)) < 1.0:
-        notes.append(f"the bounds count each card's share at {scale:.2f} of its profiled value: the op cards, "
-                     f"each timed alone, sum to {100 / scale:.0f}% of the forward")
     return BenchResult(dev, stats, speedups, agree, _bound(ws, man, served), served, switched, notes, accuracy,
                        served_compiled, c_bound, units, own, own_bound(ws, man, served, eager_us, own),
                        bound_basis(stats))
 
 
-def share_scale(ws: Any) -> float:
-    """What the profile's card shares are multiplied by to be shares of the forward: 1 where its op
-    cards' times (each call timed alone) sum to at most the forward's, else the forward's over
-    their sum. On a host that holds the forward back, each op timed alone pays its launch and its
-    wait where the forward overlaps them: on the H200 (2026-12-06) ResNet-50's convolutions and
-    batch norms, folded in pairs, came to 143% of its forward, and the bound from those shares to
-    1.977x where its forward in CUDA graphs ran 1.534x."""
-    cov = (ws.profile_summary().get("coverage") or {}).get("op")
-    return 1.0 / cov if isinstance(cov, (int, float)) and cov > 1.0 else 1.0
-
-
-def card_shares(ws: Any) -> dict[str, float | None]:
-    """Each card's share of the forward (``Card.share`` x ``share_scale``)."""
-    scale = share_scale(ws)
-    return {c.id: None if c.share is None else c.share * scale for c in ws.cards()}
-
-
 def _saved_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
     """Per served card with a speedup and a share, the share of eager's forward its isolated
     speedup promises to save: share x (1 - 1/speedup), fold, experts and merge cards included (the
-    share of a fold: its pairs' ``fold_shares``; of the others, ``config_shares``; card shares as
-    ``card_shares`` scales them)."""
-    shares = card_shares(ws)
+    share of a fold: its pairs' ``fold_shares``; of the others, ``config_shares``)."""
+    shares = {c.id: c.share for c in ws.cards()}
     folds = fold_shares(ws, man, served) | config_shares(ws, man, served)
     out: dict[str, float] = {}
     for card, e in man.entries.items():
@@ -706,18 +685,17 @@ def compile_bound(ws: Any, man: Manifest, served: dict[str, int], compile_us: fl
 
 def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
     """Per served fold card, the share of the forward its pairs took in eager: at each pair's two
-    modules, their module cards' shares per site (scaled as ``card_shares``), or the op cards' profiled there where a module
+    modules, their module cards' shares per site, or the op cards' profiled there where a module
     has none (a fold's evidence times the pair, convolution and batch norm, against the folded
     convolution)."""
     per_site: dict[str, float] = {}
     ops_at: dict[str, float] = {}
     """The op cards profiled in a module: its share where it has no module card of its own."""
-    scale = share_scale(ws)
     for c in ws.cards():
         if c.module_paths and c.share:
             into = per_site if c.kind == "module" else ops_at
             for p in c.module_paths:
-                into[p] = into.get(p, 0.0) + c.share * scale / len(c.module_paths)
+                into[p] = into.get(p, 0.0) + c.share / len(c.module_paths)
     for p, share in ops_at.items():
         per_site.setdefault(p, share)
     out: dict[str, float] = {}
