@@ -9,6 +9,7 @@ through forge's path with nothing rewritten (the same ``aot_autograd`` and induc
 rewrite); and, where ``--workspace`` is given, the bench's own torch.compile + forge.
 
     python bench/lab/compile_paths.py [resnet50] [--device cuda] [--reps 30] [--workspace WS]
+        [--before nothing|profile|inference]
 
 Prints a table; JSON to $OUT if set.
 
@@ -62,14 +63,33 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--workspace", help="a workspace with promoted kernels: the bench's torch.compile + forge too")
+    ap.add_argument("--before", choices=["nothing", "profile", "inference"], default="nothing",
+                    help="what this process does first, as the e2e bench's does before it compiles: profile the "
+                         "workload (forge's profiler), or apply --workspace's kernels to a copy op by op and run it")
     args = ap.parse_args()
     dev = args.device
-    wl = load_workload(args.workload if args.workload.endswith(".py") else f"example:{args.workload}")
+    spec = args.workload if args.workload.endswith(".py") else f"example:{args.workload}"
+    wl = load_workload(spec)
+    if args.before == "profile":
+        import tempfile
+
+        from forge_tui.workspace import profile_into_workspace
+
+        profile_into_workspace(spec, Path(tempfile.mkdtemp()) / "ws", device=dev)
     model, inputs = wl.build(dev, None)
     model.eval()
     variants: dict[str, Any] = {"eager": model,
                                 "compile": torch.compile(copy.deepcopy(model)),
                                 "compile, forge's path": torch.compile(copy.deepcopy(model), backend=forge_path())}
+    if args.before == "inference":
+        from forge_tui.runtime.apply import Mode, apply
+
+        if not args.workspace:
+            ap.error("--before inference needs --workspace")
+        fm = copy.deepcopy(model)
+        apply(fm, args.workspace, mode=Mode.INFERENCE, device=dev, trial_calls=0)
+        with torch.no_grad():
+            wl.run(fm, inputs)
     if args.workspace:
         from forge_tui.runtime.apply import Mode, apply
 
@@ -109,15 +129,16 @@ def main() -> int:
                 times[name].append(once(m))
     med = {n: statistics.median(v) for n, v in times.items()}
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(f"{args.workload} on {name}, torch {torch.__version__}, {args.reps} interleaved forwards, µs")
+    print(f"{args.workload} on {name}, torch {torch.__version__}, {args.reps} interleaved forwards, µs; "
+          f"before: {args.before}")
     print(f"{'variant':28s} {'median':>10s} {'q1':>10s} {'q3':>10s} {'vs compile':>11s} {'max |diff| vs eager':>20s}")
     for n, v in times.items():
         q = statistics.quantiles(v, n=4)
         print(f"{n:28s} {med[n]:10.1f} {q[0]:10.1f} {q[2]:10.1f} {med['compile'] / med[n]:10.3f}x {agree[n]:20.4g}")
     out_dir = os.environ.get("OUT")
     if out_dir:
-        Path(out_dir, "compile_paths.json").write_text(json.dumps(
-            {"workload": args.workload, "device": name, "torch": torch.__version__, "times_us": times,
+        Path(out_dir, f"compile_paths-{args.workload}-{args.before}.json").write_text(json.dumps(
+            {"workload": args.workload, "before": args.before, "device": name, "torch": torch.__version__, "times_us": times,
              "max_abs_diff_vs_eager": agree}, indent=1))
     return 0
 
