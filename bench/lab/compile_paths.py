@@ -13,7 +13,15 @@ rewrite); and, where ``--workspace`` is given, the bench's own torch.compile + f
 
 Prints a table; JSON to $OUT if set.
 
-Answer: none yet (written on 2026-12-06 after the call that raised it).
+Answer (H100, 2026-12-06, thirteenth session, calls 3-5, data/2026-12-06-s13): the path is not
+it. ResNet-50: torch.compile 2134 µs, through forge's path 2135 (1.000x); the decoder 11099 and
+11036 (1.006x). What differs is the bench's process: there torch.compile's ResNet-50 forward ran
+3145-3777 µs (1.14-1.38x eager), here 2094-2335 (1.86-2.07x eager); with the bench's own
+workspace (call 4, ``--workspace``) torch.compile + forge ran 2247 µs against torch.compile's 2095
+(0.932x) in this process, where the bench had measured 1.299x. Profiling the workload first
+(``--before profile``, call 5, a noisier host) left the ratio to eager as it was (0.554 against
+0.538 without). What slows the bench's torch.compile variant is not known yet; until it is, the
+bench's torch.compile figures for ResNet-50 are not to be trusted.
 """
 
 from __future__ import annotations
