@@ -562,7 +562,7 @@ def shares_note(ws: Any) -> str | None:
     forward (a host that holds the forward back: each op alone pays its launch and its wait, which
     the forward overlaps): the bound from them then promises more than the forward holds. None
     where they do not. They are not scaled down to the forward: on the H100 (2026-12-06) shares so
-    scaled set bounds that the decoder and ResNet-50 passed by 6-14%, where unscaled ones errred
+    scaled set bounds that the decoder and ResNet-50 passed by 6-14%, where unscaled ones erred
     the other way (ResNet-50's 1.977x on the H200 against 1.534x in CUDA graphs); a bound that errs
     high is the one a verdict can trust."""
     cov = (ws.profile_summary().get("coverage") or {}).get("op")
