@@ -24,7 +24,7 @@ from ..evaluator.result import EvalResult, load_result
 from ..gitrepo import RefConflict, short_ref
 from ..kernel_abi import SOURCE_NAMES
 from ..program import program_source
-from ..runtime.manifest import KERNELS_DIR, Manifest
+from ..promotion import manifest
 from ..workspace import Workspace
 from .budget import CardBudget, pick
 from .events import BudgetSpent, EventBus, NodeStarted, SearchEvent, StoreDamaged
@@ -48,9 +48,8 @@ REWRITES = ("fold", "experts", "merge")
 def replaced_sites(ws: Workspace) -> dict[str, str]:
     """Module path -> the enabled promoted rewrite card that replaces what runs there: a fold's
     batch norms, an experts card's blocks (everything inside them), a merge's linears."""
-    man = Manifest.load(ws.root / KERNELS_DIR)
     out: dict[str, str] = {}
-    for card, e in sorted(man.entries.items()):
+    for card, e in sorted(manifest(ws).entries.items()):
         if e.signature.kind in REWRITES and e.enabled:
             for path in e.signature.module_paths:
                 out.setdefault(path, card)
@@ -63,14 +62,14 @@ def replaced_by(card: Card, sites: dict[str, str]) -> str | None:
     not (or the card has no module path: ops of the model's own forward)."""
     if not sites or not card.module_paths:
         return None
-    owner = None
+    owners = []
     for path in card.module_paths:
         parts = path.split(".")
-        owner = next((sites[".".join(parts[:k])] for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in sites),
-                     None)
-        if owner is None:
+        at = [p for p in (".".join(parts[:k]) for k in range(len(parts), 0, -1)) if p in sites]
+        if not at:
             return None
-    return owner
+        owners.append(sites[at[0]])
+    return owners[0]
 
 
 @dataclass
