@@ -342,6 +342,19 @@ def steps(spec: str, ws: str, dev: str, reps: int) -> list[dict[str, Any]]:
         wl.run(cfc, inputs)
     time_it("torch.compile + forge compiled and run", {"eager+forge": fm, "compile+forge": cfc})
     fns = {"eager": model, "eager+forge": fm, "compile": base, "compile+forge": cfc}
+    # does what ran just before a compiled forward change its time? each variant run (untimed,
+    # the device synchronised after it), then the baseline timed; rounds interleaved
+    after: dict[str, list[float]] = {n: [] for n in fns}
+    with torch.no_grad():
+        for _ in range(reps):
+            for n, m in fns.items():
+                wl.run(m, inputs)
+                _sync(dev)
+                after[n].append(_timed(lambda: wl.run(base, inputs), dev)[0])
+    row = {"tag": "the baseline timed right after each variant", "median_us": {
+        n: statistics.median(v) for n, v in after.items()}}
+    out.append(row)
+    print(f"  {row['tag']:58s} " + "  ".join(f"after {n} {v:7.0f}" for n, v in row["median_us"].items()), flush=True)
     timer = Timer(dev, warmup=3, repeats=reps, cold_l2=False)
     pauses = GcPauses()
     with torch.no_grad(), pauses:
@@ -374,6 +387,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--keep-workspace", metavar="DIR", help="copy the workspace the run left here")
+    ap.add_argument("--undo-steps", action="store_true", help="inside the bench, after its timing, take away "
+                    "its state a step at a time, timing the first compile after each (the bench then stops)")
     ap.add_argument("--steps", metavar="WS", help="only the bench's four-way setup, step by step, on this workspace")
     args = ap.parse_args()
     dev = args.device
@@ -446,6 +461,23 @@ def main() -> int:
         row["medians_us"] = {n: s.median for n, s in got[0].items()}
         row["events_after"] = events(fns)
         timed.append(row)
+        if args.undo_steps:  # what, taken away, gives the compiled forward its speed back (the bench stops here)
+            import gc
+
+            loc = sys._getframe(1).f_locals
+            undo = [("inside the bench", None), ("the garbage collector unfrozen", gc.unfreeze),
+                    ("eager + forge undone", loc["applied"].undo),
+                    ("torch.compile + forge undone", loc["compiled_applied"].undo),
+                    ("the variants dropped", lambda: (loc["variants"].clear(), fns.clear(), gc.collect()))]
+            row["undo_steps"] = []
+            eager_fn = fns["eager"]
+            for tag, act in undo:
+                if act is not None:
+                    act()
+                got_e = events({"eager": eager_fn, **({"compile": fns["compile"]} if "compile" in fns else {})})
+                row["undo_steps"].append({"tag": tag, "median_us": got_e})
+                print(f"  {tag:40s} " + ", ".join(f"{n} {v:.0f}" for n, v in got_e.items()), flush=True)
+            raise RuntimeError("compile_in_bench --undo-steps: the bench stopped after its probes")
         return got
 
     Timer.time = watched  # type: ignore[method-assign]
