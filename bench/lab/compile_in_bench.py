@@ -126,6 +126,18 @@ def host_micro(dev: str) -> dict[str, float]:
 
         out["_empty_strided_cuda (inductor's)"] = per_call(
             lambda: _empty_strided_cuda((64, 64), (64, 1), torch.float16), 2000)
+        out["_empty_strided_cuda, 25 MiB"] = per_call(
+            lambda: _empty_strided_cuda((64, 256, 28, 28), (200704, 1, 7168, 256), torch.float16), 2000)
+        big = [torch.empty(1 << 20, device=dev) for _ in range(8)]
+
+        def churn() -> None:  # allocations and frees of several sizes, as a forward makes them
+            a = _empty_strided_cuda((64, 256, 56, 56), (802816, 1, 14336, 256), torch.float16)
+            b = _empty_strided_cuda((64, 64, 56, 56), (200704, 1, 3584, 64), torch.float16)
+            c = _empty_strided_cuda((64, 512, 28, 28), (401408, 1, 14336, 512), torch.float16)
+            del a, b, c
+
+        out["three allocations of 6-100 MiB, freed"] = per_call(churn, 1000)
+        del big
     return out
 
 
@@ -468,15 +480,25 @@ def main() -> int:
             undo = [("inside the bench", None), ("the garbage collector unfrozen", gc.unfreeze),
                     ("eager + forge undone", loc["applied"].undo),
                     ("torch.compile + forge undone", loc["compiled_applied"].undo),
-                    ("the variants dropped", lambda: (loc["variants"].clear(), fns.clear(), gc.collect()))]
+                    ("the variants dropped", lambda: (loc["variants"].clear(), fns.clear(), gc.collect())),
+                    ("the allocator's cache emptied", torch.cuda.empty_cache)]
             row["undo_steps"] = []
             eager_fn = fns["eager"]
             for tag, act in undo:
                 if act is not None:
                     act()
                 got_e = events({"eager": eager_fn, **({"compile": fns["compile"]} if "compile" in fns else {})})
-                row["undo_steps"].append({"tag": tag, "median_us": got_e})
+                row["undo_steps"].append({"tag": tag, "median_us": got_e, "micro_us": host_micro(dev)})
                 print(f"  {tag:40s} " + ", ".join(f"{n} {v:.0f}" for n, v in got_e.items()), flush=True)
+                print(f"  {'':40s} {row['undo_steps'][-1]['micro_us']}", flush=True)
+            import threading
+
+            box: dict[str, Any] = {}
+            worker = threading.Thread(target=lambda: box.update(events({"eager": eager_fn})))
+            worker.start()
+            worker.join()
+            row["undo_steps"].append({"tag": "in a new thread", "median_us": box})
+            print(f"  {'in a new thread':40s} " + ", ".join(f"{n} {v:.0f}" for n, v in box.items()), flush=True)
             raise RuntimeError("compile_in_bench --undo-steps: the bench stopped after its probes")
         return got
 
@@ -527,6 +549,8 @@ def main() -> int:
             print(f"    log: {line[:200]}")
     for r in rows:
         print(f"cpu while {r['tag']} timed: {r['cpu']}")
+    if not any(t.get("undo_steps") for t in timed):
+        print(f"host µs a call, after the bench: {host_micro(dev)}")
     for r in rows + [{"tag": "inside the bench, before its timing", **t} for t in timed]:
         print(f"host µs a call, {r['tag']}: {r['micro_us']}")
     prof = [(r["tag"], r["profile"]) for r in rows] + [("the first compile, inside the bench", t["first_profile"])
