@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -945,6 +946,68 @@ def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_comp
     r = e2e.bench(WORKLOAD, ws2, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
                   switch_off=False, switch_off_compile=True)
     assert key in r.switched_off and not [k for k in r.switched_off if "torch.compile" not in k], r.switched_off
+
+def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agrees(promoted, monkeypatch, tmp_path):
+    """The bench's process measures torch.compile + forge faster: the kernels stay on in compiled
+    models only if the two, timed again in a process of their own, agree; where that process
+    finds them slower, or cannot time them, they are switched off (stand-in timer and process)."""
+    import shutil
+
+    from forge_tui import e2e
+    from forge_tui.workspace import Workspace
+
+    src, norm, _ = promoted
+    base = [100.0, 120.0, 140.0, 160.0, 180.0]
+    key = f"{norm.id} (under torch.compile)"
+    _stand_in_timer(monkeypatch, lambda name: [v * 0.8 for v in base] if name == "compile+forge" else list(base))
+    asked: list[tuple] = []
+
+    def own(answer):
+        def fresh(spec, ws, dev, dtype, repeats, warmup, backend, only_faster):
+            asked.append((spec, ws.root, dev, backend))
+            return answer
+        return fresh
+
+    slower = ({"compile": list(base), "compile+forge": [v * 1.1 for v in base]}, {norm.id: 1})
+    faster = ({"compile": list(base), "compile+forge": [v * 0.9 for v in base]}, {norm.id: 1})
+    for n, (answer, off) in enumerate(((slower, "0.909x"), (faster, None), ("it did not finish in 900 s", "900 s"))):
+        shutil.copytree(src.root, tmp_path / f"ws{n}")
+        ws = Workspace.open(tmp_path / f"ws{n}")
+        monkeypatch.setattr(e2e, "fresh_compile_pair", own(answer))
+        r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
+                      switch_off=False, switch_off_compile=True)
+        assert asked[-1] == (WORKLOAD, ws.root, "cpu", "aot_eager")
+        assert r.speedups["compile+forge/compile"].median == pytest.approx(1.25)
+        if off is None:
+            assert key not in r.switched_off and r.speedups[e2e.FRESH_COMPILE].median == pytest.approx(1 / 0.9)
+            assert not manifest(ws).entries[norm.id].compile_disabled_reason
+            assert "in a process of their own: 1.111x" in r.table()
+        else:
+            assert off in r.switched_off[key] and "process of its own" in r.switched_off[key], r.switched_off
+            assert manifest(ws).entries[norm.id].compile_disabled_reason == r.switched_off[key]
+    # without the check (or where this process already found them slower) no process is started
+    n = len(asked)
+    shutil.copytree(src.root, tmp_path / "ws-no-check")
+    e2e.bench(WORKLOAD, Workspace.open(tmp_path / "ws-no-check"), device="cpu", repeats=5, only_faster=False,
+              compile_backend="aot_eager", switch_off=False, switch_off_compile=True, own_process_check=False)
+    assert len(asked) == n
+
+
+def test_a_process_of_their_own_times_compile_and_compile_with_forge(promoted):
+    """``fresh_compile_pair`` starts ``python -m forge_tui.compile_pair``: the model built afresh,
+    both compiled variants timed interleaved, the kernels served in the compiled forwards."""
+    from forge_tui.e2e import fresh_compile_pair
+
+    ws, norm, _ = promoted
+    got = fresh_compile_pair(WORKLOAD, ws, "cpu", None, 3, 1, "aot_eager", False)
+    assert not isinstance(got, str), got
+    raw, served = got
+    assert sorted(raw) == ["compile", "compile+forge"] and all(len(v) == 3 and min(v) > 0 for v in raw.values())
+    assert served[norm.id] >= 3  # its warm-up and timed forwards
+    # a workspace it cannot read: why, in one line, not an exception
+    why = fresh_compile_pair(WORKLOAD, SimpleNamespace(root=ws.root / "missing"), "cpu", None, 3, 1, "aot_eager", False)
+    assert isinstance(why, str) and "status 1" in why and "\n" not in why
+
 
 def test_op_cards_sharing_an_intercepted_scope_are_left_out_together():
     """Leaving out one op card of a scope leaves the scope intercepted: the switch-off tries the
