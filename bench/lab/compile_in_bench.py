@@ -16,6 +16,24 @@ events, eager, the new compile and the one compiled first (the same code, run la
     python bench/lab/compile_in_bench.py resnet50 --steps WS    # the bench's setup step by step
 
 Prints a table; JSON to $OUT if set (with the bench's own record).
+
+Answer (H100, 2026-12-06, fourteenth session, calls 1-8, docs/runs/data/2026-12-06-s14): the
+compiled code is the same in and out of the bench (131 kernels of the same names, one Dynamo graph,
+no recompile or graph break while timed), and the same costs on the host for plain Python, buffer
+allocation (8 KiB to 100 MiB), a small launch and a convolution. The compiled ResNet-50 is bound by
+its host: 1.73-1.77 ms of device work, 2.5-5.9 ms a forward, tracking the host's speed, which
+drifted up to 2x within a call (eager 4.3 to 13 ms). Inside the bench's four-way timing, compiled
+forwards ran 1.35-1.5x slower by CUDA events than in the same process just before and after it
+(the model compiled first: 2613 µs before, 3960 inside, 2608 after, eager 5215 / 5571 / 5247), and
+stayed slow with the bench's state taken away a step at a time (the collector unfrozen, both
+applies undone, the variants dropped, the allocator's cache emptied); what ran just before a
+compiled forward made no difference (a fresh process: 1970-2026 µs after each variant). The cause
+is not found; this probe swaps ``torch.compile`` for the bench's duration, the one thing it puts
+back on leaving, so that swap is not ruled out for its own readings (the bench alone showed the
+same figures). The bench measured torch.compile + forge 1.25-1.39x torch.compile in four of seven
+runs (0.89-0.95x in the others), processes of their own 0.64-0.93x in all five: since ``ed845b8``
+a verdict to keep forge's kernels under torch.compile is timed again in a process of its own
+(``forge_tui.compile_pair``), and that one decides.
 """
 
 from __future__ import annotations
