@@ -97,6 +97,8 @@ class ForgeApp(App[None]):
         self.bench_running = False
         self.rewriting = False
         """``forge fold``, ``forge experts`` and ``forge merge`` are running on the model (``m``)."""
+        self.rewritten = False
+        """Whether they ran in this app: until then the guide suggests them before a search."""
         self.failures: list[Failed] = []
         # the search in progress
         self._search: Search | None = None
@@ -237,7 +239,10 @@ class ForgeApp(App[None]):
             if self.promoted_count:
                 return (f"g searches kernels for {chosen}; {self.promoted_count} card(s) promoted already: 3 then b "
                         "runs the whole model with them")
-            return f"g searches kernels for {chosen} (space chooses cards, Enter shows a card's tree)"
+            first = ("" if self.rewritten else
+                     "first 3 then m folds batch norms, groups experts, merges linears (the search skips what they "
+                     "replace); ")
+            return f"{first}g searches kernels for {chosen} (space chooses cards, Enter shows a card's tree)"
         more = f" (4: {self.requests_pending} more request(s))" if self.requests_pending else ""
         if self.promoted_count:
             return "kernel(s) promoted: 3 then b runs the whole model with them, end to end" + more
@@ -355,6 +360,7 @@ class ForgeApp(App[None]):
         for line in message.outcome.lines:
             self.note(line)
         self.rewriting = False
+        self.rewritten = True
         self.requests_stale.publish(None)
         self.requests_worker()
         self._guide()
