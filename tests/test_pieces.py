@@ -3,6 +3,8 @@ does what a graph does to a piece's static buffers: a replay recomputes the capt
 static inputs and writes the results into the outputs it returned at capture, and a call that
 reads a tensor back to the host cannot be captured."""
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -183,6 +185,21 @@ class _FailsInsideTracedCode(StandIn):
             return super().capture(fn)
 
 
+class _FailsWhileAnotherThreadWrites(_FailsInsideTracedCode):
+    """The same failure, while another thread (a UI worker, a logger) writes to stderr."""
+
+    calls = 0
+
+    def capture(self, fn):
+        import threading
+
+        self.calls += 1
+        other = threading.Thread(target=lambda: print("another thread's words", file=sys.stderr))
+        other.start()
+        other.join()
+        return super().capture(fn)
+
+
 class _Talks(nn.Module):
     def forward(self, x):
         import sys
@@ -217,3 +234,31 @@ def test_a_failed_capture_says_why_in_its_status_and_prints_nothing(capsys):
         pieces.model(x)
         assert pieces.status()[""]["graphs"] == 1
     assert capsys.readouterr().err.count("the forward's own words") == 3  # as written, warm-up, capture
+    # held back: the capturing thread's words alone, not what another thread writes meanwhile
+    real = sys.stderr
+    capturer = _FailsWhileAnotherThreadWrites()
+    with torch.no_grad(), capture_pieces(model, capturer=capturer, device="cpu") as pieces:
+        torch.testing.assert_close(model(x), expected)
+        torch.testing.assert_close(model(x), expected)
+        assert pieces.status()[""]["refused"][0].startswith("not capturable: ValueError")
+    err = capsys.readouterr().err
+    assert capturer.calls and err.count("another thread's words") == capturer.calls and "Traceback" not in err, err
+    assert sys.stderr is real  # put back
+
+
+def test_held_stderr_holds_this_threads_writes_alone_and_nests(capsys):
+    from forge_tui.runtime.pieces import held_stderr
+
+    real = sys.stderr
+    with held_stderr() as outer:
+        print("outer, before", file=sys.stderr)
+        with held_stderr() as inner:
+            print("inner", file=sys.stderr)
+        print("outer, after", file=sys.stderr)
+        import threading
+
+        other = threading.Thread(target=lambda: print("another thread", file=sys.stderr))
+        other.start()
+        other.join()
+    assert outer.getvalue() == "outer, before\nouter, after\n" and inner.getvalue() == "inner\n"
+    assert capsys.readouterr().err == "another thread\n" and sys.stderr is real

@@ -99,6 +99,61 @@ class CudaCapturer:
         return graph.replay, out
 
 
+class _ThreadStderr:
+    """``sys.stderr`` while captures hold their threads' output (``held_stderr``): a write from a
+    thread that holds goes to its buffer, any other thread's to the stream it replaced."""
+
+    def __init__(self, real: Any, held: dict[int, io.StringIO]) -> None:
+        self.real = real
+        self.held = held
+
+    def write(self, text: str) -> int:
+        buf = self.held.get(threading.get_ident())
+        return (buf if buf is not None else self.real).write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+_HELD: dict[int, io.StringIO] = {}
+_HELD_LOCK = threading.Lock()
+_PROXY: list[_ThreadStderr] = []
+
+
+@contextlib.contextmanager
+def held_stderr() -> Any:
+    """What this thread writes to ``sys.stderr`` inside the block, held in the StringIO it yields;
+    other threads' writes pass through as they would (``contextlib.redirect_stderr`` would hold
+    theirs too: a UI worker's or a logger's output in that moment, shown only with the capture's)."""
+    buf = io.StringIO()
+    me = threading.get_ident()
+    with _HELD_LOCK:
+        if not _HELD:
+            _PROXY[:] = [_ThreadStderr(sys.stderr, _HELD)]
+            sys.stderr = _PROXY[0]  # type: ignore[assignment]
+        outer = _HELD.get(me)  # a hold inside another on this thread: the outer one is back after it
+        _HELD[me] = buf
+    try:
+        yield buf
+    finally:
+        with _HELD_LOCK:
+            if outer is not None:
+                _HELD[me] = outer
+            else:
+                _HELD.pop(me, None)
+            if not _HELD and _PROXY:
+                if sys.stderr is _PROXY[0]:  # put back unless someone replaced it since
+                    sys.stderr = _PROXY[0].real
+                _PROXY.clear()
+
+
 class Refused(Exception):
     """Why a piece is not captured for a call signature."""
 
@@ -250,12 +305,12 @@ class Piece:
             it = iter(static)
             s_args, s_kwargs = tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in flat], spec)
             versions = [s._version for s in static]
-            # What the capture's calls print to stderr is held back: where the capture fails, the
-            # reason below says it in one line, where torch.fx would print a whole traceback (a
-            # traced forward prints one before it re-raises); where it succeeds, it is shown.
-            said = io.StringIO()
+            # What the capture's calls print to stderr is held back (this thread's alone): where
+            # the capture fails, the reason below says it in one line, where torch.fx would print a
+            # whole traceback (a traced forward prints one before it re-raises); where it
+            # succeeds, it is shown.
             try:
-                with contextlib.redirect_stderr(said):
+                with held_stderr() as said:
                     replay, s_out = self.owner.capturer.capture(lambda: self.original(*s_args, **s_kwargs))
             except Refused:
                 raise
