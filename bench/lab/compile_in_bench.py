@@ -257,6 +257,23 @@ def _timed(run: Any, dev: str, sleep: bool = False) -> tuple[float, float]:
     return a.elapsed_time(b) * 1000.0, h
 
 
+def _interleaved(wl: Any, variants: dict[str, Any], inputs: Any, reps: int,
+                 dev: str) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, Any]]:
+    """Each variant's forward once, then ``reps`` rounds of all of them timed (``_timed``): the
+    samples, the host's times to enqueue them, and the CPU's load meanwhile (``cpu_window``)."""
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    host: dict[str, list[float]] = {n: [] for n in variants}
+    for m in variants.values():
+        wl.run(m, inputs)
+    c0 = cpu_snapshot()
+    for _ in range(reps):
+        for n, m in variants.items():
+            t, h = _timed(lambda m=m: wl.run(m, inputs), dev)
+            times[n].append(t)
+            host[n].append(h)
+    return times, host, cpu_window(c0, cpu_snapshot())
+
+
 def fresh_inductor() -> Any:
     """Inductor as a new backend object: Dynamo keeps its compiled code per backend, so a model
     compiled with it compiles afresh rather than reuse (or lend the bench) an earlier compile of
@@ -298,18 +315,8 @@ def probe(tag: str, spec: str, dev: str, reps: int, others: dict[str, Any] | Non
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     with torch.no_grad():
         kern = _kernels(lambda: wl.run(compiled, inputs), dev)
-        variants = {"eager": model, "compile": compiled, **(others or {})}
-        times: dict[str, list[float]] = {n: [] for n in variants}
-        host: dict[str, list[float]] = {n: [] for n in variants}
-        for m in variants.values():
-            wl.run(m, inputs)
-        c0 = cpu_snapshot()
-        for _ in range(reps):
-            for n, m in variants.items():
-                t, h = _timed(lambda m=m: wl.run(m, inputs), dev)
-                times[n].append(t)
-                host[n].append(h)
-        cpu = cpu_window(c0, cpu_snapshot())
+        times, host, cpu = _interleaved(wl, {"eager": model, "compile": compiled, **(others or {})}, inputs, reps,
+                                        dev)
         # the device's own time for the compiled forward, its host hidden behind a sleep
         dev_only = [_timed(lambda: wl.run(compiled, inputs), dev, sleep=True)[0] for _ in range(10)]
     row = {"tag": tag, "micro_us": host_micro(dev), "compile_s": round(compile_s, 1), "dynamo": delta, "logs": grab.lines[:60],
@@ -339,21 +346,10 @@ def steps(spec: str, ws: str, dev: str, reps: int) -> list[dict[str, Any]]:
     base = torch.compile(copy.deepcopy(model), backend=fresh_inductor())
 
     def time_it(tag: str, extra: dict[str, Any] | None = None) -> None:
-        variants = {"eager": model, "compile": base, **(extra or {})}
-        times: dict[str, list[float]] = {n: [] for n in variants}
-        host: dict[str, list[float]] = {n: [] for n in variants}
         with torch.no_grad():
-            for m in variants.values():
-                wl.run(m, inputs)
-            c0 = cpu_snapshot()
-            for _ in range(reps):
-                for n, m in variants.items():
-                    t, h = _timed(lambda m=m: wl.run(m, inputs), dev)
-                    times[n].append(t)
-                    host[n].append(h)
+            times, host, cpu = _interleaved(wl, {"eager": model, "compile": base, **(extra or {})}, inputs, reps, dev)
         row = {"tag": tag, "median_us": {n: statistics.median(v) for n, v in times.items()},
-               "host_median_us": {n: statistics.median(v) for n, v in host.items()},
-               "cpu": cpu_window(c0, cpu_snapshot())}
+               "host_median_us": {n: statistics.median(v) for n, v in host.items()}, "cpu": cpu}
         out.append(row)
         print(f"  {tag:58s} " + "  ".join(f"{n} {v:7.0f} (host {row['host_median_us'][n]:6.0f})"
                                          for n, v in row["median_us"].items()) + f"  cpu {row['cpu']}", flush=True)
