@@ -13,7 +13,7 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .compare import compare
 from .errors import ForgeError
@@ -799,6 +799,7 @@ def fresh_compile_pair(workload_spec: Any, ws: Any, dev: str, dtype: Any, repeat
     """torch.compile and torch.compile + forge timed in a process of their own
     (``python -m forge_tui.compile_pair``): (their samples, the calls served per card), or why
     there are none."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -811,8 +812,11 @@ def fresh_compile_pair(workload_spec: Any, ws: Any, dev: str, dtype: Any, repeat
         cmd += ["--dtype", str(dtype).removeprefix("torch.")]
     if not only_faster:
         cmd.append("--all-kernels")
+    # the same forge_tui as this process's, installed or not
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return f"it did not finish in {timeout_s:.0f} s"
     except OSError as exc:
@@ -830,7 +834,8 @@ def fresh_compile_pair(workload_spec: Any, ws: Any, dev: str, dtype: Any, repeat
 
 def _switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, stats: dict[str, Any],
                               raw: dict[str, list[float]], dev: str,
-                              confirm: Any = None) -> tuple[dict[str, str], Stats | None]:
+                              confirm: Callable[[], tuple[dict[str, list[float]], dict[str, int]] | str] | None = None,
+                              ) -> tuple[dict[str, str], Stats | None]:
     """torch.compile + forge never below torch.compile: unless the compiled forward ran faster with
     forge's kernels than without (``not_faster``), every kernel it served is switched off for compiled models
     (eager models keep them). All at once: leaving each out in turn would compile the model once a
