@@ -28,11 +28,12 @@ forwards ran 1.35-1.5x slower by CUDA events than in the same process just befor
 stayed slow with the bench's state taken away a step at a time (the collector unfrozen, both
 applies undone, the variants dropped, the allocator's cache emptied); what ran just before a
 compiled forward made no difference (a fresh process: 1970-2026 µs after each variant). The cause
-is not found; this probe swaps ``torch.compile`` for the bench's duration, the one thing it puts
-back on leaving, so that swap is not ruled out for its own readings (the bench alone showed the
-same figures). The bench measured torch.compile + forge 1.25-1.39x torch.compile in four of seven
-runs (0.89-0.95x in the others), processes of their own 0.64-0.93x in all five: since ``ed845b8``
-a verdict to keep forge's kernels under torch.compile is timed again in a process of its own
+is not found; in these calls the probe swapped ``torch.compile`` for the bench's duration, the one
+thing it put back on leaving, so that swap is not ruled out for its own readings (the bench alone
+showed the same figures); since then it takes the bench's baseline from the bench's frame. The
+bench measured torch.compile + forge 1.25-1.39x torch.compile in four of seven runs (0.89-0.95x in
+the others), processes of their own 0.64-0.93x in all five: since ``ed845b8`` a verdict to keep
+forge's kernels under torch.compile is timed again in a process of its own
 (``forge_tui.compile_pair``), and that one decides.
 """
 
@@ -442,16 +443,9 @@ def main() -> int:
 
     orig = e2e.bench
 
-    import torch
-
     theirs: list[Any] = []
-    compile_ = torch.compile
-
-    def keep(model: Any = None, **k: Any) -> Any:  # the bench's own torch.compile variant, kept to time later
-        out = compile_(model, **k)
-        if k.get("backend", "inductor") == "inductor":
-            theirs.append(out)
-        return out
+    """The bench's own torch.compile variant, taken from its frame when it times (nothing swapped:
+    the fourteenth session's calls 1-8 swapped ``torch.compile`` for the bench's duration)."""
 
     from forge_tui.timing import Timer
 
@@ -473,6 +467,7 @@ def main() -> int:
     def watched(self: Any, fns: Any, **k: Any) -> Any:  # the CPU while the bench's protocol times
         if "compile" not in fns:
             return timer_time(self, fns, **k)
+        theirs.append(sys._getframe(1).f_locals["variants"]["compile"])
         row: dict[str, Any] = {"names": sorted(fns), "state": process_state(), "micro_us": host_micro(dev),
                                "events_before": events(fns)}
         import torch
@@ -522,11 +517,7 @@ def main() -> int:
         if not k.get("with_compile"):
             return orig(*a, **k)
         rows.append(probe("before the bench's four-way bench", spec, dev, args.reps, {"compiled first": first})[0])
-        torch.compile = keep
-        try:
-            return orig(*a, **k)
-        finally:
-            torch.compile = compile_
+        return orig(*a, **k)
 
     e2e.bench = bench
     opts = e2e_bench.options(e2e_bench.build_parser().parse_args(
