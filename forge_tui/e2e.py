@@ -437,7 +437,7 @@ def _graph_variants(wl: Any, inputs: Any, models: tuple[Any, Any], timer: Timer,
 def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtype: Any = None, repeats: int = 20,
           warmup: int = 3, with_compile: bool = True, switch_off: bool = True, only_faster: bool = True,
           compile_backend: str = "inductor", graphs: bool = False, switch_off_compile: bool | None = None,
-          own_process_check: bool = True) -> BenchResult:
+          own_process_check: bool = True, own_process_deadline: float | None = None) -> BenchResult:
     """The whole forward timed four ways (see the module's docstring). ``graphs`` (cuda): also
     eager and eager + forge captured in CUDA graphs (``GRAPH_VARIANTS``), which take the host's
     launch cost out of both: the ratio between them (paired, timed apart from the four ways, after
@@ -446,7 +446,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
     graphed forwards (``_switch_off_in_graphs``), apart from the op-by-op one.
     ``switch_off_compile``: the torch.compile verdict alone on or off (default: as ``switch_off``).
     ``own_process_check``: a verdict to keep the kernels in compiled models is confirmed in a
-    process of its own (``fresh_compile_pair``), whose ratio is ``FRESH_COMPILE``."""
+    process of its own (``fresh_compile_pair``), whose ratio is ``FRESH_COMPILE``; it must end by
+    ``own_process_deadline`` (``time.time()``) where one is given."""
     import torch
 
     from .workload import load_workload, resolve_device
@@ -518,10 +519,19 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
                 u["promised_us"] = None if any(v is None for v in each) else sum(v for v in each if v is not None)
         fresh: Stats | None = None
         if (switch_off if switch_off_compile is None else switch_off_compile) and compiled_applied is not None:
-            off, fresh = _switch_off_under_compile(
-                ws, man, compiled_applied, stats, raw, dev,
-                confirm=(lambda: fresh_compile_pair(workload_spec, ws, dev, dtype, repeats, warmup, compile_backend,
-                                                    only_faster)) if own_process_check else None)
+            def confirm() -> tuple[dict[str, list[float]], dict[str, int]] | str:
+                limit = FRESH_TIMEOUT_S
+                if own_process_deadline is not None:
+                    import time
+
+                    limit = min(limit, own_process_deadline - time.time())
+                    if limit < FRESH_MIN_S:
+                        return f"{max(limit, 0.0):.0f} s were left for it before the run's deadline"
+                return fresh_compile_pair(workload_spec, ws, dev, dtype, repeats, warmup, compile_backend, only_faster,
+                                          timeout_s=limit)
+
+            off, fresh = _switch_off_under_compile(ws, man, compiled_applied, stats, raw, dev,
+                                                   confirm=confirm if own_process_check else None)
             switched.update(off)
         if graph_models is not None and graph_applied is not None:  # last: a failed capture cannot disturb the above
             g_stats, g_raw, g_agree, g_acc, g_fns, g_pieces = _graph_variants(wl, inputs, graph_models, timer, ref,
@@ -791,6 +801,9 @@ FRESH_COMPILE = "compile+forge/compile (own process)"
 FRESH_TIMEOUT_S = 900.0
 """The process of its own: two compiles of the model (a cold inductor cache: ResNet-50 took 14-24 s
 a compile on the H100 machine) and the timing."""
+FRESH_MIN_S = 10.0
+"""Less time than this before the deadline: the process of its own is not started (the kernels go
+off in compiled models, unconfirmed)."""
 
 
 def fresh_compile_pair(workload_spec: Any, ws: Any, dev: str, dtype: Any, repeats: int, warmup: int,

@@ -961,10 +961,12 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
     key = f"{norm.id} (under torch.compile)"
     _stand_in_timer(monkeypatch, lambda name: [v * 0.8 for v in base] if name == "compile+forge" else list(base))
     asked: list[tuple] = []
+    limits: list[float] = []
 
     def own(answer):
-        def fresh(spec, ws, dev, dtype, repeats, warmup, backend, only_faster):
+        def fresh(spec, ws, dev, dtype, repeats, warmup, backend, only_faster, timeout_s):
             asked.append((spec, ws.root, dev, backend))
+            limits.append(timeout_s)
             return answer
         return fresh
 
@@ -985,12 +987,29 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
         else:
             assert off in r.switched_off[key] and "process of its own" in r.switched_off[key], r.switched_off
             assert manifest(ws).entries[norm.id].compile_disabled_reason == r.switched_off[key]
+    assert limits == [e2e.FRESH_TIMEOUT_S] * 3
     # without the check (or where this process already found them slower) no process is started
     n = len(asked)
     shutil.copytree(src.root, tmp_path / "ws-no-check")
     e2e.bench(WORKLOAD, Workspace.open(tmp_path / "ws-no-check"), device="cpu", repeats=5, only_faster=False,
               compile_backend="aot_eager", switch_off=False, switch_off_compile=True, own_process_check=False)
     assert len(asked) == n
+    # a deadline: the process gets what is left before it; with too little left it is not started,
+    # and the kernels go off in compiled models, unconfirmed
+    import time
+
+    for k, (left, started) in enumerate(((120.0, True), (3.0, False))):
+        shutil.copytree(src.root, tmp_path / f"ws-deadline{k}")
+        ws = Workspace.open(tmp_path / f"ws-deadline{k}")
+        monkeypatch.setattr(e2e, "fresh_compile_pair", own(faster))
+        before = len(asked)
+        r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
+                      switch_off=False, switch_off_compile=True, own_process_deadline=time.time() + left)
+        assert (len(asked) > before) == started
+        if started:
+            assert 100.0 < limits[-1] <= 120.0 and key not in r.switched_off
+        else:
+            assert "were left for it before the run's deadline" in r.switched_off[key], r.switched_off
 
 
 def test_a_process_of_their_own_times_compile_and_compile_with_forge(promoted):
