@@ -438,12 +438,20 @@ def _installed_copy(ws, root: Path, card_ids) -> Path:
     import shutil
 
     shutil.copytree(ws.root, root)
+    _measured_twice_as_fast(root, card_ids)
+    return root
+
+
+def _measured_twice_as_fast(root: Path, card_ids) -> None:
+    """Record the promoted kernels of ``card_ids`` in the workspace at ``root`` as measured 2x
+    eager, for tests whose subject is not the kernel's speed: the fixtures' timing runs on a
+    loaded CI machine, where a kernel near eager's speed (the CPU layer norm, 1.2-1.6x on a quiet
+    one) can measure slower and would not be used."""
     path = root / "kernels" / "manifest.json"
     data = json.loads(path.read_text())
     for cid in card_ids:
         data["entries"][cid]["evidence"]["speedup_vs_eager"] = 2.0
     path.write_text(json.dumps(data))
-    return root
 
 
 def _count_trials(monkeypatch) -> list[Any]:
@@ -1795,6 +1803,7 @@ def layer_norm_ws(tmp_path_factory):
         r = ev.evaluate(card, src)
     assert r.correct, r.reason
     promote_kernel(ws, card.id, src, r, by="test")
+    _measured_twice_as_fast(ws.root, [card.id])
     return ws, card
 
 
