@@ -83,9 +83,10 @@ def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.layer_idx = layer_idx  # which of a KV cache's layers this attention writes
         self.q_proj = nn.Linear(cfg.hidden, cfg.heads * cfg.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
@@ -95,7 +96,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
         self.scaling = cfg.head_dim**-0.5
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None, positions=None):
         cfg = self.cfg
         bsz, seq, _ = x.shape
         q = self.q_proj(x).view(bsz, seq, -1, cfg.head_dim)
@@ -105,8 +106,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None:  # generation: this step's keys and values join the cache's
+            k, v = cache.update(self.layer_idx, k, v, positions)
         n_rep = cfg.heads // cfg.kv_heads
-        if cfg.attention == "sdpa":
+        if cfg.attention == "sdpa" and cache is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
+        elif cfg.attention == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_rep > 1)
         else:
             k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
@@ -164,15 +169,18 @@ class SparseMoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.mlp = SparseMoE(cfg) if cfg.experts else GatedMLP(cfg.hidden, cfg.intermediate, cfg.act)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask, cache=None, positions=None):
+        if cache is None:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        else:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -182,11 +190,18 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, input_ids: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, cache_position=None):
+        """Without a cache: the whole sequence's logits and the next-token distributions of its
+        last ``sample_positions`` positions. With ``past_key_values`` (a ``StaticKV`` or
+        ``DynamicKV`` of ``forge_tui.generation.cache``) and ``cache_position`` (the positions of
+        ``input_ids``' tokens, a 1-D device tensor): the tokens' keys and values are written to the
+        cache, and only the last position's logits ``[batch, 1, vocab]`` are returned."""
+        if past_key_values is not None:
+            return self._cached(input_ids, past_key_values, cache_position)
         cfg = self.cfg
         bsz, seq = input_ids.shape
         x = self.embed_tokens(input_ids)
@@ -202,6 +217,22 @@ class Decoder(nn.Module):
         tail = logits[:, -cfg.sample_positions :, :]
         probs = F.softmax(tail, dim=-1, dtype=torch.float32)
         return logits, probs
+
+    def _cached(self, input_ids: torch.Tensor, cache, positions: torch.Tensor) -> torch.Tensor:
+        """One generation step over a KV cache. Every tensor it makes comes from device tensors
+        (the embedding scale is filled on the device, not copied from the host), so a static
+        cache's step can be captured in a CUDA graph."""
+        cfg = self.cfg
+        bsz, _ = input_ids.shape
+        x = self.embed_tokens(input_ids)
+        if cfg.embed_scale:  # the value the full forward multiplies by, rounded to x's dtype alike
+            x = x * torch.full((), math.sqrt(cfg.hidden), dtype=x.dtype, device=x.device)
+        cos, sin = self.rotary_emb(x, positions[None, :].expand(bsz, -1))
+        mask = cache.mask(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache, positions)
+        x = self.norm(x[:, -1:, :])
+        return self.lm_head(x)
 
 
 def init_random(model: nn.Module, std: float = 0.02) -> nn.Module:
