@@ -14,6 +14,9 @@ CONFIG = DecoderConfig(
     embed_scale=False,
 )
 BATCH, SEQ = 4, 1024
+PROMPT_LEN = 128  # generation (``generate``, ``forge bench --generate``): prompt length, new tokens, batches
+NEW_TOKENS = 64
+BATCHES = (1, 8)
 
 
 def get_model(device="cpu"):
@@ -24,3 +27,10 @@ def get_model(device="cpu"):
 def get_inputs(device="cpu"):
     with torch.device(device):
         return decoder_inputs(CONFIG, BATCH, SEQ)
+
+
+def generate(model, inputs, max_new_tokens=NEW_TOKENS):
+    """The example's own greedy generation: a plain loop over a cache that grows at every step."""
+    from forge_tui.generation import eager_generate
+
+    return eager_generate(model, inputs[0], max_new_tokens)

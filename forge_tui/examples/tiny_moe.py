@@ -7,6 +7,9 @@ CONFIG = DecoderConfig(
     act="silu", attention="sdpa", qk_norm=True, experts=8, top_k=2, expert_intermediate=32,
     sample_positions=4, embed_scale=False,
 )
+PROMPT_LEN = 16  # generation (``generate``, ``forge bench --generate``): prompt length, new tokens, batches
+NEW_TOKENS = 8
+BATCHES = (1, 2)
 
 
 def get_model():
@@ -15,3 +18,10 @@ def get_model():
 
 def get_inputs():
     return decoder_inputs(CONFIG, 2, 16)
+
+
+def generate(model, inputs, max_new_tokens=NEW_TOKENS):
+    """The example's own greedy generation: a plain loop over a cache that grows at every step."""
+    from forge_tui.generation import eager_generate
+
+    return eager_generate(model, inputs[0], max_new_tokens)

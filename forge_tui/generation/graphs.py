@@ -14,7 +14,7 @@ every bucket); tests pass a stand-in with the same ``capture`` method.
 
 from __future__ import annotations
 
-import traceback
+import sys
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -39,9 +39,12 @@ _THIS_DIR = str(Path(__file__).parent)
 
 def _model_line() -> str:
     """The innermost frame outside torch and this package: the model's line that made the op."""
-    for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith((_TORCH_DIR, _THIS_DIR)) and "/torch/" not in frame.filename:
-            return f"{frame.name} ({Path(frame.filename).name}:{frame.lineno})"
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith((_TORCH_DIR, _THIS_DIR)) and "/torch/" not in name:
+            return f"{frame.f_code.co_qualname} ({Path(name).name}:{frame.f_lineno})"
+        frame = frame.f_back  # type: ignore[assignment]
     return "?"
 
 

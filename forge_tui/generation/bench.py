@@ -1,0 +1,377 @@
+"""``forge bench WORKLOAD -w WS --generate N``: greedy generation timed four ways.
+
+The ways, each on a copy of the workload's model:
+
+- ``eager``: the model's own generation (a transformers model's ``generate()`` with its default
+  dynamic cache; a forge example's plain loop over a cache that grows at every step);
+- ``eager+forge``: ``apply(model, ws)`` (``mode="cuda_graph"`` on CUDA) and ``GreedyRunner``: a
+  static cache, the decode step replayed from a CUDA graph per batch bucket (op by op, with the
+  reason, where it cannot be; with nothing promoted this is the host-free step alone);
+- ``compile``: the documented fast path: a static cache and ``torch.compile`` of the forward
+  (``compile_mode``; transformers models through ``generate(cache_implementation="static")``,
+  ``fullgraph=True``; the examples in the same plain loop over a ``StaticKV``);
+- ``compile+forge``: the same, ``apply(model, ws, mode="torch_compile")`` first and the forward
+  compiled with ``backend=applied.backend()``.
+
+Prefill and decode are timed apart without reaching into any way's loop: each round times a
+generation of one token (the prefill and its argmax: "prefill") and one of N tokens; the decode's
+time is their difference in the same round (N - 1 steps). Rounds are interleaved in a shuffled
+order (``timing.Timer``); medians with quartiles over the rounds. The first call of each way (its
+compiles and captures included) is timed apart, before the rounds. Tokens are checked against
+eager's: identical, or else judged against the model in fp32 (each chosen token's logit under
+the fp32 model, given the way's own prefix, against that model's best: the mean gap must be at
+most ``ACCURACY_SLACK`` times eager's). Batch-1 decode is set against the bandwidth limit: the
+bytes a step must read (the weights it uses and the KV cache at the generation's mean length)
+over the device's measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import ForgeError
+from ..timing import Stats, Timer
+
+WAYS = ("eager", "eager+forge", "compile", "compile+forge")
+ACCURACY_SLACK = 1.1
+"""A way whose tokens differ from eager's agrees when its mean fp32 logit gap is at most this many
+times eager's (or both are within 1e-6 of 0)."""
+
+
+@dataclass
+class WayResult:
+    way: str
+    batch: int
+    prefill_tok_s: Stats | None = None
+    decode_tok_s: Stats | None = None
+    decode_vs_eager: Stats | None = None
+    """Per round, eager's decode time over this way's (paired)."""
+    first_call_s: float | None = None
+    tokens: str = ""
+    """"identical", or how they differ and how accurate they are against the model in fp32."""
+    agrees: bool = True
+    steps: str = ""
+    """How its decode steps ran (graphs, op by op and why, compiled)."""
+    bandwidth_pct: float | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def st(s: Stats | None) -> dict[str, Any] | None:
+            return s.to_json() if s is not None else None
+
+        return {"way": self.way, "batch": self.batch, "prefill_tok_s": st(self.prefill_tok_s),
+                "decode_tok_s": st(self.decode_tok_s), "decode_vs_eager": st(self.decode_vs_eager),
+                "first_call_s": self.first_call_s, "tokens": self.tokens, "agrees": self.agrees, "steps": self.steps,
+                "bandwidth_pct": self.bandwidth_pct, "error": self.error}
+
+
+@dataclass
+class GenBenchResult:
+    workload: str
+    device: str
+    dtype: str
+    prompt_len: int
+    new_tokens: int
+    repeats: int
+    rows: list[WayResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    bandwidth: dict[str, Any] = field(default_factory=dict)
+    """"bandwidth_Bps" (copy, read + written), and per batch 1 the bytes a step reads."""
+    runner: dict[str, Any] = field(default_factory=dict)
+    """The eager + forge runner's status (``RunnerStatus.to_json``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": self.workload, "device": self.device, "dtype": self.dtype, "prompt_len": self.prompt_len,
+                "new_tokens": self.new_tokens, "repeats": self.repeats, "rows": [r.to_json() for r in self.rows],
+                "notes": self.notes, "bandwidth": self.bandwidth, "runner": self.runner}
+
+    def mismatches(self) -> list[str]:
+        """The forge ways whose tokens do not agree with eager's (by the rule above)."""
+        return [f"{r.way} at batch {r.batch}: {r.tokens}" for r in self.rows if "forge" in r.way and not r.agrees]
+
+    def table(self) -> str:
+        head = (f"generate: {self.workload} on {self.device} ({self.dtype}), prompts of {self.prompt_len} tokens, "
+                f"{self.new_tokens} new tokens, greedy; tokens/s medians [q1 - q3] of {self.repeats} interleaved rounds")
+        lines = [head, f"{'batch':>5s}  {'way':14s} {'prefill tok/s':>24s} {'decode tok/s':>24s} {'vs eager':>8s} "
+                 f"{'first call':>10s}  tokens; decode steps"]
+
+        def fmt(s: Stats | None) -> str:
+            return f"{s.median:9.1f} [{s.q1:.0f} - {s.q3:.0f}]" if s is not None else "-"
+
+        for r in self.rows:
+            if r.error:
+                lines.append(f"{r.batch:5d}  {r.way:14s} failed: {r.error}")
+                continue
+            ratio = f"{r.decode_vs_eager.median:.2f}x" if r.decode_vs_eager is not None else "-"
+            first = f"{r.first_call_s:.2f} s" if r.first_call_s is not None else "-"
+            lines.append(f"{r.batch:5d}  {r.way:14s} {fmt(r.prefill_tok_s):>24s} {fmt(r.decode_tok_s):>24s} {ratio:>8s} "
+                         f"{first:>10s}  {r.tokens}; {r.steps}")
+        bw = self.bandwidth
+        for r in self.rows:
+            if r.bandwidth_pct is not None:
+                lines.append(f"batch-1 decode, {r.way}: {r.bandwidth_pct:.1f}% of the bandwidth limit "
+                             f"({bw['weight_bytes'] / 1e9:.3f} GB of weights and {bw['kv_bytes'] / 1e6:.2f} MB of KV "
+                             f"cache read a step, over {bw['bandwidth_Bps'] / 1e12:.2f} TB/s measured copy bandwidth, "
+                             f"read + written: at most {bw['limit_tok_s']:.0f} tokens/s)")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+# ---- the ways --------------------------------------------------------------------------------
+def _prompt_len(module: Any, device: str, inputs: list[Any]) -> int:
+    value = getattr(module, "PROMPT_LEN", None)
+    if isinstance(value, dict):
+        value = value.get(device)
+    if isinstance(value, int):
+        return value
+    return int(inputs[0].shape[1])
+
+
+def _prompts(vocab: int, batch: int, length: int, device: str) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + batch)
+    return torch.randint(0, vocab, (batch, length), generator=g).to(device)
+
+
+@dataclass
+class _Way:
+    name: str
+    model: Any
+    generate: Callable[[Any, int], Any]
+    steps: Callable[[], str]
+    applied: Any = None
+
+
+def _no_eos(gen: Any) -> None:
+    """A transformers model's ``generate()`` makes every token asked for (no EOS stop)."""
+    cfg = getattr(gen, "generation_config", None)
+    if cfg is not None:
+        cfg.eos_token_id = None
+
+
+def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[int, ...], with_compile: bool,
+                compile_mode: str, compile_backend: str, notes: list[str], promoted: bool) -> tuple[dict[str, _Way], Any]:
+    import torch
+
+    from ..runtime.apply import apply
+    from .adapters import HFAdapter, adapter_for, generating_module
+    from .runner import GreedyRunner
+
+    ways: dict[str, _Way] = {}
+    eager_ad = adapter_for(model)
+    _no_eos(eager_ad.model)
+    ways["eager"] = _Way("eager", model, eager_ad.eager_generate, lambda: (
+        "generate(), dynamic cache, op by op" if isinstance(eager_ad, HFAdapter) else "plain loop, growing cache, op by op"))
+
+    fm = copy.deepcopy(model)
+    applied = None
+    if promoted:
+        applied = apply(fm, ws, mode="cuda_graph" if device == "cuda" else "inference", device=device)
+        notes.extend(f"eager+forge: not used {c}: {why}" for c, why in applied.skipped.items())
+    ad = adapter_for(fm)
+    _no_eos(ad.model)
+    runner = GreedyRunner(ad, max_len=max_len, buckets=batches)
+    ways["eager+forge"] = _Way("eager+forge", fm, lambda ids, n: runner.generate(ids, n).tokens, runner.status().line, applied)
+
+    if with_compile:
+        hf = isinstance(eager_ad, HFAdapter)
+        how = (f"static cache, torch.compile(forward, mode={compile_mode!r}{', fullgraph=True' if hf else ''}"
+               f"{'' if compile_backend == 'inductor' else f', backend={compile_backend!r}'})")
+        for name in ("compile", "compile+forge"):
+            cm = copy.deepcopy(model)
+            cap = None
+            if name == "compile+forge" and promoted:
+                cap = apply(cm, ws, mode="torch_compile", device=device)
+            gen = generating_module(cm)
+            _no_eos(gen)
+            kw: dict[str, Any] = {"backend": cap.backend(compile_backend)} if cap is not None else (
+                {"mode": compile_mode, "backend": compile_backend} if compile_backend == "inductor" else {"backend": compile_backend})
+            if hf:
+                gen.forward = torch.compile(gen.forward, fullgraph=True, **kw)
+                cad: Any = HFAdapter(gen)
+            else:
+                cad = adapter_for(gen).with_forward(torch.compile(gen, **kw))
+            text = how if cap is None else how.split(", torch.compile")[0] + ", torch.compile(forward, backend=applied.backend())"
+            ways[name] = _Way(name, cm, cad.static_generate, lambda t=text: t, cap)
+    return ways, runner
+
+
+# ---- tokens against eager's ------------------------------------------------------------------
+def _fp32_gap(model32: Any, prompt: Any, tokens: Any) -> float:
+    """The mean, over the new tokens, of the fp32 model's best logit minus its logit of the
+    token chosen, each given the tokens before it (0 where every token is the fp32 argmax)."""
+    import torch
+
+    from .adapters import adapter_for
+
+    with torch.no_grad():
+        seq = torch.cat([prompt, tokens], dim=1)
+        logits = adapter_for(model32).full_logits(seq).float()
+        p = prompt.shape[1]
+        pred = logits[:, p - 1:p - 1 + tokens.shape[1], :]
+        gap = pred.max(dim=-1).values - pred.gather(-1, tokens[..., None]).squeeze(-1)
+        return float(gap.mean())
+
+
+def _judge(tokens: dict[str, Any], eager: Any, eager_again: Any, fp32: Callable[[Any], float]) -> dict[str, tuple[str, bool]]:
+    """Per way: what its tokens are against eager's, and whether that agrees."""
+    import torch
+
+    out: dict[str, tuple[str, bool]] = {}
+    stable = torch.equal(eager, eager_again)
+    out["eager"] = ("eager's two runs identical" if stable else "eager's two runs differ", True)
+    base_gap: list[float] = []
+    for name, t in tokens.items():
+        if name == "eager":
+            continue
+        if t.shape == eager.shape and torch.equal(t, eager):
+            out[name] = ("identical", True)
+            continue
+        if t.shape != eager.shape:
+            out[name] = (f"shape {tuple(t.shape)} where eager's is {tuple(eager.shape)}", False)
+            continue
+        rows = (t != eager).any(dim=1)
+        first = int((t != eager).int().argmax(dim=1)[rows].min())
+        said = f"differ from step {first + 1} in {int(rows.sum())} of {t.shape[0]} rows"
+        if not base_gap:
+            base_gap.append(fp32(eager))
+        gap, eg = fp32(t), base_gap[0]
+        ok = gap <= ACCURACY_SLACK * eg or gap < 1e-6
+        out[name] = (f"{said}; {'as accurate as' if ok else 'LESS accurate than'} eager against fp32 "
+                     f"(mean logit gap {gap:.3g} vs {eg:.3g})", ok)
+    return out
+
+
+# ---- the bench -------------------------------------------------------------------------------
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batches: tuple[int, ...] | None = None,
+                   device: str | None = None, dtype: Any = None, repeats: int = 5, with_compile: bool = True,
+                   compile_mode: str = "default", compile_backend: str = "inductor",
+                   bandwidth_Bps: float | None = None) -> GenBenchResult:
+    """Greedy generation four ways (see the module's docstring). ``bandwidth_Bps``: the copy
+    bandwidth to set batch-1 decode against (default: measured on CUDA, none elsewhere)."""
+    import time
+
+    import torch
+
+    from ..workload import load_workload, resolve_device
+    from ..workspace import Workspace
+    from .adapters import adapter_for
+
+    if new_tokens < 2:
+        raise ForgeError(f"--generate needs at least 2 new tokens (a prefill and a decode step), got {new_tokens}")
+    if repeats < 1:
+        raise ForgeError(f"repeats must be at least 1, got {repeats}")
+    ws = workspace if isinstance(workspace, Workspace) else Workspace.open(workspace)
+    dev = resolve_device(device)
+    wl = load_workload(workload_spec)
+    model, inputs = wl.build(dev, dtype)
+    model.eval()
+    adapter_for(model)  # a model that cannot generate is refused before anything is built
+    if batches is None:
+        batches = tuple(getattr(wl.module, "BATCHES", (1, 8)))
+    if not batches or any(b < 1 for b in batches):
+        raise ForgeError(f"batch sizes must be positive, got {batches}")
+    batches = tuple(sorted(set(batches)))
+    plen = _prompt_len(wl.module, dev, inputs)
+    del inputs
+    param = next(model.parameters())
+    res = GenBenchResult(wl.name, dev, str(param.dtype).removeprefix("torch."), plen, new_tokens, repeats)
+    from ..promotion import kernels_dir
+    from ..runtime.manifest import Manifest
+
+    promoted = bool(Manifest.load(kernels_dir(ws)).entries)
+    if not promoted:
+        res.notes.append("nothing promoted in the workspace: eager + forge is the host-free decode step alone"
+                         + (", and torch.compile + forge is torch.compile" if with_compile else ""))
+    max_len = plen + new_tokens
+    ways, runner = _build_ways(model, ws, dev, max_len, batches, with_compile, compile_mode, compile_backend, res.notes,
+                               promoted)
+    vocab = adapter_for(model).vocab()
+    model32: list[Any] = []
+
+    def fp32(prompt: Any) -> Callable[[Any], float]:
+        def gap(tokens: Any) -> float:
+            if not model32:
+                model32.append(copy.deepcopy(model).float())
+            return _fp32_gap(model32[0], prompt, tokens)
+        return gap
+
+    bw = bandwidth_Bps
+    if bw is None and dev == "cuda":
+        from ..roofline import ceilings
+
+        bw = float(ceilings(dev)["bandwidth_Bps"])
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                prompt = _prompts(vocab, batch, plen, dev)
+                rows = {name: WayResult(name, batch) for name in ways}
+                tokens: dict[str, Any] = {}
+                for name, way in ways.items():  # first calls: compiles and captures included
+                    try:
+                        _sync(dev)
+                        t0 = time.perf_counter()
+                        tokens[name] = way.generate(prompt, new_tokens)
+                        _sync(dev)
+                        rows[name].first_call_s = time.perf_counter() - t0
+                    except Exception as exc:  # noqa: BLE001 - one way failing leaves the others their rows
+                        if name == "eager":
+                            raise
+                        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                        rows[name].error = f"{type(exc).__name__}: {first}"
+                live = {n: w for n, w in ways.items() if rows[n].error is None}
+                again = ways["eager"].generate(prompt, new_tokens)
+                for name, (said, ok) in _judge(tokens, tokens["eager"], again, fp32(prompt)).items():
+                    rows[name].tokens, rows[name].agrees = said, ok
+                fns = {}
+                for name, way in live.items():
+                    fns[f"{name}|1"] = (lambda w=way, p=prompt: w.generate(p, 1))
+                    fns[f"{name}|n"] = (lambda w=way, p=prompt: w.generate(p, new_tokens))
+                timer = Timer(dev, warmup=1, repeats=repeats, cold_l2=False)
+                _, raw, _ = timer.time(fns, subtract_overhead=False)
+                # a round whose N-token generation took no longer than its one-token one (a machine
+                # busy elsewhere) resolves no decode time: it is left out of the decode figures
+                decode_us = {n: [b - a if b > a else None for a, b in zip(raw[f"{n}|1"], raw[f"{n}|n"])] for n in live}
+                for name in live:
+                    r = rows[name]
+                    r.prefill_tok_s = Stats.from_samples([batch * plen / (us * 1e-6) for us in raw[f"{name}|1"]])
+                    own = [us for us in decode_us[name] if us is not None]
+                    pairs = [(e, w) for e, w in zip(decode_us["eager"], decode_us[name]) if e is not None and w is not None]
+                    r.decode_tok_s = Stats.from_samples([batch * (new_tokens - 1) / (us * 1e-6) for us in own]) if own else None
+                    r.decode_vs_eager = Stats.from_samples([e / w for e, w in pairs]) if pairs else None
+                    if len(own) < repeats:
+                        res.notes.append(f"{name} at batch {batch}: {repeats - len(own)} of {repeats} rounds resolved no "
+                                         "decode time (N tokens no slower than one), left out")
+                    r.steps = ways[name].steps()
+                if batch == 1 and bw:
+                    ad = adapter_for(model)
+                    wb = ad.weight_bytes(1)
+                    kvb = int(ad.kv_bytes_per_token() * (plen + new_tokens / 2))
+                    limit = bw / (wb + kvb)
+                    res.bandwidth = {"bandwidth_Bps": bw, "weight_bytes": wb, "kv_bytes": kvb, "limit_tok_s": limit,
+                                     "kv_length": plen + new_tokens / 2}
+                    for name in live:
+                        st = rows[name].decode_tok_s
+                        rows[name].bandwidth_pct = 100 * st.median / limit if st is not None else None
+                res.rows.extend(rows.values())
+    finally:
+        res.runner = runner.status().to_json()
+        for way in ways.values():
+            if way.applied is not None:
+                res.runner.setdefault("served", {}).update(
+                    {f"{way.name}: {c['card']}": c["served"] for c in way.applied.status()["cards"]})
+                way.applied.undo()
+    why = runner.status().why_not_graphed
+    if why:
+        res.notes.append(f"eager+forge decode steps run op by op: {why}")
+    return res
