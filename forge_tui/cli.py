@@ -294,8 +294,19 @@ def cmd_status(args) -> int:
 def cmd_bench(args) -> int:
     import json
 
-    from .e2e import bench
     from .workload import parse_dtype
+
+    if args.generate is not None:
+        from .generation.bench import generate_bench
+
+        g = generate_bench(args.workload, args.workspace, args.generate, batches=tuple(args.batch) if args.batch else None,
+                           device=args.device, dtype=parse_dtype(args.dtype), repeats=args.gen_repeats,
+                           with_compile=not args.no_compile, compile_mode=args.compile_mode)
+        print(json.dumps(g.to_json(), indent=1) if args.json else g.table())
+        for what in g.mismatches():
+            print(f"forge: error: tokens of {what}", file=sys.stderr)
+        return 1 if g.mismatches() else 0
+    from .e2e import bench
 
     r = bench(args.workload, args.workspace, device=args.device, dtype=parse_dtype(args.dtype), repeats=args.repeats,
               with_compile=not args.no_compile, switch_off=not args.keep_slower, only_faster=not args.all_kernels,
@@ -456,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--graphs", action="store_true", help="cuda: also eager and eager + forge each captured in a "
                     "CUDA graph, which takes the host's launch cost out of both; kernels that slow the graphed "
                     "forward are switched off for mode='cuda_graph' only")
+    sp.add_argument("--generate", type=int, metavar="N", help="time greedy generation of N new tokens instead of the "
+                    "forward: prefill and decode tokens/s four ways (forge's decode steps from CUDA graphs)")
+    sp.add_argument("--batch", type=int, nargs="+", metavar="B", help="with --generate: batch sizes (default: the "
+                    "workload's BATCHES, else 1 8)")
+    sp.add_argument("--gen-repeats", type=int, default=5, help="with --generate: interleaved rounds (default 5)")
+    sp.add_argument("--compile-mode", default="default", help="with --generate: torch.compile's mode for the compile "
+                    "way (default: 'default'; 'reduce-overhead' adds CUDA graphs)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_bench)
 

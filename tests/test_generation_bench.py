@@ -1,0 +1,106 @@
+"""``forge bench WORKLOAD --generate N`` on a tiny model (the CPU): the table's structure, the four
+ways' token agreement, the bandwidth line, the rule for tokens that differ, and bad requests. No
+figure is asserted: timings depend on the machine's load."""
+
+import json
+
+import pytest
+import torch
+
+from forge_tui.cli import main
+from forge_tui.errors import ForgeError
+from forge_tui.generation.bench import WAYS, _judge, generate_bench
+
+
+def test_generate_bench_four_ways_on_a_tiny_decoder(decoder_workspace):
+    # torch.compile with the "eager" backend: Dynamo traces the forward as it would for inductor,
+    # without inductor's C++ builds, which take minutes on a busy CPU
+    r = generate_bench("example:tiny_decoder", decoder_workspace, 4, batches=(2, 1), device="cpu", repeats=2,
+                       compile_backend="eager", bandwidth_Bps=1e10)
+    assert [(row.batch, row.way) for row in r.rows] == [(b, w) for b in (1, 2) for w in WAYS]
+    for row in r.rows:
+        assert row.error is None and row.first_call_s is not None and row.first_call_s > 0
+        assert row.prefill_tok_s is not None and row.prefill_tok_s.n == 2
+        assert row.tokens == ("eager's two runs identical" if row.way == "eager" else "identical") and row.agrees
+    steps = {row.way: row.steps for row in r.rows if row.batch == 1}
+    assert "no CUDA device (cpu)" in steps["eager+forge"] and "static cache, torch.compile(forward" in steps["compile"]
+    assert "backend=applied.backend()" not in steps["compile+forge"]  # nothing promoted: it is torch.compile
+    assert any("nothing promoted" in n and "host-free decode step alone" in n for n in r.notes)
+    # batch-1 decode against the bandwidth limit: bytes a step reads over the copy bandwidth given
+    bw = r.bandwidth
+    assert bw["bandwidth_Bps"] == 1e10 and bw["kv_length"] == 16 + 2
+    assert bw["limit_tok_s"] == pytest.approx(1e10 / (bw["weight_bytes"] + bw["kv_bytes"]))
+    ones = [row for row in r.rows if row.bandwidth_pct is not None]
+    assert {row.batch for row in ones} == {1} and len(ones) == 4 - sum(row.decode_tok_s is None for row in ones)
+    text = r.table()
+    assert text.splitlines()[0].startswith("generate: tiny_decoder on cpu (float32), prompts of 16 tokens, 4 new")
+    assert "of the bandwidth limit" in text and "TB/s measured copy bandwidth" in text
+    j = r.to_json()
+    assert json.loads(json.dumps(j))["rows"][0]["way"] == "eager" and j["runner"]["why_not_graphed"]
+    assert not r.mismatches()
+
+
+def test_the_embedding_lookup_reads_rows_and_the_experts_only_those_chosen():
+    from forge_tui.examples import tiny_decoder, tiny_moe
+    from forge_tui.generation import adapter_for
+
+    dec = adapter_for(tiny_decoder.get_model())
+    c = tiny_decoder.CONFIG
+    params = sum(p.numel() for p in dec.model.parameters()) * 4
+    assert dec.weight_bytes(1) == params - (c.vocab - 1) * c.hidden * 4  # one row of the table read
+    moe = adapter_for(tiny_moe.get_model())
+    m = tiny_moe.CONFIG
+    experts = sum(p.numel() for layer in moe.model.layers for p in layer.mlp.experts.parameters()) * 4
+    full = sum(p.numel() for p in moe.model.parameters()) * 4 - (m.vocab - 1) * m.hidden * 4
+    assert moe.weight_bytes(1) == full - int(experts * (1 - m.top_k / m.experts))
+    assert moe.weight_bytes(64) == full + 63 * m.hidden * 4  # every expert; 64 rows of the table
+    assert dec.kv_bytes_per_token() == 2 * c.layers * c.kv_heads * c.head_dim * 4
+
+
+def test_tokens_that_differ_are_judged_against_the_model_in_fp32():
+    eager = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    close = torch.tensor([[1, 2, 9, 9], [5, 6, 7, 8]])
+    gaps = {1: 0.5, 9: 0.52, 3: 4.0}  # by the first differing token: eager's, a close way's, a worse one's
+
+    def fp32(t):
+        return gaps[int(t[0, 2])]
+
+    worse = torch.tensor([[1, 2, 9, 9], [5, 6, 7, 8]])
+    gaps[9] = 0.52
+    out = _judge({"eager": eager, "eager+forge": eager.clone(), "compile": close}, eager, eager.clone(),
+                 lambda t: 0.5 if torch.equal(t, eager) else fp32(t))
+    assert out["eager"] == ("eager's two runs identical", True) and out["eager+forge"] == ("identical", True)
+    said, ok = out["compile"]
+    assert ok and said.startswith("differ from step 3 in 1 of 2 rows; as accurate as eager against fp32")
+    out = _judge({"eager": eager, "compile+forge": worse}, eager, torch.zeros_like(eager),
+                 lambda t: 0.5 if torch.equal(t, eager) else 0.9)
+    assert out["eager"] == ("eager's two runs differ", True)
+    said, ok = out["compile+forge"]
+    assert not ok and "LESS accurate than eager" in said and "0.9 vs 0.5" in said
+
+
+def test_forge_bench_generate_prints_the_table(decoder_workspace, capsys):
+    assert main(["bench", "example:tiny_decoder", "-w", str(decoder_workspace.root), "--generate", "3", "--batch", "1",
+                 "--no-compile", "--device", "cpu", "--gen-repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("generate: tiny_decoder on cpu") and "eager+forge" in out and "compile" not in out.split("\n", 2)[2]
+    assert main(["bench", "example:tiny_decoder", "-w", str(decoder_workspace.root), "--generate", "3", "--batch", "1",
+                 "--no-compile", "--device", "cpu", "--gen-repeats", "1", "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert [row["way"] for row in j["rows"]] == ["eager", "eager+forge"] and j["new_tokens"] == 3
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--generate", "1"], "at least 2 new tokens"),
+    (["--generate", "3", "--batch", "0"], "batch sizes must be positive"),
+    (["--generate", "3", "--gen-repeats", "0"], "repeats must be at least 1"),
+])
+def test_bad_generate_requests_say_why(decoder_workspace, capsys, args, said):
+    assert main(["bench", "example:tiny_decoder", "-w", str(decoder_workspace.root), "--device", "cpu", *args]) != 0
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
+
+
+def test_a_model_that_cannot_generate_is_refused(decoder_workspace):
+    with pytest.raises(ForgeError, match="cannot generate"):
+        generate_bench("example:tiny_mlp", decoder_workspace, 3, device="cpu")
