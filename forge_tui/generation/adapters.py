@@ -52,7 +52,7 @@ class ExampleAdapter:
     def __init__(self, model: nn.Module, call: Callable[..., Any] | None = None) -> None:
         self.model = model
         self.call = call if call is not None else model
-        self.cfg = model.cfg  # type: ignore[union-attr]
+        self.cfg: Any = model.cfg  # the example's DecoderConfig
 
     def with_forward(self, call: Callable[..., Any]) -> "ExampleAdapter":
         return ExampleAdapter(self.model, call)
@@ -121,8 +121,8 @@ class ExampleAdapter:
         total = _params_read(self.model, batch)
         c = self.cfg
         if c.experts:
-            experts = sum(p.numel() * p.element_size() for layer in self.model.layers  # type: ignore[union-attr]
-                          for p in layer.mlp.experts.parameters())
+            layers: Any = self.model.layers
+            experts = sum(p.numel() * p.element_size() for layer in layers for p in layer.mlp.experts.parameters())
             total -= int(experts * (1 - min(1.0, batch * c.top_k / c.experts)))
         return total
 

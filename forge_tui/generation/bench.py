@@ -145,6 +145,10 @@ class _Way:
     applied: Any = None
 
 
+def _said(text: str) -> Callable[[], str]:
+    return lambda: text
+
+
 def _no_eos(gen: Any) -> None:
     """A transformers model's ``generate()`` makes every token asked for (no EOS stop)."""
     cfg = getattr(gen, "generation_config", None)
@@ -195,7 +199,7 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
             else:
                 cad = adapter_for(gen).with_forward(torch.compile(gen, **kw))
             text = how if cap is None else how.split(", torch.compile")[0] + ", torch.compile(forward, backend=applied.backend())"
-            ways[name] = _Way(name, cm, cad.static_generate, lambda t=text: t, cap)
+            ways[name] = _Way(name, cm, cad.static_generate, _said(text), cap)
     return ways, runner
 
 

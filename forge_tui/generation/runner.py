@@ -225,7 +225,9 @@ class GreedyRunner:
 
     def _all_ended(self, slot: _Slot, batch: int, steps: int) -> bool:
         """Whether every sequence has made ``eos_token_id`` (the host waits for the device here)."""
-        return bool((slot.tokens[:batch, :steps] == self.eos).any(dim=1).all())
+        assert self.eos is not None
+        made = torch.eq(slot.tokens[:batch, :steps], self.eos)
+        return bool(made.any(dim=1).all())
 
     def _after_eos(self, tokens: torch.Tensor) -> torch.Tensor:
         """Tokens after a sequence's first ``eos_token_id`` become the pad token, as
