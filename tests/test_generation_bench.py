@@ -104,3 +104,29 @@ def test_bad_generate_requests_say_why(decoder_workspace, capsys, args, said):
 def test_a_model_that_cannot_generate_is_refused(decoder_workspace):
     with pytest.raises(ForgeError, match="cannot generate"):
         generate_bench("example:tiny_mlp", decoder_workspace, 3, device="cpu")
+
+
+@pytest.mark.timeout(280)
+def test_the_generate_bench_script_on_a_given_workspace(decoder_workspace, tmp_path):
+    """bench/generate_bench.py, as the device runs it, on the CPU: a workload in a process of its
+    own, its JSON written to $OUT, the table printed last."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, OUT=str(tmp_path), FORGE_CACHE_DIR=str(tmp_path / "cache"))
+    run = subprocess.run([sys.executable, str(root / "bench" / "generate_bench.py"), "tiny_decoder", "--device", "cpu",
+                          "--workspace", str(decoder_workspace.root), "--no-compile", "--repeats", "1", "--new-tokens",
+                          "3", "--batch", "1", "--budget-s", "250"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=270)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "generate.json").read_text())
+    w = report["workloads"]["tiny_decoder"]
+    assert w.get("done"), w.get("error")
+    rows = w["result"]["rows"]
+    assert [r["way"] for r in rows] == ["eager", "eager+forge"] and rows[1]["tokens"] == "identical"
+    assert w["result"]["prompt_len"] == 16 and w["result"]["new_tokens"] == 3 and "generate" in w["phases_s"]
+    tail = run.stdout[run.stdout.rindex("=" * 100):]
+    assert "generate: tiny_decoder on cpu" in tail and tail.rstrip().endswith("generate.json")
