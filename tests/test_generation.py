@@ -180,7 +180,7 @@ def test_a_step_with_a_host_sync_says_why_and_runs_op_by_op():
     why = runner.status().why_not_graphed
     # the first read back in the block's routing (one_hot checks its indices on the host, then nonzero)
     assert why and why.startswith("the decode step aten.") and "in SparseMoE.forward (_decoder_parts.py:" in why, why
-    assert not got.graphed and fake.captured == 0 and fake.warmups == 0
+    assert not got.graphed and fake.captured == 0 and fake.warmups == 0  # the scan ran before any capture
     assert runner.status().op_by_op == {why: NEW - 1}
     assert torch.equal(got.tokens, tiny_moe.generate(m, [_prompts(2)], NEW))
 
@@ -242,7 +242,7 @@ def test_batches_run_in_their_bucket_padded_and_above_every_bucket_op_by_op():
         got = runner.generate(ids[:batch], NEW)
         assert got.graphed and got.bucket == (1 if batch == 1 else 4) and got.tokens.shape == (batch, NEW)
         assert torch.equal(got.tokens, eager_generate(m, ids[:batch], NEW))
-    assert fake.captured == 2 and fake.warmups == 4  # once per bucket, its warm-up off the capture
+    assert fake.captured == 2 and fake.warmups == 2  # once per bucket, one warm-up on the capture's stream
     big = runner.generate(ids, NEW)  # 5: above every bucket
     assert not big.graphed and big.bucket is None and torch.equal(big.tokens, eager_generate(m, ids, NEW))
     st = runner.status()
@@ -297,3 +297,27 @@ def test_bad_requests_are_refused_with_their_cause():
         GreedyRunner(adapter_for(_model(tiny_decoder)), max_len=20, buckets=(0,))
     with pytest.raises(ForgeError, match="cannot generate"):
         adapter_for(torch.nn.Linear(2, 2))
+
+
+def test_first_call_checks_run_in_the_warm_up_before_the_scan():
+    """A step that reads the device back on its first call only (forge's first-call checks, a
+    compile) is captured: the warm-up steps run it before the scan for host syncs."""
+    from forge_tui.generation import ExampleAdapter
+
+    class FirstCallCheck(ExampleAdapter):
+        calls = 0
+
+        def decode(self, ids, pos, cache):
+            out = super().decode(ids, pos, cache)
+            FirstCallCheck.calls += 1
+            if FirstCallCheck.calls == 1:
+                float(out.sum())  # read back once
+            return out
+
+    m = _model(tiny_decoder)
+    runner = GreedyRunner(FirstCallCheck(m), max_len=32, capture=FakeCapture(), warmup=1)
+    assert runner.generate(_prompts(1), 4).graphed and runner.status().why_not_graphed is None
+    FirstCallCheck.calls = 0
+    cold = GreedyRunner(FirstCallCheck(m), max_len=32, capture=FakeCapture(), warmup=0)
+    assert not cold.generate(_prompts(1), 4).graphed
+    assert "aten._local_scalar_dense in test_first_call_checks" in cold.status().why_not_graphed

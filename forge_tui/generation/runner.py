@@ -9,9 +9,11 @@ the host only launches steps, and waits once at the end (or every ``sync_every``
 
 Batches are served in buckets (by default 1, 2, 4, 8, 16, 32, 64 sequences, as serving engines
 capture them): a batch runs in the smallest bucket that holds it, its rows padded with copies of
-its first prompt, and the bucket's step is captured once, at its first generation (after warm-up
-steps off the capture, so that what forge's ``apply`` does on first calls stays out of the graph)
-and replayed at every step after. A batch larger than every bucket runs its steps op by op, and
+its first prompt, and the bucket's step is captured once, at its first generation (after
+``warmup`` steps run as written, so that what forge's ``apply`` does on first calls, its trials,
+compiles and first-call checks, happens before the step is scanned for host syncs and stays out of
+the graph; then one more on the capture's side stream) and replayed at every step after; the
+generation itself then starts again from its prefill. A batch larger than every bucket runs its steps op by op, and
 the status counts it. Where the step cannot be captured at all (it reads the device back on the
 host, the model has no static cache, the capture fails, no CUDA device) the status says why in one
 line and every step runs op by op: the same step, each op launched by the host.
@@ -162,10 +164,12 @@ class GreedyRunner:
         """Capture the slot's step, or say why the step cannot be captured (then no bucket's is)."""
         assert self.capture is not None
         self._prefill(slot, prompt)
+        for _ in range(self.warmup):  # first calls (forge's trials, compiles, checks) before the scan and capture
+            self._step(slot)
         why = host_syncs(lambda: self._step(slot))
         if why is None:
             try:
-                slot.replay = self.capture.capture(lambda: self._step(slot), self.warmup)
+                slot.replay = self.capture.capture(lambda: self._step(slot), 1)
             except Exception as exc:  # noqa: BLE001 - any capture failure means op by op, with its reason
                 first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
                 why = f"the capture failed: {type(exc).__name__}: {first}"
