@@ -115,6 +115,9 @@ class GenBenchResult:
                              f"({bw['weight_bytes'] / 1e9:.3f} GB of weights and {bw['kv_bytes'] / 1e6:.2f} MB of KV "
                              f"cache read a step, over {bw['bandwidth_Bps'] / 1e12:.2f} TB/s measured copy bandwidth, "
                              f"read + written: at most {bw['limit_tok_s']:.0f} tokens/s)")
+        served = {k: v for k, v in self.runner.get("served", {}).items() if v}
+        if served:  # calls counted where guards run: op by op, and once per capture
+            lines.append("forge served: " + ", ".join(f"{k} x{v}" for k, v in served.items()))
         lines.extend(self.notes)
         return "\n".join(lines)
 
