@@ -321,3 +321,15 @@ def test_first_call_checks_run_in_the_warm_up_before_the_scan():
     cold = GreedyRunner(FirstCallCheck(m), max_len=32, capture=FakeCapture(), warmup=0)
     assert not cold.generate(_prompts(1), 4).graphed
     assert "aten._local_scalar_dense in test_first_call_checks" in cold.status().why_not_graphed
+
+
+def test_the_generate_bench_with_experts_served_names_them_and_agrees(moe_experts_ws):
+    from forge_tui.generation.bench import generate_bench
+
+    r = generate_bench("example:tiny_moe", moe_experts_ws, 3, batches=(2,), device="cpu", repeats=1,
+                       with_compile=False)
+    assert [(row.way, row.tokens) for row in r.rows] == [("eager", "eager's two runs identical"),
+                                                          ("eager+forge", "identical")]
+    served = {k: v for k, v in r.runner["served"].items() if v}
+    assert served and all(k.startswith("eager+forge: experts-") for k in served), r.runner
+    assert "forge served: eager+forge: experts-" in r.table() and not any("nothing promoted" in n for n in r.notes)
