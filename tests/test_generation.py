@@ -333,3 +333,16 @@ def test_the_generate_bench_with_experts_served_names_them_and_agrees(moe_expert
     served = {k: v for k, v in r.runner["served"].items() if v}
     assert served and all(k.startswith("eager+forge: experts-") for k in served), r.runner
     assert "forge served: eager+forge: experts-" in r.table() and not any("nothing promoted" in n for n in r.notes)
+
+
+def test_warm_up_and_capture_fit_a_cache_with_room_for_the_tokens_asked_alone(llama):
+    """A bucket's first generation warms its step up and captures it before generating: those
+    steps write the slot after the prompt again and again, never past the cache's end (a
+    transformers cache keeps its own write position), and a one-token generation captures nothing."""
+    model, wl = llama
+    for ad, ids in ((adapter_for(_model(tiny_decoder)), _prompts(2)), (adapter_for(model), wl.get_inputs("cpu")[0])):
+        fake = FakeCapture()
+        runner = GreedyRunner(ad, max_len=ids.shape[1] + 2, capture=fake, warmup=3)
+        assert runner.generate(ids, 1).tokens.shape == (2, 1) and fake.captured == 0
+        got = runner.generate(ids, 2)
+        assert got.graphed and fake.captured == 1 and torch.equal(got.tokens, eager_generate(ad.model, ids, 2))
