@@ -22,6 +22,11 @@ bench/e2e_bench.py; transformers is on the device image). One call of at most 10
 (timeout 600):
 
     PYTHONUNBUFFERED=1 python3 bench/generate_bench.py 2>&1 | tee $OUT/generate.log
+
+Each workload gets an even share of the budget (a fast one leaves its rest to the next) and is
+killed at its end; its results are written only once its bench is done. torch.compile's first
+calls (a compile per batch size, each way) can take most of a share: ``--no-search`` and fewer
+``--repeats`` leave more for them, and a workload named alone gets the whole budget.
 """
 
 from __future__ import annotations
