@@ -97,6 +97,22 @@ def scheduler_address(text: str) -> str:
     return f"{scheme}://{rest}"
 
 
+def workers_for(card: str, devices: dict[str, str], others: bool, pinned: dict[str, str]) -> tuple[str, ...] | None:
+    """The workers a card's evaluation may run on, of the usable ones (``devices``: address ->
+    device): None (any worker with the resource) unless the usable ones differ in device, where
+    the card keeps to one (``pinned``, updated: the device with the most workers when the card
+    first needs one, or again once none of its device is left), or ``others`` (workers with the
+    resource that must not run it) exist."""
+    if len(set(devices.values())) > 1:
+        count = Counter(devices.values())
+        if pinned.get(card) not in count:
+            pinned[card] = min(count, key=lambda d: (-count[d], d))
+        return tuple(sorted(a for a, d in devices.items() if d == pinned[card]))
+    if others and devices:
+        return tuple(sorted(devices))
+    return None
+
+
 class DaskEvalPool:
     """Evaluations on a Dask cluster. ``scheduler``: its address; ``backend``: cuda or cpu (auto:
     cuda where a worker offers GPU, else cpu); ``bus``: where the pool's events go."""
@@ -217,20 +233,8 @@ class DaskEvalPool:
         return remote.device_of(self._info.get(addr, {}), self.backend)
 
     def _workers_for(self, card: Card) -> tuple[str, ...] | None:
-        """The workers the card's evaluation may run on: None (any with the resource) unless some
-        are refused or the usable ones differ in device, where the card keeps to one device."""
         with self._lock:
-            eligible = sorted(self._eligible)
-            devices = Counter(self._device(a) for a in eligible)
-            if len(devices) > 1:
-                pinned = self._pinned.get(card.id)
-                if pinned not in devices:
-                    pinned = min(devices, key=lambda d: (-devices[d], d))
-                    self._pinned[card.id] = pinned
-                return tuple(a for a in eligible if self._device(a) == pinned)
-            if self._refused and eligible:
-                return tuple(eligible)
-        return None
+            return workers_for(card.id, {a: self._device(a) for a in self._eligible}, bool(self._refused), self._pinned)
 
     # ---- sending -------------------------------------------------------------------------------------
     def _inputs(self, card: Card) -> dict[str, Any]:
@@ -272,10 +276,9 @@ class DaskEvalPool:
             self._give_up(rec)
             return
         except FutureCancelledError as exc:
-            if exc.reason == "scheduler-connection-lost" or self._lost:
-                self._lose(f"the Dask scheduler at {self.address} went away")
-            else:
-                self._fail(rec, PoolLost(f"the cluster cancelled an evaluation of {rec.card.id}: {exc.reason}"))
+            # not by this pool (it forgets what it cancels first): the cluster is going away
+            self._lose(f"the Dask scheduler at {self.address} went away" if exc.reason == "scheduler-connection-lost"
+                       else f"the Dask cluster at {self.address} dropped an evaluation of {rec.card.id} ({exc.reason})")
             return
         except Exception as exc:  # noqa: BLE001 - the harness failed on the worker: the search records it
             self._fail(rec, exc)

@@ -32,9 +32,10 @@ RESOURCE = {"cuda": "GPU", "cpu": "CPU"}
 dask-cuda's convention; ``CPU=1`` for a worker that runs cpu-backend evaluations)."""
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"evaluator": None, "config": None, "verified": set(), "info": None}
+_state: dict[str, Any] = {"evaluator": None, "config": None, "arrived": {}, "info": None}
 received: Counter[str] = Counter()
-"""Tensors this worker process received and verified, by hash (each should be 1)."""
+"""Times each tensor (by hash) reached this worker process: a datum Dask keeps in the worker's
+memory reaches every later evaluation as the same object, one sent again is a new one."""
 
 
 def forge_dir() -> Path:
@@ -148,10 +149,10 @@ def stamp(info: dict[str, Any], backend: str) -> dict[str, Any]:
 
 
 def install(store: Any, key: str, raw: bytes) -> str | None:
-    """Check a received tensor against its hash and put it in the worker's store; None when it is
-    good, else what is wrong (the evaluation is refused: its inputs are not the card's)."""
-    if key in _state["verified"]:
-        return None
+    """Check a tensor that arrived against its hash and put it in the worker's store; None when it
+    is good, else what is wrong (the evaluation is refused: its inputs are not the card's)."""
+    if _state["arrived"].get(key) is raw:
+        return None  # checked when it arrived: the same bytes, kept in this worker's memory
     import torch
 
     from ..tensorstore import _digest
@@ -166,7 +167,7 @@ def install(store: Any, key: str, raw: bytes) -> str | None:
         return f"tensor {key[:12]} arrived with hash {got[:12]}: its bytes changed on the way"
     if store.put_packed(packed) != key:  # pragma: no cover - the store hashes as _digest does
         return f"tensor {key[:12]} was stored under another hash"
-    _state["verified"].add(key)
+    _state["arrived"][key] = raw
     received[key] += 1
     return None
 
