@@ -391,3 +391,57 @@ def test_scheduler_addresses(text, want):
 def test_a_bad_scheduler_address_says_what_is_expected(text):
     with pytest.raises(ForgeError, match="scheduler"):
         scheduler_address(text)
+
+
+# ---- the app ---------------------------------------------------------------------------------------------
+def _text(renderable) -> str:
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_the_app_shows_the_workers_and_the_evaluations_in_flight():
+    """The pool's events reach the app: ``w`` opens the workers (host, device, state, evaluations
+    done, why one was refused) and the evaluations in flight, redrawn as new status comes; worker
+    changes go to the event log."""
+    import asyncio
+
+    from ui_fixtures import FixtureBackend, FixtureDescriber
+
+    from forge_tui.cluster.events import EvalInFlight, WorkerView
+    from forge_tui.ui.app import ForgeApp
+    from forge_tui.ui.messages import SearchEventPosted
+    from forge_tui.ui.workers import WorkersScreen, WorkersView
+
+    def status(done: int, flight: list[EvalInFlight]) -> ClusterStatus:
+        return ClusterStatus(seq=0, scheduler="tcp://sched:8786", backend="cuda", in_flight=flight, workers=[
+            WorkerView(address="tcp://10.0.0.7:4001", host="gpu-a", device="NVIDIA H100 (sm_90)", state="busy", done=done),
+            WorkerView(address="tcp://10.0.0.8:4001", host="gpu-b", device="NVIDIA H100 (sm_90)", state="refused",
+                       reason="it sees 4 GPUs")])
+
+    async def run() -> None:
+        app = ForgeApp(Path("fixture"), backend=FixtureBackend(), describer=FixtureDescriber(), live_refresh=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.post_message(SearchEventPosted(WorkerChanged(seq=0, address="tcp://10.0.0.8:4001", host="gpu-b",
+                                                             change="refused", reason="it sees 4 GPUs")))
+            app.post_message(SearchEventPosted(status(3, [EvalInFlight(card="_softmax-abc", worker="tcp://10.0.0.7:4001",
+                                                                       host="gpu-a", attempt=2, seconds=4.0)])))
+            await pilot.pause()
+            await pilot.press("w")
+            await pilot.pause()
+            assert isinstance(app.screen, WorkersScreen)
+            shown = _text(app.screen.query_one(WorkersView).content)
+            for want in ("gpu-a", "NVIDIA H100 (sm_90)", "busy", "refused: it sees 4 GPUs", "_softmax-abc"):
+                assert want in shown, shown
+            app.post_message(SearchEventPosted(status(4, [])))
+            await pilot.pause()
+            shown = _text(app.screen.query_one(WorkersView).content)
+            assert "evaluations in flight (0)" in shown and "_softmax-abc" not in shown, shown
+            assert any("worker tcp://10.0.0.8:4001 on gpu-b refused: it sees 4 GPUs" in line for line in app.log_lines)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, WorkersScreen)
+
+    asyncio.run(run())
