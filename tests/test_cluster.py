@@ -353,7 +353,7 @@ INFO = {"address": "tcp://10.0.0.5:40000", "host": "gpu-box", "resources": {"GPU
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"gpus": 4, "cuda_visible_devices": None}, "it sees 4 GPUs"),
+    ({"gpus": 4, "cuda_visible_devices": None}, "it sees 4 GPUs and CUDA_VISIBLE_DEVICES does not say which"),
     ({"gpus": 0}, "sees no CUDA GPU"),
     ({"confinement": "libseccomp could not be loaded"}, "cannot confine candidates: libseccomp could not be loaded"),
     ({"version": "0.9"}, "it runs forge-tui 0.9, the search runs 1.0"),
@@ -362,6 +362,15 @@ def test_a_worker_that_cannot_judge_is_refused_with_the_reason(change, why):
     assert remote.refusal(INFO, "cuda", "required", "1.0") is None
     got = remote.refusal({**INFO, **change}, "cuda", "required", "1.0")
     assert got is not None and why in got, got
+
+
+def test_a_worker_that_lists_its_own_gpu_first_is_used(monkeypatch):
+    """dask-cuda's workers see every GPU, their own first in CUDA_VISIBLE_DEVICES: the judge gets that one."""
+    assert remote.refusal({**INFO, "gpus": 4, "cuda_visible_devices": "2,3,0,1"}, "cuda", "required", "1.0") is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,0,1")
+    assert remote.own_gpu() == "2"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert remote.own_gpu() is None
 
 
 def test_without_required_confinement_a_worker_without_it_is_used():

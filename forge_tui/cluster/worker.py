@@ -102,6 +102,13 @@ def probe(dask_worker: Any = None) -> dict[str, Any]:
     return info
 
 
+def own_gpu() -> str | None:
+    """This worker's GPU: the first of CUDA_VISIBLE_DEVICES (dask-cuda's convention: each worker
+    lists every GPU, its own first), or None where it is not set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return visible.split(",")[0].strip() or None if visible else None
+
+
 def device_of(info: dict[str, Any], backend: str) -> str:
     """The device a worker times on: the GPU's name and arch, or the CPU's model."""
     if backend == "cuda":
@@ -119,10 +126,10 @@ def refusal(info: dict[str, Any], backend: str, confinement: str, version: str |
             return f"its GPUs cannot be read: {info['gpu_error']}"
         if info.get("gpus", 0) == 0:
             return "it offers GPU=1 but sees no CUDA GPU"
-        if info["gpus"] > 1:
-            return (f"it sees {info['gpus']} GPUs (CUDA_VISIBLE_DEVICES={info.get('cuda_visible_devices')}): one "
-                    "evaluation at a time per GPU needs one worker per GPU (dask worker --nworkers N with "
-                    "CUDA_VISIBLE_DEVICES per worker, or dask-cuda-worker)")
+        if info["gpus"] > 1 and not info.get("cuda_visible_devices"):
+            return (f"it sees {info['gpus']} GPUs and CUDA_VISIBLE_DEVICES does not say which is its own: one "
+                    "evaluation at a time per GPU needs one worker per GPU (dask cuda worker, or "
+                    "CUDA_VISIBLE_DEVICES=i dask worker ... --resources GPU=1 for each GPU i)")
     if confinement == "required" and info.get("confinement"):
         return (f"it cannot confine candidates: {info['confinement']} (install libseccomp2 there, or set "
                 '[evaluator] confinement = "off")')
@@ -185,7 +192,10 @@ def _evaluator(config_json: str, backend: str) -> Any:
             _state["evaluator"] = None
         root = forge_dir()
         cfg = parse_config(json.loads(config_json), "the search's configuration")
-        _state["evaluator"] = Evaluator(TensorStore(root / "tensors"), root / "builds", cfg, backend=backend)
+        gpu = own_gpu() if backend == "cuda" else None
+        # the judge, and the candidate's runner under it, see this worker's GPU alone
+        _state["evaluator"] = Evaluator(TensorStore(root / "tensors"), root / "builds", cfg, backend=backend,
+                                        worker_env={"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else None)
         _state["config"] = key
     return _state["evaluator"]
 
