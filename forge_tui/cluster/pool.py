@@ -276,9 +276,11 @@ class DaskEvalPool:
             self._give_up(rec)
             return
         except FutureCancelledError as exc:
-            # not by this pool (it forgets what it cancels first): the cluster is going away
-            self._lose(f"the Dask scheduler at {self.address} went away" if exc.reason == "scheduler-connection-lost"
-                       else f"the Dask cluster at {self.address} dropped an evaluation of {rec.card.id} ({exc.reason})")
+            # not by this pool (it forgets what it cancels first)
+            if exc.reason == "scheduler-connection-lost" or self.client.status != "running":
+                self._lose(f"the Dask scheduler at {self.address} went away")
+            else:
+                self._lost_inputs(rec, str(exc.reason))
             return
         except Exception as exc:  # noqa: BLE001 - the harness failed on the worker: the search records it
             self._fail(rec, exc)
@@ -291,6 +293,26 @@ class DaskEvalPool:
                 self._done_by[addr] += 1
         if not rec.out.done():
             rec.out.set_result(result)
+
+    def _lost_inputs(self, rec: _Eval, why: str) -> None:
+        """The scheduler dropped the evaluation: the worker that held the only copy of its tensors
+        died under it (one worker left, or none). That counts as its worker's death; the tensors
+        are sent again with the retry."""
+        with self._lock:
+            if rec.deaths <= rec.base_deaths:
+                rec.died_on.append(f"{rec.worker or '?'} on {self._info.get(rec.worker, {}).get('host', '?')}")
+                rec.deaths = rec.base_deaths + 1
+            for s in rec.card.samples:
+                for k in (*s.inputs, *s.outputs):
+                    self._scattered.pop(k, None)
+        if rec.deaths > self.config.pool.retries:
+            self._give_up(rec)
+            return
+        try:
+            self._resubmit(rec, force=True)
+        except Exception as exc:  # noqa: BLE001 - the cluster is going away under it
+            self._lose(f"the Dask cluster at {self.address} dropped an evaluation of {rec.card.id} ({why}) and "
+                       f"took no other ({type(exc).__name__}: {exc})")
 
     def _fail(self, rec: _Eval, exc: BaseException) -> None:
         with self._lock:
@@ -439,9 +461,10 @@ class DaskEvalPool:
         self._watch_eligible()
         self._publish_status()
 
-    def _resubmit(self, rec: _Eval) -> None:
-        """Its workers are gone (the restriction names none alive): send it again to those there are."""
-        if not self._eligible:
+    def _resubmit(self, rec: _Eval, force: bool = False) -> None:
+        """Send it again to the workers there are: those its restriction named are gone, or
+        (``force``) the scheduler dropped it."""
+        if not self._eligible and not force:
             return
         with self._lock:
             old, rec.base_deaths = rec.dfut, rec.deaths
