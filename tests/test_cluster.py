@@ -454,3 +454,26 @@ def test_the_app_shows_the_workers_and_the_evaluations_in_flight():
             assert not isinstance(app.screen, WorkersScreen)
 
     asyncio.run(run())
+
+
+# ---- the bench ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_cluster_bench_runs_on_cpu_workers(tmp_path):
+    """bench/cluster_bench.py's smoke run: a scheduler and two worker processes started as a user
+    would, the same search four ways, a worker killed in the last; the JSON says what each did."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OUT=str(tmp_path))
+    run = subprocess.run([sys.executable, str(HERE.parent / "bench" / "cluster_bench.py"), "--device", "cpu", "--small",
+                          "--evals", "3"], capture_output=True, text=True, env=env, timeout=1500)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "cluster_bench.json").read_text())
+    runs = report["workloads"]["kb_softmax"]
+    assert sorted(runs) == ["cluster-2", "killed", "local-1", "local-2"]
+    for label, r in runs.items():
+        assert r["evaluations"] == 3 and r["duplicates"] == 0 and r["agreement"] == 1.0, (label, r["stopped"])
+    killed = runs["killed"]
+    assert killed["killed"] and killed["killed"]["pid"] and killed["worker_lost"] == 0, killed["killed"]
+    assert all(n["worker"] for n in runs["cluster-2"]["nodes"]) and not any(n["worker"] for n in runs["local-2"]["nodes"])
+    assert "killed: worker tcp://" in run.stdout and "0 duplicated, 0 lost to dead workers" in run.stdout, run.stdout
