@@ -234,6 +234,35 @@ def test_a_worker_killed_mid_evaluation_costs_only_a_retry(base_ws, cluster, tmp
     assert any(isinstance(e, WorkerChanged) and e.change == "left" and e.address == victim for e in rec.events)
 
 
+@pytest.mark.slow
+def test_the_only_worker_killed_mid_evaluation_gets_the_evaluation_and_its_tensors_again(base_ws, tmp_path):
+    """With one worker, the only copy of the card's tensors dies with it: once the worker is back
+    (its nanny restarts it) the evaluation runs there, tensors sent again, as its one retry."""
+    from distributed import Client
+
+    cl = local_cluster(1)
+    try:
+        ws = copy_ws(base_ws, tmp_path / "ws")
+        statuses: list = []
+        bus = EventBus()
+        bus.subscribe(lambda e: isinstance(e, ClusterStatus) and statuses.append(e))
+        pool = DaskEvalPool(ws.store, CFG, scheduler=cl.scheduler_address, backend="cpu", bus=bus, poll_s=0.2)
+        try:
+            card = next(c for c in ws.cards() if c.id.startswith("_softmax"))
+            fut = pool.submit(card, GOOD)
+            with Client(cl.scheduler_address, set_as_default=False) as client:
+                victim = _worker_running_an_evaluation(statuses)
+                _kill(client, victim)
+            r = fut.result(timeout=300)
+        finally:
+            pool.close()
+    finally:
+        cl.close()
+    assert r.correct, r.reason
+    assert r.worker["address"] != victim  # the restarted worker, at a new address
+    assert any(f.attempt == 2 for e in statuses for f in e.in_flight)
+
+
 @pytest.fixture(scope="module")
 def lone_worker(tmp_path_factory):
     """One worker process that cannot load libseccomp (its ``pyseccomp`` import fails), whose

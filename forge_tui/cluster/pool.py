@@ -64,6 +64,8 @@ class _Eval:
     """Deaths before its current submission (a resubmitted evaluation keeps its count)."""
     died_on: list[str] = field(default_factory=list)
     restricted: tuple[str, ...] | None = None
+    resend: bool = False
+    """Dropped by the scheduler with its tensors: the monitor sends it again once a worker is there."""
 
 
 def _task_states(keys: list[str], dask_scheduler: Any = None) -> dict[str, tuple[str, str, int]]:
@@ -308,11 +310,8 @@ class DaskEvalPool:
         if rec.deaths > self.config.pool.retries:
             self._give_up(rec)
             return
-        try:
-            self._resubmit(rec, force=True)
-        except Exception as exc:  # noqa: BLE001 - the cluster is going away under it
-            self._lose(f"the Dask cluster at {self.address} dropped an evaluation of {rec.card.id} ({why}) and "
-                       f"took no other ({type(exc).__name__}: {exc})")
+        with self._lock:
+            rec.key, rec.worker, rec.base_deaths, rec.resend = "", "", rec.deaths, True
 
     def _fail(self, rec: _Eval, exc: BaseException) -> None:
         with self._lock:
@@ -441,6 +440,11 @@ class DaskEvalPool:
             return
         self._refresh()
         with self._lock:
+            resend = [r for r in self._evals.values() if r.resend] if self._eligible else []
+        for rec in resend:  # dropped with their tensors: the workers there are now get both
+            self._send(rec)
+            rec.resend = False
+        with self._lock:
             recs = [r for r in self._evals.values() if r.key]
         states = self.client.run_on_scheduler(_by_value(_task_states), [r.key for r in recs]) if recs else {}
         for rec in recs:
@@ -461,10 +465,9 @@ class DaskEvalPool:
         self._watch_eligible()
         self._publish_status()
 
-    def _resubmit(self, rec: _Eval, force: bool = False) -> None:
-        """Send it again to the workers there are: those its restriction named are gone, or
-        (``force``) the scheduler dropped it."""
-        if not self._eligible and not force:
+    def _resubmit(self, rec: _Eval) -> None:
+        """Its workers are gone (the restriction names none alive): send it again to those there are."""
+        if not self._eligible:
             return
         with self._lock:
             old, rec.base_deaths = rec.dfut, rec.deaths
