@@ -153,7 +153,7 @@ def run_search(base, dest: Path, cfg, pool_kind: str, n: int, backend: str, clus
     keys = [(r["card"], r["parent"], r["move"], r["source"]) for r in rows]
     return {"evaluations": summary.evaluations, "wall_s": summary.wall_s,
             "evals_per_min": 60.0 * summary.evaluations / max(summary.wall_s, 1e-9), "stopped": summary.stopped,
-            "best": {c: b["speedup"] for c, b in summary.best.items()}, "nodes": rows,
+            "best": {c: b["speedup"] for c, b in summary.best.items() if b["node"] != "root"}, "nodes": rows,
             "duplicates": len(keys) - len(set(keys)), "worker_lost": sum(r["failure"] == "worker_lost" for r in rows),
             "killed": killed or None}
 
@@ -238,7 +238,7 @@ def table(report: dict) -> str:
         one = runs["local-1"]["evals_per_min"]
         for label, r in runs.items():
             agree = f"{100 * r['agreement']:.0f}% of {r['compared']}" if r["agreement"] is not None else "-"
-            best = ", ".join(f"{c[:18]} {s:.2f}x" for c, s in sorted(r["best"].items()) if s) or "-"
+            best = ", ".join(f"{c[:18]} {s:.2f}x" for c, s in sorted(r["best"].items()) if s) or "none beat eager"
             lines.append(f"{name:16s} {label:11s} {r['evaluations']:5d} {r['wall_s']:8.1f} {r['evals_per_min']:9.2f} "
                          f"{r['evals_per_min'] / one:9.2f} {agree:>11s}  {best}")
         k = runs["killed"]

@@ -355,6 +355,9 @@ class DaskEvalPool:
         if lost is not None:
             out.set_exception(PoolLost(lost))
             return out
+        if not self._eligible:  # every usable worker is gone for now: sent once one is back
+            rec.resend = True
+            return out
         try:
             self._send(rec)
         except Exception as exc:  # noqa: BLE001 - a client that lost its scheduler mid-call, a tensor missing
