@@ -154,6 +154,11 @@ class DaskEvalPool:
         self._no_worker_since: float | None = None
         self._stop = threading.Event()
         try:
+            if not self.client.scheduler_info().get("workers"):
+                try:  # a cluster just started: its workers are still joining
+                    self.client.wait_for_workers(1, timeout=config.pool.connect_timeout_s)
+                except Exception:  # noqa: BLE001 - no worker at all is said below, with what is missing
+                    pass
             self.backend = self._resolve_backend(backend or config.evaluator.backend)
             self._refresh()
             if not self._eligible:
@@ -168,11 +173,6 @@ class DaskEvalPool:
     def _resolve_backend(self, name: str) -> str:
         if name != "auto":
             return name
-        if not self.client.scheduler_info().get("workers"):
-            try:  # a cluster just started: its workers are still joining
-                self.client.wait_for_workers(1, timeout=self.config.pool.connect_timeout_s)
-            except Exception:  # noqa: BLE001 - no worker at all is said below, with what is missing
-                pass
         workers = self.client.scheduler_info().get("workers", {})
         return "cuda" if any((w.get("resources") or {}).get("GPU") for w in workers.values()) else "cpu"
 
