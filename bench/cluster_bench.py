@@ -46,6 +46,19 @@ WORKLOADS = {"cuda": ["example:decoder", "example:diffusion"], "cpu": ["example:
 VERDICT = {"passed": "correct", "noisy": "correct"}
 
 
+def _child(core: int | None = None):
+    """What each process started here runs before it starts: it dies with this script (a bench
+    killed or timed out leaves no scheduler or worker behind) and, on cpu, keeps to one core."""
+    def setup() -> None:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    return setup
+
+
 class Cluster:
     """A Dask scheduler and N worker processes (one per GPU, or per core on cpu), started here."""
 
@@ -56,7 +69,8 @@ class Cluster:
         env = {**os.environ, **NO_MULTICAST, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "2"}
         self.procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                         "--port", "0", "--no-dashboard", "--scheduler-file", str(self.file)],
-                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       preexec_fn=_child())]
         deadline = time.monotonic() + 120
         while not self.file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -72,7 +86,7 @@ class Cluster:
                  "1", "--nworkers", "1", "--resources", f"{res}=1", "--name", f"w{i}", "--no-dashboard",
                  "--local-directory", str(folder / f"w{i}")], env=wenv, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                preexec_fn=(lambda core=core: os.sched_setaffinity(0, {core})) if device == "cpu" else None))
+                preexec_fn=_child(core if device == "cpu" else None)))
         from distributed import Client
 
         self.client = Client(scheduler_file=str(self.file), set_as_default=False, timeout=120)

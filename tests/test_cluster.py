@@ -128,6 +128,7 @@ def cluster_search(base_ws, cluster, tmp_path_factory):
 
 # ---- a search through the cluster -------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_search_through_the_cluster_has_the_local_pools_nodes_and_verdicts(base_ws, cluster_search, tmp_path):
     """The same plan on the same cards: the same nodes (card and move) with the same verdicts, once
     each; each result names the worker that ran it (host and device)."""
@@ -154,6 +155,7 @@ def test_a_search_through_the_cluster_has_the_local_pools_nodes_and_verdicts(bas
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_cards_tensors_reach_each_worker_once(base_ws, cluster_search):
     """Each captured tensor reaches a worker once, however many of the card's evaluations it runs,
     and is checked against its hash there."""
@@ -204,6 +206,7 @@ def _kill(client, address: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_worker_killed_mid_evaluation_costs_only_a_retry(base_ws, cluster, tmp_path):
     """SIGKILL to the worker running an evaluation: the scheduler runs it again on the other
     worker, the search completes, and every node is in git once."""
@@ -235,6 +238,7 @@ def test_a_worker_killed_mid_evaluation_costs_only_a_retry(base_ws, cluster, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_the_only_worker_killed_mid_evaluation_gets_the_evaluation_and_its_tensors_again(base_ws, tmp_path):
     """With one worker, the only copy of the card's tensors dies with it: once the worker is back
     (its nanny restarts it) the evaluation runs there, tensors sent again, as its one retry."""
@@ -275,6 +279,7 @@ def lone_worker(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_worker_without_confinement_refuses_candidates(base_ws, lone_worker, tmp_path):
     """The pool will not start on a cluster whose only worker cannot confine candidates, and
     says why; the worker itself refuses an evaluation sent to it, with the same reason."""
@@ -295,6 +300,7 @@ def test_a_worker_without_confinement_refuses_candidates(base_ws, lone_worker, t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_an_evaluation_whose_workers_keep_dying_fails_with_the_reason(base_ws, lone_worker, tmp_path):
     """Past the retries (none here), a lost worker fails the evaluation as an error naming the
     workers that died, instead of the search waiting on it."""
@@ -320,6 +326,7 @@ def test_an_evaluation_whose_workers_keep_dying_fails_with_the_reason(base_ws, l
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_the_scheduler_closed_mid_search_stops_it_and_resume_continues(base_ws, tmp_path, capsys):
     """The scheduler goes away with evaluations in flight: the search stops with that reason (exit
     1), every finished node kept and nothing recorded for what was in flight; ``--resume`` on
@@ -487,6 +494,7 @@ def test_the_app_shows_the_workers_and_the_evaluations_in_flight():
 
 # ---- the bench ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: four searches and two clusters, on a loaded 2-core machine
 def test_the_cluster_bench_runs_on_cpu_workers(tmp_path):
     """bench/cluster_bench.py's smoke run: a scheduler and two worker processes started as a user
     would, the same search four ways, a worker killed in the last; the JSON says what each did."""
@@ -495,7 +503,7 @@ def test_the_cluster_bench_runs_on_cpu_workers(tmp_path):
 
     env = dict(os.environ, OUT=str(tmp_path))
     run = subprocess.run([sys.executable, str(HERE.parent / "bench" / "cluster_bench.py"), "--device", "cpu", "--small",
-                          "--evals", "3"], capture_output=True, text=True, env=env, timeout=1500)
+                          "--evals", "3"], capture_output=True, text=True, env=env, timeout=1700)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "cluster_bench.json").read_text())
     runs = report["workloads"]["kb_softmax"]
