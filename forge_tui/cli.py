@@ -114,20 +114,56 @@ def cmd_search(args) -> int:
         bus.subscribe(lambda e: (e.persistent or isinstance(e, AgentStep)) and print(e.line(), flush=True))
     # damaged records: one line each on stderr (quiet or not), and the search goes on without them
     bus.subscribe(lambda e: isinstance(e, StoreDamaged) and print(e.line(), file=sys.stderr, flush=True))
-    with session.search(proposer=args.proposer, backend=args.backend, cards=args.cards, bus=bus) as search:
+    cluster = _ClusterLines(args.quiet)
+    bus.subscribe(cluster)
+    with session.search(proposer=args.proposer, backend=args.backend, cards=args.cards, bus=bus,
+                        cluster=args.cluster) as search:
         if not args.quiet:
-            print(session.notes[-1], flush=True)
+            for note in session.notes:
+                print(note, flush=True)
         summary = search.run(resume=args.resume or args.fresh)
     for cid, why in summary.skipped.items():
         print(f"skipped {cid}: {why}")
     for cid, b in summary.best.items():
         print(f"best {cid}: {b['node']} {b['speedup']:.3f}x ({b['move']})")
+    for line in cluster.summary():
+        print(line)
     print(f"stopped: {summary.stopped}; {summary.evaluations} evaluations, {summary.wall_s:.1f} s, "
           f"git {summary.git_s:.2f} s ({100 * summary.git_s / max(summary.wall_s, 1e-9):.1f}%), ${summary.cost_usd:.2f}")
-    if summary.git_failure:
-        print(f"forge: error: {summary.git_failure}", file=sys.stderr)
-        return 1
+    for failure in (summary.git_failure, summary.pool_failure):
+        if failure:
+            print(f"forge: error: {failure}", file=sys.stderr)
+            return 1
     return 0
+
+
+class _ClusterLines:
+    """The cluster pool's events for ``forge search``: workers joining, leaving or refused (always),
+    the workers and evaluations in flight as they change (unless quiet), and each worker's share."""
+
+    def __init__(self, quiet: bool) -> None:
+        from .cluster.events import ClusterStatus
+
+        self.quiet = quiet
+        self.last: ClusterStatus | None = None
+
+    def __call__(self, e) -> None:
+        from .cluster.events import ClusterStatus, WorkerChanged
+
+        if isinstance(e, WorkerChanged):
+            print(e.line(), file=sys.stderr if e.change == "refused" else sys.stdout, flush=True)
+        elif isinstance(e, ClusterStatus):
+            self.last = e
+            if not self.quiet:
+                print(e.line(), flush=True)
+
+    def summary(self) -> list[str]:
+        if self.last is None:
+            return []
+        lines = [f"worker {w.address} on {w.host} ({w.device}): {w.state}, {w.done} evaluations"
+                 + (f" ({w.reason})" if w.reason else "") for w in self.last.workers]
+        lines += [f"card {card} timed on {device}" for card, device in sorted(self.last.pinned.items())]
+        return lines
 
 
 def cmd_retime(args) -> int:
@@ -419,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--evals-per-card", type=int)
     sp.add_argument("--parallel", type=int)
     sp.add_argument("--max-wall-s", type=float)
+    sp.add_argument("--cluster", metavar="tcp://HOST:8786", help="evaluate on the workers of this Dask scheduler "
+                    "(one per GPU: dask worker ADDRESS --resources GPU=1; default: [pool] scheduler, else this machine)")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.set_defaults(func=cmd_search)
 

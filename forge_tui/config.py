@@ -156,12 +156,28 @@ class AgentConfig(_Section):
     """Money per card over every run (the whole run's cap is [search] max_cost_usd)."""
 
 
+class PoolConfig(_Section):
+    """Where evaluations run: this machine's pool (the default), or the workers of a Dask cluster."""
+
+    scheduler: str = ""
+    """A Dask scheduler's address (``tcp://HOST:8786``): evaluations run on its workers, one per GPU
+    (``--resources GPU=1``; ``CPU=1`` for the cpu backend). Empty: the local pool."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """How long to try reaching the scheduler before the search ends with that error."""
+    retries: int = Field(2, ge=0, le=10)
+    """Times an evaluation whose worker died (killed, lost, out of memory) is run again elsewhere
+    before its node fails with the reason."""
+    no_worker_s: float = Field(120.0, gt=0)
+    """A search stops (resumable) once no worker that can run its evaluations has been seen for this long."""
+
+
 class ForgeConfig(_Section):
     timing: TimingConfig = TimingConfig()
     profile: ProfileConfig = ProfileConfig()
     evaluator: EvaluatorConfig = EvaluatorConfig()
     search: SearchConfig = SearchConfig()
     agent: AgentConfig = AgentConfig()
+    pool: PoolConfig = PoolConfig()
 
 
 def _describe(err: ValidationError, source: str) -> str:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .evaluator import Evaluator
     from .profiler.run import ProfileResult
     from .search.events import EventBus
-    from .search.pool import LocalEvalPool
+    from .search.pool import EvalPool
     from .search.proposer import Proposer
     from .search.runner import Search
     from .templates.proposer import TemplateProposer
@@ -120,7 +120,16 @@ class Session:
 
         return Evaluator(self.workspace.store, self.workspace.cache, self.config, backend=backend or None)
 
-    def pool(self, backend: str | None = None) -> "LocalEvalPool":
+    def pool(self, backend: str | None = None, *, cluster: str | None = None,
+             bus: "EventBus | None" = None) -> "EvalPool":
+        """The local pool, or with a scheduler's address (``cluster``, else ``[pool] scheduler``)
+        the Dask cluster's (``forge_tui.cluster``), reporting its workers on ``bus``."""
+        scheduler = cluster or self.config.pool.scheduler
+        if scheduler:
+            from .cluster.pool import DaskEvalPool
+
+            self.notes.append(f"pool: the Dask cluster at {scheduler}")
+            return DaskEvalPool(self.workspace.store, self.config, scheduler=scheduler, backend=backend or None, bus=bus)
         from .search.pool import LocalEvalPool
 
         return LocalEvalPool(self.workspace.store, self.workspace.cache, self.config, backend=backend or None)
@@ -133,13 +142,19 @@ class Session:
 
     @contextmanager
     def search(self, *, proposer: str = "auto", backend: str | None = None, cards: list[str] | None = None,
-               bus: "EventBus | None" = None) -> Iterator["Search"]:
-        """A search over the workspace's cards with its own evaluation pool, closed on exit."""
+               bus: "EventBus | None" = None, cluster: str | None = None) -> Iterator["Search"]:
+        """A search over the workspace's cards with its own evaluation pool (``pool``), closed on exit."""
+        from .search.events import EventBus
         from .search.runner import Search
 
-        choice = self.proposer(proposer)
+        bus = bus or EventBus()
+        pool = self.pool(backend, cluster=cluster, bus=bus)
+        try:
+            choice = self.proposer(proposer)
+        except BaseException:
+            pool.close()
+            raise
         self.notes.append(f"proposer: {choice.why}")
-        pool = self.pool(backend)
         try:
             yield Search(self.workspace, self.config, choice.proposer, pool, bus=bus, cards=cards)
         finally:

@@ -4,8 +4,12 @@ What a proposer or the agent's tools ask of a pool: ``build`` (the compiler's di
 ``check`` (correctness on every input set, no timing), ``submit`` (the full evaluation) and
 ``profile`` (the full evaluation plus Nsight Compute), each a Future. ``LocalEvalPool`` builds on
 the CPU cores (many compiles at once) and runs candidates on one judge process per GPU (or one on
-the CPU backend); a pool that sends the same calls to a cluster (one worker per GPU) can replace it
-without touching the search or the agent.
+the CPU backend); ``forge_tui.cluster.pool.DaskEvalPool`` sends the same calls to the workers of a
+Dask cluster (one per GPU) without touching the search or the agent.
+
+A pool that can evaluate nothing more (a cluster whose scheduler went away) fails its Futures with
+``PoolLost``: the search then stops with that reason and records nothing for the evaluations in
+flight, so ``forge search --resume`` runs them again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from ..evaluator.api import resolve_backend
 from ..evaluator.build import Builder
 from ..evaluator.result import BuildReport
 from ..tensorstore import TensorStore
+
+
+class PoolLost(RuntimeError):
+    """The pool cannot evaluate any more (its reason is the message): not the candidate's fault,
+    so nothing is recorded for the evaluation; the search stops and can be resumed."""
 
 
 class EvalPool(Protocol):

@@ -30,7 +30,7 @@ from .budget import CardBudget, pick
 from .events import BudgetSpent, EventBus, NodeStarted, SearchEvent, StoreDamaged
 from .history import History
 from .ledger import Ledger
-from .pool import EvalPool
+from .pool import EvalPool, PoolLost
 from .proposer import NodeView, Proposal, ProposalContext, Proposer, ProposerFailure
 from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
@@ -87,6 +87,9 @@ class SearchSummary:
     """Recorded items the search left out (or read in part), each with its branch and what is wrong."""
     git_failure: str | None = None
     """Why git failed, when it did (the search stopped there, every finished node kept)."""
+    pool_failure: str | None = None
+    """Why the evaluation pool was lost, when it was (a cluster's scheduler gone): the search
+    stopped there, every finished node kept, nothing recorded for the evaluations in flight."""
 
 
 class Search:
@@ -123,6 +126,8 @@ class Search:
         self._stop_requested: str | None = None
         self.git_failure: str | None = None
         """Why git failed, when it did: the search then stopped, every finished node kept."""
+        self.pool_failure: str | None = None
+        """Why the pool was lost (``PoolLost``), when it was: the search stopped there."""
         self._main_commit = ""
         self._conversations: set[str] = set()
         """Agent conversations already recorded (on a node or in the log)."""
@@ -368,6 +373,8 @@ class Search:
             return "exhausted", None, None
         try:
             result = self.pool.submit(card, proposal.source).result()
+        except PoolLost as exc:  # not the candidate's fault: nothing recorded, the search stops
+            return "pool_lost", exc, None
         except Exception as exc:  # noqa: BLE001 - the harness failed; record it against the node
             result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
                                 card=card.id, backend=self.backend)
@@ -544,7 +551,8 @@ class Search:
         return SearchSummary(evaluations=self.evals_total, stopped=stopped, best=best, skipped=dict(self.skipped),
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
                              finished={c: b.finished for c, b in self.budgets.items() if b.finished},
-                             damaged=list(self.damaged), git_failure=self.git_failure)
+                             damaged=list(self.damaged), git_failure=self.git_failure,
+                             pool_failure=self.pool_failure)
 
     RETIME = "retime "
     """A retimed node's move: ``retime <the node it times again>``."""
@@ -581,6 +589,9 @@ class Search:
                     continue
                 try:
                     result = self.pool.submit(card, source).result()
+                except PoolLost as exc:  # nothing recorded for it: a later retime times it again
+                    self.pool_failure = stopped = str(exc)
+                    break
                 except Exception as exc:  # noqa: BLE001 - the harness failed; recorded against the node
                     result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
                                         card=card.id, backend=self.backend)
@@ -592,7 +603,7 @@ class Search:
                 for cid, tree in self.trees.items() if (n := tree.best()) is not None}
         return SearchSummary(evaluations=len(todo), stopped=stopped, best=best, skipped=dict(self.skipped),
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
-                             damaged=list(self.damaged))
+                             damaged=list(self.damaged), pool_failure=self.pool_failure)
 
     def retime_lines(self) -> list[str]:
         """What ``retime`` did, a line a kernel timed again (or why nothing was)."""
@@ -644,6 +655,9 @@ class Search:
                             self._record_result(card, parent, a, b)
                         elif kind == "exhausted":
                             parent.expandable = False
+                        elif kind == "pool_lost":
+                            self.pool_failure = self.pool_failure or str(a)
+                            self.request_stop(self.pool_failure)
                         else:
                             self._failed(card, parent, a)
                     except WorkspaceError as err:

@@ -43,6 +43,7 @@ from .screens.search import SearchScreen
 from .screens.workload import WorkloadScreen
 from .state import SearchState
 from .widgets.common.nav import SCREENS
+from .workers import ClusterWatch, WorkersScreen
 
 if TYPE_CHECKING:
     from ..cards import Card
@@ -65,6 +66,7 @@ class ForgeApp(App[None]):
         *[Binding(key, f"mode('{mode}')", name, show=False) for key, mode, name in SCREENS],
         Binding("q", "quit", "Quit"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", show=False),
+        Binding("w", "workers", "Cluster workers", show=False),
     ]
 
     def __init__(self, workspace: Path, workload: str | None = None, device: str | None = None,
@@ -112,6 +114,7 @@ class ForgeApp(App[None]):
         self.log_added: Signal[str] = Signal(self, "log-added")
         self.bench_changed: Signal[object] = Signal(self, "bench-changed")
         self.requests_stale: Signal[object] = Signal(self, "requests-stale")
+        self.cluster = ClusterWatch(self)
 
     # ---- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -260,6 +263,7 @@ class ForgeApp(App[None]):
     def on_search_event_posted(self, message: SearchEventPosted) -> None:
         e = message.event
         self.state.apply(e)
+        self.cluster.apply(e)
         if e.persistent or e.kind in ("store_damaged", "agent_step"):
             self.note(e.line())
         self._dirty = True
@@ -390,6 +394,9 @@ class ForgeApp(App[None]):
                 self.screen.focus_card(card)
 
         self.call_after_refresh(focus)
+
+    def action_workers(self) -> None:
+        self.push_screen(WorkersScreen(self.cluster))
 
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
