@@ -34,6 +34,8 @@ from typing import Any
 
 from pydantic import Field
 
+from forge_tui import safeio
+
 from .base import Params, Submission, Tool, ToolEnv, ToolError
 from .files import read_text
 
@@ -331,9 +333,9 @@ def run_reference(workdir: Path, *, file: str = REFERENCE_FILE, wall_s: float = 
     """Run ``workdir/file`` in a confined child and report (never raises for what the reference does)."""
     workdir = Path(workdir).resolve()
     try:
-        sha = hashlib.sha256((workdir / file).read_bytes()).hexdigest()
-    except OSError:
-        sha = ""
+        sha = hashlib.sha256(safeio.read_bytes(workdir, file)[1]).hexdigest()
+    except safeio.Refused:
+        sha = ""  # a link or no file: what runs cannot be the file a submit would take
     t0 = time.monotonic()
     proc = subprocess.Popen([python, "-I", "-B", "-c", CHILD, str(confine_py()), str(int(address_space_bytes)),
                              "1" if confine else "0", file],

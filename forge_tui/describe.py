@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from . import safeio
 from .config import ForgeConfig
 from .errors import ForgeError
 
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 WORK = "work"
 """The conversation's files, under its working directory (the tools see only this folder)."""
 REFERENCE = "reference.py"
+TRANSCRIPT_BYTES = 256 << 20
+"""A conversation's transcript larger than this is not committed."""
 
 
 @dataclass
@@ -83,7 +86,7 @@ class Draft:
         if self.ok:
             return ""
         if not self.submitted:
-            return f"the agent submitted no reference ({self.outcome.reason})"
+            return f"the agent submitted no reference ({self.outcome.reason})" + "".join(f"; {n}" for n in self.notes)
         return "the submitted reference does not pass try_reference"
 
     def inputs_text(self) -> str:
@@ -174,15 +177,20 @@ def draft_reference(description: str, config: ForgeConfig, *, provider: "Provide
                   transcript=transcript, on_step=step)
     out = agent.run(system, task)
     sub = env.submission
+    notes: list[str] = []
     if sub is not None:
         source, summary, report = sub.source, sub.notes, env.last_report
     else:
-        path = files / REFERENCE
-        source = path.read_text(errors="replace") if path.is_file() and not path.is_symlink() else ""
-        summary, report = "", None
+        source, summary, report = "", "", None
+        try:
+            source = safeio.read_text(files, REFERENCE, limit=env.max_read_bytes, strict=False)[1]
+        except safeio.Missing:
+            pass
+        except safeio.Refused as exc:
+            notes.append(f"{REFERENCE} was not read: {exc}")
     return Draft(description=description, name=name, source=source, summary=summary, report=report,
                  transcript=transcript.entries, transcript_path=workdir / NAME, workdir=workdir, cost_usd=out.cost_usd,
-                 outcome=out, provider=prov.name, model=prov.model, submitted=sub is not None)
+                 outcome=out, provider=prov.name, model=prov.model, submitted=sub is not None, notes=notes)
 
 
 # ---- approval --------------------------------------------------------------------------------------
@@ -272,7 +280,12 @@ def accept(draft: Draft, workspace: Path | str, *, device: str | None = None, co
                   "queries": draft.outcome.queries, "tool_calls": draft.outcome.tool_calls, "approved_by": who,
                   "reference_sha256": hashlib.sha256(draft.source.encode()).hexdigest(),
                   "try_reference": draft.report.to_json() if draft.report is not None else None}
-        transcript = draft.transcript_path.read_bytes() if draft.transcript_path.is_file() else b""
+        try:
+            transcript = safeio.read_beside(draft.transcript_path, limit=TRANSCRIPT_BYTES)
+        except safeio.Missing:
+            transcript = b""
+        except safeio.Refused as exc:
+            raise ForgeError(f"the conversation's transcript was not read: {exc}") from None
 
         def files(card: Any, folder: str) -> dict[str, bytes]:
             draft_dir = "draft/" if not folder else ""

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import safeio
 from ..cards import Card
 from ..config import ForgeConfig
 from ..kernel_abi import SOURCE_NAMES
@@ -36,12 +37,26 @@ if TYPE_CHECKING:
     from ..templates.device import DeviceProps
     from ..templates.proposer import TemplateProposer
 
+MAX_DRAFT_BYTES = 1 << 20
+"""A draft larger than this is not a kernel the harness takes."""
 FATAL_STATUSES = (401, 403, 404)
 """Provider answers that no retry will change (a bad key, no access, no such model)."""
 
 
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:60]
+
+
+def read_draft(workdir: Path, name: str) -> tuple[str, str]:
+    """(the draft the conversation left in ``workdir/name``, "") or ("", why it was not read): read
+    through ``safeio``, so a link planted there is refused, never followed; a missing draft is
+    simply none."""
+    try:
+        return safeio.read_text(workdir, name, limit=MAX_DRAFT_BYTES, strict=False)[1], ""
+    except safeio.Missing:
+        return "", ""
+    except safeio.Refused as exc:
+        return "", str(exc)
 
 
 class AgentProposer:
@@ -148,13 +163,15 @@ class AgentProposer:
             return Proposal(source=env.submission.source, move=f"agent: {env.submission.move}", meta=meta,
                             transcript=transcript.entries, cost_usd=out.cost_usd, proposer=self.name,
                             charged=True)
-        draft = (workdir / source_name).read_text(errors="replace") if (workdir / source_name).is_file() else ""
+        draft, refused = read_draft(workdir, source_name)
         if draft.strip() and (ctx.parent.id == "root" or draft != (ctx.parent.source or "")):
             meta["submitted"] = False
             return Proposal(source=draft, move=f"agent draft, not submitted ({out.reason[:80]})", meta=meta,
                             transcript=transcript.entries, cost_usd=out.cost_usd, proposer=self.name,
                             charged=True)
         reason = f"the agent ended without a kernel: {out.reason}"
+        if refused:
+            reason += f"; its draft was not read: {refused}"
         stopped = self.supports(ctx.card, ctx.backend)
         if stopped is not None and not stopped.endswith(out.reason):
             reason += f"; {stopped}"

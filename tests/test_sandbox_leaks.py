@@ -1,0 +1,190 @@
+"""Nothing leaves the sandbox (issue 55, items 1-4), driven as an attacker would: the real anthropic
+and openai SDK clients against the local fake server (``fake_llm.py``), whose scripted model calls
+the tools with hostile arguments, while the environment holds a fake API key and a token.
+
+1. a compile of a source that includes a file outside (directly, through a macro, or
+   /proc/self/environ) never shows the model that file's text;
+2. a draft replaced by a link to a file outside is refused, never read, never committed;
+3. the reference run (try_reference, and the accept step of ``forge new --yes``) cannot read an
+   outside file, /etc/passwd or its parent's /proc/PID/environ;
+4. no tool result holds a secret of the environment, and no commit either.
+
+Then the pieces on their own: the include checker, the no-follow reader, the redaction and the git
+wrapper's refusal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fake_llm import FakeLLM, anthropic_message, openai_completion
+
+from agent_tools import ToolEnv, kernel_tools, run_tool
+from forge_tui.agent.loop import Agent, Limits
+from forge_tui.agent.pricing import Price
+from forge_tui.agent.providers import AnthropicProvider, OpenAIProvider
+from forge_tui.agent.transcript import Transcript
+from forge_tui.evaluator.result import BuildReport
+from forge_tui.search.ledger import Ledger
+
+KEY = "sk-ant-test-" + "Q7" * 20
+TOKEN = "tok-" + "z9" * 12
+"""A token whose value has no known shape: only its variable's name (SOME_TOKEN) makes it a secret."""
+PRICE = Price(input=3.0, output=15.0, cache_read=0.3, cache_write=3.75)
+KINDS = ["anthropic", "openai"]
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+
+
+@pytest.fixture
+def secrets_env(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY.replace("-ant", ""))
+    monkeypatch.setenv("SOME_TOKEN", TOKEN)
+
+
+def provider(kind: str, fake: FakeLLM):
+    if kind == "anthropic":
+        return AnthropicProvider("claude-test", os.environ["ANTHROPIC_API_KEY"], base_url=fake.base_url, retries=0)
+    return OpenAIProvider("gpt-test", os.environ["OPENAI_API_KEY"], base_url=fake.openai_base_url, retries=0)
+
+
+def turn(kind: str, *calls: tuple[str, dict], before=None):
+    """One scripted reply of the model calling ``calls`` (name, arguments), in the wire format of ``kind``."""
+    named = [(f"call_{i}_{name}", name, args) for i, (name, args) in enumerate(calls)]
+    reply = anthropic_message("", named) if kind == "anthropic" else openai_completion(None, named)
+    reply.before = before
+    return reply
+
+
+def results_sent(kind: str, fake: FakeLLM) -> list[str]:
+    """The tool results of the last request, as the model received them."""
+    body = fake.requests[-1].body
+    if kind == "anthropic":
+        return [b["content"] for b in body["messages"][-1]["content"] if b["type"] == "tool_result"]
+    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
+
+
+def converse(kind: str, fake: FakeLLM, env: ToolEnv, *, tool_calls: int) -> Agent:
+    tools = {t.name: t for t in kernel_tools()}
+    agent = Agent(provider(kind, fake), PRICE, [t.spec() for t in tools.values()],
+                  execute=lambda call: run_tool(tools, env, call), submitted=lambda: env.submission is not None,
+                  limits=Limits(tool_calls=tool_calls), ledger=Ledger(0.0), card="card", transcript=Transcript(None))
+    agent.run("system", "task")
+    return agent
+
+
+class BuildPool:
+    """The evaluator pool's compile, on the real builder (the compile tool needs nothing else)."""
+
+    backend = "cpu"
+
+    def __init__(self, cache: Path) -> None:
+        from forge_tui.evaluator.build import Builder
+
+        self.builder = Builder("cpu", cache, parallel=1)
+        self._exec = ThreadPoolExecutor(max_workers=1)
+
+    def build(self, source: str) -> "Future[BuildReport]":
+        return self._exec.submit(lambda: BuildReport.model_validate(self.builder.build(source).to_json()))
+
+    def close(self) -> None:
+        self._exec.shutdown()
+
+
+# ---- 2: no link followed by the harness --------------------------------------------------------------
+OUTSIDE_TEXT = "the outside file's own words, never to be committed\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_draft_planted_as_a_link_is_refused_and_never_committed(tmp_path, secrets_env, kind):
+    from search_helpers import FakePool, make_workspace, synthetic_card
+
+    from forge_tui.agent import build_agent
+    from forge_tui.config import parse_config
+    from forge_tui.search.events import NodeAdded, ProposerFailed, Recorder
+    from forge_tui.search.runner import Search
+
+    outside = tmp_path / "outside.cpp"
+    outside.write_text(OUTSIDE_TEXT)
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("_softmax-aa", 0.5, 10.0, 1.0)])
+
+    def plant() -> None:
+        """While the model "thinks", something outside swaps the draft for a link to a file outside."""
+        (conv,) = (ws.root / ".forge" / "agent").iterdir()
+        (conv / "candidate.cpp").unlink()
+        os.symlink(outside, conv / "candidate.cpp")
+
+    with FakeLLM() as fake:
+        cfg = parse_config({"search": {"max_evals": 1, "parallel": 1}, "agent": {
+            "provider": "anthropic" if kind == "anthropic" else "openai", "model": "m",
+            "base_url": fake.base_url if kind == "anthropic" else fake.openai_base_url, "input_usd_per_mtok": 3.0,
+            "output_usd_per_mtok": 15.0, "retries": 0, "max_tool_calls": 1}})
+        fake.reply(turn(kind, ("list_files", {}), before=plant))
+        pool = FakePool()
+        rec = Recorder()
+        search = Search(ws, cfg, build_agent(cfg, ws.root), pool)
+        search.bus.subscribe(rec)
+        search.run()
+    # the first conversation ended (its one tool call spent) without a draft it could take; the
+    # later ones found no scripted reply and failed at the server
+    assert pool.calls == [] and not [e for e in rec.events if isinstance(e, NodeAdded) and not e.is_root]
+    failed = next(e for e in rec.events if isinstance(e, ProposerFailed))
+    assert "its draft was not read: candidate.cpp is a symbolic link" in failed.reason, failed.reason
+    history = subprocess.run(["git", "-C", str(ws.root), "log", "--all", "-p"], capture_output=True, text=True).stdout
+    assert OUTSIDE_TEXT.strip() not in history and "symbolic link" in history
+    assert outside.read_text() == OUTSIDE_TEXT
+
+
+def test_the_harness_reads_of_agent_folders_refuse_links(tmp_path):
+    """Every read of a file the agent could have touched goes through safeio: the proposer's draft,
+    the transcript read back after a crash, the reference's draft in forge new."""
+    from forge_tui.agent.proposer import read_draft
+    from forge_tui.agent.transcript import Transcript, read_entries
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text('{"type": "query", "cost_usd": 99}\n')
+    conv = tmp_path / "conv"
+    conv.mkdir()
+    (conv / "candidate.cpp").symlink_to(outside)
+    (conv / "transcript.jsonl").symlink_to(outside)
+    assert read_draft(conv, "candidate.cpp") == ("", "candidate.cpp is a symbolic link: links are not followed (one "
+                                                     "may lead outside the working directory)")
+    assert read_draft(conv, "missing.cpp") == ("", "")
+    assert read_entries(conv / "transcript.jsonl") == []
+    with pytest.raises(OSError):
+        Transcript(conv / "transcript.jsonl").add("start")  # never appended through the link
+    assert outside.read_text() == '{"type": "query", "cost_usd": 99}\n'
+    (conv / "real.cpp").write_text("int x;\n")
+    assert read_draft(conv, "real.cpp") == ("int x;\n", "")
+
+
+def test_the_no_follow_reader(tmp_path):
+    from forge_tui import safeio
+
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "f.txt").write_text("inside\n")
+    (tmp_path / "outside.txt").write_text("outside\n")
+    (root / "link.txt").symlink_to(tmp_path / "outside.txt")
+    (root / "dirlink").symlink_to(root / "sub")
+    os.mkfifo(root / "fifo")
+    assert safeio.read_text(root, "sub/f.txt") == ("sub/f.txt", "inside\n")
+    assert safeio.read_beside(root / "sub" / "f.txt") == b"inside\n"
+    for path, words in (("link.txt", "link.txt is a symbolic link"), ("dirlink/f.txt", "dirlink is a symbolic link"),
+                        ("../outside.txt", "'..'"), (str(tmp_path / "outside.txt"), "absolute path"),
+                        ("fifo", "not a regular file"), ("sub", "is a folder")):
+        with pytest.raises(safeio.Refused, match=words):
+            safeio.read_bytes(root, path)
+    with pytest.raises(safeio.Missing):
+        safeio.read_bytes(root, "none.txt")
+    with pytest.raises(safeio.Refused, match="7 bytes, over the 3-byte limit"):
+        safeio.read_bytes(root, "sub/f.txt", limit=3)
+    (root / "bin").write_bytes(b"a\x00b")
+    with pytest.raises(safeio.Refused, match="binary"):
+        safeio.read_text(root, "bin")
+    assert safeio.read_text(root, "bin", strict=False)[1] == "a\x00b"
