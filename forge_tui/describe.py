@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from . import safeio
 from .config import ForgeConfig
 from .errors import ForgeError
+from .gitrepo import refuse_secrets
+from .redaction import redact as redact_environment
 
 if TYPE_CHECKING:
     from agent_tools.reference import ReferenceReport
@@ -74,6 +76,8 @@ class Draft:
     model: str = ""
     submitted: bool = False
     notes: list[str] = field(default_factory=list)
+    redact: Callable[[str], str] = field(default=redact_environment, repr=False)
+    """Hides the environment's secrets (and the configured key's) in what is printed."""
 
     @property
     def ok(self) -> bool:
@@ -107,7 +111,7 @@ class Draft:
             lines += ["# summary", self.summary, ""]
         if self.report is not None:
             lines += ["# try_reference", self.report.text()]
-        return "\n".join(lines)
+        return self.redact("\n".join(lines))
 
     def discard(self) -> None:
         """Remove the conversation's working directory (after ``accept``, or on refusal)."""
@@ -174,7 +178,7 @@ def draft_reference(description: str, config: ForgeConfig, *, provider: "Provide
 
     agent = Agent(prov, price, [t.spec() for t in tools.values()], execute=lambda call: run_tool(tools, env, call),
                   submitted=lambda: env.submission is not None, limits=limits, ledger=ledger, card=card,
-                  transcript=transcript, on_step=step)
+                  transcript=transcript, on_step=step, redact=redact)
     out = agent.run(system, task)
     sub = env.submission
     notes: list[str] = []
@@ -190,7 +194,8 @@ def draft_reference(description: str, config: ForgeConfig, *, provider: "Provide
             notes.append(f"{REFERENCE} was not read: {exc}")
     return Draft(description=description, name=name, source=source, summary=summary, report=report,
                  transcript=transcript.entries, transcript_path=workdir / NAME, workdir=workdir, cost_usd=out.cost_usd,
-                 outcome=out, provider=prov.name, model=prov.model, submitted=sub is not None, notes=notes)
+                 outcome=out, provider=prov.name, model=prov.model, submitted=sub is not None, notes=notes,
+                 redact=redact)
 
 
 # ---- approval --------------------------------------------------------------------------------------
@@ -259,12 +264,14 @@ def accept(draft: Draft, workspace: Path | str, *, device: str | None = None, co
     """Make an approved draft a card: in a new workspace at ``workspace``, or added to the existing
     one there (``reuse``; else an existing workspace is an error). Runs the reference unconfined in
     this process (the profiler captures it): call it only on a draft a person approved. Raises
-    ForgeError, having written nothing, when the draft or its profile fails."""
+    ForgeError, having written nothing, when the draft or its profile fails, and SecretInCommit
+    (naming the variable, not the value) when the reference holds a secret."""
     from .funcards import profile_to_card
     from .workload import load_workload
 
     if not draft.ok:
         raise ForgeError(f"this draft cannot become a card: {draft.why_not}")
+    refuse_secrets([(REFERENCE, draft.source.encode()), ("the summary", draft.summary.encode())])
     who = approved_by or _user()
     stage = draft.workdir / "card"
     if stage.exists():

@@ -15,6 +15,7 @@ wrapper's refusal.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import FAST_TOML
 from fake_llm import FakeLLM, anthropic_message, openai_completion
 
 from agent_tools import ToolEnv, kernel_tools, run_tool
@@ -94,6 +96,12 @@ class BuildPool:
 
     def close(self) -> None:
         self._exec.shutdown()
+
+
+def forge_toml(kind: str, fake: FakeLLM) -> str:
+    return (FAST_TOML + f'\n[agent]\nprovider = "{kind}"\nmodel = "m"\nbase_url = '
+            f'"{fake.base_url if kind == "anthropic" else fake.openai_base_url}"\nretries = 0\n'
+            "input_usd_per_mtok = 3.0\noutput_usd_per_mtok = 15.0\n")
 
 
 # ---- 2: no link followed by the harness --------------------------------------------------------------
@@ -188,3 +196,101 @@ def test_the_no_follow_reader(tmp_path):
     with pytest.raises(safeio.Refused, match="binary"):
         safeio.read_text(root, "bin")
     assert safeio.read_text(root, "bin", strict=False)[1] == "a\x00b"
+
+
+# ---- 4: no secret in a tool result or a commit ---------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_tool_result_reaches_the_model_with_a_secret(tmp_path, secrets_env, kind):
+    work = tmp_path / "work"
+    work.mkdir()
+    aws = "AKIA" + "ABCDEFGHIJ234567"
+    (work / "notes.txt").write_text(f"key {KEY}\ntoken {TOKEN}\naws {aws}\ngithub ghp_{'a1' * 18}\nplain words\n")
+    with FakeLLM() as fake:
+        fake.reply(turn(kind, ("read_file", {"path": "notes.txt"})), turn(kind, ("list_files", {})))
+        converse(kind, fake, ToolEnv(workdir=work, backend="cpu"), tool_calls=2)
+        (shown,) = results_sent(kind, fake)
+    sent = json.dumps([r.body for r in fake.requests])
+    for secret in (KEY, TOKEN, aws, "ghp_a1a1"):
+        assert secret not in sent, secret
+    assert shown.count("[redacted]") == 4 and "plain words" in shown
+
+
+def test_the_git_wrapper_refuses_a_file_holding_a_secret_and_names_the_variable(tmp_path, secrets_env):
+    from forge_tui.gitrepo import GitRepo, SecretInCommit
+
+    repo_dir = tmp_path / "repo"
+    repo_dir.mkdir()
+    (repo_dir / "fine.txt").write_text("nothing here\n")
+    with GitRepo.init(repo_dir) as repo:
+        first = repo.commit_worktree("first")
+        (repo_dir / "reference.py").write_text(f'TOKEN = "{TOKEN}"\n')
+        with pytest.raises(SecretInCommit) as err:
+            repo.commit_worktree("add the reference")
+        assert str(err.value) == ("refusing to commit reference.py: it holds the value of $SOME_TOKEN (not shown); "
+                                  "nothing was committed: remove the secret first")
+        assert repo.head() == first and repo.git("diff", "--cached", "--name-only") == ""  # unstaged again
+        (repo_dir / "reference.py").write_text("print('clean')\n")
+        with pytest.raises(SecretInCommit, match=r"the commit message: it holds the value of \$ANTHROPIC_API_KEY"):
+            repo.commit_worktree("subject", f"body with {KEY}")
+        assert repo.commit_worktree("add the clean reference") != first
+        from forge_tui.gitrepo import ObjectWriter
+
+        with pytest.raises(SecretInCommit, match=r"candidate/candidate.cpp: it holds the value of \$ANTHROPIC_API_KEY"):
+            ObjectWriter(repo).commit_files(None, "candidate", {"candidate.cpp": f"// {KEY}\n".encode()}, [], "node")
+    log = subprocess.run(["git", "-C", str(repo_dir), "log", "--all", "-p"], capture_output=True, text=True).stdout
+    assert TOKEN not in log and KEY not in log
+
+
+def test_redaction_names_and_shapes():
+    from forge_tui.redaction import find_secrets, redact, treat_as_secret
+
+    env = {"SOME_TOKEN": TOKEN, "DB_PASSWORD": "hunter2hunter2", "MY_LLM_KEY_VAR": "short", "HOME": "/home/someone",
+           "CUSTOM": "custom-value-1"}
+    text = (f"{TOKEN} hunter2hunter2 short /home/someone custom-value-1 sk-ant-api03-{'x' * 20} "
+            f"sk-proj-{'y' * 30} AKIAABCDEFGHIJ234567 ghp_{'b' * 36} mask-based-approach-with-long-name")
+    out = redact(text, env)
+    assert out == ("[redacted] [redacted] short /home/someone custom-value-1 [redacted] [redacted] [redacted] "
+                   "[redacted] mask-based-approach-with-long-name")
+    assert "custom-value-1" not in redact(text, env, ["CUSTOM"])
+    treat_as_secret("CUSTOM")
+    assert find_secrets(b"x custom-value-1 y", env) == ["the value of $CUSTOM"]
+    assert find_secrets(f"token={TOKEN}\n-----BEGIN RSA PRIVATE KEY-----\nabc\n", env) == [
+        "the value of $SOME_TOKEN", "a private key (-----BEGIN ... PRIVATE KEY-----)"]
+    assert find_secrets("nothing to see", env) == []
+
+
+KEYED_REFERENCE = '''import torch
+
+API = "{value}"
+
+
+def reference(x):
+    return x * 2
+
+
+def example_inputs(device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(8, 8, generator=g).to(device)]
+'''
+
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forge_new_yes_neither_commits_nor_prints_a_reference_holding_a_key(tmp_path, secrets_env, monkeypatch,
+                                                                             capsys, kind):
+    from forge_tui.cli import main
+
+    var = "ANTHROPIC_API_KEY" if kind == "anthropic" else "OPENAI_API_KEY"
+    value = os.environ[var]
+    monkeypatch.chdir(tmp_path)
+    with FakeLLM() as fake:
+        (tmp_path / "forge.toml").write_text(forge_toml(kind, fake))
+        fake.reply(turn(kind, ("write_file", {"path": "reference.py", "content": KEYED_REFERENCE.format(value=value)}),
+                        ("try_reference", {})),
+                   turn(kind, ("submit", {"summary": "x * 2 on an (8, 8) fp32 tensor"})))
+        code = main(["new", "double a tensor", "-w", str(tmp_path / "ws"), "--yes", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code != 0 and not (tmp_path / "ws").exists()
+    assert value not in out + err and 'API = "[redacted]"' in out
+    assert err.strip() == (f"forge: error: refusing to commit reference.py: it holds the value of ${var} (not shown); "
+                           "nothing was committed: remove the secret first")

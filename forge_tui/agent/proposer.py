@@ -25,6 +25,7 @@ from .. import safeio
 from ..cards import Card
 from ..config import ForgeConfig
 from ..kernel_abi import SOURCE_NAMES
+from ..redaction import redact as redact_environment
 from ..search.ledger import Ledger
 from ..search.proposer import Proposal, ProposalContext, ProposerFailure
 from .context import EXT, LANGUAGE, card_summary, lineage_summary, machine_summary, prepare_workdir, prompt_text, render
@@ -64,7 +65,7 @@ class AgentProposer:
 
     def __init__(self, config: ForgeConfig, provider: Provider, price: Price, *, workdir_root: Path,
                  profile: dict[str, Any] | None = None, gpu: "DeviceProps | None" = None,
-                 template: "TemplateProposer | None" = None, redact: Callable[[str], str] = lambda s: s) -> None:
+                 template: "TemplateProposer | None" = None, redact: Callable[[str], str] = redact_environment) -> None:
         self.config = config
         self.acfg = config.agent
         self.provider = provider
@@ -153,7 +154,8 @@ class AgentProposer:
 
         agent = Agent(self.provider, self.price, [t.spec() for t in tools.values()],
                       execute=lambda call: run_tool(tools, env, call), submitted=lambda: env.submission is not None,
-                      limits=limits, ledger=ledger, card=ctx.card.id, transcript=transcript, on_step=on_step)
+                      limits=limits, ledger=ledger, card=ctx.card.id, transcript=transcript, on_step=on_step,
+                      redact=self.redact)
         out = agent.run(system, task)
         self._count(out, ctx.card.id)
         meta = {"conversation": conv, "provider": self.provider.name, "model": self.provider.model,
