@@ -104,6 +104,144 @@ def forge_toml(kind: str, fake: FakeLLM) -> str:
             "input_usd_per_mtok = 3.0\noutput_usd_per_mtok = 15.0\n")
 
 
+# ---- 1: the compiler reads nothing outside -----------------------------------------------------------
+OUTSIDE_HEADER = "leaked_token_alpha outside_value_beta;\nstruct outside_gamma { int delta; };\n"
+GOOD = (Path(__file__).parent / "candidates" / "cpu" / "softmax_good.cpp").read_text()
+
+
+@needs_gxx
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_compile_including_a_file_outside_shows_the_model_nothing_of_it(tmp_path, secrets_env, kind):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.h").write_text(OUTSIDE_HEADER)
+    work = tmp_path / "work"
+    work.mkdir()
+    head = '#include "forge_kernel.h"\n'
+    (work / "direct.cpp").write_text(GOOD.replace(head, f'{head}#include "{outside}/secret.h"\n'))
+    (work / "macro.cpp").write_text(GOOD.replace(head, f'{head}#define OUT "{outside}/secret.h"\n#include OUT\n'))
+    (work / "environ.cpp").write_text(GOOD.replace(head, f'{head}#define ENV "/proc/self/environ"\n#include ENV\n'))
+    (work / "climb.cpp").write_text(GOOD.replace(head, f'{head}#include "../outside/secret.h"\n'))
+    pool = BuildPool(tmp_path / "cache")
+    try:
+        with FakeLLM() as fake:
+            fake.reply(turn(kind, *[("compile", {"file": f}) for f in ("direct.cpp", "macro.cpp", "environ.cpp",
+                                                                       "climb.cpp")]),
+                       turn(kind, ("list_files", {})))
+            converse(kind, fake, ToolEnv(workdir=work, backend="cpu", pool=pool), tool_calls=5)
+            direct, macro, environ, climb = results_sent(kind, fake)[:4]
+    finally:
+        pool.close()
+    sent = json.dumps([r.body for r in fake.requests])
+    for word in ("leaked_token_alpha", "outside_value_beta", "outside_gamma", KEY, TOKEN, "SOME_TOKEN"):
+        assert word not in sent, word
+    # the model is told why, in one line naming the include
+    assert "compile direct.cpp: FAILED" in direct and f'#include "{outside}/secret.h" is refused: an absolute path' in direct
+    assert "compile climb.cpp: FAILED" in climb and "climbs with '..'" in climb
+    for result, path in ((macro, f"{outside}/secret.h"), (environ, "/proc/self/environ")):
+        assert "FAILED" in result and path in result, result
+        assert "Permission denied" in result or "refused" in result, result
+
+
+@needs_gxx
+def test_the_compiler_runs_confined_with_a_scrubbed_environment(tmp_path, secrets_env):
+    """Where the kernel has Landlock the compile reads nothing outside its roots; everywhere the
+    preprocessor's dependency list refuses a file outside before anything is compiled, and the
+    compiler's environment holds no secret."""
+    from forge_tui.evaluator import jail
+    from forge_tui.evaluator.build import Builder, compile_env, toolchain
+
+    (tmp_path / "notes.txt").write_text("int from_outside;\n")
+    head = '#include "forge_kernel.h"\n'
+    src = GOOD.replace(head, f'{head}#define OUT "{tmp_path}/notes.txt"\n#include OUT\n')
+    for landlock in (True, False):
+        b = Builder("cpu", tmp_path / f"cache-{landlock}", landlock=landlock)
+        r = b.build(src)
+        assert not r.ok and r.library is None and "from_outside" not in r.log + r.reason
+        if landlock and jail.abi():
+            assert "Permission denied" in r.reason and r.confined.startswith("landlock ABI")
+        else:
+            assert r.reason == (f"the compile would read {tmp_path}/notes.txt, outside the build folder, the ABI "
+                                "header and the toolchain's include folders: refused")
+        ok = b.build(GOOD + f"\n// {landlock}\n")
+        assert ok.ok and "scrubbed environment" in ok.confined and b.build(GOOD + f"\n// {landlock}\n").cached
+    env = compile_env(tmp_path, toolchain("cpu", "g++"))
+    assert KEY not in env.values() and TOKEN not in env.values() and env["HOME"] == env["TMPDIR"] == str(tmp_path)
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_MESSAGES", "LD_LIBRARY_PATH", "CUDA_HOME",
+                        "CUDA_PATH", "CUDA_ROOT"}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_the_jail_refuses_reads_outside_network_and_keeps_exec(tmp_path):
+    """What ``jail.py`` applies to a compile, seen from inside: the toolchain runs (fork and exec
+    included), files outside its roots and /proc are refused, a socket is refused."""
+    from forge_tui.evaluator import jail
+    from forge_tui.evaluator.build import JAIL, Builder, toolchain
+
+    if not jail.abi():
+        pytest.skip("no Landlock in this kernel")
+    (tmp_path / "outside.txt").write_text("outside\n")
+    box = tmp_path / "box"
+    box.mkdir()
+    prefix, note, landlocked = Builder("cpu", tmp_path)._jail(box, toolchain("cpu", "g++"))
+    assert landlocked and prefix[-1] == "--" and str(JAIL) in prefix
+
+    def run(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, *cmd], capture_output=True, text=True, cwd=box)
+
+    assert run("sh", "-c", "echo made > made.txt && cat made.txt").stdout == "made\n"  # fork, exec, write inside
+    for path in (tmp_path / "outside.txt", "/etc/passwd", f"/proc/{os.getpid()}/environ"):
+        r = run("cat", str(path))
+        assert r.returncode != 0 and "Permission denied" in r.stderr, (path, r)
+    r = run("sh", "-c", f"echo x > {tmp_path}/escaped.txt")
+    assert r.returncode != 0 and not (tmp_path / "escaped.txt").exists()
+    if os.path.isfile("/usr/bin/python3"):  # a program of the toolchain's roots that can open a socket
+        r = run("/usr/bin/python3", "-I", "-S", "-c", "import socket; socket.socket()")
+        assert r.returncode != 0 and "Operation not permitted" in r.stderr, r
+
+
+def test_the_include_checker_refuses_what_would_read_outside():
+    from forge_tui.evaluator.includes import outside, parse_dependencies, source_problems
+
+    dirs = ["/usr/include"] if os.path.isfile("/usr/include/stdint.h") else None
+    src = "\n".join([
+        '#include "forge_kernel.h"',  # 1: the ABI header
+        "#include <stdint.h>",  # 2: a toolchain header
+        '#include "/etc/passwd"',  # 3
+        "#  include_next <../../etc/shadow>",  # 4
+        '// #include "/in/a/comment"',  # 5
+        '#include "not_a_header_anywhere.h"',  # 6
+        'asm(".incbin \\"/etc/hostname\\"");',  # 7
+        "#if __has_include(</root/.ssh/id_rsa>)",  # 8
+        "#endif",
+        "#inc\\",  # 10: a directive split by a continuation
+        'lude "/split/over/lines"',
+        "#define H <stdint.h>",
+        "#include H",  # 13: through a macro, for the dependency list
+    ])
+    problems = source_problems(src, "forge_kernel.h", dirs)
+    lines = [line for line, _ in problems]
+    assert lines == ([3, 4, 6, 10, 8, 7] if dirs else [3, 4, 10, 8, 7])
+    text = dict(problems)
+    assert text[3].startswith('#include "/etc/passwd" is refused: an absolute path')
+    assert "climbs with '..'" in text[4] and ".incbin" in text[7] and "__has_include(</root/.ssh/id_rsa>)" in text[8]
+    if dirs:
+        assert "neither the ABI header (forge_kernel.h) nor a header of the toolchain" in text[6]
+    assert source_problems('#include "forge_kernel.h"\n#include <cmath>\n', "forge_kernel.h") == []
+    deps = parse_dependencies("candidate.o: candidate.cpp /usr/include/stdint.h \\\n /tmp/x\\ y.h ../up.h\n")
+    assert deps == ["candidate.cpp", "/usr/include/stdint.h", "/tmp/x y.h", "../up.h"]
+    assert outside(deps, "/build/b1", ["/build/b1", "/usr/include"]) == ["/tmp/x y.h", "../up.h"]
+
+
+def test_the_static_checks_refuse_outside_includes():
+    from forge_tui.evaluator.static_checks import check_source
+
+    findings = check_source(GOOD.replace('#include "forge_kernel.h"\n', '#include "forge_kernel.h"\n'
+                                         '#include "/home/me/.aws/credentials"\n'), "cpu")
+    (f,) = [f for f in findings if f.rule == "include"]
+    assert f.severity == "error" and f.line == 4 and "an absolute path" in f.message
+
+
 # ---- 2: no link followed by the harness --------------------------------------------------------------
 OUTSIDE_TEXT = "the outside file's own words, never to be committed\n"
 
