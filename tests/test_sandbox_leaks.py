@@ -19,11 +19,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import FAST_TOML
+from conftest import FAST_TOML, ROOT
 from fake_llm import FakeLLM, anthropic_message, openai_completion
 
 from agent_tools import ToolEnv, kernel_tools, run_tool
@@ -334,6 +335,90 @@ def test_the_no_follow_reader(tmp_path):
     with pytest.raises(safeio.Refused, match="binary"):
         safeio.read_text(root, "bin")
     assert safeio.read_text(root, "bin", strict=False)[1] == "a\x00b"
+
+
+# ---- 3: the reference run reads nothing outside ----------------------------------------------------------
+PRYING_REFERENCE = '''import os
+import torch
+
+
+def reference(x):
+    for path in ("/proc/%d/environ" % os.getppid(), {outside!r}, "/etc/passwd"):
+        try:
+            with open(path, "rb") as f:
+                print("READ", path, f.read()[:3000])
+        except OSError as exc:
+            print("REFUSED", path, exc)
+    try:
+        with open({escape!r}, "w") as f:
+            f.write("written from the reference")
+    except OSError as exc:
+        print("REFUSED", {escape!r}, exc)
+    return x * 2
+
+
+def example_inputs(device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(8, 8, generator=g).to(device)]
+'''
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forge_new_runs_a_prying_reference_confined_in_try_and_in_accept(tmp_path, kind):
+    """``forge new --yes`` as a user runs it, its own process started with the key in its
+    environment: the reference reads its parent's /proc/PID/environ, a file outside and
+    /etc/passwd, and writes a file outside; try_reference tells the model each was refused and
+    shows none of them, and the accept step (which runs the reference again to profile it) cannot
+    write outside either."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("outside words for nobody\n")
+    escape = tmp_path / "escaped.txt"
+    var = "ANTHROPIC_API_KEY" if kind == "anthropic" else "OPENAI_API_KEY"
+    marker = "visible-marker-" + "m4" * 8
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), var: KEY, "SOME_TOKEN": TOKEN, "FORGE_MARKER": marker,
+           "FORGE_CACHE_DIR": os.environ.get("FORGE_CACHE_DIR", str(tmp_path / "cache"))}
+    source = PRYING_REFERENCE.format(outside=str(outside), escape=str(escape))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from forge_tui.cli import main; "
+            "sys.exit(main(sys.argv[2:]))")
+    with FakeLLM() as fake:
+        (tmp_path / "forge.toml").write_text(forge_toml(kind, fake))
+        fake.reply(turn(kind, ("write_file", {"path": "reference.py", "content": source}), ("try_reference", {})),
+                   turn(kind, ("submit", {"summary": "x * 2 on an (8, 8) fp32 tensor"})))
+        run = subprocess.run([sys.executable, "-c", code, str(ROOT), "new", "double a tensor", "-w",
+                              str(tmp_path / "ws"), "--yes", "--device", "cpu"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=900)
+        tried = results_sent(kind, fake)[1]
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "try_reference reference.py: OK" in tried, tried
+    for path in ("/proc/", str(outside), "/etc/passwd", str(escape)):
+        assert f"REFUSED {path}" in tried, (path, tried)
+    assert "READ " not in tried
+    everything = json.dumps([r.body for r in fake.requests]) + run.stdout + run.stderr
+    for word in (marker, "outside words", "root:x:0:0", KEY, TOKEN):
+        assert word not in everything, word
+    assert not escape.exists()  # neither try_reference nor the accept's profile wrote it
+    assert (tmp_path / "ws" / "reference.py").read_text() == source
+
+
+def test_run_reference_reads_only_its_folder_and_python(tmp_path):
+    from agent_tools.reference import run_reference
+    from forge_tui.evaluator import jail
+
+    if not jail.abi():
+        pytest.skip("no Landlock in this kernel")
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "outside.txt").write_text("outside words\n")
+    (work / "data.txt").write_text("inside words\n")
+    (work / "reference.py").write_text(
+        "import os, torch\n\n\ndef reference(x):\n"
+        f"    print(open('data.txt').read(), open({str(tmp_path / 'outside.txt')!r}).read())\n    return x\n\n\n"
+        "def example_inputs(device='cpu'):\n    return [torch.ones(4)]\n")
+    rep = run_reference(work, wall_s=120)
+    assert not rep.ok and rep.stage == "call" and rep.refused and rep.landlock.startswith("landlock ABI")
+    assert "PermissionError: [Errno 13] Permission denied" in rep.error and "outside words" not in rep.text()
+    assert "reads confined by landlock ABI" in rep.text()
+    assert jail._libc.prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE: this process is no longer dumpable
 
 
 # ---- 4: no secret in a tool result or a commit ---------------------------------------------------------

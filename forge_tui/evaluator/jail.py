@@ -65,6 +65,13 @@ FILE_RIGHTS = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE | LL_IOCTL
 READ_WRITE = (READ | LL_WRITE_FILE | LL_REMOVE_DIR | LL_REMOVE_FILE | LL_MAKE_DIR | LL_MAKE_REG | LL_TRUNCATE
               | LL_REFER)
 
+PYTHON_SYSTEM_READ = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache",
+                      "/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu", "/sys/devices/system/node",
+                      "/dev/null", "/dev/zero", "/dev/urandom")
+"""What a confined Python process running a reference may read besides its folder and Python's own
+(the shared libraries torch loads, what torch asks of the CPU): not /etc, /home, /root, /tmp, or
+another process's /proc."""
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
