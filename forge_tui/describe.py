@@ -309,6 +309,7 @@ def accept(draft: Draft, workspace: Path | str, *, device: str | None = None, co
 # ---- the accept step's profile, confined -------------------------------------------------------------
 PROFILE_WALL_S = 1800.0
 MAX_REPORT_BYTES = 64 << 20
+STDERR_KEPT = 64 << 10
 
 
 def _unloaded_workload(path: Path) -> Any:
@@ -377,8 +378,14 @@ def profile_confined(workload: Any, device: str, dtype: Any, cfg: ForgeConfig, s
             except (ProcessLookupError, PermissionError):
                 pass
 
-    err: list[bytes] = []
-    reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else b""), daemon=True)
+    err = bytearray()
+
+    def read_err() -> None:  # keeps the end only: the reference may print without end
+        while proc.stderr is not None and (chunk := os.read(proc.stderr.fileno(), 1 << 16)):
+            err.extend(chunk)
+            del err[:-STDERR_KEPT]
+
+    reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
     timer = threading.Timer(PROFILE_WALL_S, kill)  # past it the whole process group is killed
     timer.start()
@@ -396,7 +403,7 @@ def profile_confined(workload: Any, device: str, dtype: Any, cfg: ForgeConfig, s
         proc.wait()
         reader.join(timeout=5)
         shutil.rmtree(scratch, ignore_errors=True)
-    tail = redact_environment((err[0] if err else b"").decode(errors="replace").strip()[-1500:])
+    tail = redact_environment(bytes(err).decode(errors="replace").strip()[-1500:])
     if not answer:
         why = "it ran past the wall-time limit" if proc.returncode == -signal.SIGKILL else \
             f"exit status {proc.returncode}"
