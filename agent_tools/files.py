@@ -5,176 +5,71 @@ link: from a descriptor of the working directory, one component at a time (``ope
 ``O_NOFOLLOW``), so a symbolic link anywhere in a path, one that was there or one swapped in
 between two calls, is refused rather than followed out of the directory. Writes go to a new file
 beside the target, renamed over it: a hard link to a file elsewhere is replaced, not written
-through. Every refusal is a ``ToolError`` that tells the model why.
+through. Reading and the walk through the folders are ``forge_tui.safeio``'s, the one no-follow
+helper every read of a file the agent could have touched goes through. Every refusal is a
+``ToolError`` that tells the model why.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import stat
+from contextlib import contextmanager
+from typing import Iterator
 
 from pydantic import Field
 
+from forge_tui import safeio
+
 from .base import Params, Tool, ToolEnv, ToolError
 
-MAX_PATH_BYTES = 1024
-MAX_NAME_BYTES = 255
-MAX_LINE_CHARS = 2000
 READ_CHARS = 24_000
 """What one read_file answer shows at most (the rest: another call with offset_line)."""
 MAX_LIST = 500
+MAX_LINE_CHARS = 2000
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TMP_PREFIX = ".forge-write-"
 
 
-def _show(path: str) -> str:
-    return repr(path if len(path) <= 120 else path[:120] + "…")
+@contextmanager
+def _told() -> Iterator[None]:
+    """A refusal of the no-follow helper, as the model reads it."""
+    try:
+        yield
+    except safeio.Refused as exc:
+        raise ToolError(str(exc)) from None
 
 
 # ---- paths ------------------------------------------------------------------------------------
 def split_path(path: str, *, allow_root: bool = False) -> list[str]:
     """The components of a relative path inside the working directory, or a ToolError saying why
     the path is refused."""
-    shown = _show(path)
-    if "\x00" in path:
-        raise ToolError(f"path {shown} contains a NUL byte")
-    if not path.strip():
-        raise ToolError("empty path: name a file relative to the working directory")
-    try:
-        size = len(path.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ToolError(f"path {shown} is not valid text") from None
-    if size > MAX_PATH_BYTES:
-        raise ToolError(f"path is {size} bytes long, over the {MAX_PATH_BYTES}-byte limit")
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
-        raise ToolError(f"path {shown} contains control characters")
-    if path.startswith("/"):
-        raise ToolError(f"{shown} is an absolute path: paths are relative to the working directory "
-                        "(for example candidate.cpp or sub/notes.md)")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise ToolError(f"{shown} contains '..': paths must stay inside the working directory")
-    for p in parts:
-        if len(p.encode("utf-8")) > MAX_NAME_BYTES:
-            raise ToolError(f"a name in {shown} is {len(p.encode('utf-8'))} bytes long, over the {MAX_NAME_BYTES}-byte limit")
-    if not parts and not allow_root:
-        raise ToolError(f"{shown} is the working directory itself, not a file")
-    return parts
+    with _told():
+        return safeio.split_path(path, allow_root=allow_root)
 
 
 def _is_read_only(env: ToolEnv, rel: str) -> bool:
     return any(rel == ro or rel.startswith(ro + "/") for ro in env.read_only)
 
 
-def _refusal(dir_fd: int, name: str, rel: str, exc: OSError, *, want_dir: bool) -> ToolError:
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        st = None
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        return ToolError(f"{rel} is a symbolic link: file tools do not follow links (one may lead outside the "
-                         "working directory)")
-    if exc.errno == errno.ENOENT:
-        return ToolError(f"{rel}: no such {'folder' if want_dir else 'file'} (list_files shows what there is)")
-    if want_dir and st is not None and not stat.S_ISDIR(st.st_mode):
-        return ToolError(f"{rel} is a file, not a folder")
-    if exc.errno == errno.ELOOP:
-        return ToolError(f"{rel} is a symbolic link: file tools do not follow links")
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return ToolError(f"{rel}: permission denied")
-    return ToolError(f"{rel}: {exc.strerror or type(exc).__name__}")
-
-
-def _open_root(env: ToolEnv) -> int:
-    try:
-        return os.open(env.workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ToolError(f"the working directory cannot be opened: {exc.strerror}") from None
-
-
 def _open_dir(env: ToolEnv, parts: list[str], *, create: bool = False) -> int:
-    """A descriptor of the folder ``parts`` inside the working directory, reached one component at a
-    time without following links (and made, with ``create``, where missing)."""
-    fd = _open_root(env)
-    try:
-        for i, name in enumerate(parts):
-            rel = "/".join(parts[: i + 1])
-            try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError as exc:
-                if not create:
-                    raise _refusal(fd, name, rel, exc, want_dir=True) from None
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                except OSError as exc2:
-                    raise _refusal(fd, name, rel, exc2, want_dir=True) from None
-                try:
-                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc2:
-                    raise _refusal(fd, name, rel, exc2, want_dir=True) from None
-            except OSError as exc:
-                raise _refusal(fd, name, rel, exc, want_dir=True) from None
-            os.close(fd)
-            fd = nfd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    """A descriptor of the folder ``parts`` inside the working directory (``safeio.open_dir``)."""
+    with _told():
+        return safeio.open_dir(env.workdir, parts, create=create)
 
 
 def read_bytes(env: ToolEnv, path: str) -> tuple[str, bytes]:
     """(the normalised relative path, its bytes): a regular file inside the working directory, at
-    most ``env.max_read_bytes`` long."""
-    parts = split_path(path)
-    rel = "/".join(parts)
-    dfd = _open_dir(env, parts[:-1])
-    try:
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY,
-                         dir_fd=dfd)
-        except OSError as exc:
-            raise _refusal(dfd, parts[-1], rel, exc, want_dir=False) from None
-    finally:
-        os.close(dfd)
-    limit = env.max_read_bytes
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ToolError(f"{rel} is a folder: list_files shows what is in it")
-        if not stat.S_ISREG(st.st_mode):
-            raise ToolError(f"{rel} is not a regular file")
-        if st.st_size > limit:
-            raise ToolError(f"{rel} is {st.st_size} bytes, over the {limit}-byte limit of the file tools")
-        chunks = []
-        got = 0
-        while got <= limit:
-            chunk = os.read(fd, min(1 << 16, limit + 1 - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise ToolError(f"{rel} is over the {limit}-byte limit of the file tools")
-        return rel, data
-    finally:
-        os.close(fd)
+    most ``env.max_read_bytes`` long, read without following a link (``safeio.read_bytes``)."""
+    with _told():
+        return safeio.read_bytes(env.workdir, path, limit=env.max_read_bytes)
 
 
 def read_text(env: ToolEnv, path: str) -> tuple[str, str]:
     """(the normalised relative path, its text); binary content is refused."""
-    rel, data = read_bytes(env, path)
-    if b"\x00" in data:
-        raise ToolError(f"{rel} is binary ({len(data)} bytes): the file tools read text only")
-    try:
-        return rel, data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ToolError(f"{rel} is binary or not UTF-8 ({len(data)} bytes): the file tools read text only") from None
+    with _told():
+        return safeio.read_text(env.workdir, path, limit=env.max_read_bytes)
 
 
 def write_text(env: ToolEnv, path: str, content: str) -> tuple[str, int]:

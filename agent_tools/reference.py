@@ -4,10 +4,15 @@
 reports what it did: ``python -I -B -c CHILD`` with a scrubbed environment (no API key, no secret:
 only PATH, LD_LIBRARY_PATH, the locale and an empty CUDA_VISIBLE_DEVICES), its working directory
 the conversation's, a wall-time limit (the whole process group is killed past it) and an
-address-space limit (``RLIMIT_AS``). The child imports torch first, then installs on itself the
-evaluator's seccomp deny filter (``forge_tui.evaluator.confine.build_filter``: no new processes or
-programs, no network, no file opened for writing or created, no signal to another process), and
-only then imports ``reference.py``. It calls ``example_inputs(device="cpu")`` twice (the inputs
+address-space limit (``RLIMIT_AS``). This process is made non-dumpable first, so no process of the
+user can read its memory or its /proc/PID/environ (where the API key is). The child restricts its
+reads with Landlock (``forge_tui.evaluator.jail``: its folder, Python and its packages, the
+system's libraries, its own /proc entry; nothing else, not /etc/passwd nor the parent's /proc)
+and drops every capability before it imports torch, then installs on itself the evaluator's
+seccomp deny filter (``forge_tui.evaluator.confine.build_filter``: no new processes or programs,
+no network, no file opened for writing or created, no signal to another process), and only then
+runs ``reference.py``, read without following a link and checked against the hash it was tried
+under. It calls ``example_inputs(device="cpu")`` twice (the inputs
 must be seeded) and ``reference(*inputs)`` twice (it must be deterministic and leave its inputs
 alone), and reports the inputs' and outputs' shapes, dtypes, strides and value statistics, or the
 traceback of what failed (naming a refusal of the sandbox as such).
@@ -34,6 +39,9 @@ from typing import Any
 
 from pydantic import Field
 
+from forge_tui import safeio
+from forge_tui.evaluator.jail import PYTHON_SYSTEM_READ
+
 from .base import Params, Submission, Tool, ToolEnv, ToolError
 from .files import read_text
 
@@ -52,7 +60,13 @@ def confine_py() -> Path:
     return Path(str(resources.files("forge_tui") / "evaluator" / "confine.py"))
 
 
-# The child: argv = [-c, confine.py, address-space bytes, confine (1/0), the reference's file name].
+def jail_py() -> Path:
+    """The evaluator's jail.py (Landlock, capabilities), loaded by path like confine.py."""
+    return confine_py().with_name("jail.py")
+
+
+# The child: argv = [-c, confine.py, jail.py, address-space bytes, confine (1/0), the reference's
+# file name, its sha256, the folders it may read (JSON)].
 CHILD = r'''
 import json, os, sys, time, traceback
 report_fd = os.dup(1)
@@ -82,36 +96,67 @@ def failed(stage):
     report["error"] = text if len(text) <= 8000 else "[...]\n" + text[-8000:]
     refused = False
     while exc is not None:
-        if isinstance(exc, OSError) and exc.errno == 1:
+        if isinstance(exc, OSError) and exc.errno in (1, 13):
             refused = True
         exc = exc.__cause__ or exc.__context__
     report["refused"] = refused
     finish()
 
 
-confine_py, as_bytes, confine, ref_name = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+confine_py, jail_py, as_bytes, confine = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+ref_name, ref_sha, readable = sys.argv[5], sys.argv[6], json.loads(sys.argv[7])
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 try:
+    import hashlib
+    import importlib.util
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
-    import importlib.util
+    if confine:
+        # the filter is built now (libseccomp is found through ldconfig and a temporary folder)
+        # and loaded once torch is in
+        seccomp_filter = load("_forge_confine", confine_py).build_filter(os.getpid())
+        jail = load("_forge_jail", jail_py)
+        # reads: this folder, Python and its packages (torch), the system's libraries, this
+        # process's own /proc entry; before torch starts a thread, so every thread is confined
+        own = [p for p in {*sys.path, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix} if p]
+        rules = [(jail.READ_EXEC, p) for p in own + readable] + [(jail.READ, os.getcwd()),
+                                                                  (jail.READ, f"/proc/{os.getpid()}")]
+        try:
+            report["landlock"] = jail.landlock(rules)
+        except OSError as exc:
+            if exc.errno != 38:  # ENOSYS: a kernel without Landlock keeps the other defences
+                raise
+            report["landlock"] = f"landlock unavailable ({exc.strerror})"
+        jail.drop_capabilities()
     import torch
     report["torch"] = torch.__version__
     if confine:
-        spec = importlib.util.spec_from_file_location("_forge_confine", confine_py)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["_forge_confine"] = mod
-        spec.loader.exec_module(mod)
-        mod.build_filter(os.getpid()).load()
+        seccomp_filter.load()
         report["confined"] = True
 except BaseException:
     failed("sandbox")
 
 try:
-    spec = importlib.util.spec_from_file_location("reference", os.path.join(os.getcwd(), ref_name))
-    ref = importlib.util.module_from_spec(spec)
+    # the reference as it was hashed and tried, opened without following a link
+    fd = os.open(ref_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        code = f.read()
+    if hashlib.sha256(code).hexdigest() != ref_sha:
+        raise RuntimeError(f"{ref_name} changed while it was being tried")
+    ref = type(sys)("reference")
+    ref.__file__ = os.path.join(os.getcwd(), ref_name)
     sys.modules["reference"] = ref
-    spec.loader.exec_module(ref)
+    exec(compile(code, ref.__file__, "exec"), ref.__dict__)
 except BaseException:
     failed("import")
 for name in ("reference", "example_inputs"):
@@ -248,6 +293,8 @@ class ReferenceReport:
     seconds: float | None = None
     torch: str = ""
     confined: bool = False
+    landlock: str = ""
+    """What confined its reads ("landlock ABI 7"), or why nothing did."""
     stderr: str = ""
     source_sha256: str = ""
     wall_s: float = 0.0
@@ -265,7 +312,10 @@ class ReferenceReport:
         where = {"sandbox": "while setting up the sandbox", "import": f"while importing {file}",
                  "example_inputs": "in example_inputs()", "call": "in reference(*inputs)",
                  "outputs": "on the outputs of reference(*inputs)", "timeout": "", "crashed": ""}.get(self.stage, "")
-        cage = "confined (seccomp)" if self.confined else "NOT confined"
+        cage = "NOT confined"
+        if self.confined:
+            reads = ("reads confined by " + self.landlock) if self.landlock.startswith("landlock ABI") else "reads not confined"
+            cage = f"confined (seccomp, {reads})"
         head = f"try_reference {file}: " + ("OK" if self.ok else "FAILED" + (f" {where}" if where else ""))
         head += f" ({'torch ' + self.torch + ', ' if self.torch else ''}{cage}, {self.wall_s:.1f} s in all)"
         lines = [head]
@@ -293,7 +343,7 @@ class ReferenceReport:
             lines.append(self.error.rstrip())
         if self.refused:
             lines.append("the sandbox refused a system call: a reference must be a pure computation on tensors "
-                         "(no files written, no network, no new processes)")
+                         "(no files written or read outside its folder, no network, no new processes)")
         if self.stderr.strip():
             lines.append("its output (stdout and stderr, the end):\n" + self.stderr.strip()[-STDERR_TAIL:])
         return "\n".join(lines)
@@ -331,12 +381,17 @@ def run_reference(workdir: Path, *, file: str = REFERENCE_FILE, wall_s: float = 
     """Run ``workdir/file`` in a confined child and report (never raises for what the reference does)."""
     workdir = Path(workdir).resolve()
     try:
-        sha = hashlib.sha256((workdir / file).read_bytes()).hexdigest()
-    except OSError:
-        sha = ""
+        sha = hashlib.sha256(safeio.read_bytes(workdir, file)[1]).hexdigest()
+    except safeio.Refused:
+        sha = ""  # a link or no file: what runs cannot be the file a submit would take
+    if confine:
+        from forge_tui.evaluator.jail import not_dumpable
+
+        not_dumpable()  # the child cannot read this process's memory or /proc/PID/environ (the API key)
     t0 = time.monotonic()
-    proc = subprocess.Popen([python, "-I", "-B", "-c", CHILD, str(confine_py()), str(int(address_space_bytes)),
-                             "1" if confine else "0", file],
+    proc = subprocess.Popen([python, "-I", "-B", "-c", CHILD, str(confine_py()), str(jail_py()),
+                             str(int(address_space_bytes)), "1" if confine else "0", file, sha,
+                             json.dumps(list(PYTHON_SYSTEM_READ))],
                             cwd=workdir, env=scrubbed_env(workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -433,8 +488,8 @@ def submit_reference(env: ToolEnv, p: SubmitReferenceParams) -> str:
             + "; the user reviews it before it becomes a card")
 
 
-TRY_REFERENCE = Tool("try_reference", f"Run {REFERENCE_FILE} in a sandbox (no files written, no network, no new "
-                     'processes; CPU only): example_inputs(device="cpu") twice, reference(*inputs) twice. Reports '
+TRY_REFERENCE = Tool("try_reference", f"Run {REFERENCE_FILE} in a sandbox (no files written, none read outside "
+                     'its folder, no network, no new processes; CPU only): example_inputs(device="cpu") twice, reference(*inputs) twice. Reports '
                      "the inputs' and outputs' shapes, dtypes, strides and value statistics, whether the inputs are "
                      "seeded and the reference deterministic, or the traceback of what failed.",
                      TryParams, try_reference)

@@ -173,11 +173,14 @@ def profile_to_card(workload: "Workload", target: Path, name: str, *, device: st
                     config_path: Path | None = None,
                     files: Callable[[Card, str], dict[str, bytes]] = lambda card, where: {},
                     reuse: bool = True,
-                    progress: Callable[[str], None] = lambda msg: None) -> CardWorkspace:
+                    progress: Callable[[str], None] = lambda msg: None,
+                    profile: Callable[..., Any] | None = None) -> CardWorkspace:
     """Profile ``workload`` (its model the wrapper of class ``name``) and put the function's card
     into ``target``: a new workspace, or an existing one (``reuse``). ``files(card, folder)`` gives
     the extra files to commit with it, by path relative to ``folder`` (the workspace root for a new
-    workspace, ``references/<card id>`` for an added card). Raises ForgeError having written nothing."""
+    workspace, ``references/<card id>`` for an added card). ``profile`` replaces
+    ``profile_workload`` (same arguments and result: forge new profiles in a confined process).
+    Raises ForgeError having written nothing."""
     from .config import discover_config
     from .profiler.run import profile_workload
     from .tensorstore import TensorStore
@@ -196,7 +199,7 @@ def profile_to_card(workload: "Workload", target: Path, name: str, *, device: st
     staging = staging_dir(target)
     try:
         store = TensorStore(staging / ".forge" / "cache" / "tensors")
-        result = profile_workload(workload, dev, None, cfg, store, progress)
+        result = (profile or profile_workload)(workload, dev, None, cfg, store, progress)
         card = function_card(result.cards, name)
         if ws is not None:
             have = {c.id: c for c in ws.cards()}

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .errors import WorkspaceError
 
@@ -43,6 +44,23 @@ class RefConflict(WorkspaceError):
     def __init__(self, message: str, ref: str = "") -> None:
         super().__init__(message)
         self.ref = ref
+
+
+class SecretInCommit(WorkspaceError):
+    """A file about to be committed holds a secret (an API key, a token): nothing is committed."""
+
+
+def refuse_secrets(files: Iterable[tuple[str, bytes]]) -> None:
+    """SecretInCommit naming the first file that holds a secret of the environment or a key-shaped
+    text (``forge_tui.redaction.find_secrets``), and which one: the variable or the kind of key,
+    never the value."""
+    from .redaction import find_secrets
+
+    for path, data in files:
+        found = find_secrets(data)
+        if found:
+            raise SecretInCommit(f"refusing to commit {path}: it holds {', '.join(found)} (not shown); "
+                                 "nothing was committed: remove the secret first")
 
 
 AUTHOR_NAME = "forge-tui"
@@ -122,10 +140,43 @@ class GitRepo:
             raise WorkspaceError(f"git {args[0]} failed in {self.root}: {exc.stderr.strip() or exc}") from None
 
     def commit_worktree(self, subject: str, body: str = "", trailers: dict | None = None) -> str:
-        """Stage everything in the working tree (respecting .gitignore) and commit on the current branch."""
+        """Stage everything in the working tree (respecting .gitignore) and commit on the current
+        branch; SecretInCommit, with everything unstaged again, when a file staged holds a secret."""
         self.git("add", "-A")
-        self.git("commit", "-q", "--allow-empty", "-m", format_message(subject, body, trailers))
+        message = format_message(subject, body, trailers)
+        try:
+            refuse_secrets([("the commit message", message.encode()), *self._staged()])
+        except SecretInCommit:
+            self.git("reset", "-q")
+            raise
+        self.git("commit", "-q", "--allow-empty", "-m", message)
         return self.head()
+
+    def _staged(self) -> list[tuple[str, bytes]]:
+        """(path, content as staged) of every file added or changed in the index, read in one
+        ``git cat-file --batch``."""
+        names = [n for n in self.git("diff", "--cached", "--name-only", "-z", "--no-renames",
+                                     "--diff-filter=d").split("\0") if n]
+        if not names:
+            return []
+        request = "".join(f":{n}\n" for n in names).encode()
+        with git_boundary("reading the files staged for the commit"):
+            out = subprocess.run(["git", "cat-file", "--batch"], cwd=self.root, input=request, capture_output=True,
+                                 env={**os.environ, **_GIT_ENV}, check=True).stdout
+        files: list[tuple[str, bytes]] = []
+        at = 0
+        for name in names:
+            end = out.index(b"\n", at)
+            head = out[at:end].split()
+            at = end + 1
+            if len(head) == 3:
+                size = int(head[2])
+                files.append((name, out[at:at + size]))
+                at += size + 1
+            else:  # "<name> missing": a name git cannot quote on one line; its file is read whole
+                files.append((name, (self.root / name).read_bytes() if not (self.root / name).is_symlink()
+                              else os.readlink(self.root / name).encode()))
+        return files
 
     def git_warnings(self, *args: str) -> tuple[str, list[str]]:
         """Like :meth:`git`, and also what git printed on stderr (e.g. ``ignoring broken ref``)."""
@@ -249,7 +300,10 @@ class ObjectWriter:
 
     def commit_files(self, base_commit: str | None, folder: str, files: dict[str, bytes], parents: list[str],
                      message: str) -> str:
-        """A commit whose tree is ``base_commit``'s with ``folder/`` replaced by ``files``."""
+        """A commit whose tree is ``base_commit``'s with ``folder/`` replaced by ``files``;
+        SecretInCommit, having written nothing, when one of them holds a secret."""
+        refuse_secrets([("the commit message", message.encode()),
+                        *((f"{folder}/{name}", data) for name, data in files.items())])
         sub = self.tree([("100644", self.blob(data), name) for name, data in files.items()])
         entries = [e for e in (self.tree_entries(base_commit) if base_commit else []) if e[2] != folder]
         entries.append(("40000", sub, folder))

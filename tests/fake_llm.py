@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 ANTHROPIC_PATH = "/v1/messages"
 OPENAI_PATH = "/v1/chat/completions"
@@ -37,6 +37,8 @@ class Reply:
     """An error reply's message; its body is written in the format of the path that gets it."""
     stall_s: float = 0.0
     """Wait this long before answering (longer than the client's timeout: a stalled server)."""
+    before: Callable[[], None] | None = None
+    """Run when this reply is taken, before it is sent (a test plants a file while the model "thinks")."""
 
 
 @dataclass
@@ -132,6 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
             reply = Reply(status=404, error=f"fake_llm: no route {path}")
         else:
             reply = fake._next()
+        if reply.before is not None:
+            reply.before()
         if reply.stall_s and fake._closing.wait(reply.stall_s):
             return
         body = _error_body(path, reply.status, reply.error) if reply.error else reply.body or {}

@@ -37,6 +37,7 @@ def agent_parts(config: ForgeConfig, environ: Mapping[str, str], provider: Any =
     (no key, an OpenAI-compatible provider without a URL); ``provider`` replaces the configured
     one (tests, replays)."""
     from ..errors import ConfigError
+    from ..redaction import treat_as_secret
     from .pricing import price_for
     from .providers import make_provider, redact
 
@@ -47,6 +48,7 @@ def agent_parts(config: ForgeConfig, environ: Mapping[str, str], provider: Any =
     price = price_for(cfg)
     prov = provider if provider is not None else make_provider(cfg, environ)
     names = [cfg.api_key_env] if cfg.api_key_env else []
+    treat_as_secret(*names)  # the git wrapper refuses a file holding it, as it does the default keys
     return cfg, prov, price, lambda text: redact(text, environ, names)
 
 

@@ -11,6 +11,10 @@ money of the conversation, the wall time, and (through the ledger) the money of 
 run. A query's tokens are bounded before it is sent: its input by the UTF-8 size of everything sent
 (no tokenizer makes more tokens than bytes) plus a margin for the provider's framing, its output by
 the ``max_tokens`` the query is given, which shrinks as a limit comes near.
+
+Every tool result passes through ``redact`` before it is kept or sent: the values of the
+environment's secrets and key-shaped text never reach the model, whatever a tool printed
+(a compiler's diagnostics, a reference's output).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..redaction import redact as redact_environment
 from ..search.ledger import Ledger, LimitReached
 from .messages import Message, ModelTurn, Provider, ProviderError, ToolResult, ToolResultsMessage, ToolSpec, Usage, UserMessage
 from .pricing import Price
@@ -80,13 +85,15 @@ def input_bound(system: str, messages: Sequence[Message], tools: Sequence[ToolSp
 class Agent:
     """One conversation. ``execute`` runs a tool call and returns its result (never raises);
     ``submitted`` says whether the model has submitted; ``on_step`` is told after every step (the
-    events: the query's tokens and cost, the tools called, the first line of each result)."""
+    events: the query's tokens and cost, the tools called, the first line of each result);
+    ``redact`` hides secrets in every tool result (default: the environment's and key shapes)."""
 
     def __init__(self, provider: Provider, price: Price, tools: Sequence[ToolSpec],
                  execute: Callable[[Any], ToolResult], submitted: Callable[[], bool], *, limits: Limits,
                  ledger: Ledger, card: str, transcript: Transcript,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 redact: Callable[[str], str] = redact_environment) -> None:
         self.provider = provider
         self.price = price
         self.tools = list(tools)
@@ -97,6 +104,7 @@ class Agent:
         self.card = card
         self.transcript = transcript
         self.on_step = on_step
+        self.redact = redact
         self.last_cost = 0.0
         self._summary = ""
         self.clock = clock
@@ -189,6 +197,7 @@ class Agent:
             self.tool_calls += 1
             t0 = self.clock()
             result = self.execute(call)
+            result = result.model_copy(update={"content": self.redact(result.content)})
             results.append(result)
             self.transcript.add("tool", step=self.queries, name=call.name, call_id=call.id,
                                 is_error=result.is_error, seconds=round(self.clock() - t0, 3))

@@ -21,9 +21,11 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import safeio
 from ..cards import Card
 from ..config import ForgeConfig
 from ..kernel_abi import SOURCE_NAMES
+from ..redaction import redact as redact_environment
 from ..search.ledger import Ledger
 from ..search.proposer import Proposal, ProposalContext, ProposerFailure
 from .context import EXT, LANGUAGE, card_summary, lineage_summary, machine_summary, prepare_workdir, prompt_text, render
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from ..templates.device import DeviceProps
     from ..templates.proposer import TemplateProposer
 
+MAX_DRAFT_BYTES = 1 << 20
+"""A draft larger than this is not a kernel the harness takes."""
 FATAL_STATUSES = (401, 403, 404)
 """Provider answers that no retry will change (a bad key, no access, no such model)."""
 
@@ -44,12 +48,24 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:60]
 
 
+def read_draft(workdir: Path, name: str) -> tuple[str, str]:
+    """(the draft the conversation left in ``workdir/name``, "") or ("", why it was not read): read
+    through ``safeio``, so a link planted there is refused, never followed; a missing draft is
+    simply none."""
+    try:
+        return safeio.read_text(workdir, name, limit=MAX_DRAFT_BYTES, strict=False)[1], ""
+    except safeio.Missing:
+        return "", ""
+    except safeio.Refused as exc:
+        return "", str(exc)
+
+
 class AgentProposer:
     name = "agent"
 
     def __init__(self, config: ForgeConfig, provider: Provider, price: Price, *, workdir_root: Path,
                  profile: dict[str, Any] | None = None, gpu: "DeviceProps | None" = None,
-                 template: "TemplateProposer | None" = None, redact: Callable[[str], str] = lambda s: s) -> None:
+                 template: "TemplateProposer | None" = None, redact: Callable[[str], str] = redact_environment) -> None:
         self.config = config
         self.acfg = config.agent
         self.provider = provider
@@ -138,7 +154,8 @@ class AgentProposer:
 
         agent = Agent(self.provider, self.price, [t.spec() for t in tools.values()],
                       execute=lambda call: run_tool(tools, env, call), submitted=lambda: env.submission is not None,
-                      limits=limits, ledger=ledger, card=ctx.card.id, transcript=transcript, on_step=on_step)
+                      limits=limits, ledger=ledger, card=ctx.card.id, transcript=transcript, on_step=on_step,
+                      redact=self.redact)
         out = agent.run(system, task)
         self._count(out, ctx.card.id)
         meta = {"conversation": conv, "provider": self.provider.name, "model": self.provider.model,
@@ -148,13 +165,15 @@ class AgentProposer:
             return Proposal(source=env.submission.source, move=f"agent: {env.submission.move}", meta=meta,
                             transcript=transcript.entries, cost_usd=out.cost_usd, proposer=self.name,
                             charged=True)
-        draft = (workdir / source_name).read_text(errors="replace") if (workdir / source_name).is_file() else ""
+        draft, refused = read_draft(workdir, source_name)
         if draft.strip() and (ctx.parent.id == "root" or draft != (ctx.parent.source or "")):
             meta["submitted"] = False
             return Proposal(source=draft, move=f"agent draft, not submitted ({out.reason[:80]})", meta=meta,
                             transcript=transcript.entries, cost_usd=out.cost_usd, proposer=self.name,
                             charged=True)
         reason = f"the agent ended without a kernel: {out.reason}"
+        if refused:
+            reason += f"; its draft was not read: {refused}"
         stopped = self.supports(ctx.card, ctx.backend)
         if stopped is not None and not stopped.endswith(out.reason):
             reason += f"; {stopped}"

@@ -5,7 +5,8 @@ Each provider turns the neutral conversation (``messages.py``) into its wire for
 call through the vendor's SDK and turns the reply back into a ``ModelTurn``. Retries are the SDKs'
 own (``max_retries``: exponential backoff from 0.5 s to 8 s with jitter, honouring ``retry-after-ms``
 and ``retry-after``, on 408, 409, 429, 5xx, timeouts and lost connections); what still fails becomes
-a ``ProviderError`` whose text has every secret of the environment replaced by ``[redacted]``.
+a ``ProviderError`` whose text has every secret of the environment replaced by ``[redacted]``
+(``forge_tui.redaction``).
 
 API keys come from the environment only (``make_provider``); a key is never put into an error, a
 repr or a log line.
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 
 from ..config import AgentConfig
 from ..errors import ConfigError
+from ..redaction import REDACTED, hide, redact, secret_values
 from . import resolve
 from .messages import (
     AssistantMessage,
@@ -45,33 +47,6 @@ KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 key unless ``api_key_env`` names one: OpenAI's key is not sent to other servers)."""
 NO_KEY = "no-key"
 """What an OpenAI-compatible server without a key is sent (the SDK will not run without one)."""
-REDACTED = "[redacted]"
-_SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET")
-
-
-# -- secrets ------------------------------------------------------------------------------------
-
-
-def secret_values(environ: Mapping[str, str] = os.environ, names: Iterable[str] = ()) -> list[str]:
-    """The values ``redact`` hides, longest first: those of the key variables (``KEY_ENV`` and
-    ``names``; 4+ characters, as shorter ones cannot be told from ordinary text) and of every
-    variable whose name ends in _KEY, _TOKEN or _SECRET (8+ characters)."""
-    values = {environ.get(name, "") for name in (*KEY_ENV.values(), *names)}
-    values = {v for v in values if len(v) >= 4}
-    values |= {v for k, v in environ.items() if k.upper().endswith(_SECRET_SUFFIXES) and len(v) >= 8}
-    return sorted(values, key=len, reverse=True)
-
-
-def _hide(text: str, secrets: Iterable[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, REDACTED)
-    return text
-
-
-def redact(text: str, environ: Mapping[str, str] = os.environ, names: Iterable[str] = ()) -> str:
-    """``text`` with the values of the environment's secrets (see ``secret_values``) replaced by
-    "[redacted]"; for any text that may reach a user, a log or a transcript."""
-    return _hide(text, secret_values(environ, names))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -172,7 +147,7 @@ class _SDKProvider:
 
     def _error(self, text: str, *, retryable: bool, status: int | None = None) -> ProviderError:
         # secrets are hidden before the line is cut short: a key cut in two would no longer match
-        return ProviderError(_one_line(f"{self.name}: {_hide(text, self._secrets)}"), retryable=retryable, status=status)
+        return ProviderError(_one_line(f"{self.name}: {hide(text, self._secrets)}"), retryable=retryable, status=status)
 
     def _sdk_error(self, err: Exception) -> ProviderError:
         """One line naming the provider, the status and the server's message (keys hidden)."""

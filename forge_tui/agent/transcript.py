@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import safeio
+
 NAME = "transcript.jsonl"
 
 
@@ -40,7 +42,9 @@ class Transcript:
         self.entries.append(entry)
         if self.path is not None:
             line = json.dumps(entry, default=str, ensure_ascii=False) + "\n"
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            # O_NOFOLLOW: a link put in the conversation's folder in place of the transcript is
+            # refused (OSError), never written through
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line.encode())
                 os.fsync(fd)
@@ -49,12 +53,17 @@ class Transcript:
         return entry
 
 
+MAX_BYTES = 256 << 20
+"""A transcript file larger than this is not read back."""
+
+
 def read_entries(path: Path) -> list[dict[str, Any]]:
-    """The entries of a transcript file; a last line cut short by a crash is left out."""
+    """The entries of a transcript file (read through ``safeio``: a link in its place gives none);
+    a last line cut short by a crash is left out."""
     out: list[dict[str, Any]] = []
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        text = safeio.read_beside(path, limit=MAX_BYTES).decode(errors="replace")
+    except (OSError, safeio.Refused):
         return out
     for line in text.splitlines():
         try:

@@ -17,6 +17,9 @@ has no business doing and what would let it reach the judge or the machine:
 * the rest of the machine: mount, namespaces, modules, bpf, perf_event_open, io_uring (which
   would bypass this filter), userfaultfd, keyrings, clocks, reboot.
 
+The compiler gets a filter of its own (``compiler_filter``: no socket at all, nothing of other
+processes or the machine; processes, exec and writes stay allowed), applied by ``jail.py``.
+
 Landlock (where the kernel has it) narrows reading too: the runner can open the candidate's
 library and, on CUDA, the driver's device files, and nothing else. Without Landlock, files stay
 readable but not writable; the judge's memory is out of reach either way (the judge is not
@@ -35,15 +38,20 @@ from dataclasses import dataclass, field
 CLONE_THREAD = 0x00010000
 O_ACCMODE, O_WRONLY, O_RDWR, O_CREAT, O_TRUNC = 0o3, 0o1, 0o2, 0o100, 0o1000
 
+FS_WRITES = (
+    "creat", "openat2", "truncate", "ftruncate", "fallocate", "rename", "renameat", "renameat2", "link",
+    "linkat", "symlink", "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "mknod", "mknodat",
+    "chmod", "fchmod", "fchmodat", "chown", "fchown", "lchown", "fchownat", "setxattr", "lsetxattr",
+    "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "utime", "utimes", "utimensat", "futimesat",
+)
+"""The file-system changes among ``DENY``: a process that must write (the accept step of forge new,
+which writes the captured tensors) keeps them, with Landlock holding its writes to one folder."""
 DENY = (
     "fork", "vfork", "execve", "execveat", "tkill", "ptrace", "process_vm_readv", "process_vm_writev",
     "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "kcmp", "setpriority", "sched_setaffinity",
     "sched_setscheduler", "sched_setparam", "sched_setattr", "ioprio_set", "migrate_pages", "move_pages",
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-    "creat", "openat2", "truncate", "ftruncate", "fallocate", "rename", "renameat", "renameat2", "link",
-    "linkat", "symlink", "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "mknod", "mknodat",
-    "chmod", "fchmod", "fchmodat", "chown", "fchown", "lchown", "fchownat", "setxattr", "lsetxattr",
-    "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "utime", "utimes", "utimensat", "futimesat",
+    *FS_WRITES,
     "mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "swapon", "swapoff", "reboot",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "acct", "quotactl",
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
@@ -94,14 +102,17 @@ def _seccomp():
     return pyseccomp
 
 
-def build_filter(pid: int):
+def build_filter(pid: int, *, writes: bool = False):
     """The filter (a pyseccomp ``SyscallFilter``, not yet loaded) for the process with this pid:
-    the rules above. The runner gets it as BPF (``seccomp_filter``); a process confining itself
-    (the agent's ``try_reference`` child) calls ``build_filter(os.getpid()).load()``."""
+    the rules above (``writes``: without those refusing file writes). The runner gets it as BPF
+    (``seccomp_filter``); a process confining itself (the agent's ``try_reference`` child) calls
+    ``build_filter(os.getpid()).load()``."""
     sc = _seccomp()
     eperm = sc.ERRNO(errno.EPERM)
     f = sc.SyscallFilter(sc.ALLOW)
     for name in DENY:
+        if writes and name in FS_WRITES:
+            continue
         try:
             f.add_rule(eperm, name)
         except (OSError, ValueError, RuntimeError):
@@ -112,6 +123,8 @@ def build_filter(pid: int):
         f.add_rule(eperm, name, sc.Arg(0, sc.NE, pid))
     f.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0), sc.Arg(2, sc.NE, 0))
     for name, flags_arg in (("open", 1), ("openat", 2)):
+        if writes:
+            break
         try:
             f.add_rule(eperm, name, sc.Arg(flags_arg, sc.MASKED_EQ, O_ACCMODE, O_WRONLY))
             f.add_rule(eperm, name, sc.Arg(flags_arg, sc.MASKED_EQ, O_ACCMODE, O_RDWR))
@@ -120,6 +133,45 @@ def build_filter(pid: int):
         except (OSError, ValueError, RuntimeError):
             pass  # no legacy open() on this architecture
     return f
+
+
+COMPILER_DENY = (
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "ptrace", "process_vm_readv",
+    "process_vm_writev", "pidfd_getfd", "kcmp", "mount", "umount2", "pivot_root", "chroot", "setns", "unshare",
+    "swapon", "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "acct", "quotactl", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "fanotify_init", "name_to_handle_at",
+    "open_by_handle_at", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "syslog", "iopl", "ioperm",
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "capset",
+)
+"""What the compiler (``jail.py`` around nvcc or g++) may not do: no network (no socket at all, so
+no Unix socket to a local daemon either), no reaching other processes, nothing of the machine's.
+Processes, threads, exec and file writes stay allowed: Landlock keeps the writes in the build folder."""
+
+_COMPILER_BPF: bytes | None = None
+
+
+def compiler_filter() -> bytes:
+    """The compiler's filter (``COMPILER_DENY``, refused with EPERM) as compiled BPF, made once."""
+    global _COMPILER_BPF
+    if _COMPILER_BPF is None:
+        sc = _seccomp()
+        f = sc.SyscallFilter(sc.ALLOW)
+        for name in COMPILER_DENY:
+            try:
+                f.add_rule(sc.ERRNO(errno.EPERM), name)
+            except (OSError, ValueError, RuntimeError):
+                pass  # a syscall this architecture does not have
+        _COMPILER_BPF = _export(f)
+    return _COMPILER_BPF
+
+
+def _export(f) -> bytes:
+    r, w = os.pipe()
+    with os.fdopen(w, "wb") as wf:
+        f.export_bpf(wf)
+    with os.fdopen(r, "rb") as rf:
+        return rf.read()
 
 
 def seccomp_filter(runner_pid: int) -> bytes:

@@ -233,10 +233,20 @@ def check_source(source: str, backend: str, *, allow_libraries: bool = False) ->
         elif not (launched & set(kernels)) and not launch_apis:
             names = ", ".join(sorted(kernels))
             findings.append(Finding("kernel", "error", f"kernel {names} is defined but never launched"))
+    findings.extend(_include_findings(source))
     if tree.root_node.has_error and not any(f.severity == "error" for f in findings):
         findings.append(Finding("parse", "warning", "the parser could not read all of the source (macros?); the "
                                 "compiler decides"))
     return findings
+
+
+def _include_findings(source: str) -> list[Finding]:
+    """Includes that would make the compiler read a file outside the toolchain and the ABI header
+    (absolute, ``..``, ``.incbin``, ``#embed``): the builder refuses them too (``includes.py``)."""
+    from ..kernel_abi import HEADER
+    from .includes import source_problems
+
+    return [Finding("include", "error", why, line) for line, why in source_problems(source, HEADER.name)]
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

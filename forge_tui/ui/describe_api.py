@@ -79,7 +79,8 @@ class CoreDescriber:
             notes.append(d.summary)
         if not d.ok:
             notes.append(f"cannot become a card: {d.why_not}")
-        return Draft(d.description, d.source, d.inputs_text(), "\n".join(notes), ok=d.ok, handle=d)
+        return Draft(d.description, d.redact(d.source), d.inputs_text(), d.redact("\n".join(notes)), ok=d.ok,
+                     handle=d)
 
     def accept(self, draft: Draft) -> str:
         from ..describe import Draft as CoreDraft
