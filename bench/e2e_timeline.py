@@ -1,60 +1,24 @@
-"""Asks: where does eager + forge lose the bound that the served cards' isolated speedups imply?
-Three answers are possible: the host cannot keep the GPU fed (the GPU idles between kernels), our
-kernels run slower in the model than in isolation, or the profile's shares overstate what the cards
-cost in the model. Runs the workload's forward under torch.profiler, eager and with the workspace's
-promoted kernels applied (as forge bench applies them, without the in-place trial), and reports
-per forward: the wall time, the GPU's busy time (the union of its kernels' intervals), the sum of
-kernel times, and the kernels that differ between the two (eager's kernels that forge removed,
-forge's that it added) with their times in place.
+"""Where does eager + forge lose the bound that the served cards' isolated speedups imply: the host
+not keeping the GPU fed (the GPU idles between kernels), our kernels running slower in the model
+than alone, or the profile's shares overstating what the cards cost in the model?
 
-    python bench/e2e_bench.py diffusion --timeline     # after the bench, on cuda
-    python bench/lab/inplace_timeline.py WORKLOAD WORKSPACE [--forwards 10]
+``e2e_bench.py --timeline`` calls it for each workload (its JSON goes in the workload's record,
+"host_by_module" and "timeline"); it also runs on its own against a workspace the bench kept:
 
-e2e_bench.py calls ``timeline``; the JSON goes in the workload's record ("timeline").
+    python bench/e2e_bench.py diffusion --timeline                  # after the bench, on cuda
+    python bench/e2e_bench.py diffusion --keep-workspace /tmp/kept  # then:
+    python bench/e2e_timeline.py diffusion /tmp/kept/diffusion [--forwards 10]
 
-Answer on the H200 (2026-12-01, torch 2.11.0+cu130, docs/runs/data/2026-12-01-s2/call4-*): the
-host. Under the profiler, diffusion: eager 4468 µs wall / 4003 µs GPU busy, eager + forge 6134 /
-3133; the eager kernels forge removed took 878 µs a forward and its own 374 µs. The decoder: 2700 µs
-of eager kernels removed, 119 µs added. The kernels save device time in place; the op-by-op forward
-with forge's served calls (21-53 µs of host each) is host-bound. In CUDA graphs (forge bench
---graphs) the diffusion runs at 1.299x eager. ResNet-50's batch norms are the exception: 1.007x in
-CUDA graphs with six served, so their isolated speedups do not hold in place.
+* ``modules_host``: the host's time for one call of each module forge replaced, eager's and forge's,
+  every promoted kernel served.
+* ``timeline``: the workload's forward under torch.profiler, eager and with the workspace's promoted
+  kernels applied (as ``forge bench`` applies them, without the in-place trial): per forward the wall
+  time, the GPU's busy time (the union of its kernels' intervals), the sum of kernel times, and the
+  kernels that differ between the two (eager's that forge removed, forge's that it added) with their
+  times in place; without the profiler, the host's time until the forward returns and the wall time;
+  and, leaf by leaf inside the forward (``leaves_in_forward``), where the host's time goes.
 
-Without the profiler (since 2026-12-02, docs/runs/data/2026-12-02-s6/): eager's host is done after
-8-11 ms of the decoder's 18 ms forward (bound by the device, where forge reaches 1.31-1.33x op by
-op), and busy for most of the diffusion's (4.0-6.3 ms of 5.8-7.7 ms, GPU busy 4.0 ms) and
-ResNet-50's (5.7-6.4 ms of 5.8-6.4 ms, GPU busy 3.6 ms).
-
-Module by module (``modules_host``, since 2026-12-02, docs/runs/data/2026-12-02-s7/): the host's
-time for one call of each module forge replaced, eager's and forge's, every promoted kernel served.
-It found the diffusion's VAE attention, intercepted for its softmax, at 477 µs against eager's 240
-(compiled around its served group norm since `0139e1a`: 325 against 236), while its served leaf
-group norms cost what eager's do (28-34 µs); the moe's attention scopes, intercepted, 635-862 µs a
-call more than eager.
-
-Kernel by kernel in place (since 2026-12-02, docs/runs/data/2026-12-02-s8/): ResNet-50's served batch
-norms took 435 µs a forward where eager's took 566, a block an (n, c) plane running 18-30 µs a call
-on 14x14 and 7x7 planes; the flat mode (`abad9c3`) took 121 µs for 542, and the forward ran 1.207x
-eager in CUDA graphs (was 1.037x).
-
-Inside the forward, leaf by leaf (``leaves_in_forward``, since 2026-12-02, ninth session,
-docs/runs/data/2026-12-02-s9/): ResNet-50 with its six batch norm cards served spent 6463 µs of
-host against eager's 6409 (medians of 20 interleaved forwards, each leaf timed from its pre-hook
-to its hook): the 53 batch norms 121 µs less, the convolutions 53 µs more, the ReLUs 44 µs more,
-the Python between the leaves 91 µs more. Three served batch norms at the first block of a stage
-cost 14-40 µs more than eager's, the others 5-11 µs less. The host's time until the forward returns,
-back to back, was level (5425, 5542 µs eager; 5375, 5552 forge), while the bench's first run had
-measured 0.949x. In the diffusion (bound by the device: 5.0 ms of host, 6.6 ms of wall) every
-module took far longer inside the forward than alone, eager's too (``vae_norm_out`` 112 µs against
-40 alone; forge's 276 against 49). The moe's forward is 70% Python outside any leaf module (100.8
-of 144.3 ms with the hooks).
-
-In place against the cards' own device times (H100, 2026-12-06, twelfth session, `bb116e8`,
-docs/runs/data/2026-12-06-s12/call3-*): the decoder's eager kernels that forge removed took 8049
-µs a forward and forge's 1797 (6252 µs saved), where the served cards' own device times in the
-bench's process promise 7353 and their isolated speedups (the host's clock) 8968; the GPU busy
-18237 µs a forward in eager, 11006 with forge, and idle 10.5% and 30.8% under the profiler. The
-forward ran 1.525x: 95% of the bound from the own times, 82% of isolation's.
+What it found is summed up in docs/runtime.md ("forge bench") and measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -68,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
@@ -158,8 +122,8 @@ def leaves_in_forward(model: Any, forged: Any, run: Any, device: str, forwards: 
                 continue
             kinds[name] = type(mod).__name__
 
-            # never traced: called inside one of forge's compiled scopes, Dynamo traced these hooks,
-            # guarded on the clock's readings and recompiled them on every call (2026-12-03 night)
+            # never traced: called inside one of forge's compiled scopes, Dynamo would trace these
+            # hooks, guard on the clock's readings and recompile them on every call
             @torch.compiler.disable
             def pre(_m: Any, _a: Any, name: str = name) -> None:
                 start[name] = time.perf_counter_ns()
