@@ -402,11 +402,10 @@ def copy_as_candidate_us(nbytes: int, dtype: str, tmp: Path, cfg_path: Path, con
     switch between the two processes' contexts included, as they are in ours), on a card that
     reads and writes nbytes / 2 each way, of the card's dtype (the evaluator's calls a sample depend
     on the elements: the same count as the card's then). The copy ``same_size_copy_us`` times runs in the judge's
-    own process, without them: against it, a large card's kernel (a few calls a sample) pays
-    about 20 µs that the copy does not (bench/lab/pointwise_probe.cu: the 11008-wide SiLU gate
-    takes 68 µs on the device, 99% of a device copy, where the evaluator measured 91 µs). Not a
-    floor: on 2026-12-03 it took 39-46 µs for the 64 MiB a device copies in 20 µs, so the 85%
-    target reads device time (``device_times_us``) where that is measured."""
+    own process, without them: against it, a large card's kernel (a few calls a sample) pays a
+    round trip that the copy does not. Not a floor either (the round trip varies with the host), so
+    the 85% target reads device time (``device_times_us``) where that is measured; the figures are
+    in docs/benchmarks.md."""
     from forge_tui.evaluator import Evaluator
     from forge_tui.kernel_abi import ITEMSIZE
     from forge_tui.workspace import profile_into_workspace

@@ -348,7 +348,7 @@ def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: 
         return _run_workload(name, opts, deadline, Record(record_path, name, t_start), tmp)
     finally:
         keep = opts.get("keep_workspace")
-        if keep and (tmp / "ws").is_dir():  # for a lab probe in the same device call (host_sampler.py)
+        if keep and (tmp / "ws").is_dir():  # for a later look in the same device call (e2e_timeline.py)
             dest = Path(keep) / Path(name).stem
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(tmp / "ws", dest, symlinks=True)
@@ -517,8 +517,8 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     served: list[str] = []
 
     def modules() -> None:
-        sys.path.insert(0, str(ROOT / "bench" / "lab"))
-        from inplace_timeline import describe_modules, modules_host
+        sys.path.insert(0, str(ROOT / "bench"))
+        from e2e_timeline import describe_modules, modules_host
 
         d["host_by_module"] = rows = modules_host(spec, ws, dev)
         for line in describe_modules(rows):
@@ -598,9 +598,9 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         rec.attempt("bench four ways" if with_compile else "bench again", bench_final)
 
     def timeline() -> None:
-        sys.path.insert(0, str(ROOT / "bench" / "lab"))
-        from inplace_timeline import describe
-        from inplace_timeline import timeline as profile_timeline
+        sys.path.insert(0, str(ROOT / "bench"))
+        from e2e_timeline import describe
+        from e2e_timeline import timeline as profile_timeline
 
         d["timeline"] = t = profile_timeline(spec, ws, dev)
         for line in describe(t):
@@ -846,7 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeline", action="store_true", help="before the bench, the host's time for each module forge "
                     "replaces, eager and with every promoted kernel served; on cuda after the bench, eager and eager + "
                     "forge under torch.profiler: wall, GPU busy time and the kernels forge removed and added, per "
-                    "forward (bench/lab/inplace_timeline.py)")
+                    "forward (bench/e2e_timeline.py)")
     ap.add_argument("--no-experts", action="store_true", help="do not serve routed experts in one grouped pass "
                     "(what forge experts does, after the folds)")
     ap.add_argument("--no-merge", action="store_true", help="do not compute sibling linears in one batched product "
@@ -854,7 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-fold", action="store_true", help="do not fold batch norms into their convolutions "
                     "(what forge fold does, after the approvals)")
     ap.add_argument("--keep-workspace", metavar="DIR", help="copy each workload's workspace, as the run left it "
-                    "(kernels approved, slower ones switched off), to DIR/NAME (for bench/lab probes)")
+                    "(kernels approved, slower ones switched off), to DIR/NAME (for bench/e2e_timeline.py)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 
