@@ -21,7 +21,10 @@ from forge_tui.config import parse_config
 from forge_tui.errors import ForgeError
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import approve, manifest, promote_kernel, reject, requests
-from forge_tui.runtime.apply import Guard, Mode, apply
+from forge_tui.runtime import guard as guard_mod
+from forge_tui.runtime import intercept, module_card, placement
+from forge_tui.runtime.apply import Guard, Mode, apply, called_children
+from forge_tui.runtime.graph import scope as scope_mod
 from forge_tui.runtime.kernel import CardKernel, KernelError
 from forge_tui.runtime.status import format_status, read_status
 from forge_tui.ui.widgets.fallback.status_table import rows as status_rows
@@ -372,7 +375,7 @@ def test_a_card_off_for_good_under_an_intercepted_scope_is_taken_out_too(promote
     with torch.no_grad(), apply(model, ws, trial_calls=0, only_faster=False, compiled_scopes=False) as applied:
         assert {norm.id, sm.id} <= set(applied.guards), applied.skipped
         wrapper = model.norm.__dict__["forward"]
-        assert "_outside_scope" in wrapper.__qualname__  # the scope's, over forge's
+        assert wrapper.__qualname__.startswith("outside_scope.")  # the scope's, over forge's
         model(x)
         applied.board.disable(applied.guards[norm.id].status, "a test switched it off")
         for _ in range(3):
@@ -509,7 +512,7 @@ def test_torch_compile_keeps_the_kernel_as_a_custom_op(promoted):
 def test_the_custom_op_never_hands_back_an_input_s_memory(promoted, monkeypatch):
     """The op's schema promises fresh outputs (what lets a compiler reorder around it): where the
     guard refuses a call and the card's own program returns a view of an input, the op copies it."""
-    from forge_tui.runtime.apply import _CUSTOM_GUARDS
+    from forge_tui.runtime.custom_op import _CUSTOM_GUARDS
 
     ws, norm, _ = promoted
     wl = load_workload()
@@ -532,7 +535,7 @@ def test_a_settled_custom_op_serves_through_the_lean_path_with_every_check(promo
     function (the compiled graph's custom op, the compiled scopes' and chains' served calls): it
     serves what matches; another shape or a switched-off card goes the general way, which counts
     the reason; a failing kernel switches the card off and the call falls back to the program."""
-    from forge_tui.runtime.apply import _CUSTOM_GUARDS
+    from forge_tui.runtime.custom_op import _CUSTOM_GUARDS
 
     ws, norm, _ = promoted
     wl = load_workload()
@@ -547,12 +550,10 @@ def test_a_settled_custom_op_serves_through_the_lean_path_with_every_check(promo
         if lean is not None:
             def call(tensors):
                 out = lean(tensors)
-                lean_calls.append(out is not None and out is not apply_mod._NOT_SERVED)
+                lean_calls.append(out is not None and out is not guard_mod.NOT_SERVED)
                 return out
 
             self._lean = call
-
-    from forge_tui.runtime import apply as apply_mod
 
     monkeypatch.setattr(Guard, "_build_lean", counting)
     with torch.no_grad(), apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False, cards=[norm.id]) as applied:
@@ -1271,7 +1272,7 @@ def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch,
         in_graph = id(model) in graphed
         t = 100.0
         fwd = model.norm.__dict__.get("forward")  # the norm's kernel, maybe under the softmax scope's wrapper
-        while fwd is not None and not fwd.__qualname__.startswith("_module_forward"):
+        while fwd is not None and not fwd.__qualname__.startswith("module_forward."):
             fwd = inspect.getclosurevars(fwd).nonlocals.get("original") if hasattr(fwd, "__code__") else None
         if fwd is not None:
             t += 30.0 if in_graph else -5.0
@@ -1317,10 +1318,8 @@ def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch,
 
 def _count_intercepted(monkeypatch) -> list[str]:
     """The ops the runtime's interceptor sees from now on (its class wrapped to record them)."""
-    from forge_tui.runtime import apply as apply_mod
-
     seen: list[str] = []
-    real = apply_mod._interceptor_class
+    real = placement.interceptor_class
 
     def counting():
         base = real()
@@ -1332,7 +1331,7 @@ def _count_intercepted(monkeypatch) -> list[str]:
 
         return Counting
 
-    monkeypatch.setattr(apply_mod, "_interceptor_class", counting)
+    monkeypatch.setattr(placement, "interceptor_class", counting)
     return seen
 
 
@@ -1383,8 +1382,6 @@ def test_a_scope_with_served_children_is_compiled_around_them(tmp_path, monkeypa
     break that its module card serves, and a scope with more such children than GRAPH_BREAKS is
     intercepted (the moe's attention, with its q and k norms, ran intercepted at 635-862 µs of
     host a call more than eager on the H200 while one was the limit)."""
-    from forge_tui.runtime import apply as apply_mod
-
     path = HERE / "data" / "workloads" / workload
     ws, norm, sm = _norm_and_softmax_promoted(path, tmp_path)
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -1395,7 +1392,7 @@ def test_a_scope_with_served_children_is_compiled_around_them(tmp_path, monkeypa
     with torch.no_grad():
         expected = model(x)
         for in_graph, graphs in ((True, 1), (False, children)):  # a graph after each break
-            monkeypatch.setattr(apply_mod, "IN_GRAPH", in_graph)
+            monkeypatch.setattr(placement, "IN_GRAPH", in_graph)
             with apply(model, ws, only_faster=False, trial_calls=0) as applied:
                 got = [model(x) for _ in range(3)]
                 st = {c["card"]: c for c in applied.status()["cards"]}
@@ -1418,7 +1415,7 @@ def test_a_scope_with_served_children_is_compiled_around_them(tmp_path, monkeypa
             for g in got:
                 torch.testing.assert_close(g, expected)
             assert st[sm.id]["served"] == 3 and st[norm.id]["served"] == 3 * children and seen == []
-        monkeypatch.setattr(apply_mod, "GRAPH_BREAKS", children - 1)
+        monkeypatch.setattr(placement, "GRAPH_BREAKS", children - 1)
         with apply(model, ws, only_faster=False, trial_calls=0) as applied:
             again = model(x)
             assert not applied.scopes and "aten._softmax.default" in seen
@@ -1430,8 +1427,6 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
     module's under the outer, and neither sees the other's (the child wrapper leaves the outer
     interception before the inner one starts)."""
     from types import SimpleNamespace
-
-    from forge_tui.runtime import apply as apply_mod
 
     class Inner(torch.nn.Module):
         def forward(self, x):
@@ -1448,7 +1443,7 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
             return x
 
     model = Outer()
-    children = apply_mod.called_children(model)
+    children = called_children(model)
     assert children == list(model.blocks)  # the ModuleList is a container: its items are called
     seen: dict[int, list[str]] = {}
 
@@ -1466,9 +1461,9 @@ def test_nested_scopes_each_intercept_their_own_calls(tmp_path):
     for m, owner in ((model, outer_owner), (model.blocks[0], inner_owner)):
         table = {"any": [SimpleNamespace(guard=SimpleNamespace(status=SimpleNamespace(active=True),
                                                                sig=SimpleNamespace(scope_keys=[])))]}
-        m.forward = apply_mod._intercepting(m.forward, Mode, table, None, owner)
+        m.forward = intercept.intercepting(m.forward, Mode, table, None, owner)
     for child in children:
-        child.forward = apply_mod._outside_scope(child.forward, outer_owner)
+        child.forward = intercept.outside_scope(child.forward, outer_owner)
     x = torch.randn(4)
     with torch.no_grad():
         model(x)
@@ -1535,14 +1530,12 @@ def test_an_op_card_scope_missing_from_the_model_is_skipped_not_fatal(promoted, 
 
 def test_apply_that_fails_part_way_leaves_the_model_as_it_was(promoted, monkeypatch):
     """The module card is installed before the op card's scope; a failure there undoes it."""
-    from forge_tui.runtime import apply as apply_mod
-
     ws, norm, sm = promoted
 
     def broken():
         raise RuntimeError("no dispatch modes here")
 
-    monkeypatch.setattr(apply_mod, "_interceptor_class", broken)
+    monkeypatch.setattr(placement, "interceptor_class", broken)
     model = load_workload().get_model()
     with pytest.raises(RuntimeError, match="no dispatch modes"):
         apply(model, ws, only_faster=False)
@@ -1567,7 +1560,7 @@ def test_scopes_serving_the_same_cards_share_one_trial():
     switch the card off everywhere); scopes serving other cards have their own."""
     from types import SimpleNamespace
 
-    from forge_tui.runtime.apply import _scope_trial
+    from forge_tui.runtime.placement import scope_trial as _scope_trial
 
     def og(card):
         return SimpleNamespace(guard=SimpleNamespace(entry=SimpleNamespace(card=card)))
@@ -1721,7 +1714,8 @@ def test_an_op_calls_fast_match_never_accepts_what_the_encoding_refuses():
     from hypothesis import strategies as st
 
     from forge_tui.program import encode
-    from forge_tui.runtime.apply import OpGuard, _flat_pattern
+    from forge_tui.runtime.opmatch import OpGuard
+    from forge_tui.runtime.opmatch import flat_pattern as _flat_pattern
 
     a, b = torch.zeros(2), torch.ones(2)
     pool = [a, b, -1, 0, 1, 2, True, False, None, 1.0, 0.5, float("nan"), float("inf"), "mean", [0, 1], (0, 1),
@@ -1816,7 +1810,6 @@ def test_an_op_cards_dispatch_is_weighed_against_eager_s_own_call(layer_norm_ws,
     (EAGER_SAMPLES calls, counted as fallbacks) and the kernel stays where its whole call costs the
     host no more than eager's by what it saves. (On the H200 a group norm leaf was switched off for
     a 31 µs dispatch inside the forward, where eager's own call of the module cost it more.)"""
-    from forge_tui.runtime import apply as apply_mod
     from forge_tui.runtime.apply import Guard
     from forge_tui.runtime.kernel import CardKernel
 
@@ -1825,7 +1818,7 @@ def test_an_op_cards_dispatch_is_weighed_against_eager_s_own_call(layer_norm_ws,
     with torch.no_grad():
         expected = model(x)
     if site == "interceptor":
-        monkeypatch.setattr(apply_mod, "_direct_leaf", lambda module: False)  # every call through the interceptor
+        monkeypatch.setattr(placement, "direct_leaf", lambda module: False)  # every call through the interceptor
     monkeypatch.setattr(Guard, "__init__", _with_gain(Guard.__init__, 1e-3))  # dispatch always looks too costly
     if eager_costly:  # eager's call costs the host 2 ms more where it is timed in the kernel's place
         real = Guard.time_eager
@@ -2123,26 +2116,24 @@ def test_a_settled_module_card_is_served_through_its_fast_path(promoted, monkeyp
     (``apply._specialised``, the leaf sites' too); a changed attribute, a replaced parameter,
     gradients and another shape go the general way, which judges them as before, and every
     output agrees with the module's own."""
-    from forge_tui.runtime import apply as apply_mod
-
     ws, norm, _ = promoted
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     ref = wl.get_model().norm
     served_fast: list[bool] = []
-    build = apply_mod._specialised
+    build = module_card.specialised
 
     def counting(*a, **k):
         f = build(*a, **k)
 
         def call(args, kwargs):
             out = f(args, kwargs)
-            served_fast.append(out is not apply_mod._NOT_SERVED and out is not apply_mod._FELL_BACK)
+            served_fast.append(out is not guard_mod.NOT_SERVED and out is not guard_mod.FELL_BACK)
             return out
 
         return call
 
-    monkeypatch.setattr(apply_mod, "_specialised", counting)
+    monkeypatch.setattr(module_card, "specialised", counting)
     with torch.no_grad(), apply(model, ws, only_faster=False, cards=[norm.id]) as applied:
         st = lambda: applied.status()["cards"][0]  # noqa: E731
         for _ in range(12):
@@ -2399,10 +2390,8 @@ def test_a_settled_learned_site_serves_through_its_fast_path_with_every_check(la
 
         def counting(args, kwargs):
             out = real_fast(args, kwargs)
-            fast_calls.append(out is not apply_mod._NOT_SERVED and out is not apply_mod._FELL_BACK)
+            fast_calls.append(out is not guard_mod.NOT_SERVED and out is not guard_mod.FELL_BACK)
             return out
-
-        from forge_tui.runtime import apply as apply_mod
 
         leaf.fast = counting
         before = len(seen)
@@ -2450,7 +2439,7 @@ def test_a_settled_learned_site_serves_through_its_fast_path_with_every_check(la
         tangent = torch.randn_like(x)
         with fwAD.dual_level():
             assert fwAD.unpack_dual(back(lambda: model(fwAD.make_dual(x, tangent)))).tangent is not None
-        assert st()["active"] and real_fast(((x,)), {}) is not apply_mod._NOT_SERVED
+        assert st()["active"] and real_fast(((x,)), {}) is not guard_mod.NOT_SERVED
         del fast_calls[:]
         torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
         assert fast_calls == [True]
@@ -2477,7 +2466,8 @@ def test_a_settled_learned_site_serves_through_its_fast_path_with_every_check(la
 def test_a_learned_site_checks_every_attribute_of_its_module():
     """The learned call's check of the module's attributes (one lookup of all the names): a plain
     value changed, an object rebound to an equal one, an attribute added or removed all fail it."""
-    from forge_tui.runtime.apply import _attrs_check, _LeafSites
+    from forge_tui.runtime.attrs import attrs_check as _attrs_check
+    from forge_tui.runtime.leaf import LeafSites as _LeafSites
 
     norm = torch.nn.LayerNorm(8)
     same = _attrs_check(_LeafSites(norm, "cpu")._attrs(), norm.__dict__)
@@ -2503,7 +2493,8 @@ def test_the_dispatch_cost_is_timed_on_learned_calls_of_every_leaf_module(tmp_pa
     cost; the samples come from the calls served directly, through the leaf's fast path (what
     every call after them costs: on the H200 machine the general path's cost switched the
     diffusion's layer norms off, whose fast path costs less than they save)."""
-    from forge_tui.runtime.apply import Guard, OpGuard, _LeafSites
+    from forge_tui.runtime.apply import Guard, OpGuard
+    from forge_tui.runtime.leaf import LeafSites as _LeafSites
 
     ws, card, wl = _one_card_promoted(tmp_path, "layernorms_shared.py", "aten.native_layer_norm.default",
                                       (CPU / "layernorm_twopass.cpp").read_text())
@@ -3155,7 +3146,6 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
     its compiles, calls at the second shape are still served, through Dynamo's run-only path (the
     variants compiled, no compile), and the third shape runs as written, counted as uncovered
     without its key being worked out (its variant served nothing)."""
-    from forge_tui.runtime import graph as graph_mod
     from forge_tui.runtime.graph import GraphScope
 
     src = (HERE / "data" / "workloads" / "softmax_layers.py").read_text()
@@ -3185,20 +3175,20 @@ def test_a_stopped_scope_serves_its_other_variants_without_compiling(tmp_path):
         assert scope.variants == 3 and scope.stopped
         served = sum(c["served"] for c in applied.status()["cards"])
         keys: list[int] = []
-        real_key = graph_mod.call_key
+        real_key = scope_mod.call_key
 
         def counting_key(*a):
             keys.append(1)
             return real_key(*a)
 
-        graph_mod.call_key = counting_key
+        scope_mod.call_key = counting_key
         try:
             for t in (x[:8], x[:8], odd, x):
                 torch.testing.assert_close(layer(t), ref_layer(t))
                 if t is odd:
                     assert keys == [1, 1] and scope.uncovered == 1  # the x[:8] calls' keys alone
         finally:
-            graph_mod.call_key = real_key
+            scope_mod.call_key = real_key
         st = applied.status()["cards"]
         # a fourth shape, which no variant covers: the run-only path runs the forward as written
         # once, and a like call runs as written at once, both counted as uncovered
@@ -3229,7 +3219,7 @@ def test_a_leaf_call_refused_before_is_not_intercepted_again(layer_norm_ws, monk
     same refusals and runs the module's own forward, not intercepted; a changed attribute or
     parameter, or another shape, is judged through the interceptor again; the profiled shape is
     still served. Outputs agree with eager's every time."""
-    from forge_tui.runtime.apply import _LeafSites
+    from forge_tui.runtime.leaf import LeafSites as _LeafSites
 
     wl = _layernorm_workload()
     ws, card = layer_norm_ws

@@ -45,7 +45,8 @@ def main() -> int:
 
     import torch
 
-    from forge_tui.runtime import apply as rt
+    from forge_tui.runtime import intercept as rt
+    from forge_tui.runtime.forwards import called_children
     from forge_tui.timing import Timer, paired_ratio
     from forge_tui.workload import load_workload
 
@@ -55,7 +56,7 @@ def main() -> int:
         torch.set_num_threads(1)
 
     counts: dict[str, int] = {}
-    base = rt._interceptor_class()
+    base = rt.interceptor_class()
 
     class Counting(base):  # type: ignore[misc, valid-type]
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -82,11 +83,11 @@ def main() -> int:
         outside = []
         for layer in layers:
             owner = object()
-            layer.forward = rt._intercepting(layer.forward, interceptor(kind), table, None, owner)
+            layer.forward = rt.intercepting(layer.forward, interceptor(kind), table, None, owner)
             if kind == "own calls":
-                outside.extend((c, owner) for c in rt.called_children(layer))
+                outside.extend((c, owner) for c in called_children(layer))
         for child, owner in outside:
-            child.forward = rt._outside_scope(child.forward, owner)
+            child.forward = rt.outside_scope(child.forward, owner)
         return model, inputs
 
     variants = {k: build(k) for k in ("eager", "whole subtree", "own calls")}

@@ -169,7 +169,8 @@ def compiled_case(tmp: Path, calls: int) -> dict:
     alone, the bare launch, and the compiled forward (the norm, then +1) with and without forge."""
     import torch
 
-    from forge_tui.runtime.apply import Mode, _custom_op, apply, module_inputs
+    from forge_tui.runtime.apply import Mode, apply, module_inputs
+    from forge_tui.runtime.custom_op import custom_op as _custom_op
 
     ws = _promote(TESTS / "data/workloads/runtime_model.py", tmp, lambda c: c.kind == "module", "rmsnorm_good.cpp")
     sys.path.insert(0, str(TESTS / "data/workloads"))  # Dynamo traces the model's class from its module
