@@ -2085,9 +2085,9 @@ def test_a_learned_call_under_a_mode_or_transform_goes_through_pytorch(layer_nor
 
 
 def test_a_module_card_whose_module_changed_an_attribute_runs_the_original_forward(promoted):
-    """The kernel computes the module's forward as profiled: with an attribute changed since the
-    install (the RMSNorm's eps, training mode) the call runs the module's own forward, says why,
-    and agrees with eager; with the attribute back, the kernel serves again."""
+    """The kernel computes the module's forward as profiled: with an attribute other than the
+    profile's (the RMSNorm's eps, training mode) the call runs the module's own forward, says which
+    attribute differs, and agrees with eager; with the attribute back, the kernel serves again."""
     ws, norm, _ = promoted
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
@@ -2098,12 +2098,13 @@ def test_a_module_card_whose_module_changed_an_attribute_runs_the_original_forwa
         served = st()["served"]
         model.norm.variance_epsilon = 10.0
         changed = model.norm(x)
-        assert st()["fallbacks"] == {"the module's attributes changed since the install": 1}
+        eps_why = "its attribute variance_epsilon is 10.0 (the profile's: 1e-06)"
+        assert st()["fallbacks"] == {eps_why: 1}
         model.norm.variance_epsilon = 1e-6
         training = model.norm.training
         model.norm.train(not training)
         model.norm(x)
-        assert st()["fallbacks"] == {"the module's attributes changed since the install": 2}
+        assert st()["fallbacks"] == {eps_why: 1, f"its attribute training is {not training} (the profile's: {training})": 1}
         model.norm.train(training)
         model.norm(x)
         assert st()["served"] == served + 1
@@ -2143,7 +2144,7 @@ def test_a_settled_module_card_is_served_through_its_fast_path(promoted, monkeyp
         model.norm.variance_epsilon = 1e-2
         ref.variance_epsilon = 1e-2
         torch.testing.assert_close(model.norm(x), ref(x))
-        assert served_fast[n:] == [False] and st()["fallbacks"] == {"the module's attributes changed since the install": 1}
+        assert served_fast[n:] == [False] and st()["fallbacks"] == {"its attribute variance_epsilon is 0.01 (the profile's: 1e-06)": 1}
         model.norm.variance_epsilon = ref.variance_epsilon = 1e-6
         w = model.norm.weight
         model.norm.weight = torch.nn.Parameter(w * 2)

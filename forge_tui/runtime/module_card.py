@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..program import encode, tensor_leaves
-from .attrs import attrs_check, module_attrs
+from .attrs import card_check, difference, traced_check
 from .custom_op import custom_op
 from .direct import plain_context
 from .graph.callkeys import call_key
@@ -22,6 +22,11 @@ from .trace import TraceSinks, comptime_hook, note_traced, register
 
 if TYPE_CHECKING:
     import torch
+
+
+ATTRS_WHY = "its attributes differ from the profile's"
+"""A traced call's fallback for a module whose attributes differ from the card's (where it is not
+traced, the reason names the attribute: ``attrs.difference``)."""
 
 
 def _all_tensors(args: Any) -> bool:
@@ -72,7 +77,7 @@ def module_inputs(module: "torch.nn.Module", args: Any, kwargs: Any, consts: lis
 
 
 def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guard: Guard, mode: Mode,
-                   call_args: Any, returns: str, own_op: bool = False,
+                   call_args: Any, returns: str, card_attrs: dict[str, Any], own_op: bool = False,
                    take_out: Callable[[Callable[..., Any]], bool] | None = None,
                    sinks: TraceSinks | None = None) -> Callable[..., Any]:
     """The forward of a module card's module. In a model compiled by torch.compile
@@ -81,7 +86,13 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
     it is the compiled forward, so that the scope's graph holds the card's op and does not break
     around the module (``placement.IN_GRAPH``). Once the card is off, its first call asks
     ``take_out`` to put the module's own forward back (``Applied.take_out``). ``sinks``: where the
-    fallbacks that a trace of it decides go (``trace.py``; the ``apply``'s own)."""
+    fallbacks that a trace of it decides go (``trace.py``; the ``apply``'s own).
+
+    ``card_attrs``: the module's plain attributes as the profile recorded them (``attrs.py``).
+    Every call compares the module's with them, whenever they changed (before ``apply``, before
+    the first call, or since): op by op in one lookup (``attrs.card_check``); where Dynamo traces
+    the forward, attribute by attribute (``attrs.traced_check``), so that Dynamo guards each one
+    and the graph's custom op serves only calls of a module whose attributes are the card's."""
     in_graph: list[Any] = [None]
     """The torch.compile forward that Dynamo traces, once a compiled scope above the module asks
     for it (``forward.in_graph()``: its custom op is defined then, not for every module card)."""
@@ -99,8 +110,11 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
 
     is_compiling = torch.compiler.is_compiling
     attrs: list[Callable[[dict[str, Any]], bool]] = []
-    """The check that the module's attributes are still those of its first call after the install
-    (``attrs_check``; made at that call, once forge's own forward is in the module's __dict__)."""
+    """The check that the module's attributes are the card's (``attrs.card_check``: its plain ones
+    equal to ``card_attrs``, the others the objects they were at the first call, made at that call
+    once forge's own forward is in the module's __dict__)."""
+    traced_same = traced_check(card_attrs)
+    """The same comparison of the plain attributes, for Dynamo to trace (``op``'s path)."""
     fast: list[Any] = [None, False]
     """The call specialised to the profiled way of calling the module (``specialised``), and
     whether it was tried: built after the first call the kernel serves with the guard settled."""
@@ -176,14 +190,17 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
             if why is not None:  # the card refuses these tensors, whatever else the call is
                 fell_back(why)
                 return original(*args, **kwargs)
-        if op is None:  # under torch.compile, Dynamo guards the module's attributes itself
+        # an attribute the kernel has compiled in (an eps, a scale) or that changes what the
+        # forward computes (training) differs from the profile's: the forward as written
+        if op is None:
             if not attrs:
-                attrs.append(attrs_check(module_attrs(module), module.__dict__))
+                attrs.append(card_check(module, card_attrs))
             if not attrs[0](module.__dict__):
-                # an attribute the kernel may have compiled in (an eps, a scale) or that changes
-                # what the forward computes (training): the forward as written
-                fell_back("the module's attributes changed since the install")
+                fell_back(difference(module.__dict__, card_attrs))
                 return original(*args, **kwargs)
+        elif not traced_same(module.__dict__):
+            fell_back(ATTRS_WHY if is_compiling() else difference(module.__dict__, card_attrs))
+            return original(*args, **kwargs)
         if torch.is_grad_enabled() and (any(t.requires_grad for t in tensor_leaves((args, kwargs)))
                                         or any(p is not None and p.requires_grad for p in module._parameters.values())):
             fell_back("gradients are on (kernels serve inference)")
@@ -250,8 +267,8 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
     def enable_in_graph() -> None:
         if in_graph[0] is None and op is None:
             timable = guard.eager_timable
-            in_graph[0] = module_forward(module, original, guard, Mode.TORCH_COMPILE, call_args, returns, own_op=True,
-                                         sinks=sinks)
+            in_graph[0] = module_forward(module, original, guard, Mode.TORCH_COMPILE, call_args, returns, card_attrs,
+                                         own_op=True, sinks=sinks)
             guard.eager_timable = timable  # its own forward's setting, not the compiled one's
 
     forward.in_graph = enable_in_graph  # type: ignore[attr-defined]
