@@ -107,6 +107,42 @@ def measured_twice_as_fast(root: Path, card_ids) -> None:
     path.write_text(json.dumps(data))
 
 
+def measured_speedups(root: Path, speedups: dict[str, float]) -> None:
+    """Record the promoted kernels of the workspace at ``root`` as measured at ``speedups`` (card ->
+    eager's time over the kernel's), for tests that need one kernel faster than eager and another
+    slower whatever the fixture's timing on a loaded machine said."""
+    path = root / "kernels" / "manifest.json"
+    data = json.loads(path.read_text())
+    for cid, speedup in speedups.items():
+        data["entries"][cid]["evidence"]["speedup_vs_eager"] = speedup
+    path.write_text(json.dumps(data))
+
+
+class FakeClock:
+    """``time.perf_counter_ns`` for tests whose subject is a decision taken on timings (the guard's
+    dispatch check, eager's own call timed in the kernel's place), not a speed: each read advances
+    it by ``step_ns``, and ``spend(seconds)`` by a call that long (where the test would sleep), so
+    that the machine's load cannot change what the runtime measures."""
+
+    def __init__(self, step_ns: int = 1000) -> None:
+        self.now = 0
+        self.step_ns = step_ns
+
+    def __call__(self) -> int:
+        self.now += self.step_ns
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
+def fake_clock(monkeypatch, step_ns: int = 1000) -> FakeClock:
+    """A ``FakeClock`` in the place of ``time.perf_counter_ns`` for the rest of the test."""
+    clock = FakeClock(step_ns)
+    monkeypatch.setattr(time, "perf_counter_ns", clock)
+    return clock
+
+
 def count_trials(monkeypatch) -> list[Any]:
     """The trials (``Trial``) of the calls timed in place from now on, one entry a call."""
     from forge_tui.runtime.apply import Trial

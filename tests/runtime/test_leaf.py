@@ -2,7 +2,6 @@
 then called straight to the guard, with every check the interceptor's path makes."""
 
 import importlib.util
-import time
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from runtime_helpers import (
     GlobalEps,
     PlusOne,
     count_intercepted,
+    fake_clock,
     layer_norm_model,
     layer_norm_workspace,
     layernorm_workload,
@@ -55,6 +55,8 @@ def test_an_op_cards_dispatch_is_weighed_against_eager_s_own_call(layer_norm_ws,
     model, x = layer_norm_model()
     with torch.no_grad():
         expected = model(x)
+    # the host's clock is a stand-in: each path costs what the test says, whatever the machine's load
+    clock = fake_clock(monkeypatch)
     if site == "interceptor":
         monkeypatch.setattr(placement, "direct_leaf", lambda module: False)  # every call through the interceptor
     monkeypatch.setattr(Guard, "__init__", with_gain(Guard.__init__, 1e-3))  # dispatch always looks too costly
@@ -62,21 +64,21 @@ def test_an_op_cards_dispatch_is_weighed_against_eager_s_own_call(layer_norm_ws,
         real = Guard.time_eager
 
         def time_eager(self, call):
-            return real(self, lambda: (time.sleep(0.002), call())[1])
+            return real(self, lambda: (clock.spend(0.002), call())[1])
 
         monkeypatch.setattr(Guard, "time_eager", time_eager)
     else:  # the kernel's call costs the host 2 ms more than eager's, on either path
         real_call, real_bind = CardKernel.__call__, CardKernel.bind
 
         def call(self, *a, **k):
-            time.sleep(0.002)
+            clock.spend(0.002)
             return real_call(self, *a, **k)
 
         def bind(self, keep):
             bound = real_bind(self, keep)
 
             def slow(inputs, t0=0):
-                time.sleep(0.002)
+                clock.spend(0.002)
                 return bound(inputs, t0)
 
             return slow

@@ -2,7 +2,7 @@
 their reasons, kernel errors, shadow checks, the dispatch check, the specialised fast path and
 remembered refusals."""
 
-import time
+import shutil
 from typing import Any
 
 import pytest
@@ -10,14 +10,16 @@ import torch
 from runtime_helpers import (
     count_checks,
     eager_output,
+    fake_clock,
+    installed_copy,
     load_workload,
+    measured_speedups,
     one_card_promoted,
     promoted_workspace,
     with_gain,
 )
 from torch.overrides import TorchFunctionMode
 
-from forge_tui.promotion import manifest
 from forge_tui.runtime import guard as guard_mod
 from forge_tui.runtime import module_card
 from forge_tui.runtime.apply import Guard, apply
@@ -131,17 +133,20 @@ def test_shadow_checks_disable_a_kernel_that_disagrees(promoted, monkeypatch):
     torch.testing.assert_close(outs[1], wl.get_model()(x))  # the checked call returned the reference
 
 
-def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
+def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch, tmp_path):
     """By default a kernel measured slower than eager is not installed, and one whose dispatch (the
     guard's own cost per call, measured on its first calls) eats what it saves is switched off:
     for a module card, where its call costs the host more than eager's own call of the module by
-    what it saves (ResNet's batch norms were switched off on the H200 for a 22-28 µs dispatch
-    while eager's calls of the same modules cost more)."""
+    what it saves. The kernels' speedups are recorded and the host's clock is a stand-in
+    (``FakeClock``): what the guard decides follows from them, not from this machine's load."""
 
     ws, norm, sm = promoted
+    ws = tmp_path / "ws"
+    shutil.copytree(promoted[0].root, ws)
+    measured_speedups(ws, {norm.id: 2.0, sm.id: 0.5})
+    clock = fake_clock(monkeypatch)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
-    assert manifest(ws).entries[sm.id].evidence.speedup_vs_eager < 1  # the double-precision softmax
     init = Guard.__init__
     monkeypatch.setattr(Guard, "__init__", with_gain(init, 1e6))  # a call saves far more than dispatch costs
     with torch.no_grad(), apply(model, ws, trial_calls=0) as applied:  # the dispatch rule alone
@@ -166,7 +171,7 @@ def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
     for eager_costly in (True, False):
         def forward(self, h, costly=eager_costly):
             if costly:  # eager's call costs the host 2 ms: the kernel's is far cheaper
-                time.sleep(0.002)
+                clock.spend(0.002)
                 return real(self, h)
             return expected  # eager's call costs next to nothing: the kernel's is dearer
         monkeypatch.setattr(cls, "forward", forward)
@@ -183,11 +188,12 @@ def test_kernels_that_do_not_pay_are_not_used(promoted, monkeypatch):
             assert st["served"] == timed and st["fallbacks"] == {why: Guard.EAGER_SAMPLES, "disabled": 1}
 
 
-def test_a_kernels_first_calls_do_not_count_toward_its_dispatch_cost(promoted, monkeypatch):
+def test_a_kernels_first_calls_do_not_count_toward_its_dispatch_cost(promoted, monkeypatch, tmp_path):
     """The first served calls in a model (allocator growth, a leaf site still being learned) are
     slow once: they are timed but left out of the dispatch cost the guard weighs."""
 
-    ws, norm, _ = promoted
+    _, norm, _ = promoted
+    ws = installed_copy(promoted[0], tmp_path / "ws", [norm.id])  # used whatever the fixture measured
     monkeypatch.setattr(Guard, "__init__", with_gain(Guard.__init__, 50.0))  # a call saves 50 µs
     model = load_workload().get_model()
     with apply(model, ws, trial_calls=0) as applied:

@@ -17,6 +17,7 @@ from runtime_helpers import (
     edited_copy,
     installed_copy,
     load_workload,
+    measured_speedups,
     norm_and_softmax_promoted,
     one_card_promoted,
     promoted_workspace,
@@ -72,14 +73,17 @@ def test_each_mode_takes_its_own_verdict(promoted, tmp_path):
 
 
 @pytest.mark.parametrize("kernel_faster", [True, False])
-def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, monkeypatch, kernel_faster):
+def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, monkeypatch, tmp_path, kernel_faster):
     """The first calls of a module card alternate the kernel's path and PyTorch's, timed; the
     kernel stays only if its median was lower. Op cards: their scope with and without the
     interceptor. The timer is a stand-in (the test must not depend on this machine's load): it
-    gives each path a fixed time."""
+    gives each path a fixed time, and the kernels' speedups are recorded: the module card's faster
+    than eager, the softmax's slower."""
     from forge_tui.runtime.apply import TAKEN_OUT, Trial
 
-    ws, norm, sm = promoted
+    _, norm, sm = promoted
+    ws = installed_copy(promoted[0], tmp_path / "ws", [])
+    measured_speedups(ws, {norm.id: 2.0, sm.id: 0.5})
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
     fast, slow = (10_000, 50_000) if kernel_faster else (50_000, 10_000)
@@ -91,7 +95,7 @@ def test_each_kernel_is_tried_in_place_and_kept_only_if_faster_there(promoted, m
 
     monkeypatch.setattr(Trial, "time_call", fake_time)
     with torch.no_grad(), apply(model, ws, trial_calls=3) as applied:
-        # the softmax card runs in double precision slower than eager: keep it for the trial
+        # the softmax card measured slower than eager: not installed, the model's forward is left alone
         assert sm.id in applied.skipped
         outs = [model(x) for _ in range(10)]
         st = {c["card"]: c for c in applied.status()["cards"]}
@@ -314,9 +318,15 @@ def test_in_place_trials_time_only_calls_the_kernels_can_serve(promoted, tmp_pat
     in place only on the calls its kernels can serve: the module card on calls its specs match, a
     compiled scope on calls like one whose variant served a card. Before, the other calls timed
     the original forward on both sides, the kernel's side with its refusal's cost, and switched
-    kernels off that were faster where they serve."""
+    kernels off that were faster where they serve. The trials' timer is a stand-in (each path a
+    fixed time, the kernels' faster) and a call saves far more than its dispatch costs: nothing
+    here depends on this machine's load."""
+    from forge_tui.runtime.apply import Trial
+
     ws, norm, sm = promoted
     root = installed_copy(ws, tmp_path / "ws", [norm.id, sm.id])
+    monkeypatch.setattr(Guard, "__init__", with_gain(Guard.__init__, 1e6))
+    monkeypatch.setattr(Trial, "time_call", lambda self, fn, with_kernel: (fn(), 10_000 if with_kernel else 30_000))
     tried = count_trials(monkeypatch)
     wl = load_workload()
     model, x = wl.get_model(), wl.get_inputs()[0]
