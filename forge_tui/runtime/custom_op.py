@@ -28,9 +28,8 @@ def custom_op(guard: Guard, own: bool = False) -> Callable[[list["torch.Tensor"]
     """The card as an operator of the ``forge`` library (``torch.library``: a schema, one kernel for
     every backend, a fake implementation for the compilers), one per signature in this process, so
     a compiled model keeps the kernel as one opaque node. Defined with the library's own API rather
-    than ``torch.library.custom_op``, whose autograd and dispatch layers in Python cost the host 17
-    µs a call on the development machine's CPU against 5 (an identity kernel of 4.5 µs; 36 against
-    25 inside an inductor graph): a compiled ResNet-50 makes 53 such calls a forward. Kernels
+    than ``torch.library.custom_op``, whose autograd and dispatch layers in Python cost the host
+    several times the call itself, paid at each of a compiled model's many such calls. Kernels
     serve inference: no autograd formula is registered, and the forwards that call the op send
     calls needing gradients to PyTorch's own code first."""
     import torch

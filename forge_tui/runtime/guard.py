@@ -261,9 +261,8 @@ class Guard:
         shadow check due) whose kernel has one output: the specs checked in one loop, the launch
         through ``CardKernel.bind`` (no ctypes conversion per call, the descriptors looked up
         once), the served call counted. What a custom op in a compiled graph, a compiled scope's
-        served call and a chain site pay per call, where they went through the general path
-        (on the development machine's CPU a module card's custom op cost 12.9 µs a call against
-        a 5.3 µs bare launch; ``bench/lab/served_host.py``). It returns ``NOT_SERVED`` for
+        served call and a chain site pay per call, where the general path's conversions and
+        lookups would cost the host more than the launch itself. It returns ``NOT_SERVED`` for
         whatever it does not check itself (the card switched off, another shape or device), which
         the general path then counts, and None where the kernel failed (counted, switched off)."""
         self._lean_tried = True
@@ -297,13 +296,11 @@ class Guard:
 KERNEL_ERRORS = (KernelError, RuntimeError, ValueError)
 """What a served kernel's call may raise: the card is switched off and the call falls back."""
 
-# ---- module cards ------------------------------------------------------------------------------
 MISS_MEMO = 32
 """Refused calls remembered per module card or leaf module, at most (``graph.call_key``). A call at
-shapes the cards were not profiled at (a generation loop's steps, another resolution) went through
-every check, and a leaf module's through the interceptor, each time: on the development machine's
-CPU an nn.LayerNorm leaf's refused call cost 42 µs against eager's 5.7, an RMSNorm module card's
-31 against 17."""
+shapes the cards were not profiled at (a generation loop's steps, another resolution) would
+otherwise go through every check, and a leaf module's through the interceptor, each time, costing
+the host several times eager's own call."""
 
 
 NOT_SERVED = object()

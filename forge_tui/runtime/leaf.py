@@ -223,10 +223,9 @@ class LeafSites:
     def _fast(self, k: int, tensors: list[Any]) -> Callable[[Any, Any], Any] | None:
         """``serve`` for learned site ``k`` alone, its checks specialised to the site
         (``specialised``): every check ``serve`` makes, in one function instead of six, without
-        their loops over the sites and the tensors (on the development machine's CPU a learned
-        leaf's served call cost the host 14 µs more than the bare launch, this 5;
-        ``bench/lab/served_host.py``). None for a site it does not specialise (a call with more
-        than one tensor, a tensor passed twice)."""
+        their loops over the sites and the tensors, which cost the host more than the launch.
+        None for a site it does not specialise (a call with more than one tensor, a tensor passed
+        twice)."""
         import operator
 
         og, where, ret_at, n_args, _, site_aliases, copies = self.sites[k]

@@ -129,8 +129,7 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
     was the card's first input. Looked up before anything else, so that a generation step's call
     (a shape no kernel serves, five times a step in a Llama's norms, once in its rotary
     embedding, which takes the position ids by keyword) costs the host little more than the
-    module's own forward: 16 µs a call more before, 5 after (the development machine's CPU, a
-    one-token forward of a tiny Llama)."""
+    module's own forward."""
     leads = bool(call_args) and len(call_args) == 2 and bool(call_args[0]) and call_args[0][0] == {"$t": 0} \
         and isinstance(call_args[1], dict) and bool(guard.sig.inputs)
     """Whether the profiled call's first argument is a tensor, the card's first input."""

@@ -26,20 +26,16 @@ if TYPE_CHECKING:
 
 GRAPH_BREAKS = 2
 """How many modules below a compiled scope forge may serve too (``_graph_scope_ok``): each call of
-one is a graph break. On the development machine's CPU (tiny_diffusion, every card served) a scope
-with four such children cost as much host time compiled as intercepted, and one with six (a
-ResNet block: its norms, its SiLU calls) three times as much; the VAE's attention, whose one such
-child is its group norm, ran intercepted at 234 µs of host a call more than eager on the H200, and
-the moe's attention, whose two are its q and k norms, at 635-862 µs more (2 since then)."""
+one is a graph break, and past a few of them a compiled scope costs the host as much as an
+intercepted one, then more; with two (an attention's q and k norms) it still costs far less."""
 
 
 IN_GRAPH = True
 """Module cards below a compiled scope run in its graph, their custom op a node of it
 (``module_forward``; an op of this guard's own, so that two applied models never share one),
-rather than outside it, a graph break each: on the development machine's CPU the Gemma-3
-attention alone, with its q and k norms and its chains served, cost +25.2 µs a call against eager
-with the breaks and +10.8 in one graph (one run each). A fallback the trace decides is counted at
-every call of the graph (``TRACE_SINKS``). Such a card's own in-place trial (``Trial``) sees only
+rather than outside it, a graph break each, which costs the host more than the kernel's call. A
+fallback the trace decides is counted at every call of the graph (``trace.TraceSinks``). Such a
+card's own in-place trial (``Trial``) sees only
 its calls outside a compiled graph; in the graph the bench's switch-off judges it."""
 
 
@@ -71,9 +67,9 @@ def merges_sparing_scopes(applied: Applied, model: "torch.nn.Module", merges: li
                            ops: dict[str, tuple[Any, list[OpGuard | ChainGuard]]]) -> list[Entry]:
     """The merge cards to install: those whose linears leave every scope that compiles compiled.
     A merge's siblings are modules forge serves, each a graph break in a compiled scope above them
-    (``GRAPH_BREAKS``); a card that would tip a scope over to the interceptor is skipped with why
-    (on the H200 a merge of the diffusion's VAE q/k/v, 147.4 -> 142.9 µs in isolation, put the VAE
-    attention under the interceptor, which costs the host about 234 µs a call more than eager)."""
+    (``GRAPH_BREAKS``); a card that would tip a scope over to the interceptor is skipped with why:
+    what the interceptor costs the host at every op of the scope is far more than what merging a
+    few linears saves."""
     from .merge import groups_of
 
     busy = busy_modules(applied, ops)
@@ -98,7 +94,7 @@ def merges_sparing_scopes(applied: Applied, model: "torch.nn.Module", merges: li
 
 
 def _graph_scope_ok(module: "torch.nn.Module", guards: list[OpGuard | ChainGuard], busy: set[int]) -> bool:
-    """Whether a scope can be served compiled (``graph.py``): its forward is its class's own, its
+    """Whether a scope can be served compiled (``graph/``): its forward is its class's own, its
     cards were captured from its own calls and each has one tensor output and no constant input,
     and at most ``GRAPH_BREAKS`` modules below it (topmost) are served by forge outside its graph
     (a scope, a fold, a merge; a module card's runs in the graph, ``IN_GRAPH``): each a graph
@@ -124,8 +120,8 @@ def _loops(forward: Callable[..., Any]) -> bool:
     cannot break a graph inside a loop: it skips the whole frame and compiles every frame the
     forward calls instead, each with the scope's backend. A Llama's or Gemma-3's text model, whose
     layers' attentions are scopes of their own (each a graph break) called in its loop over the
-    layers, so paid a compile of every layer on its first call (2 s for a 2-layer Llama on the
-    development machine's CPU) and then ran as written, its cards switched off."""
+    layers, would pay a compile of every layer on its first call and then run as written, its
+    cards switched off."""
     import dis
 
     f: Any = getattr(forward, "__func__", forward)

@@ -1,15 +1,15 @@
 """Serving op and chain cards in a module's forward compiled to an aten graph, at eager's cost.
 
 The interceptor (``intercept.interceptor_class``) sees a scope's ops one by one through a Python
-dispatch mode: every op of the scope pays a trip through Python, 13-16 µs an op on the H200
-machine's host, which cost the bundled decoder more a forward than its attention chains saved.
+dispatch mode: every op of the scope pays a trip through Python, which can cost a forward more
+host time than its kernels save on the device.
 Here the scope's forward is compiled once by torch.compile (Dynamo, then AOTAutograd's inference
 graph: the same aten ops the profiler recorded), each card's ops are found in the aten graph and
 replaced by one call of the card's guarded kernel, and a graph runs as eager code would, op by op
 with no mode. The graph that runs is Dynamo's own, torch calls as the forward makes them, with the
-calls that made the card's ops replaced (``rewrite_torch_level``): on the H200 machine's host the
-decoder's attention call with its chain served cost 546 µs that way and 935 µs as the aten graph
-(eager: 575; bench/lab/chain_scope.py). A site whose ops are not whole torch calls is left as the
+calls that made the card's ops replaced (``rewrite_torch_level``): it costs the host about what
+eager's forward does, where the aten graph, whose every op is a Python call of its own, costs
+more. A site whose ops are not whole torch calls is left as the
 forward computes it (``GraphScope.unmapped``); where those would save more, or the forward makes an
 in-place call, the aten graph runs. A chain's intermediates are replaced only where nothing else in
 the graph reads them (the graph knows every reader), so no value is deferred.

@@ -24,9 +24,8 @@ _TRAINING_ARG = {"native_batch_norm": 5, "_native_batch_norm_legit": 5}
 def compile_worthy(program: dict) -> str | None:
     """Why a card's program is not served inside a torch.compile'd graph, or None. Pointwise
     programs are not: inductor fuses them into their neighbours' kernels, and an opaque kernel in
-    their place would stop that (on the H200, ResNet-50's inference batch norms as custom ops cost
-    its compiled forward 0.77x, each kernel faster than torch.compile's alone: inductor had fused
-    each batch norm with the ReLU or the residual sum after it)."""
+    their place would stop that (a batch norm in inference fused with the ReLU or the residual
+    sum after it is faster than a faster batch norm kernel and those ops apart)."""
     for node in program.get("nodes", []):
         parts = str(node.get("op", "")).split(".")
         name = parts[1] if len(parts) > 1 else parts[0]

@@ -57,8 +57,7 @@ class VariantBook(Leads):
         self.shared = True
         """Whether the book's scopes compile one copy of the forward's code together (``clone``):
         Dynamo takes a module's parameters as the graph's inputs, so one compile serves every
-        alike layer (8 Llama attention layers on the development machine's CPU: one compile of
-        0.17 s against eight of 1.06 s, ``bench/lab/shared_compile_probe.py``). Off once a scope
+        alike layer, where a copy a layer compiles once a layer. Off once a scope
         compiled a variant for a call like one an alike scope had compiled (Dynamo guards
         something of its own module: a variant a layer in one cache would reach its limit)."""
         self.clone: Any = None
@@ -331,11 +330,10 @@ class GraphScope:
     """Compiles again for changed module hooks, at most; after that the forward runs as written."""
     MAX_VARIANTS = 3
     """Variants of the forward a scope compiles at most. Each new shape is a compile of its own
-    (tens of milliseconds for the smallest forward on the development machine's CPU, seconds for
-    a real attention layer), and the cards serve the shapes they were profiled at: a generation
-    loop whose every step meets new shapes compiled a variant a step for every layer, to Dynamo's
-    limit of 8, and nothing was served in them. A scope stops at this many, and at the first
-    variant its cards do not serve once one they do serve exists."""
+    (up to seconds for a real attention layer), and the cards serve the shapes they were profiled
+    at: a generation loop whose every step meets new shapes would compile a variant a step for
+    every layer, to Dynamo's limit, with nothing served in them. A scope stops at this many, and
+    at the first variant its cards do not serve once one they do serve exists."""
 
     def _hooks_changed(self) -> bool:
         """A module hook added or removed since the compile (Dynamo traced the hooks then and does
@@ -375,8 +373,7 @@ class GraphScope:
                 not torch.compiler.is_compiling() and book.unlike(book.lead(args, kwargs)):
             # like a call that compiled a variant serving nothing (a generation step): as written,
             # told by its lead before the other checks, the decorator's code and ``_run``'s frames
-            # (26 µs a decode step's attention call more than eager's on the development machine's
-            # CPU through all of them)
+            # (through all of them a decode step's call costs the host far more than eager's)
             self.calls += 1
             self._count_uncovered()
             return self.original(*args, **kwargs)
@@ -504,10 +501,8 @@ class GraphScope:
         as written, counted as a fallback of each card the scope serves. Variants that serve
         nothing are not worth Dynamo's guards: as written costs no more. A call that no variant
         covered (nothing of the scope's cards was served or counted in it) is remembered by its
-        key, and a like call runs as written at once. A tiny Llama's one-token forward whose two
-        attention scopes had stopped ran 1.39-1.43x eager's time on the development machine's
-        CPU with a run-only wrapper made at each call, 1.09-1.10x with one made once and such
-        calls remembered."""
+        key, and a like call runs as written at once. The run-only wrapper is made once: made at
+        each call, it cost a stopped scope's call a good part of eager's own time again."""
         direct = self.direct.fn.__code__ if self.direct is not None else None
         if any(c is not direct for c in self._vs.serving):
             if key is None:
