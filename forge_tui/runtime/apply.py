@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ForgeError
@@ -32,7 +31,7 @@ from . import placement
 from .applied import TAKEN_OUT, Applied
 from .forwards import ReplacedForwards, called_children
 from .guard import Guard
-from .install import Install
+from .install import Install, Kind
 from .intercept import UNSERVED_WHY
 from .kinds import chain, experts, fold, merge, module, op
 from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["KINDS", "TAKEN_OUT", "UNSERVED_WHY", "Applied", "Guard", "Mode", "OpGuard", "ReplacedForwards", "Trial",
            "apply", "called_children", "module_inputs"]
 
-KINDS: dict[str, ModuleType] = {"module": module, "op": op, "chain": chain, "fold": fold, "experts": experts,
+KINDS: dict[str, Kind] = {"module": module, "op": op, "chain": chain, "fold": fold, "experts": experts,
                                 "merge": merge}
 """Each card kind's installer (``kinds/``), in the order ``apply`` installs them: module cards
 first; op and chain cards add their scopes, which fold cards' forwards run inside, and merge

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .applied import Applied
 from .chain import ChainGuard
@@ -17,6 +17,18 @@ from .opmatch import OpGuard
 
 if TYPE_CHECKING:
     import torch
+
+
+class Kind(Protocol):
+    """A card kind's installer (a module of ``kinds/``)."""
+
+    def why_not(self, entry: Entry, inst: "Install") -> str | None:
+        """Why a card of the kind is not served in ``inst``'s mode, before anything is loaded;
+        None where it may be."""
+
+    def install(self, inst: "Install", entries: list[Entry]) -> None:
+        """Serve the kind's cards ``entries`` in ``inst.model`` (or say in ``inst.applied.skipped``
+        why not)."""
 
 
 @dataclass
