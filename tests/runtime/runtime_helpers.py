@@ -51,8 +51,17 @@ def shared(name: str, build: Callable[[], Any]) -> Any:
 
 def promoted_workspace(tmp_path_factory):
     """A workspace with the model's RMSNorm (module card) and softmax (op card) promoted, each after
-    a real evaluation of a real kernel: (workspace, the RMSNorm card, the softmax card)."""
-    return shared("promoted", lambda: norm_and_softmax_promoted(WORKLOAD, tmp_path_factory.mktemp("runtime")))
+    a real evaluation of a real kernel: (workspace, the RMSNorm card, the softmax card). Their
+    speedups are recorded as measured at 2x eager for the RMSNorm and 0.5x for the softmax (its
+    kernel computes in double precision), whatever this machine's load made of the real timing:
+    which kernels ``apply`` uses by default must not depend on it."""
+
+    def build():
+        ws, norm, sm = norm_and_softmax_promoted(WORKLOAD, tmp_path_factory.mktemp("runtime"))
+        measured_speedups(ws.root, {norm.id: 2.0, sm.id: 0.5})
+        return ws, norm, sm
+
+    return shared("promoted", build)
 
 
 def norm_and_softmax_promoted(workload: Path, root: Path):
