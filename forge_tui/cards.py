@@ -74,6 +74,10 @@ class Card(BaseModel):
     (it is nested in them: their kernels serve it); empty when some call was made elsewhere."""
     call_args: Any = None
     """Module cards: the forward's arguments, tensors replaced by {"$t": k} (None: not recorded)."""
+    module_attrs: dict[str, dict[str, Any]] = {}
+    """Module cards: each module's plain attributes (eps, scale, the training flag) at its first
+    profiled call, by module path (``runtime.attrs.recorded_attrs``): the runtime serves a module
+    only while its attributes are these."""
     returns: str = "tensor"
     """Module cards: "tensor" or "tuple", how the forward returns its outputs ("other": neither)."""
     scope_keys: list[str] = []

@@ -85,7 +85,9 @@ def reference_module(fn: Callable[..., Any], name: str) -> Any:
 
     cls = type(name, (torch.nn.Module,), {"forge_card": True, "__init__": __init__, "forward": forward,
                                           "__module__": __name__, "__qualname__": name})
-    return cls()
+    # in inference mode, as the profile calls it: the runtime serves a module card only while the
+    # module's attributes, its training flag among them, are those the profile recorded
+    return cls().eval()
 
 
 def function_workload(fn: Callable[..., Any], inputs: Sequence[Any], name: str, path: Path) -> "Workload":

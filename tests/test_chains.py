@@ -107,9 +107,9 @@ def test_a_chain_is_served_and_agrees_with_eager(chain_ws, compiled):
 def test_a_scope_whose_sites_do_not_map_to_torch_calls_runs_its_aten_graph(chain_ws, monkeypatch):
     """Where the card's sites cannot be replaced in Dynamo's torch-level graph, the scope runs the
     aten graph with them replaced, and the chain is served all the same."""
-    from forge_tui.runtime import graph
+    from forge_tui.runtime.graph import scope
 
-    monkeypatch.setattr(graph, "rewrite_torch_level", lambda *a, **k: None)
+    monkeypatch.setattr(scope, "rewrite_torch_level", lambda *a, **k: None)
     ws, _ = chain_ws
     expected, got, st, levels = _served_runs(ws, 2)
     assert levels == ["aten"]
@@ -788,9 +788,9 @@ def test_a_scope_whose_own_frame_dynamo_skipped_runs_as_written(tmp_path, monkey
     did Gemma-3's whole text model under transformers 5.25, and compiled each frame the forward
     calls with the scope's backend instead: 0.73x of eager's forward on the CPU), the scope
     runs as written from its second call, and its cards say why."""
-    from forge_tui.runtime import graph
+    from forge_tui.runtime.graph import scope
 
-    monkeypatch.setattr(graph, "_compiled_variants", lambda function: 0)
+    monkeypatch.setattr(scope, "_compiled_variants", lambda function: 0)
     r = _runs(tmp_path, ROTARY, ROTARY_CHAIN)
     assert not r.st["active"] and "compiled none of its own code" in r.st["disabled_reason"], r.st
     assert r.st["served"] == 1 and any("runs as written since" in n for n in r.notes), r.notes

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..cards import TensorSpec
 from ..program import Unencodable, encode, flatten_outputs, refs, resolve_op, tensor_leaves
+from ..runtime.attrs import recorded_attrs
 from ..runtime.graph import call_key, key_text
 from ..tensorstore import pack
 from .cost import op_flops, tensor_read_bytes, tensor_write_bytes
@@ -132,6 +133,8 @@ class Bucket:
     they have no JSON form): the runtime serves only calls with the same non-tensor arguments."""
     returns: str = "tensor"
     """Module cards: how the forward returns its tensor outputs ("tensor" or "tuple")."""
+    module_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Module cards: each module's plain attributes at its first call, by path (``_Frame.attrs``)."""
     parents: dict[str, int] = field(default_factory=dict)
     """Op cards: calls made inside each module card's forward (by the module bucket's key)."""
     outside: int = 0
@@ -161,6 +164,8 @@ class _Frame:
     pre_key: tuple[Any, ...] = ()
     call_args: Any = None
     """The bucket key of the module call as first seen (its sample count is kept under it)."""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """The module's plain attributes as the call found them (``runtime.attrs.recorded_attrs``)."""
     op_keys: list[str] = field(default_factory=list)
     """The op buckets of the calls made inside this frame, one entry a call."""
 
@@ -610,6 +615,7 @@ class Recorder:
                         frame.tensors.append(p)
                         frame.specs.append(spec_of(p, "param", pname, with_range=False))
                 frame.call_args = call_arguments(args, kwargs)
+                frame.attrs = recorded_attrs(module)
                 pre_key = (type(module).__qualname__, tuple((tuple(s.shape), s.dtype) for s in frame.specs))
                 if self._module_samples.get(pre_key, 0) < self.opt.samples_per_card and self._within_budget(frame.tensors):
                     frame.sample_inputs = [pack(t) for t in frame.tensors]
@@ -716,6 +722,7 @@ class Recorder:
         bucket.calls += 1
         if frame.path not in bucket.module_paths:
             bucket.module_paths.append(frame.path)
+        bucket.module_attrs.setdefault(frame.path, frame.attrs)
         if len(bucket.samples) < self.opt.samples_per_card:
             if frame.sample_inputs is not None and self._within_budget(outs):
                 bucket.samples.append((frame.sample_inputs, [pack(t) for t in outs]))

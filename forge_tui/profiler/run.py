@@ -180,7 +180,7 @@ def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ce
     card = Card(
         id=card_id(b), kind=b.kind, target=b.target, label="", inputs=b.inputs, outputs=b.outputs,
         program=b.program, module_paths=b.module_paths, within=within or [], call_args=b.call_args, returns=b.returns,
-        scope_keys=b.scope_keys, flags=[], calls=max(1, round(b.calls / forwards)),
+        module_attrs=b.module_attrs, scope_keys=b.scope_keys, flags=[], calls=max(1, round(b.calls / forwards)),
         bytes=b.bytes, flops=b.flops, samples=samples, device=device, dtype=_main_dtype(b),
     )
     card.label = f"{card.op_name}({card.shapes()})"

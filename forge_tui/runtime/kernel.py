@@ -186,7 +186,7 @@ class CardKernel:
 
     def bind(self, keep: int) -> "Callable[[list[torch.Tensor], int], torch.Tensor] | None":
         """``__call__`` for a caller that uses output ``keep`` alone, specialised (a leaf module's
-        learned site, ``apply._LeafSites._fast``; a module card, ``apply._specialised``): the
+        learned site, ``leaf.LeafSites._fast``; a module card, ``specialised.specialised``): the
         launch called without ctypes' argument conversion on pointers converted once, the
         descriptors' entries looked up once, the outputs the caller drops and the workspace taken
         per device and stream from ``_dead`` and ``_scratch`` once. Returns that output. None for

@@ -43,6 +43,9 @@ class Signature(BaseModel):
     module_paths: list[str] = Field(default_factory=list)
     call_args: Any = None
     """Module cards: the forward's recorded arguments, tensors as {"$t": k}."""
+    module_attrs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Module cards: each module's plain attributes at its profiled call, by module path
+    (``Card.module_attrs``): a served call's module must have them (``runtime/attrs.py``)."""
     returns: str = "tensor"
     flags: list[str] = Field(default_factory=list)
     scope_keys: list[str] = Field(default_factory=list)
@@ -52,6 +55,7 @@ class Signature(BaseModel):
     def of(cls, card: Card) -> "Signature":
         return cls(card=card.id, kind=card.kind, target=card.target, inputs=card.inputs, outputs=card.outputs,
                    program=card.program, module_paths=card.module_paths, call_args=card.call_args,
+                   module_attrs=card.module_attrs,
                    returns=card.returns, flags=card.flags, scope_keys=card.scope_keys)
 
     def digest(self) -> str:

@@ -32,8 +32,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from .apply import ReplacedForwards, called_children
 from .direct import plain_context as _plain_context
+from .forwards import ReplacedForwards, called_children
 
 if TYPE_CHECKING:
     import torch

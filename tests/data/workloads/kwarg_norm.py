@@ -24,7 +24,7 @@ class Model(nn.Module):
 
 def get_model():
     torch.manual_seed(0)
-    return Model()
+    return Model().eval()
 
 
 def get_inputs(device="cpu"):
