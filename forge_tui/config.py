@@ -132,8 +132,8 @@ class AgentConfig(_Section):
     """The environment variable holding the key; empty: the provider's own (ANTHROPIC_API_KEY,
     OPENAI_API_KEY; an OpenAI-compatible server without one needs none)."""
     input_usd_per_mtok: float | None = None
-    """Price of a million input tokens; unset: the built-in table's price for the model (a model
-    the table does not know must be priced here, 0 for a local server)."""
+    """Price of a million input tokens; unset: the provider's list price for the model (a model
+    no list knows must be priced here, 0 for a local server)."""
     output_usd_per_mtok: float | None = None
     cache_read_usd_per_mtok: float | None = None
     """Unset: a tenth of the input price."""

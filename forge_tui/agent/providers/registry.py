@@ -67,7 +67,7 @@ class ProviderSpec:
 
 
 _SPECS: dict[str, ProviderSpec] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a call during the built-ins' import fails, never hangs
 _loaded = False
 
 
