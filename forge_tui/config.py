@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError
 
@@ -117,20 +118,22 @@ class AgentConfig(_Section):
     """The LLM agent. The API key is read from the environment variable ``api_key_env`` names
     (never from this file)."""
 
-    provider: Literal["auto", "none", "anthropic", "openai", "openai-compatible"] = "auto"
-    """auto: Anthropic when ANTHROPIC_API_KEY is set, else OpenAI when OPENAI_API_KEY is, else no
-    agent (the offline proposers); none: never the agent."""
+    provider: str = "auto"
+    """A registered provider's name (anthropic, openai, openai-compatible: see
+    forge_tui/agent/providers/), auto or none. auto: the first provider whose key variable is set
+    (ANTHROPIC_API_KEY, then OPENAI_API_KEY), else no agent (the offline proposers); none: never
+    the agent."""
     model: str = ""
-    """The provider's model name; empty: the provider's default (see forge_tui/agent/pricing.py)."""
+    """The provider's model name; empty: the provider's default (its ProviderSpec)."""
     base_url: str = ""
     """An OpenAI-compatible server's URL (vLLM, Ollama, llama.cpp: required for openai-compatible),
     or a proxy in front of Anthropic's or OpenAI's API."""
     api_key_env: str = ""
-    """The environment variable holding the key; empty: ANTHROPIC_API_KEY or OPENAI_API_KEY (an
-    OpenAI-compatible server without one needs none)."""
+    """The environment variable holding the key; empty: the provider's own (ANTHROPIC_API_KEY,
+    OPENAI_API_KEY; an OpenAI-compatible server without one needs none)."""
     input_usd_per_mtok: float | None = None
-    """Price of a million input tokens; unset: the built-in table's price for the model (a model
-    the table does not know must be priced here, 0 for a local server)."""
+    """Price of a million input tokens; unset: the provider's list price for the model (a model
+    no list knows must be priced here, 0 for a local server)."""
     output_usd_per_mtok: float | None = None
     cache_read_usd_per_mtok: float | None = None
     """Unset: a tenth of the input price."""
@@ -154,6 +157,18 @@ class AgentConfig(_Section):
     """Money per expansion."""
     max_cost_per_card_usd: float = Field(8.0, ge=0)
     """Money per card over every run (the whole run's cap is [search] max_cost_usd)."""
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        # the registry is read here, not at import: it lives with the agent, which imports this module
+        from .agent.providers.registry import CHOICES, names
+
+        known = [*CHOICES, *names()]
+        if value not in known:
+            expected = ", ".join(repr(k) for k in known[:-1]) + f" or {known[-1]!r}"
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
 
 
 class PoolConfig(_Section):

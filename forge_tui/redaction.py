@@ -2,15 +2,17 @@
 
 A secret is the value of an environment variable whose name says it is one (it contains KEY, TOKEN,
 SECRET, PASSWORD, PASSWD or CREDENTIAL; 8+ characters, as shorter ones cannot be told from
-ordinary text), the value of a variable named as an API key (the providers' ``ANTHROPIC_API_KEY``
-and ``OPENAI_API_KEY``, ``[agent] api_key_env``; 4+ characters), or any text shaped like a known
-kind of key (``sk-ant-...``, ``sk-...``, GitHub's ``ghp_...``, AWS's ``AKIA...``, a PEM private
-key ...), whichever variable holds it or none.
+ordinary text), the value of a variable named as an API key (every registered LLM provider's key
+variable, such as ``ANTHROPIC_API_KEY``, and ``[agent] api_key_env``; 4+ characters), or any text
+shaped like a known kind of key (``sk-ant-...``, ``sk-...``, GitHub's ``ghp_...``, AWS's
+``AKIA...``, a PEM private key ...), whichever variable holds it or none.
 
 ``redact`` replaces them with "[redacted]" in any text that may reach the model, a user, a log, a
 transcript or git; ``find_secrets`` names the ones a file holds (the variable's name or the kind
-of key, never the value), for the git wrapper to refuse the commit. Standard library only: the git
-wrapper and the tools import it without the LLM SDKs.
+of key, never the value), for the git wrapper to refuse the commit. No LLM SDK is imported: the
+git wrapper and the tools use this module, and the providers' key variables come from the
+provider registry (``forge_tui.agent.providers.registry``, which imports no SDK), read when first
+needed.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import re
 from typing import Iterable, Mapping
 
 REDACTED = "[redacted]"
-KEY_VARIABLES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
-"""Variables that hold an API key whatever their value looks like."""
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 MIN_NAMED = 4
 MIN_SECRET = 8
@@ -44,6 +44,13 @@ KEY_SHAPES: dict[str, re.Pattern[str]] = {
 """Text that is a key whichever variable holds it: by the kind of key it is."""
 
 
+def key_variables() -> tuple[str, ...]:
+    """Variables that hold an API key whatever their value looks like: the registered providers'."""
+    from .agent.providers.registry import key_variables as provider_keys  # the registry imports this module
+
+    return provider_keys()
+
+
 def treat_as_secret(*names: str) -> None:
     """Count these variables' values as secrets (4+ characters) from now on, everywhere in this
     process (the configured ``[agent] api_key_env``: the git wrapper refuses a file holding it)."""
@@ -52,7 +59,7 @@ def treat_as_secret(*names: str) -> None:
 
 def secret_variables(environ: Mapping[str, str] = os.environ, names: Iterable[str] = ()) -> dict[str, str]:
     """{value: the variable's name} of every secret of the environment (see the module's text)."""
-    named = {*KEY_VARIABLES, *_NAMED, *(n for n in names if n)}
+    named = {*key_variables(), *_NAMED, *(n for n in names if n)}
     out: dict[str, str] = {}
     for name, value in environ.items():
         if name in named:

@@ -215,6 +215,16 @@ def test_prices_come_from_the_config_or_the_table_and_unknown_models_refuse():
         price_for(AgentConfig(provider="openai-compatible", model="my-local-model", base_url="http://x"))
     free = price_for(AgentConfig(provider="openai-compatible", model="m", input_usd_per_mtok=0.0, output_usd_per_mtok=0.0))
     assert free.cost(Usage(input_tokens=10**6, output_tokens=10**6)) == 0
+    assert price_for(AgentConfig(provider="openai")).input == 1.25  # the provider's default model, its list price
+
+
+def test_a_vendor_api_finds_another_vendors_list_price():
+    """A proxy on OpenAI's API may serve Claude: a provider with list prices looks in the others'
+    lists too; a compatible server (no list) never takes a listed price."""
+    assert price_for(AgentConfig(provider="openai", model="claude-opus-4-1-20250805")).output == 75.0
+    assert price_for(AgentConfig(provider="anthropic", model="gpt-4.1-mini")).input == 0.4
+    with pytest.raises(ConfigError, match="price of model 'claude-opus-4-1' is not known"):
+        price_for(AgentConfig(provider="openai-compatible", model="claude-opus-4-1", base_url="http://x"))
 
 
 # ---- end to end: the agent in the search, on the CPU evaluator ------------------------------------

@@ -22,13 +22,13 @@ from forge_tui.agent.messages import (
     Usage,
     UserMessage,
 )
-from forge_tui.agent.pricing import DEFAULT_MODEL
 from forge_tui.agent.providers import (
     NO_KEY,
     AnthropicProvider,
     OpenAIProvider,
     ScriptedProvider,
     anthropic_messages,
+    find,
     make_provider,
     redact,
 )
@@ -296,14 +296,14 @@ def test_config_errors():
 
 def test_auto_picks_the_provider_whose_key_is_set():
     both = make_provider(AgentConfig(), {"ANTHROPIC_API_KEY": KEY, "OPENAI_API_KEY": KEY + "o"})
-    assert both.name == "anthropic" and both.model == DEFAULT_MODEL["anthropic"]
+    assert both.name == "anthropic" and both.model == find("anthropic").default_model
     only_openai = make_provider(AgentConfig(), {"OPENAI_API_KEY": KEY})
-    assert only_openai.name == "openai" and only_openai.model == DEFAULT_MODEL["openai"]
+    assert only_openai.name == "openai" and only_openai.model == find("openai").default_model
 
 
 def test_default_model_and_key_variable():
     p = make_provider(AgentConfig(provider="anthropic"), {"ANTHROPIC_API_KEY": KEY})
-    assert p.model == DEFAULT_MODEL["anthropic"] and p.name == "anthropic"
+    assert p.model == find("anthropic").default_model and p.name == "anthropic"
     assert KEY not in repr(p)
 
 

@@ -1,6 +1,7 @@
 """The LLM agent: a tool-using kernel engineer (``loop.py``) behind the Proposer interface
-(``proposer.py``), speaking to Anthropic, OpenAI or any OpenAI-compatible server (``providers.py``),
-with every query's cost bounded before it is made (``pricing.py``, ``forge_tui.search.ledger``).
+(``proposer.py``), speaking to Anthropic, OpenAI or any OpenAI-compatible server (``providers/``:
+one module per provider, found through one registry), with every query's cost bounded before it
+is made (``pricing.py``, ``forge_tui.search.ledger``).
 """
 
 from __future__ import annotations
@@ -9,25 +10,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..config import AgentConfig, ForgeConfig
+from .providers.registry import resolve
 
 if TYPE_CHECKING:
+    from ..config import ForgeConfig
     from ..templates.proposer import TemplateProposer
     from .proposer import AgentProposer
 
-AUTO_ORDER = (("anthropic", "ANTHROPIC_API_KEY"), ("openai", "OPENAI_API_KEY"))
-
-
-def resolve(cfg: AgentConfig, environ: Mapping[str, str] = os.environ) -> tuple[AgentConfig | None, str]:
-    """The ``[agent]`` settings with a concrete provider, or None and why there is no agent."""
-    if cfg.provider == "none":
-        return None, '[agent] provider is "none"'
-    if cfg.provider != "auto":
-        return cfg, f"[agent] provider {cfg.provider}"
-    for provider, var in AUTO_ORDER:
-        if environ.get(cfg.api_key_env or var):
-            return cfg.model_copy(update={"provider": provider}), f"{cfg.api_key_env or var} is set"
-    return None, "no LLM API key in the environment (ANTHROPIC_API_KEY or OPENAI_API_KEY)"
+__all__ = ["resolve", "agent_parts", "build_agent"]
 
 
 def agent_parts(config: ForgeConfig, environ: Mapping[str, str], provider: Any = None,

@@ -1,21 +1,28 @@
 """What the agent is told: prompt templates (text files in ``prompts/``) filled from a card and the
 search's state, and the files put in the conversation's working directory.
 
+The templates live in the repository's top-level ``prompts/`` folder; a wheel installs them as
+``forge_tui/prompts/`` (data of ``forge_tui``: setup.py maps the folder there), while an editable
+install or a source checkout reads the folder where it is.
+
 Templates use ``$name`` placeholders (``string.Template``); a placeholder with no value is an
 error, so a template and this module cannot drift apart silently.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from string import Template
 from typing import Any
 
 from ..cards import Card
+from ..errors import ForgeError
 from ..evaluator.report import format_result
 from ..kernel_abi import HEADER, SOURCE_NAMES, card_scalars
 from ..search.proposer import NodeView, ProposalContext
@@ -25,9 +32,25 @@ EXT = {backend: Path(name).suffix for backend, name in SOURCE_NAMES.items()}
 LANGUAGE = {"cuda": "CUDA C++, built with nvcc", "cpu": "C++17 with OpenMP, built with g++ -O3 -march=native"}
 
 
+CHECKOUT_PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
+"""The repository's ``prompts/`` folder, beside ``forge_tui/`` in a source checkout."""
+
+
+@functools.cache
+def prompts_dir() -> Traversable:
+    """The folder of prompt templates: ``forge_tui/prompts/`` where a wheel installed it, else the
+    source checkout's ``prompts/``; ForgeError when neither holds them."""
+    installed = resources.files("forge_tui").joinpath("prompts")
+    for where in (installed, CHECKOUT_PROMPTS):
+        if where.joinpath("system.md").is_file():
+            return where
+    raise ForgeError(f"the agent's prompt templates are missing: neither {installed} nor {CHECKOUT_PROMPTS} "
+                     "holds system.md (reinstall forge-tui)")
+
+
 def prompt_text(name: str) -> str:
-    """A file of the ``prompts`` package (``system.md``, ``notes/cuda.md``)."""
-    return resources.files("prompts").joinpath(name).read_text()
+    """A file of the prompt templates (``system.md``, ``notes/cuda.md``)."""
+    return prompts_dir().joinpath(*name.split("/")).read_text()
 
 
 def render(name: str, **values: Any) -> str:

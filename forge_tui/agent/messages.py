@@ -1,6 +1,6 @@
 """The conversation the agent holds, in one provider-neutral form.
 
-A provider (``providers.py``) turns these messages into Anthropic's or OpenAI's wire format and the
+A provider (``providers/``) turns these messages into Anthropic's or OpenAI's wire format and the
 model's reply back into a ``ModelTurn``; the loop (``loop.py``), the tools (``agent_tools``) and the
 transcript see only these types. Tool definitions are data (``ToolSpec``: a name, a description and
 a JSON Schema) rendered to either provider's tool format by the two methods below.
@@ -119,7 +119,7 @@ class ProviderError(Exception):
 
 class Provider(Protocol):
     name: str
-    """"anthropic", "openai", "openai-compatible", "scripted"."""
+    """A registered provider's name (``providers/registry.py``), or "scripted"."""
     model: str
 
     def query(self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], max_tokens: int) -> ModelTurn:

@@ -1,9 +1,9 @@
-"""What a query costs: prices per million tokens, from forge.toml or a built-in table.
+"""What a query costs: prices per million tokens, from forge.toml or the provider's list prices.
 
-The table holds list prices (USD per million tokens) as the providers published them; they change,
-so ``[agent]`` prices in forge.toml win over it. A model the table does not know must be priced in
-forge.toml (0 for a local server): the agent never runs with an unknown price, since every money
-limit depends on it.
+Each provider declares its vendor's list prices (USD per million tokens) in its ``ProviderSpec``
+(``providers/``); they change, so ``[agent]`` prices in forge.toml win over them. A model no list
+knows must be priced in forge.toml (0 for a local server): the agent never runs with an unknown
+price, since every money limit depends on it.
 """
 
 from __future__ import annotations
@@ -13,28 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from ..config import AgentConfig
 from ..errors import ConfigError
 from .messages import Usage
-
-DEFAULT_MODEL = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-5", "openai-compatible": ""}
-
-# (input, output) USD per million tokens; list prices as published by the providers in 2025-2026
-# (claude-sonnet-4-5 reached its end of life on 2026-11-30: the anthropic SDK lists it as deprecated)
-TABLE: dict[str, tuple[float, float]] = {
-    "claude-sonnet-4-6": (3.0, 15.0),
-    "claude-opus-4-5": (5.0, 25.0),
-    "claude-opus-4-1": (15.0, 75.0),
-    "claude-opus-4": (15.0, 75.0),
-    "claude-sonnet-4-5": (3.0, 15.0),
-    "claude-sonnet-4": (3.0, 15.0),
-    "claude-haiku-4-5": (1.0, 5.0),
-    "gpt-5": (1.25, 10.0),
-    "gpt-5-mini": (0.25, 2.0),
-    "gpt-5-nano": (0.05, 0.4),
-    "gpt-4.1": (2.0, 8.0),
-    "gpt-4.1-mini": (0.4, 1.6),
-    "gpt-4o": (2.5, 10.0),
-    "o3": (2.0, 8.0),
-    "o4-mini": (1.1, 4.4),
-}
+from .providers.registry import find, model_name, specs
 
 
 class Price(BaseModel):
@@ -57,24 +36,30 @@ class Price(BaseModel):
         return (input_tokens * max(self.input, self.cache_write, self.cache_read) + output_tokens * self.output) / 1e6
 
 
-def model_name(cfg: AgentConfig) -> str:
-    return cfg.model or DEFAULT_MODEL.get(cfg.provider, "")
-
-
-def _table_price(model: str) -> tuple[float, float] | None:
-    if model in TABLE:
-        return TABLE[model]
-    # dated snapshots ("claude-sonnet-4-5-20250929", "gpt-4o-2024-08-06"): the longest known prefix
-    known = [m for m in TABLE if model.startswith(m + "-")]
-    return TABLE[max(known, key=len)] if known else None
+def list_price(provider: str, model: str) -> tuple[float, float] | None:
+    """(input, output) USD per million tokens from the list prices, None when unlisted. A provider
+    without list prices (a local server) lists none; one with them (a vendor's API, or a proxy in
+    front of one, which may serve another vendor's models) looks in its own list first, then in
+    every other provider's. A dated snapshot ("claude-sonnet-4-5-20250929", "gpt-4o-2024-08-06")
+    takes the price of the longest listed name it extends."""
+    spec = find(provider)
+    if spec is None or not spec.prices:
+        return None
+    for table in [spec.prices, *(s.prices for s in specs() if s is not spec)]:
+        if model in table:
+            return table[model]
+        known = [m for m in table if model.startswith(m + "-")]
+        if known:
+            return table[max(known, key=len)]
+    return None
 
 
 def price_for(cfg: AgentConfig) -> Price:
-    """The price of the configured model; ConfigError when neither forge.toml nor the table has it."""
+    """The price of the configured model; ConfigError when neither forge.toml nor the list prices have it."""
     model = model_name(cfg)
     inp, out = cfg.input_usd_per_mtok, cfg.output_usd_per_mtok
     if inp is None or out is None:
-        listed = _table_price(model) if cfg.provider in ("anthropic", "openai") else None
+        listed = list_price(cfg.provider, model)
         if listed is None:
             raise ConfigError(f"[agent] the price of model '{model or '(none)'}' is not known: set input_usd_per_mtok "
                               "and output_usd_per_mtok in forge.toml (0 for a local server)")

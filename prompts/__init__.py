@@ -1,1 +1,0 @@
-"""Prompt templates for the LLM agent, as text files beside this module."""
