@@ -132,12 +132,12 @@ def main() -> int:
 
     import torch
 
+    from forge_tui.codegen import Generated
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
     from forge_tui.runtime.apply import _interceptor_class, _outside_scope, apply, called_children
     from forge_tui.runtime.graph import GraphScope
-    from forge_tui.templates.families.generated import Generated
     from forge_tui.templates.registry import match as family_match
     from forge_tui.timing import Timer, paired_ratio
     from forge_tui.workload import load_workload

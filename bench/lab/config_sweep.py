@@ -64,8 +64,8 @@ def main() -> int:
     from forge_tui.evaluator.build import Builder
     from forge_tui.inputs import random_inputs
     from forge_tui.kernel_abi import Library, alloc_outputs, card_scalars, workspace_for
+    from forge_tui.kernels.family import describe
     from forge_tui.program import bind_program
-    from forge_tui.templates.base import describe
     from forge_tui.templates.registry import match
     from forge_tui.timing import Timer, paired_ratio
     from forge_tui.workspace import profile_into_workspace

@@ -77,10 +77,10 @@ TIMING = {"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0
 def promote_generated(ws, device: str = "cpu") -> list[str]:
     """Each chain and module card the generator expresses, given its first kernel for ``device``,
     evaluated and promoted when correct; the promoted cards' ids."""
+    from forge_tui.codegen import Generated
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
-    from forge_tui.templates.families.generated import Generated
 
     gen = Generated()
     done = []

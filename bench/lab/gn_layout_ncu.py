@@ -59,8 +59,8 @@ def main() -> int:
     import torch
     from ncu_probe import probe_source, profile_source
 
+    from forge_tui.codegen import Generated
     from forge_tui.evaluator.build import Builder
-    from forge_tui.templates.families.generated import Generated
     from forge_tui.workspace import profile_into_workspace
 
     ap = argparse.ArgumentParser()

@@ -53,12 +53,12 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
+    from forge_tui.codegen import Generated
     from forge_tui.compare import compare, tolerance
     from forge_tui.config import ForgeConfig
     from forge_tui.evaluator.api import EvalOptions, Evaluator
     from forge_tui.inputs import adversarial_inputs
     from forge_tui.program import run_program
-    from forge_tui.templates.families.generated import Generated
     from forge_tui.workspace import profile_into_workspace
 
     example = args.example or ("diffusion" if args.device == "cuda" else "tiny_diffusion")

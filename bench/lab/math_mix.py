@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args()
     dis = _disassembler(args.nvdisasm)
-    from forge_tui.templates.families.generated import Generated
+    from forge_tui.codegen import Generated
 
     gen = Generated()
     print(f"{'module':10} {'math':6} {'instr/el':>8} {'F2F/el':>7} {'MUFU/el':>7}")

@@ -171,7 +171,7 @@ def main() -> int:
 
     from forge_tui.config import parse_config
     from forge_tui.evaluator.build import Builder
-    from forge_tui.templates.base import describe
+    from forge_tui.kernels.family import describe
     from forge_tui.templates.registry import match
     from forge_tui.workspace import profile_into_workspace
 

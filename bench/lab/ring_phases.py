@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from forge_tui.templates.base import Match, describe  # noqa: E402
+from forge_tui.kernels.family import Match, describe  # noqa: E402
 from forge_tui.templates.families.groupnorm import GroupNorm  # noqa: E402
 from forge_tui.templates.families.softmax import Softmax  # noqa: E402
 

@@ -162,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     import codegen_bench as cb
     import torch
 
+    from forge_tui.codegen import Generated
     from forge_tui.evaluator.build import Builder
     from forge_tui.inputs import sample_inputs
     from forge_tui.kernel_abi import Library, alloc_outputs, card_scalars, workspace_for
+    from forge_tui.kernels.device import detect_device
     from forge_tui.program import bind_program, compile_source, first_compiled_call
-    from forge_tui.templates.device import detect_device
-    from forge_tui.templates.families.generated import Generated
     from forge_tui.timing import Timer
     from forge_tui.workspace import profile_into_workspace
 

@@ -33,7 +33,7 @@ from .pricing import Price
 from .transcript import NAME, Transcript, cost_of, read_entries
 
 if TYPE_CHECKING:
-    from ..templates.device import DeviceProps
+    from ..kernels.device import DeviceProps
     from ..templates.proposer import TemplateProposer
 
 FATAL_STATUSES = (401, 403, 404)

@@ -10,13 +10,16 @@ ir.py       the scalar graph, the ops' semantics (C and torch)
 analyze.py  program -> Kernel (lowering of composite ops, the domain, eager's roundings)
 interp.py   the torch interpreter of a Kernel
 emit_*.py   C++ (OpenMP) and CUDA sources
+family.py   the generated family: the parameter space the proposer walks (``Generated``)
 
-The template family that proposes these kernels is templates/families/generated.py.
+Like the template families, it is built on forge_tui/kernels and imports nothing of
+forge_tui/templates; the proposer (templates/registry.py) tries it after the hand-written families.
 """
 
 from .analyze import Unsupported, analyze
+from .family import Generated, kernel_or_reason
 
-__all__ = ["Unsupported", "analyze", "explain"]
+__all__ = ["Generated", "Unsupported", "analyze", "explain", "kernel_or_reason"]
 
 
 def explain(card) -> str | None:

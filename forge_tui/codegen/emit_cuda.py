@@ -31,14 +31,14 @@ import re
 from dataclasses import dataclass
 
 from ..kernel_abi import ITEMSIZE
-from ..templates.base import cluster_config, workspace_entry
-from ..templates.cuda_common import COMMON
-from ..templates.device import DEFAULT_DEVICE, DeviceProps
-from .emit_common import FAST_HELPERS, HELPERS, NodeWriter, check_inputs
+from ..kernels.common import CUDA_COMMON, FAST_HELPERS, HELPERS
+from ..kernels.device import DEFAULT_DEVICE, DeviceProps
+from ..kernels.launch import cluster_config, workspace_entry
+from .emit_common import NodeWriter, check_inputs
 from .index import Atom, Index, Space, to_c
 from .ir import FLOATS, Kernel
 
-PRELUDE = COMMON + r'''
+PRELUDE = CUDA_COMMON + r'''
 #include <cooperative_groups.h>
 #define FG __device__ __forceinline__
 FG float fg_rbf(float v) { return round_to<__nv_bfloat16>(v); }

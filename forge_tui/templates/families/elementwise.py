@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 
 from ...cards import Card
-from ...codegen.emit_common import FAST_HELPERS, HALF
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
-from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, numel, vec_widths
-from ..device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.common import FAST_HELPERS, HALF
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ..base import CTYPE, FLOAT_DTYPES, numel, vec_widths
 
 UNARY = {
     "neg": "(-{a})", "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "RSQRT({a})",
@@ -221,7 +222,7 @@ class Elementwise(Family):
         return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p, device))
 
     def _cpu(self, m: Match, p: dict) -> str:
-        from ..cpu_common import COMMON
+        from ...kernels.common import CPU_COMMON as COMMON
 
         i = m.info
         params, loads, args = self._body(m, CPU_CTYPE, False)
@@ -250,7 +251,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 '''
 
     def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
-        from ..cuda_common import COMMON
+        from ...kernels.common import CUDA_COMMON as COMMON
 
         i = m.info
         threads, vec = p["threads"], p["vec"]

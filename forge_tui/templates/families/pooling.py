@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
-from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, input_index, numel
-from ..device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ..base import CTYPE, FLOAT_DTYPES, input_index, numel
 
 
 class MeanPool(Family):
@@ -76,7 +77,7 @@ class MeanPool(Family):
     def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         i = m.info
         if backend == "cpu":
-            from ..cpu_common import COMMON
+            from ...kernels.common import CPU_COMMON as COMMON
 
             return header(self.name, p, 1) + COMMON + f'''
 typedef {CPU_CTYPE[i["tin"]]} TX; typedef {CPU_CTYPE[i["tout"]]} TO;
@@ -95,7 +96,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
     return 0;
 }}
 '''
-        from ..cuda_common import COMMON
+        from ...kernels.common import CUDA_COMMON as COMMON
 
         threads = p["threads"]
         if p["mode"] == "tile":
@@ -333,7 +334,7 @@ class MaxPool(Family):
                   f"SW = {i['s'][1]}, PH = {i['p'][0]}, PW = {i['p'][1]}, DH = {i['d'][0]}, DW = {i['d'][1]};")
         if backend == "cpu":
             return self._render_cpu(i, p, consts)
-        from ..cuda_common import COMMON
+        from ...kernels.common import CUDA_COMMON as COMMON
 
         threads, owv = p["threads"], p.get("owv", 1)
         total = i["n"] * i["c"] * i["oh"] * i["ow"]
@@ -383,7 +384,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
 '''
 
     def _render_cpu(self, i: dict, p: dict, consts: str) -> str:
-        from ..cpu_common import COMMON
+        from ...kernels.common import CPU_COMMON as COMMON
 
         with_idx = i["idx"]
         return header(self.name, p, 1) + COMMON + f'''

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
-from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, input_index, numel, vec_widths
-from ..cpu_common import COMMON as CPU_COMMON
-from ..cuda_common import COMMON as CUDA_COMMON
-from ..device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.common import CPU_COMMON, CUDA_COMMON
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ..base import CTYPE, FLOAT_DTYPES, input_index, numel, vec_widths
 
 RMS_OPS = {"aten._to_copy.default", "aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.add.Tensor", "aten.add.Scalar",
            "aten.rsqrt.default", "aten.mul.Tensor"}

@@ -37,29 +37,23 @@ from __future__ import annotations
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
+from ...kernels.common import CPU_COMMON, CUDA_COMMON
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ...kernels.launch import ring_launch, stream_counters, stream_ws_bytes, workspace_entry
 from ..base import (
     CTYPE,
     FLOAT_DTYPES,
-    Family,
-    Match,
     cluster_axes,
     cluster_fits,
     cluster_mode_ok,
-    header,
     numel,
     ring_cap,
-    ring_launch,
     ring_stash,
     stash_bytes,
     stream_ahead,
-    stream_counters,
-    stream_ws_bytes,
     vec_widths,
-    workspace_entry,
 )
-from ..cpu_common import COMMON as CPU_COMMON
-from ..cuda_common import COMMON as CUDA_COMMON
-from ..device import DEFAULT_DEVICE, DeviceProps
 
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
 

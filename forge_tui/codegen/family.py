@@ -27,11 +27,14 @@ import json
 import threading
 from collections import OrderedDict
 
-from ...cards import Card
-from ...codegen import Unsupported, analyze
-from ...codegen.emit_common import math_modes
-from ...codegen.emit_cpu import emit_cpu
-from ...codegen.emit_cuda import (
+from ..cards import Card
+from ..kernel_abi import ITEMSIZE
+from ..kernels.device import DEFAULT_DEVICE, DeviceProps
+from ..kernels.family import Family, Match, header
+from .analyze import Unsupported, analyze
+from .emit_common import math_modes
+from .emit_cpu import emit_cpu
+from .emit_cuda import (
     cached_loads,
     emit_cuda,
     fold_gains,
@@ -43,11 +46,8 @@ from ...codegen.emit_cuda import (
     tile_steps,
     vec_ok,
 )
-from ...codegen.index import Index
-from ...codegen.ir import FLOATS, Kernel
-from ...kernel_abi import ITEMSIZE
-from ..base import Family, Match, header
-from ..device import DEFAULT_DEVICE, DeviceProps
+from .index import Index
+from .ir import FLOATS, Kernel
 
 TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 RPBS = [1, 2, 4, 8, 16, 32, 64]
