@@ -910,7 +910,8 @@ def test_a_folded_row_addresses_what_the_unfolded_one_does_and_reads_each_elemen
     pointwise program of the table; the rotary then reads each element of q once (its rotate-half
     partner is the other part's own element), where the unfolded kernel reads q three times a
     column (at c, at c % H + H and at c % H)."""
-    from forge_tui.codegen.emit_cuda import _shifted, fold_gains, fold_loads
+    from forge_tui.codegen.emit_cuda import fold_gains, fold_loads
+    from forge_tui.codegen.emit_cuda.flat import _shifted
 
     checked = 0
     for card in table_ws.cards():

@@ -145,7 +145,7 @@ class Generated(Family):
         return list(hit)
 
     def _folds(self, k: Kernel) -> list[int]:
-        """1, and the ways of folding a row (see codegen.emit_cuda._flat) that read fewer vectors an
+        """1, and the ways of folding a row (see emit_cuda.flat) that read fewer vectors an
         element at some vector width."""
         hit = k.memo.get("folds")
         if hit is None:
@@ -224,7 +224,7 @@ class Generated(Family):
 
     @staticmethod
     def _valid_tiles(k: Kernel, p: dict, device: DeviceProps) -> bool:
-        """A tiles grid (see codegen.emit_cuda._tiles): ``bps`` blocks of ``tpr`` threads on every
+        """A tiles grid (see emit_cuda.tiles): ``bps`` blocks of ``tpr`` threads on every
         SM at once (a cooperative launch), each step of the grid a whole number of the layout's
         periods, every row's threads in a block known, what is cached within the SM's memory."""
         lay = tile_layout(k)
