@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/lab: ring_phas
 from ring_phases import _gn_info  # noqa: E402
 
 from forge_tui.kernels.family import Match  # noqa: E402
-from forge_tui.templates.families.groupnorm import GroupNorm  # noqa: E402
+from forge_tui.templates.families.group_norm import GroupNorm  # noqa: E402
 
 if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
     raise SystemExit(__doc__)

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from forge_tui.kernels.family import Match, describe  # noqa: E402
-from forge_tui.templates.families.groupnorm import GroupNorm  # noqa: E402
+from forge_tui.templates.families.group_norm import GroupNorm  # noqa: E402
 from forge_tui.templates.families.softmax import Softmax  # noqa: E402
 
 MAXR = 16  # units stamped per block
