@@ -654,11 +654,11 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.dump_traceback_later(budget + 30, repeat=True)  # a run stuck past its budget shows where
 
+    from forge_tui.codegen import kernel_or_reason
     from forge_tui.config import parse_config
     from forge_tui.search.events import EventBus, NodeAdded
     from forge_tui.search.pool import LocalEvalPool
     from forge_tui.search.runner import Search
-    from forge_tui.templates.families.generated import kernel_or_reason
     from forge_tui.templates.proposer import TemplateProposer
     from forge_tui.templates.registry import match
     from forge_tui.workspace import profile_into_workspace

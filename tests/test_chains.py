@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge_tui.codegen import Generated
 from forge_tui.config import parse_config
 from forge_tui.e2e import scope_notes
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import promote_kernel
 from forge_tui.runtime.apply import apply
 from forge_tui.runtime.chain import ChainInputChanged
-from forge_tui.templates.families.generated import Generated
 from forge_tui.templates.registry import match
 from forge_tui.workspace import profile_into_workspace
 

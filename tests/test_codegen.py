@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from forge_tui.cards import Card
-from forge_tui.codegen import Unsupported, analyze, explain
+from forge_tui.codegen import Generated, Unsupported, analyze, explain
 from forge_tui.codegen.emit_common import math_modes
 from forge_tui.codegen.emit_cpu import PRELUDE, emit_cpu
 from forge_tui.codegen.index import Space, evaluate
@@ -31,10 +31,9 @@ from forge_tui.config import ForgeConfig, parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
 from forge_tui.evaluator.build import Builder
 from forge_tui.kernel_abi import ForgeScalar, ForgeTensor, alloc_outputs, describe
+from forge_tui.kernels.device import H200
 from forge_tui.profiler.capture import CARD_ATTR, CaptureOptions, Recorder
 from forge_tui.program import run_program
-from forge_tui.templates.device import H200
-from forge_tui.templates.families.generated import Generated
 from forge_tui.templates.proposer import TemplateProposer
 from forge_tui.templates.registry import match
 from forge_tui.tensorstore import unpack
@@ -152,7 +151,7 @@ def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows
     import dataclasses
     import re
 
-    from forge_tui.templates.device import H200
+    from forge_tui.kernels.device import H200
 
     card = card_of(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), torch.randn(4096, 64))
     m = GEN.match(card)
@@ -911,7 +910,8 @@ def test_a_folded_row_addresses_what_the_unfolded_one_does_and_reads_each_elemen
     pointwise program of the table; the rotary then reads each element of q once (its rotate-half
     partner is the other part's own element), where the unfolded kernel reads q three times a
     column (at c, at c % H + H and at c % H)."""
-    from forge_tui.codegen.emit_cuda import _shifted, fold_gains, fold_loads
+    from forge_tui.codegen.emit_cuda import fold_gains, fold_loads
+    from forge_tui.codegen.emit_cuda.flat import _shifted
 
     checked = 0
     for card in table_ws.cards():
@@ -1032,7 +1032,7 @@ def test_few_long_rows_are_split_over_a_cluster(tmp_path):
     source compiles for sm_90 where nvcc is present."""
     from dataclasses import replace
 
-    from forge_tui.templates.device import H200
+    from forge_tui.kernels.device import H200
 
     (tmp_path / "long.py").write_text(LONG_GROUPS)
     cfg = tmp_path / "forge.toml"
@@ -1083,7 +1083,7 @@ def test_interleaved_rows_are_walked_in_memory_order(tmp_path):
     position m is group (m / 8) % 8, column m % 8 + 8 (m / 64): every element once. The same
     norm in NCHW has no such axis; the source compiles for sm_90 where nvcc is present."""
     from forge_tui.codegen.emit_cuda import tile_layout
-    from forge_tui.templates.device import H200
+    from forge_tui.kernels.device import H200
 
     (tmp_path / "cl.py").write_text(CHANNELS_LAST_GROUPS)
     cfg = tmp_path / "forge.toml"

@@ -1,4 +1,4 @@
-"""The cpu backend's exp and tanh (templates/cpu_common.py): branch-free so that kernels' loops
+"""The cpu backend's exp and tanh (kernels/cpu_common.h): branch-free so that kernels' loops
 vectorise, and within 1 ulp of PyTorch's on a dense sweep, with libm's infinities, NaN, overflow
 and underflow. Built with the evaluator's own g++ flags."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from forge_tui.evaluator.build import Builder
-from forge_tui.templates.cpu_common import COMMON
+from forge_tui.kernels.common import CPU_COMMON as COMMON
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 

@@ -424,7 +424,7 @@ def test_a_kernel_nearer_the_exact_result_than_eager_passes_its_timed_calls_too(
     in buffers the candidate could have written, had no arbiter, and such a kernel was rejected
     there (the decoder's rotary on the H100, 3 of 6.3M elements in a timed call). The judge now
     draws those inputs again from its own generator's state and arbitrates on them."""
-    from forge_tui.templates.families.generated import Generated
+    from forge_tui.codegen import Generated
 
     (tmp_path / "shift.py").write_text(SHIFT_WORKLOAD)
     (tmp_path / "forge.toml").write_text("[timing]\nwarmup = 1\nrepeats = 3\nthreads = 1\n")

@@ -14,9 +14,10 @@ from conftest import timed_win
 from forge_tui.cards import Card
 from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
+from forge_tui.kernels.device import DEFAULT_DEVICE, DeviceProps, detect_device
+from forge_tui.kernels.family import describe, parse_header
 from forge_tui.search.proposer import NodeView, ProposalContext
-from forge_tui.templates.base import describe, numel, parse_header, ring_stash, stash_bytes
-from forge_tui.templates.device import DEFAULT_DEVICE, DeviceProps, detect_device
+from forge_tui.templates.base import numel, ring_stash, stash_bytes
 from forge_tui.templates.proposer import TemplateProposer
 from forge_tui.templates.registry import match, matches
 from forge_tui.workspace import profile_into_workspace
@@ -75,7 +76,7 @@ def test_cpu_softmax_matches_eager_on_special_values(tmp_path):
 
     from forge_tui.evaluator.build import Builder
     from forge_tui.kernel_abi import Library
-    from forge_tui.templates.base import Match
+    from forge_tui.kernels.family import Match
     from forge_tui.templates.families.softmax import Softmax
 
     rows, cols = 6, 4096

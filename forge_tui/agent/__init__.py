@@ -49,7 +49,7 @@ def build_agent(config: ForgeConfig, workspace_root: Path, *, environ: Mapping[s
     the configuration names (tests, replays)."""
     import json
 
-    from ..templates.device import detect_device
+    from ..kernels.device import detect_device
     from .proposer import AgentProposer
 
     cfg, prov, price, redact = agent_parts(config, environ, provider)

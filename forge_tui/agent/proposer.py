@@ -35,7 +35,7 @@ from .pricing import Price
 from .transcript import NAME, Transcript, cost_of, read_entries
 
 if TYPE_CHECKING:
-    from ..templates.device import DeviceProps
+    from ..kernels.device import DeviceProps
     from ..templates.proposer import TemplateProposer
 
 MAX_DRAFT_BYTES = 1 << 20

@@ -4,52 +4,17 @@ candidate makes on its arguments."""
 from __future__ import annotations
 
 from ..kernel_abi import CPU_CTYPE, CUDA_CTYPE
+from ..kernels.common import HALF
 from .index import Index, to_c
 from .ir import BOOL_OPS, EXPLICIT, FLOAT_OPS, FLOATS, INT_OPS, Kernel, Node, c_float
 
 VALUE_TYPE = {"f": "float", "i": "int64_t", "b": "bool"}
-HALF = ("bfloat16", "float16")
 
 # ``math`` = ``fast`` (cuda): the hardware's approximate functions in place of libm's, for
 # programs whose float outputs are all half precision (their error, about 2^-11 relative, is a
 # quarter of a bf16 rounding step)
 FAST_C = {"tanh": "fg_tanh_fast({0})", "exp": "fg_exp_fast({0})", "sigmoid": "fg_sigmoid_fast({0})",
           "silu": "fg_silu_fast({0})", "gelu_tanh": "fg_gelu_tanh_fast({0})"}
-FAST_HELPERS = r'''
-FG float fg_tanh_fast(float x) { float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-FG float fg_exp_fast(float x) { return __expf(x); }
-FG float fg_sigmoid_fast(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
-FG float fg_silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
-FG float fg_gelu_tanh_fast(float x) {
-    const float k = 0.79788456080286536f;
-    return 0.5f * x * (1.f + fg_tanh_fast(k * (x + 0.044715f * x * x * x)));
-}
-'''
-
-# Scalar helpers, written once for both backends (FG is the function qualifier).
-HELPERS = r'''
-FG float fg_max(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
-FG float fg_min(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
-/* the reductions' combinations: NaN sticks */
-FG float fg_max_acc(float a, float b) { return (a > b || a != a) ? a : b; }
-FG float fg_min_acc(float a, float b) { return (a < b || a != a) ? a : b; }
-FG float fg_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-FG float fg_silu(float x) { return x / (1.f + expf(-x)); }
-FG float fg_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
-FG float fg_gelu_tanh(float x) {
-    const float k = 0.79788456080286536f;
-    return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-FG float fg_relu(float x) { return x != x ? x : (x > 0.f ? x : 0.f); }
-FG float fg_clamp(float x, float lo, float hi) { return x != x ? x : (x < lo ? lo : (x > hi ? hi : x)); }
-FG float fg_softplus(float x, float beta, float th) { return x * beta > th ? x : log1pf(expf(x * beta)) / beta; }
-FG float fg_leaky_relu(float x, float s) { return x > 0.f ? x : x * s; }
-FG float fg_elu(float x, float a, float sc, float isc) { return x > 0.f ? x * sc : expm1f(x * isc) * a * sc; }
-FG float fg_hardsigmoid(float x) { return fg_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
-FG float fg_hardswish(float x) { return x * fg_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
-FG float fg_mish(float x) { return x * tanhf(log1pf(expf(x))); }
-FG float fg_sign(float x) { return x != x ? x : (float)((x > 0.f) - (x < 0.f)); }
-'''
 
 
 def _output_nodes(kern: Kernel) -> set[int]:

@@ -7,16 +7,12 @@ way), amax/amin in float with a NaN flag (eager's max propagates NaN).
 
 from __future__ import annotations
 
-from ..templates.cpu_common import COMMON
-from .emit_common import HELPERS, NodeWriter, check_inputs
+from ..kernels.common import CPU_COMMON, HELPERS
+from ..kernels.source import KernelFile
+from .emit_common import NodeWriter, check_inputs
 from .ir import Kernel
 
-PRELUDE = COMMON + r'''
-#define FG static inline
-FG float fg_rbf(float v) { return round_to<fbf16>(v); }
-FG float fg_rh(float v) { return round_to<fhalf>(v); }
-FG float fg_rsqrt(float v) { return 1.f / sqrtf(v); }
-''' + HELPERS
+PRELUDE = CPU_COMMON + KernelFile(__package__, "cpu_prelude.h").section("head") + HELPERS
 
 
 def emit_cpu(kern: Kernel, params: dict, card) -> str:

@@ -451,7 +451,7 @@ class Recorder:
         join the chain can express in its indexing (``index_link``: rotate-half's slices and
         ``cat``) extends it where it reads any of its tensors, its inputs included (``q * cos +
         rotate_half(q) * sin`` is one chain), and never starts one."""
-        from ..codegen.analyze import chains_op, index_link
+        from ..codegen.lower import chains_op, index_link
 
         path = self._scopes[-1] if self._scopes else ""
         chain = self._chains.get(path)
@@ -505,7 +505,7 @@ class Recorder:
         first), and its ops' calls counted inside it. Links its output does not read (a slice
         the chain took that something else read) are left out first, and the inputs they alone
         read."""
-        from ..codegen.analyze import index_link
+        from ..codegen.lower import index_link
 
         chain = self._chains.pop(path, None)
         if chain is None or not chain.outs or not chain.outs[-1]:

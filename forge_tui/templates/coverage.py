@@ -4,7 +4,7 @@ for: what the op table reports as the share of the forward served without an LLM
 from __future__ import annotations
 
 from ..cards import Card, not_served
-from .device import DeviceProps
+from ..kernels.device import DeviceProps
 from .proposer import TemplateProposer
 from .registry import match
 

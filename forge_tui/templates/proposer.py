@@ -9,9 +9,10 @@ import itertools
 import threading
 
 from ..cards import Card
+from ..codegen import kernel_or_reason
+from ..kernels.device import DeviceProps, detect_device
+from ..kernels.family import Family, Match, describe, parse_header
 from ..search.proposer import Proposal, ProposalContext
-from .base import Family, Match, describe, parse_header
-from .device import DeviceProps, detect_device
 from .registry import match, matches
 
 AXIS_ORDER = ("mode", "launch", "math", "vec", "owv", "tpr", "rpb", "rpt", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
@@ -38,8 +39,6 @@ class TemplateProposer:
     def supports(self, card: Card, backend: str) -> str | None:
         fam, m = match(card)
         if fam is None or m is None:
-            from .families.generated import kernel_or_reason
-
             why = kernel_or_reason(card)
             return (f"no template family serves {card.target}, nor the generator: {why} (left to the LLM agent)"
                     if isinstance(why, str) else f"no template family serves {card.target} (left to the LLM agent)")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ..cards import Card
-from .base import Family, Match
+from ..codegen import Generated
+from ..kernels.family import Family, Match
+from .families.batch_norm import BatchNorm
 from .families.elementwise import Elementwise
-from .families.generated import Generated
-from .families.groupnorm import BatchNorm, GroupNorm
+from .families.group_norm import GroupNorm
 from .families.pooling import MaxPool, MeanPool
 from .families.rownorm import RowNorm
 from .families.softmax import Softmax

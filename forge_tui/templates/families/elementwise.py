@@ -5,7 +5,8 @@ kernels, so the fused result matches eager's. Inputs broadcast to the output (a 
 per-row scale); same-shape inputs are read with 16-byte vectors. ``math`` (as the generated
 family's, see ``codegen.emit_common.math_modes``): ``fp32`` leaves out the ops' roundings inside
 the chain (the model's own casts round), ``fast`` (cuda, half-precision output) also takes the
-hardware's approximate tanh and exp; the result is rounded once, by its store.
+hardware's approximate tanh and exp; the result is rounded once, by its store. The fused kernel's
+CUDA is in elementwise.cuh, its C++ in elementwise.cpp; the per-input lines are generated here.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from __future__ import annotations
 import re
 
 from ...cards import Card
-from ...codegen.emit_common import FAST_HELPERS, HALF
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
-from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, numel, vec_widths
-from ..device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.common import CPU_COMMON, CUDA_COMMON, FAST_HELPERS, HALF
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ...kernels.source import KernelFile
+from ..base import CTYPE, FLOAT_DTYPES, numel, vec_widths
 
+CUH = KernelFile(__package__, "elementwise.cuh")
+CPP = KernelFile(__package__, "elementwise.cpp")
 UNARY = {
     "neg": "(-{a})", "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "RSQRT({a})",
     "tanh": "tanhf({a})", "sigmoid": "(1.f / (1.f + expf(-{a})))", "abs": "fabsf({a})", "erf": "erff({a})",
@@ -221,44 +226,20 @@ class Elementwise(Family):
         return header(self.name, p, 1) + (self._cpu(m, p) if backend == "cpu" else self._cuda(m, p, device))
 
     def _cpu(self, m: Match, p: dict) -> str:
-        from ..cpu_common import COMMON
-
         i = m.info
         params, loads, args = self._body(m, CPU_CTYPE, False)
         same = "\n            ".join(f"const float in{k} = to_f(p{k}[i]);" for k, inp in enumerate(i["ins"]) if inp["same"])
-        comp = self._code(m, p.get("math", "eager"))
-        return COMMON + ROUNDING_CPU + f'''
-typedef {CPU_CTYPE[i["tout"]]} TO;
-static const int64_t NUMEL = {i["n"]};
-
-static void run({params}, TO* out) {{
-#pragma omp parallel for schedule(static, {p["chunk"]}) if(NUMEL >= PARALLEL_MIN)
-    for (int64_t i = 0; i < NUMEL; ++i) {{
-            {same}
-            {loads}
-            {comp}
-            out[i] = from_f<TO>({i["result"]});
-    }}
-}}
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (n_in != {len(i["ins"])} || forge_numel(&out[0]) != NUMEL) return 2;
-    run({args}, (TO*)out[0].data);
-    return 0;
-}}
-'''
+        return CPU_COMMON + CPP.section("rounding") + CPP.fill(
+            "entry", to=CPU_CTYPE[i["tout"]], n=i["n"], params=params, chunk=p["chunk"], same=same, loads=loads,
+            comp=self._code(m, p.get("math", "eager")), result=i["result"], n_in=len(i["ins"]), args=args)
 
     def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
-        from ..cuda_common import COMMON
-
         i = m.info
         threads, vec = p["threads"], p["vec"]
         params, loads, args = self._body(m, CTYPE, True)
         same_loads = "\n        ".join(f"float v{k}[VEC]; load_vec<{CTYPE[inp['dtype']]}, VEC>(p{k} + base, v{k});"
                                        for k, inp in enumerate(i["ins"]) if inp["same"])
         same_pick = "\n            ".join(f"const float in{k} = v{k}[j];" for k, inp in enumerate(i["ins"]) if inp["same"])
-        comp = self._code(m, p.get("math", "eager"))
         n = i["n"]
         full = -(-n // (threads * vec))
         wave = device.sms * (device.max_threads_per_sm // threads)  # blocks resident on the GPU at once
@@ -266,54 +247,8 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
         aligned = " && ".join([f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[inp['dtype']]})"
                                for k, inp in enumerate(i["ins"]) if inp["same"]]
                               + [f"forge_aligned(out[0].data, {vec * ITEMSIZE[i['tout']]})"])
-        return COMMON + ROUNDING_CUDA + FAST_CUDA + f'''
-typedef {CTYPE[i["tout"]]} TO;
-static const int64_t NUMEL = {n};
-
-template <int VEC>
-__global__ void __launch_bounds__({threads}) fused({params}, TO* __restrict__ out) {{
-    for (int64_t base = ((int64_t)blockIdx.x * {threads} + threadIdx.x) * VEC; base < NUMEL;
-         base += (int64_t)gridDim.x * {threads} * VEC) {{
-        {same_loads}
-        float o[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {{
-            const int64_t i = base + j;
-            (void)i;
-            {same_pick}
-            {loads}
-            {comp}
-            o[j] = {i["result"]};
-        }}
-        store_vec<TO, VEC>(out + base, o);
-    }}
-}}
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (n_in != {len(i["ins"])} || forge_numel(&out[0]) != NUMEL) return 2;
-    cudaStream_t s = (cudaStream_t)stream;
-    if ({aligned}) fused<{vec}><<<{grid}, {threads}, 0, s>>>({args}, (TO*)out[0].data);
-    else fused<1><<<{-(-n // threads) if p["grid"] == "full" else grid}, {threads}, 0, s>>>({args}, (TO*)out[0].data);
-    return (int)cudaGetLastError();
-}}
-'''
-
-
-ROUNDING_CUDA = r'''
-#define ROUND_FLOAT32(v) (v)
-#define ROUND_FLOAT16(v) round_to<__half>(v)
-#define ROUND_BFLOAT16(v) round_to<__nv_bfloat16>(v)
-#define RSQRT(v) rsqrtf(v)
-__device__ __forceinline__ float MAXIMUM(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
-__device__ __forceinline__ float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN : fminf(a, b); }
-'''
-FAST_CUDA = "#define FG __device__ __forceinline__\n" + FAST_HELPERS  # the generated kernels' approximations
-ROUNDING_CPU = r'''
-#define ROUND_FLOAT32(v) (v)
-#define ROUND_FLOAT16(v) round_to<fhalf>(v)
-#define ROUND_BFLOAT16(v) round_to<fbf16>(v)
-#define RSQRT(v) (1.f / std::sqrt(v))
-static inline float MAXIMUM(float a, float b) { return (a != a || b != b) ? NAN : std::max(a, b); }
-static inline float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN : std::min(a, b); }
-'''
+        return CUDA_COMMON + CUH.section("rounding") + CUH.section("fg") + FAST_HELPERS + CUH.fill(
+            "entry", to=CTYPE[i["tout"]], n=n, threads=threads, params=params, same_loads=same_loads,
+            same_pick=same_pick, loads=loads, comp=self._code(m, p.get("math", "eager")), result=i["result"],
+            n_in=len(i["ins"]), aligned=aligned, vec=vec, grid=grid, args=args,
+            grid1=-(-n // threads) if p["grid"] == "full" else grid)

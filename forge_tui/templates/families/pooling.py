@@ -1,12 +1,20 @@
 """Pooling: adaptive average pooling to 1x1 (``mean`` over the trailing dims, as eager lowers it,
-or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch's indices)."""
+or ``_adaptive_avg_pool2d``) and ``max_pool2d_with_indices`` (values and PyTorch's indices).
+The CUDA code is in pooling.cuh (device) and pooling.cu (entry points), the C++ in pooling.cpp."""
 
 from __future__ import annotations
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
-from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, input_index, numel
-from ..device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.common import CPU_COMMON, CUDA_COMMON
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ...kernels.source import KernelFile
+from ..base import CTYPE, FLOAT_DTYPES, input_index, numel
+
+CUH = KernelFile(__package__, "pooling.cuh")
+CU = KernelFile(__package__, "pooling.cu")
+CPP = KernelFile(__package__, "pooling.cpp")
 
 
 class MeanPool(Family):
@@ -76,126 +84,16 @@ class MeanPool(Family):
     def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         i = m.info
         if backend == "cpu":
-            from ..cpu_common import COMMON
-
-            return header(self.name, p, 1) + COMMON + f'''
-typedef {CPU_CTYPE[i["tin"]]} TX; typedef {CPU_CTYPE[i["tout"]]} TO;
-static const int64_t ROWS = {i["rows"]}, COLS = {i["cols"]};
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[0]) != ROWS * COLS) return 2;
-    const TX* x = (const TX*)in[0].data;
-    TO* y = (TO*)out[0].data;
-#pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
-    for (int64_t r = 0; r < ROWS; ++r) {{
-        float s = 0.f;
-        for (int64_t c = 0; c < COLS; ++c) s += to_f(x[r * COLS + c]);
-        y[r] = from_f<TO>(s / (float)COLS);
-    }}
-    return 0;
-}}
-'''
-        from ..cuda_common import COMMON
-
+            return header(self.name, p, 1) + CPU_COMMON + CPP.fill(
+                "mean_entry", tx=CPU_CTYPE[i["tin"]], to=CPU_CTYPE[i["tout"]], rows=i["rows"], cols=i["cols"],
+                chunk=p["chunk"])
         threads = p["threads"]
-        if p["mode"] == "tile":
-            blocks = -(-i["rows"] // threads)
-            launch = f"mean_tile<TX, TO, {threads}, {i['cols']}><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS, COLS);"
-        elif p["mode"] == "vtile":
-            blocks = -(-i["rows"] // threads)
-            launch = (f"if (forge_aligned(x, 16)) mean_vtile<TX, TO, {threads}, {i['cols']}, true><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS);\n"
-                      f"    else mean_vtile<TX, TO, {threads}, {i['cols']}, false><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS);")
+        if p["mode"] in ("tile", "vtile"):
+            launch = CU.inline("mean_" + p["mode"], threads=threads, cols=i["cols"], blocks=-(-i["rows"] // threads))
         else:
-            rpb = threads // 32
-            blocks = -(-i["rows"] // rpb)
-            launch = f"mean_warp<TX, TO, {threads}><<<{blocks}, {threads}, 0, s>>>(x, y, ROWS, COLS);"
-        return header(self.name, p, 1) + COMMON + MEAN_KERNELS + f'''
-typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
-static const int64_t ROWS = {i["rows"]};
-static const int COLS = {i["cols"]};
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[0]) != ROWS * COLS) return 2;
-    cudaStream_t s = (cudaStream_t)stream;
-    const TX* x = (const TX*)in[0].data;
-    TO* y = (TO*)out[0].data;
-    {launch}
-    return (int)cudaGetLastError();
-}}
-'''
-
-
-MEAN_KERNELS = r'''
-/* THREADS rows per block: the block's rows are one contiguous span, loaded coalesced into shared
-   memory, then each thread sums its own row. For short rows (7x7 = 49 in ResNet's pooling). */
-template <typename TX, typename TO, int THREADS, int COLS>
-__global__ void __launch_bounds__(THREADS) mean_tile(const TX* __restrict__ x, TO* __restrict__ y, int64_t rows, int cols) {
-    __shared__ float tile[THREADS * COLS];
-    const int64_t r0 = (int64_t)blockIdx.x * THREADS;
-    const int64_t nrows = min((int64_t)THREADS, rows - r0);
-    const int64_t span = nrows * cols;
-    const TX* base = x + r0 * cols;
-    for (int64_t k = threadIdx.x; k < span; k += THREADS) tile[k] = to_f(base[k]);
-    __syncthreads();
-    if (threadIdx.x < nrows) {
-        float s = 0.f;
-        for (int c = 0; c < cols; ++c) s += tile[threadIdx.x * cols + c];
-        y[r0 + threadIdx.x] = from_f<TO>(s / (float)cols);
-    }
-}
-
-/* As mean_tile, with the block's span (THREADS * COLS elements, a multiple of 16 bytes, from a
-   16-byte aligned input) loaded in 16-byte vectors, every load of a thread issued before the first
-   is stored: at a few MB the time is the latency of the loads, so all of them are in flight at
-   once. The tile keeps the input type. A last block with fewer rows, or an input off 16-byte
-   boundaries (VECLOAD false), loads element by element. */
-template <typename TX, typename TO, int THREADS, int COLS, bool VECLOAD>
-__global__ void __launch_bounds__(THREADS) mean_vtile(const TX* __restrict__ x, TO* __restrict__ y, int64_t rows) {
-    constexpr int SPAN = THREADS * COLS;
-    constexpr int NV = (int)(SPAN * sizeof(TX) / 16);
-    constexpr int LOADS = (NV + THREADS - 1) / THREADS;
-    __shared__ __align__(16) TX tile[SPAN];
-    const int64_t r0 = (int64_t)blockIdx.x * THREADS;
-    const int nrows = (int)min((int64_t)THREADS, rows - r0);
-    const TX* base = x + r0 * COLS;
-    if (VECLOAD && nrows == THREADS) {
-        const uint4* src = reinterpret_cast<const uint4*>(base);
-        uint4 v[LOADS];
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k) {
-            const int i = (int)threadIdx.x + k * THREADS;
-            if (i < NV) v[k] = __ldg(src + i);
-        }
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k) {
-            const int i = (int)threadIdx.x + k * THREADS;
-            if (i < NV) reinterpret_cast<uint4*>(tile)[i] = v[k];
-        }
-    } else {
-        for (int k = threadIdx.x; k < nrows * COLS; k += THREADS) tile[k] = base[k];
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < nrows) {
-        float s = 0.f;
-#pragma unroll 7
-        for (int c = 0; c < COLS; ++c) s += to_f(tile[threadIdx.x * COLS + c]);
-        y[r0 + threadIdx.x] = from_f<TO>(s / (float)COLS);
-    }
-}
-
-/* One warp per row. */
-template <typename TX, typename TO, int THREADS>
-__global__ void __launch_bounds__(THREADS) mean_warp(const TX* __restrict__ x, TO* __restrict__ y, int64_t rows, int cols) {
-    const int64_t row = (int64_t)blockIdx.x * (THREADS / 32) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const TX* a = x + row * cols;
-    float s = 0.f;
-    for (int c = lane; c < cols; c += 32) s += to_f(a[c]);
-    s = warp_sum(s);
-    if (lane == 0) y[row] = from_f<TO>(s / (float)cols);
-}
-'''
+            launch = CU.inline("mean_warp", threads=threads, blocks=-(-i["rows"] // (threads // 32)))
+        return header(self.name, p, 1) + CUDA_COMMON + CUH.section("mean") + CU.fill(
+            "mean_entry", tx=CTYPE[i["tin"]], to=CTYPE[i["tout"]], rows=i["rows"], cols=i["cols"], launch=launch)
 
 
 class MaxPool(Family):
@@ -328,22 +226,21 @@ class MaxPool(Family):
     def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         i = m.info
         with_idx = i["idx"]
-        consts = (f"static const int64_t NC = {i['n'] * i['c']}; static const int H = {i['h']}, W = {i['w']}, "
-                  f"OH = {i['oh']}, OW = {i['ow']}, KH = {i['k'][0]}, KW = {i['k'][1]}, SH = {i['s'][0]}, "
-                  f"SW = {i['s'][1]}, PH = {i['p'][0]}, PW = {i['p'][1]}, DH = {i['d'][0]}, DW = {i['d'][1]};")
+        consts = CU.inline("max_consts", nc=i["n"] * i["c"], h=i["h"], w=i["w"], oh=i["oh"], ow=i["ow"], kh=i["k"][0],
+                           kw=i["k"][1], sh=i["s"][0], sw=i["s"][1], ph=i["p"][0], pw=i["p"][1], dh=i["d"][0],
+                           dw=i["d"][1])
         if backend == "cpu":
-            return self._render_cpu(i, p, consts)
-        from ..cuda_common import COMMON
-
+            return header(self.name, p, 1) + CPU_COMMON + CPP.fill(
+                "max_entry", tx=CPU_CTYPE[i["tin"]], to=CPU_CTYPE[i["tout"]], consts=consts, chunk=p["chunk"],
+                idx_ptr="int64_t* idx = (int64_t*)out[1].data;" if with_idx else "",
+                idx_store="idx[o] = bi;" if with_idx else "(void)bi;")
         threads, owv = p["threads"], p.get("owv", 1)
         total = i["n"] * i["c"] * i["oh"] * i["ow"]
-        idx_param = ", int64_t* __restrict__ idx" if with_idx else ""
-        idx_arg = ", (int64_t*)out[1].data" if with_idx else ""
         guard = ""
         if owv > 1:
-            guard += f"    if (!forge_aligned(out[0].data, {owv} * sizeof(TO))) return 5;\n"
+            guard += CU.fill("out_aligned", owv=owv)
             if with_idx:
-                guard += "    if (!forge_aligned(out[1].data, 16)) return 5;\n"
+                guard += CU.fill("idx_aligned")
         if p.get("mode") == "tile":
             rows = p["rows"]
             tiles = -(-i["oh"] // rows)
@@ -351,229 +248,24 @@ class MaxPool(Family):
             size = ITEMSIZE[i["tin"]]
             vec = 16 // size if (i["w"] * size) % 16 == 0 else 1
             if vec > 1:
-                guard += "    if (!forge_aligned(in[0].data, 16)) return 5;\n"
-            kernel = TILE_KERNEL
-            consts += (f"\nconstexpr int ROWS = {rows}, IN_ROWS = {self._in_rows(i, rows)}, VEC = {vec}, "
-                       f"TILES = {tiles};")
+                guard += CU.fill("in_aligned")
+            kernel = "tile"
+            consts += CU.inline("tile_consts", rows=rows, in_rows=self._in_rows(i, rows), vec=vec, tiles=tiles)
         elif p.get("mode") == "strip":
             blocks = -(-(total // owv) // threads)
-            kernel = STRIP_KERNEL
-            guard += f"    if (!forge_aligned(in[0].data, {2 * owv} * sizeof(TX))) return 5;\n"
+            kernel = "strip"
+            guard += CU.fill("strip_aligned", pair=2 * owv)
         elif owv > 1:
             blocks = -(-(total // owv) // threads)
-            kernel = OWV_KERNEL
+            kernel = "owv"
         else:
             per = p["per_thread"]
             blocks = -(-total // (threads * per))
-            kernel = THREAD_KERNEL
-            consts += f"\nconstexpr int PER = {per};"
-        kernel = kernel.replace("IDX_PARAM", idx_param).replace("IDX,", "idx," if with_idx else "nullptr,")
-        return header(self.name, p, 1) + COMMON + f'''
-typedef {CTYPE[i["tin"]]} TX; typedef {CTYPE[i["tout"]]} TO;
-{consts}
-constexpr int THREADS = {threads}, OWV = {owv};
-static const int64_t TOTAL = {total};
-{WINDOWS}{kernel}
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[0]) != NC * H * W) return 2;
-{guard}    maxpool<<<{blocks}, {threads}, 0, (cudaStream_t)stream>>>((const TX*)in[0].data, (TO*)out[0].data{idx_arg});
-    return (int)cudaGetLastError();
-}}
-'''
-
-    def _render_cpu(self, i: dict, p: dict, consts: str) -> str:
-        from ..cpu_common import COMMON
-
-        with_idx = i["idx"]
-        return header(self.name, p, 1) + COMMON + f'''
-typedef {CPU_CTYPE[i["tin"]]} TX; typedef {CPU_CTYPE[i["tout"]]} TO;
-{consts}
-using std::min;
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[0]) != NC * H * W) return 2;
-    const TX* x = (const TX*)in[0].data;
-    TO* y = (TO*)out[0].data;
-    {"int64_t* idx = (int64_t*)out[1].data;" if with_idx else ""}
-#pragma omp parallel for schedule(static, {p["chunk"]}) if(NC * H * W >= PARALLEL_MIN)
-    for (int64_t nc = 0; nc < NC; ++nc)
-      for (int oh = 0; oh < OH; ++oh)
-        for (int ow = 0; ow < OW; ++ow) {{
-        int hs = oh * SH - PH, ws = ow * SW - PW;
-        const int he = min(hs + (KH - 1) * DH + 1, H), we = min(ws + (KW - 1) * DW + 1, W);
-        while (hs < 0) hs += DH;
-        while (ws < 0) ws += DW;
-        float best = -INFINITY;
-        int64_t bi = (int64_t)hs * W + ws;
-        const TX* plane = x + nc * H * W;
-        for (int ih = hs; ih < he; ih += DH)
-            for (int iw = ws; iw < we; iw += DW) {{
-                const float v = to_f(plane[ih * W + iw]);
-                if (v > best || v != v) {{ best = v; bi = (int64_t)ih * W + iw; }}
-            }}
-        const int64_t o = (nc * OH + oh) * OW + ow;
-        y[o] = from_f<TO>(best);
-        {"idx[o] = bi;" if with_idx else "(void)bi;"}
-    }}
-    return 0;
-}}
-'''
-
-
-# The windows of OWV neighbouring outputs of one output row, read from ``plane`` (global memory or a
-# shared-memory tile whose first row is input row ``row0``): they share columns, loaded once each.
-# NaN wins, and ties keep the first index, as PyTorch does.
-WINDOWS = r'''
-__device__ __forceinline__ void windows(const TX* plane, int row0, int oh, int ow0, float (&best)[OWV],
-                                        int64_t (&bi)[OWV]) {
-    int hs = oh * SH - PH;
-    const int he = min(hs + (KH - 1) * DH + 1, H);
-    while (hs < 0) hs += DH;
-    int wsj[OWV], wej[OWV];
-#pragma unroll
-    for (int j = 0; j < OWV; ++j) {
-        int w0 = (ow0 + j) * SW - PW;
-        wej[j] = min(w0 + (KW - 1) * DW + 1, W);
-        while (w0 < 0) w0 += DW;
-        wsj[j] = w0;
-        best[j] = -INFINITY;
-        bi[j] = (int64_t)hs * W + w0;
-    }
-    for (int ih = hs; ih < he; ih += DH) {
-        const TX* rowp = plane + (int64_t)(ih - row0) * W;
-#pragma unroll
-        for (int j = 0; j < OWV; ++j)
-            for (int iw = wsj[j]; iw < wej[j]; iw += DW) {
-                const float v = to_f(rowp[iw]);
-                if (v > best[j] || v != v) { best[j] = v; bi[j] = (int64_t)ih * W + iw; }
-            }
-    }
-}
-
-/* The values leave as one OWV-wide store, the indices as 16-byte stores. */
-__device__ __forceinline__ void store_out(TO* __restrict__ y, int64_t* __restrict__ idx, int64_t o,
-                                          const float (&best)[OWV], const int64_t (&bi)[OWV]) {
-    if constexpr (OWV > 1) store_vec<TO, OWV>(y + o, best);
-    else y[o] = from_f<TO>(best[0]);
-    if (idx == nullptr) return;
-    if constexpr (OWV > 1) {
-#pragma unroll
-        for (int j = 0; j < OWV; j += 2) *reinterpret_cast<longlong2*>(idx + o + j) = make_longlong2(bi[j], bi[j + 1]);
-    } else {
-        idx[o] = bi[0];
-    }
-}
-'''
-
-# A block: ROWS output rows of one plane. Their input rows are one contiguous span of the plane,
-# copied to shared memory with VEC-wide loads; each thread then takes OWV neighbouring outputs.
-TILE_KERNEL = r'''
-__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
-    __shared__ __align__(16) TX tile[IN_ROWS * W];
-    const int64_t nc = blockIdx.x / TILES;
-    const int oh0 = (int)(blockIdx.x % TILES) * ROWS;
-    const int oh1 = min(oh0 + ROWS, OH);
-    const int ih0 = max(oh0 * SH - PH, 0);
-    const int ih1 = min((oh1 - 1) * SH - PH + (KH - 1) * DH + 1, H);
-    const TX* src = x + nc * H * W + (int64_t)ih0 * W;
-    const int n = (ih1 - ih0) * W;
-    for (int k = threadIdx.x * VEC; k < n; k += THREADS * VEC)
-        *reinterpret_cast<Vec<TX, VEC>*>(tile + k) = *reinterpret_cast<const Vec<TX, VEC>*>(src + k);
-    __syncthreads();
-    const int items = (oh1 - oh0) * (OW / OWV);
-    for (int q = threadIdx.x; q < items; q += THREADS) {
-        const int oh = oh0 + q / (OW / OWV), ow0 = (q % (OW / OWV)) * OWV;
-        float best[OWV];
-        int64_t bi[OWV];
-        windows(tile, ih0, oh, ow0, best, bi);
-        store_out(y, IDX, (nc * OH + oh) * OW + ow0, best, bi);
-    }
-}
-'''
-
-# 3-wide windows, stride 2, padding 1 along the rows (any window down the columns). A thread: OWV
-# outputs of one row, whose windows span input columns c0 - 1 .. c0 + 2*OWV - 1 (c0 = 2*OWV*k): one
-# vector load of c0 .. c0 + 2*OWV - 1 per input row, and column c0 - 1 is the last element of the
-# vector of the lane to the left (same row: k is the fastest index), or a load for lane 0. Every lane
-# runs the KH rows (a row outside the input reads as -inf) so the shuffles see the whole warp.
-# Padding is -inf under the strict comparison, so it never wins, as in PyTorch.
-STRIP_KERNEL = r'''
-__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
-    constexpr int NV = 2 * OWV;
-    const int64_t q0 = (int64_t)blockIdx.x * THREADS + threadIdx.x;
-    const bool live = q0 < TOTAL / OWV;
-    const int64_t q = live ? q0 : 0;
-    const int k = (int)(q % (OW / OWV)), oh = (int)((q / (OW / OWV)) % OH);
-    const int64_t nc = q / ((int64_t)(OW / OWV) * OH);
-    const int c0 = k * NV;
-    const int lane = threadIdx.x & 31;
-    const TX* plane = x + nc * H * W;
-    int hs = oh * SH - PH;
-    while (hs < 0) hs += DH;
-    float best[OWV];
-    int64_t bi[OWV];
-#pragma unroll
-    for (int j = 0; j < OWV; ++j) {
-        best[j] = -INFINITY;
-        bi[j] = (int64_t)hs * W + (j == 0 && k == 0 ? 0 : c0 + 2 * j - 1);
-    }
-#pragma unroll
-    for (int r = 0; r < KH; ++r) {
-        const int ih = oh * SH - PH + r * DH;
-        const bool ok = live && ih >= 0 && ih < H;
-        float v[NV];
-        if (ok) {
-            const Vec<TX, NV> a = *reinterpret_cast<const Vec<TX, NV>*>(plane + (int64_t)ih * W + c0);
-#pragma unroll
-            for (int e = 0; e < NV; ++e) v[e] = to_f(a.v[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < NV; ++e) v[e] = -INFINITY;
-        }
-        float left = __shfl_up_sync(0xffffffffu, v[NV - 1], 1);
-        if (lane == 0 || k == 0) left = (ok && k > 0) ? to_f(plane[(int64_t)ih * W + c0 - 1]) : -INFINITY;
-        const int64_t rowi = (int64_t)ih * W + c0;
-#pragma unroll
-        for (int j = 0; j < OWV; ++j) {
-            const float a0 = j == 0 ? left : v[2 * j - 1], a1 = v[2 * j], a2 = v[2 * j + 1];
-            if (a0 > best[j] || a0 != a0) { best[j] = a0; bi[j] = rowi + 2 * j - 1; }
-            if (a1 > best[j] || a1 != a1) { best[j] = a1; bi[j] = rowi + 2 * j; }
-            if (a2 > best[j] || a2 != a2) { best[j] = a2; bi[j] = rowi + 2 * j + 1; }
-        }
-    }
-    if (!live) return;
-    store_out(y, IDX, (nc * OH + oh) * OW + (int64_t)k * OWV, best, bi);
-}
-'''
-
-# OWV neighbouring outputs of a row per thread, read from global memory.
-OWV_KERNEL = r'''
-__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
-    const int64_t q = (int64_t)blockIdx.x * THREADS + threadIdx.x;
-    if (q >= TOTAL / OWV) return;
-    const int ow0 = (int)(q % (OW / OWV)) * OWV, oh = (int)((q / (OW / OWV)) % OH);
-    const int64_t nc = q / ((int64_t)(OW / OWV) * OH);
-    float best[OWV];
-    int64_t bi[OWV];
-    windows(x + nc * H * W, 0, oh, ow0, best, bi);
-    store_out(y, IDX, (nc * OH + oh) * OW + ow0, best, bi);
-}
-'''
-
-# One output a thread, PER outputs a thread THREADS apart.
-THREAD_KERNEL = r'''
-__global__ void __launch_bounds__(THREADS) maxpool(const TX* __restrict__ x, TO* __restrict__ y IDX_PARAM) {
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
-        const int64_t o = ((int64_t)blockIdx.x * PER + u) * THREADS + threadIdx.x;
-        if (o >= TOTAL) return;
-        const int ow = (int)(o % OW), oh = (int)((o / OW) % OH);
-        const int64_t nc = o / ((int64_t)OW * OH);
-        float best[1];
-        int64_t bi[1];
-        windows(x + nc * H * W, 0, oh, ow, best, bi);
-        store_out(y, IDX, o, best, bi);
-    }
-}
-'''
+            kernel = "thread"
+            consts += CU.inline("thread_consts", per=per)
+        return header(self.name, p, 1) + CUDA_COMMON + CU.fill(
+            "max_entry", tx=CTYPE[i["tin"]], to=CTYPE[i["tout"]], consts=consts, threads=threads, owv=owv, total=total,
+            windows=CUH.section("windows"), guard=guard, blocks=blocks,
+            kernel=CUH.fill(kernel, idx_param=", int64_t* __restrict__ idx" if with_idx else "",
+                            idx="idx" if with_idx else "nullptr"),
+            idx_arg=", (int64_t*)out[1].data" if with_idx else "")

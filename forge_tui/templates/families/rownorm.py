@@ -3,17 +3,23 @@
   layer_norm  ``aten.native_layer_norm`` (optional weight and bias; writes y, mean and rstd);
   rms_norm    a leaf module whose program is the Hugging Face RMSNorm (upcast, pow, mean, add eps,
               rsqrt, mul, cast back, scale), fused into one kernel with eager's roundings.
+
+The CUDA code is in rownorm.cuh (device) and rownorm.cu (entry point), the C++ in rownorm.cpp.
 """
 
 from __future__ import annotations
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
-from ..base import CTYPE, FLOAT_DTYPES, Family, Match, header, input_index, numel, vec_widths
-from ..cpu_common import COMMON as CPU_COMMON
-from ..cuda_common import COMMON as CUDA_COMMON
-from ..device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.common import CPU_COMMON, CUDA_COMMON
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ...kernels.source import KernelFile
+from ..base import CTYPE, FLOAT_DTYPES, input_index, numel, vec_widths
 
+CUH = KernelFile(__package__, "rownorm.cuh")
+CU = KernelFile(__package__, "rownorm.cu")
+CPP = KernelFile(__package__, "rownorm.cpp")
 RMS_OPS = {"aten._to_copy.default", "aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.add.Tensor", "aten.add.Scalar",
            "aten.rsqrt.default", "aten.mul.Tensor"}
 
@@ -145,74 +151,36 @@ class RowNorm(Family):
     def _cpu(self, m: Match, p: dict) -> str:
         i = m.info
         ct = CPU_CTYPE
+        eps = f"(float){i['eps']!r}"
         if i["kind"] == "rms":
             inputs = f"const TX* x = (const TX*)in[{i['x']}].data; const TW* w = (const TW*)in[{i['w']}].data;"
-            body = f'''
-        double ss = 0.0;
-        for (int64_t c = 0; c < COLS; ++c) {{ float v = to_f(a[c]); ss += v * v; }}
-        const float rs = 1.f / std::sqrt((float)(ss / (double)COLS) + (float){i["eps"]!r});
-        for (int64_t c = 0; c < COLS; ++c) o[c] = from_f<TO>(to_f(w[c]) * round_to<TM>(to_f(a[c]) * rs));'''
-            types = f"typedef {ct[i['tin']]} TX; typedef {ct[i['tw']]} TW; typedef {ct[i['tout']]} TO; typedef {ct[i['tmid']]} TM;"
-            outs = ""
+            types = CPP.inline("rms_types", tx=ct[i["tin"]], tw=ct[i["tw"]], to=ct[i["tout"]], tm=ct[i["tmid"]])
+            outs, body = "", CPP.inline("rms_body", eps=eps)
         else:
             inputs = f"const TX* x = (const TX*)in[{i['x']}].data;"
             inputs += f" const TW* w = (const TW*)in[{i['w']}].data;" if i["w"] is not None else " const TW* w = nullptr;"
             inputs += f" const TB* b = (const TB*)in[{i['b']}].data;" if i["b"] is not None else " const TB* b = nullptr;"
-            types = (f"typedef {ct[i['tin']]} TX; typedef {ct[i['tw']]} TW; typedef {ct[i['tb']]} TB; "
-                     f"typedef {ct[i['tout']]} TO; typedef {ct[i['tstat']]} TS;")
-            outs = "TS* mean_out = (TS*)out[1].data; TS* rstd_out = (TS*)out[2].data;"
-            body = f'''
-        double sum = 0.0;
-        for (int64_t c = 0; c < COLS; ++c) sum += to_f(a[c]);
-        const float mean = (float)(sum / (double)COLS);
-        double var = 0.0;
-        for (int64_t c = 0; c < COLS; ++c) {{ double d = to_f(a[c]) - mean; var += d * d; }}
-        const float rstd = 1.f / std::sqrt((float)(var / (double)COLS) + (float){i["eps"]!r});
-        for (int64_t c = 0; c < COLS; ++c) {{
-            float v = (to_f(a[c]) - mean) * rstd;
-            if (w) v *= to_f(w[c]);
-            if (b) v += to_f(b[c]);
-            o[c] = from_f<TO>(v);
-        }}
-        mean_out[r] = from_f<TS>(mean);
-        rstd_out[r] = from_f<TS>(rstd);'''
-        return CPU_COMMON + f'''
-{types}
-static const int64_t ROWS = {i["rows"]}, COLS = {i["cols"]};
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[{i["x"]}]) != ROWS * COLS || !forge_is_contiguous(&out[0])) return 2;
-    {inputs}
-    TO* y = (TO*)out[0].data;
-    {outs}
-#pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
-    for (int64_t r = 0; r < ROWS; ++r) {{
-        const TX* a = x + r * COLS;
-        TO* o = y + r * COLS;{body}
-    }}
-    return 0;
-}}
-'''
+            types = CPP.inline("ln_types", tx=ct[i["tin"]], tw=ct[i["tw"]], tb=ct[i["tb"]], to=ct[i["tout"]],
+                               ts=ct[i["tstat"]])
+            outs, body = CPP.inline("ln_outs"), CPP.inline("ln_body", eps=eps)
+        return CPU_COMMON + CPP.fill("entry", types=types, rows=i["rows"], cols=i["cols"], x=i["x"], inputs=inputs,
+                                     outs=outs, chunk=p["chunk"], body=body)
 
     # ---- CUDA --------------------------------------------------------------------------------------
     def _cuda(self, m: Match, p: dict) -> str:
         i = m.info
         tpr, rpb, vec = p["tpr"], p["rpb"], p["vec"]
         cols, rows = i["cols"], i["rows"]
-        nv = -(-cols // (tpr * vec))
-        nv1 = -(-cols // tpr)
-        blocks = -(-rows // rpb)
         ct = CTYPE
         if i["kind"] == "rms":
-            types = f"typedef {ct[i['tin']]} TX; typedef {ct[i['tw']]} TW; typedef {ct[i['tout']]} TO; typedef {ct[i['tmid']]} TM;"
+            types = CU.inline("rms_types", tx=ct[i["tin"]], tw=ct[i["tw"]], to=ct[i["tout"]], tm=ct[i["tmid"]])
             args = f"(const TX*)in[{i['x']}].data, (const TW*)in[{i['w']}].data, (TO*)out[0].data"
             kernel = "rms_norm_regs"
             ptrs = f"in[{i['x']}].data, in[{i['w']}].data, out[0].data"
             extra_t = "TM"
         else:
-            types = (f"typedef {ct[i['tin']]} TX; typedef {ct[i['tw']]} TW; typedef {ct[i['tb']]} TB; "
-                     f"typedef {ct[i['tout']]} TO; typedef {ct[i['tstat']]} TS;")
+            types = CU.inline("ln_types", tx=ct[i["tin"]], tw=ct[i["tw"]], tb=ct[i["tb"]], to=ct[i["tout"]],
+                              ts=ct[i["tstat"]])
             wp = f"(const TW*)in[{i['w']}].data" if i["w"] is not None else "(const TW*)nullptr"
             bp = f"(const TB*)in[{i['b']}].data" if i["b"] is not None else "(const TB*)nullptr"
             args = f"(const TX*)in[{i['x']}].data, {wp}, {bp}, (TO*)out[0].data, (TS*)out[1].data, (TS*)out[2].data"
@@ -221,113 +189,7 @@ FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor
                 (f", in[{i['b']}].data" if i["b"] is not None else "")
             extra_t = "TB, TS"
         checks = " && ".join(f"forge_aligned({q}, {vec} * 4)" for q in ptrs.split(", "))
-        tparams = f"TX, TW, {extra_t}, TO"
-        return CUDA_COMMON + KERNELS + f'''
-{types}
-static const int64_t ROWS = {rows};
-static const int COLS = {cols};
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (forge_numel(&in[{i["x"]}]) != ROWS * COLS || !forge_is_contiguous(&out[0])) return 2;
-    cudaStream_t s = (cudaStream_t)stream;
-    const bool aligned = {checks};
-    if (aligned) {kernel}<{tparams}, {tpr}, {rpb}, {vec}, {nv}><<<{blocks}, {tpr * rpb}, 0, s>>>({args}, ROWS, COLS, (float){i["eps"]!r});
-    else {kernel}<{tparams}, {tpr}, {rpb}, 1, {nv1}><<<{blocks}, {tpr * rpb}, 0, s>>>({args}, ROWS, COLS, (float){i["eps"]!r});
-    return (int)cudaGetLastError();
-}}
-'''
-
-
-KERNELS = r'''
-template <typename T, int VEC>
-__device__ __forceinline__ void load_or(const T* p, bool ok, float (&v)[VEC], float fill) {
-    if (ok) load_vec<T, VEC>(p, v);
-    else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = fill;
-    }
-}
-
-/* Hugging Face RMSNorm: y = w * cast<TM>(x * rsqrt(mean(x^2) + eps)), fp32 math. */
-template <typename TX, typename TW, typename TM, typename TO, int TPR, int RPB, int VEC, int NV>
-__global__ void __launch_bounds__(TPR * RPB) rms_norm_regs(const TX* __restrict__ x, const TW* __restrict__ w,
-                                                           TO* __restrict__ y, int64_t rows, int cols, float eps) {
-    __shared__ float scratch[RPB * (TPR / 32)];
-    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / TPR;
-    const int t = threadIdx.x % TPR;
-    const bool live = row < rows;
-    const TX* xr = x + (live ? row : 0) * (int64_t)cols;
-    float v[NV][VEC];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        load_or<TX, VEC>(xr + c, live && c < cols, v[k], 0.f);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) ss += v[k][j] * v[k][j];
-    }
-    ss = row_reduce<TPR, false>(ss, scratch);
-    const float rs = rsqrtf(ss / (float)cols + eps);
-    TO* yr = y + (live ? row : 0) * (int64_t)cols;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        if (live && c < cols) {
-            float wv[VEC], o[VEC];
-            load_vec<TW, VEC>(w + c, wv);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o[j] = wv[j] * round_to<TM>(v[k][j] * rs);
-            store_vec<TO, VEC>(yr + c, o);
-        }
-    }
-}
-
-/* LayerNorm: exact two-step mean and variance from registers; writes y, mean, rstd. */
-template <typename TX, typename TW, typename TB, typename TS, typename TO, int TPR, int RPB, int VEC, int NV>
-__global__ void __launch_bounds__(TPR * RPB) layer_norm_regs(const TX* __restrict__ x, const TW* __restrict__ w,
-                                                             const TB* __restrict__ b, TO* __restrict__ y,
-                                                             TS* __restrict__ mean_out, TS* __restrict__ rstd_out,
-                                                             int64_t rows, int cols, float eps) {
-    __shared__ float scratch[RPB * (TPR / 32)];
-    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / TPR;
-    const int t = threadIdx.x % TPR;
-    const bool live = row < rows;
-    const TX* xr = x + (live ? row : 0) * (int64_t)cols;
-    float v[NV][VEC];
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        load_or<TX, VEC>(xr + c, live && c < cols, v[k], 0.f);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += v[k][j];
-    }
-    const float mean = row_reduce<TPR, false>(sum, scratch) / (float)cols;
-    float var = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        if (live && c < cols) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) { const float d = v[k][j] - mean; var += d * d; }
-        }
-    }
-    var = row_reduce<TPR, false>(var, scratch) / (float)cols;
-    const float rstd = rsqrtf(var + eps);
-    TO* yr = y + (live ? row : 0) * (int64_t)cols;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        if (live && c < cols) {
-            float wv[VEC], bv[VEC], o[VEC];
-            if (w) load_vec<TW, VEC>(w + c, wv); else { for (int j = 0; j < VEC; ++j) wv[j] = 1.f; }
-            if (b) load_vec<TB, VEC>(b + c, bv); else { for (int j = 0; j < VEC; ++j) bv[j] = 0.f; }
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o[j] = (v[k][j] - mean) * rstd * wv[j] + bv[j];
-            store_vec<TO, VEC>(yr + c, o);
-        }
-    }
-    if (live && t == 0) { mean_out[row] = from_f<TS>(mean); rstd_out[row] = from_f<TS>(rstd); }
-}
-'''
+        return CUDA_COMMON + CUH.section("kernels") + CU.fill(
+            "entry", types=types, rows=rows, cols=cols, x=i["x"], checks=checks, kernel=kernel,
+            tparams=f"TX, TW, {extra_t}, TO", tpr=tpr, rpb=rpb, vec=vec, nv=-(-cols // (tpr * vec)), nv1=-(-cols // tpr),
+            blocks=-(-rows // rpb), threads=tpr * rpb, args=args, eps=f"(float){i['eps']!r}")

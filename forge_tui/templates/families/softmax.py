@@ -31,36 +31,38 @@ CUDA modes:
          items are the (max, sum) of piece p of row r and, AHEAD rows later in the order, the write
          of that piece, which waits for its row's statistics. New rows are read while finished ones
          are written, and the second read of a piece comes from L2 when AHEAD rows fit it.
+
+The CUDA code is in softmax.cuh (device) and softmax.cu (entry points), the C++ in softmax.cpp,
+the row layout's XROW macro in softmax_rows.h.
 """
 
 from __future__ import annotations
 
 from ...cards import Card
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
+from ...kernels.common import CPU_COMMON, CUDA_COMMON
+from ...kernels.device import DEFAULT_DEVICE, DeviceProps
+from ...kernels.family import Family, Match, header
+from ...kernels.launch import ring_launch, stream_counters, stream_ws_bytes, workspace_entry
+from ...kernels.source import KernelFile
 from ..base import (
     CTYPE,
     FLOAT_DTYPES,
-    Family,
-    Match,
     cluster_axes,
     cluster_fits,
     cluster_mode_ok,
-    header,
     numel,
     ring_cap,
-    ring_launch,
     ring_stash,
     stash_bytes,
     stream_ahead,
-    stream_counters,
-    stream_ws_bytes,
     vec_widths,
-    workspace_entry,
 )
-from ..cpu_common import COMMON as CPU_COMMON
-from ..cuda_common import COMMON as CUDA_COMMON
-from ..device import DEFAULT_DEVICE, DeviceProps
 
+CUH = KernelFile(__package__, "softmax.cuh")
+CU = KernelFile(__package__, "softmax.cu")
+CPP = KernelFile(__package__, "softmax.cpp")
+ROWS_H = KernelFile(__package__, "softmax_rows.h")
 TARGETS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
 
 
@@ -95,9 +97,9 @@ def row_layout(shape: list[int], stride: list[int], itemsize: int) -> tuple[tupl
 def _xrow_macro(xrows: tuple[tuple[int, int], ...]) -> str:
     """XROW(r): the element offset of input row r, as the kernels read it."""
     if len(xrows) == 1:
-        return f"#define XROW(r) ((int64_t)(r) * {xrows[0][1]}LL)\n"
+        return ROWS_H.fill("one", s0=xrows[0][1])
     (_, s0), (n1, s1) = xrows
-    return f"#define XROW(r) ((int64_t)(r) / {n1} * {s0}LL + (int64_t)(r) % {n1} * {s1}LL)\n"
+    return ROWS_H.fill("two", n1=n1, s0=s0, s1=s1)
 
 
 def _xrows(m: "Match") -> tuple[tuple[int, int], ...]:
@@ -297,644 +299,55 @@ class Softmax(Family):
         return head + self._cuda(m, p, device)
 
     def _cpu(self, m: Match, p: dict) -> str:
-        ti, to = CPU_CTYPE[m.info["tin"]], CPU_CTYPE[m.info["tout"]]
-        rows, cols, log = m.info["rows"], m.info["cols"], m.info["log"]
-        write = "xv - m - ls" if log else "exp_le0(xv - m) * inv"
-        return CPU_COMMON + CPU_EXP + _xrow_macro(_xrows(m)) + f'''
-typedef {ti} TI;
-typedef {to} TO;
-static const int64_t ROWS = {rows}, COLS = {cols};
-
-FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {{
-    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || {_x_check(m)}
-        || !forge_is_contiguous(&out[0])) return 2;
-    const TI* x = (const TI*)in[0].data;
-    TO* y = (TO*)out[0].data;
-#pragma omp parallel for schedule(static, {p["chunk"]}) if(ROWS * COLS >= PARALLEL_MIN)
-    for (int64_t r = 0; r < ROWS; ++r) {{
-        const TI* a = x + XROW(r);
-        TO* o = y + r * COLS;
-        float m = -INFINITY;
-        bool nan = false;
-#pragma omp simd reduction(max:m) reduction(||:nan)
-        for (int64_t c = 0; c < COLS; ++c) {{ const float v = to_f(a[c]); m = std::max(m, v); nan = nan || v != v; }}
-        if (nan || m == -INFINITY) m = NAN;  /* eager: a NaN anywhere, or a row of -inf, gives a row of NaN */
-        double s = 0.0;  /* many small terms after a large one: a float sum would drift */
-#pragma omp simd reduction(+:s)
-        for (int64_t c = 0; c < COLS; ++c) s += exp_le0(to_f(a[c]) - m);
-        {"const float ls = (float)std::log(s);" if log else "const float inv = (float)(1.0 / s);"}
-#pragma omp simd
-        for (int64_t c = 0; c < COLS; ++c) {{ const float xv = to_f(a[c]); o[c] = from_f<TO>({write}); }}
-    }}
-    return 0;
-}}
-'''
+        log = m.info["log"]
+        return CPU_COMMON + CPP.section("exp") + _xrow_macro(_xrows(m)) + CPP.fill(
+            "entry", ti=CPU_CTYPE[m.info["tin"]], to=CPU_CTYPE[m.info["tout"]], rows=m.info["rows"], cols=m.info["cols"],
+            x_check=_x_check(m), chunk=p["chunk"],
+            scale="const float ls = (float)std::log(s);" if log else "const float inv = (float)(1.0 / s);",
+            write="xv - m - ls" if log else "exp_le0(xv - m) * inv")
 
     def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
-        ti, to = CTYPE[m.info["tin"]], CTYPE[m.info["tout"]]
         rows, cols, log = m.info["rows"], m.info["cols"], "true" if m.info["log"] else "false"
         tpr, rpb, vec, segs = p["tpr"], p["rpb"], p["vec"], p["segs"]
         mode = p["mode"]
-        body = KERNELS
         if mode == "regs":
-            nv = -(-cols // (tpr * vec))
-            nv1 = -(-cols // tpr)
-            blocks = -(-rows // rpb)
-            launch = f'''
-    if (aligned) softmax_regs<TI, TO, {tpr}, {rpb}, {vec}, {nv}, {log}><<<{blocks}, {tpr * rpb}, 0, s>>>(x, y, ROWS, COLS);
-    else softmax_regs<TI, TO, {tpr}, {rpb}, 1, {nv1}, {log}><<<{blocks}, {tpr * rpb}, 0, s>>>(x, y, ROWS, COLS);'''
+            launch = CU.inline("regs", tpr=tpr, rpb=rpb, vec=vec, nv=-(-cols // (tpr * vec)), nv1=-(-cols // tpr),
+                               log=log, blocks=-(-rows // rpb), threads=tpr * rpb)
         elif mode == "online":
-            launch = f'''
-    if (aligned) softmax_online<TI, TO, {tpr}, {vec}, {log}><<<ROWS, {tpr}, 0, s>>>(x, y, COLS);
-    else softmax_online<TI, TO, {tpr}, 1, {log}><<<ROWS, {tpr}, 0, s>>>(x, y, COLS);'''
+            launch = CU.inline("online", tpr=tpr, vec=vec, log=log)
         elif mode == "cluster":
             cl = p["cl"]
             seg = cols // cl
-            nv = -(-seg // (tpr * vec))
-            nv1 = -(-seg // tpr)
-            launch = f'''
-    if (aligned) softmax_cluster<TI, TO, {cl}, {tpr}, {vec}, {nv}, {log}><<<ROWS * {cl}, {tpr}, 0, s>>>(x, y, COLS);
-    else softmax_cluster<TI, TO, {cl}, {tpr}, 1, {nv1}, {log}><<<ROWS * {cl}, {tpr}, 0, s>>>(x, y, COLS);'''
+            launch = CU.inline("cluster", cl=cl, tpr=tpr, vec=vec, nv=-(-seg // (tpr * vec)), nv1=-(-seg // tpr), log=log)
         elif mode == "stream":
-            ahead = p["ahead"]
-            piece = cols // segs
-            grid = device.sms * max(1, 1024 // tpr)
-            launch = f'''
-    if (ws_bytes < WS_BYTES) return 4;
-    float2* part = (float2*)workspace;
-{stream_counters("ROWS")}    const unsigned items = (unsigned)((ROWS + {ahead}) * {segs} * 2);
-    if (aligned) softmax_stream<TI, TO, {tpr}, {vec}, {segs}, {piece}, {ahead}, {log}><<<{grid}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);
-    else softmax_stream<TI, TO, {tpr}, 1, {segs}, {piece}, {ahead}, {log}><<<{grid}, {tpr}, 0, s>>>(x, y, part, done, ticket, (int)ROWS, items);'''
+            launch = CU.inline("stream", counters=stream_counters("ROWS"), ahead=p["ahead"], segs=segs, tpr=tpr, vec=vec,
+                               piece=cols // segs, log=log, grid=device.sms * max(1, 1024 // tpr))
         elif mode == "stash":
             cl, smem = p["cl"], stash_bytes(p["bps"], device)
             stash = min(cols // cl, smem // ITEMSIZE[m.info["tin"]]) // vec * vec
-            k_vec = f"softmax_stash<TI, TO, {cl}, {tpr}, {vec}, {log}>"
-            k_one = f"softmax_stash<TI, TO, {cl}, {tpr}, 1, {log}>"
-            launch = f'''
-    /* more than 48 KB of dynamic shared memory is opt-in, per kernel (set on every call: no state) */
-    if (aligned) {{
-        cudaFuncSetAttribute({k_vec}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});
-        {k_vec}<<<ROWS * {cl}, {tpr}, {smem}, s>>>(x, y, COLS, {stash});
-    }} else {{
-        cudaFuncSetAttribute({k_one}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem});
-        {k_one}<<<ROWS * {cl}, {tpr}, {smem}, s>>>(x, y, COLS, {stash});
-    }}'''
+            launch = CU.inline("stash", cl=cl, tpr=tpr, vec=vec, log=log, smem=smem, stash=stash)
         elif mode == "ring":
             cl = p["cl"]
             stash = ring_stash(cols // cl, ITEMSIZE[m.info["tin"]], tpr * vec, p["bps"], device)
             smem = stash * ITEMSIZE[m.info["tin"]]
             bulk = "true" if p.get("load", "bulk") == "bulk" else "false"
-            k_vec = f"softmax_ring<TI, TO, {cl}, {tpr}, {vec}, {log}, {bulk}>"
-            k_one = f"softmax_ring<TI, TO, {cl}, {tpr}, 1, {log}, false>"
-            args = f"x, y, COLS, {stash}, (int)ROWS"
-            launch = f"""
-    if (aligned && forge_aligned(x, 16))  /* bulk copies start on 16-byte boundaries */
-{ring_launch(k_vec, "ROWS", cl, tpr, smem, args)}    else
-{ring_launch(k_one, "ROWS", cl, tpr, smem, args)}"""
+            k_vec = CU.inline("ring_kernel", cl=cl, tpr=tpr, vec=vec, log=log, bulk=bulk)
+            k_one = CU.inline("ring_kernel", cl=cl, tpr=tpr, vec=1, log=log, bulk="false")
+            args = CU.inline("ring_args", stash=stash)
+            launch = CU.inline("ring", launch_vec=ring_launch(k_vec, "ROWS", cl, tpr, smem, args),
+                               launch_one=ring_launch(k_one, "ROWS", cl, tpr, smem, args))
         else:
             seg_len = -(-cols // segs)
             seg_len = -(-seg_len // vec) * vec
             rev = "true" if p.get("order", "reverse") == "reverse" else "false"
-            launch = f'''
-    if (ws_bytes < WS_BYTES) return 4;
-    float2* ws = (float2*)workspace;
-    if (aligned) {{
-        softmax_split_stats<TI, {tpr}, {vec}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
-        softmax_split_write<TI, TO, {tpr}, {vec}, {log}, {rev}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
-    }} else {{
-        softmax_split_stats<TI, {tpr}, 1><<<ROWS * {segs}, {tpr}, 0, s>>>(x, ws, COLS, {segs}, {seg_len});
-        softmax_split_write<TI, TO, {tpr}, 1, {log}, {rev}><<<ROWS * {segs}, {tpr}, 0, s>>>(x, y, ws, COLS, {segs}, {seg_len});
-    }}'''
+            launch = CU.inline("split", tpr=tpr, vec=vec, segs=segs, seg_len=seg_len, log=log, rev=rev)
         if mode == "split":
-            entry = (f"static const int64_t WS_BYTES = (int64_t)sizeof(float2) * {rows} * {segs};\n\n"
-                     + workspace_entry("WS_BYTES"))
+            opening = CU.inline("open_split", rows=rows, segs=segs, entry=workspace_entry("WS_BYTES"))
         elif mode == "stream":  # per piece (max, sum); a finished-pieces count per row; the ticket
-            entry = (stream_ws_bytes(f"(int64_t)sizeof(float2) * {rows} * {segs}", str(rows)) + "\n"
-                     + workspace_entry("WS_BYTES"))
+            opening = CU.inline("open_stream", entry=workspace_entry("WS_BYTES"),
+                                ws_bytes=stream_ws_bytes(f"(int64_t)sizeof(float2) * {rows} * {segs}", str(rows)))
         else:
-            entry = '''FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
-                              const forge_scalar* sc, int32_t n_sc, void* stream) {'''
-        return CUDA_COMMON + _xrow_macro(_xrows(m)) + body + f'''
-typedef {ti} TI;
-typedef {to} TO;
-static const int64_t ROWS = {rows};
-static const int COLS = {cols};
-
-{entry}
-    if (n_in != 1 || n_out != 1 || forge_numel(&in[0]) != ROWS * COLS || {_x_check(m)}
-        || !forge_is_contiguous(&out[0])) return 2;
-    const TI* x = (const TI*)in[0].data;
-    TO* y = (TO*)out[0].data;
-    cudaStream_t s = (cudaStream_t)stream;
-    const bool aligned = forge_aligned(x, {vec} * sizeof(TI)) && forge_aligned(y, {vec} * sizeof(TO));
-{launch}
-    return (int)cudaGetLastError();
-}}
-'''
-
-
-CPU_EXP = r'''
-/* e^x for x <= 0, without branches so that the compiler vectorises it (given the cpu builder's
-   -fno-trapping-math): Cody-Waite reduction to r in [-ln2/2, ln2/2], Cephes' single-precision
-   polynomial (within 2 ulp), scaled by 2^n through the exponent bits. 0 below -87.3 (where e^x
-   leaves the normal floats; -inf included); NaN stays NaN. */
-static inline float exp_le0(float x) {
-    const bool live = x >= -87.3f;
-    const float xs = live ? x : -87.3f;
-    const float n = std::floor(xs * 1.44269504088896341f + 0.5f);
-    const float r = (xs - n * 0.693359375f) + n * 2.12194440e-4f;
-    float q = 1.9875691500e-4f;
-    q = q * r + 1.3981999507e-3f;
-    q = q * r + 8.3334519073e-3f;
-    q = q * r + 4.1665795894e-2f;
-    q = q * r + 1.6666665459e-1f;
-    q = q * r + 5.0000001201e-1f;
-    const float e = q * r * r + r + 1.f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    const float z = live ? e * scale : 0.f;
-    return x != x ? x : z;
-}
-'''
-
-
-KERNELS = r'''
-#include <cooperative_groups.h>
-/* One pass: TPR threads own a row, each holding NV vectors of VEC elements in registers. */
-template <typename TI, typename TO, int TPR, int RPB, int VEC, int NV, bool LOG>
-__global__ void __launch_bounds__(TPR * RPB) softmax_regs(const TI* __restrict__ x, TO* __restrict__ y,
-                                                          int64_t rows, int cols) {
-    __shared__ float scratch[RPB * (TPR >= 32 ? TPR / 32 : 1)];
-    const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / TPR;
-    const int t = threadIdx.x % TPR;
-    const bool live = row < rows;
-    const TI* xr = x + XROW(live ? row : 0);
-    TO* yr = y + (live ? row : 0) * (int64_t)cols;
-    float v[NV][VEC];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        if (live && c < cols) {
-            load_vec<TI, VEC>(xr + c, v[k]);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k][j]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v[k][j] = -INFINITY;
-        }
-    }
-    m = row_reduce<TPR, true>(m, scratch);
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        if (live && c < cols) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) s += __expf(v[k][j] - m);
-        }
-    }
-    s = row_reduce<TPR, false>(s, scratch);
-    const float inv = 1.f / s, ls = logf(s);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * TPR + t) * VEC;
-        if (live && c < cols) {
-            float o[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[k][j] - m - ls) : __expf(v[k][j] - m) * inv;
-            store_vec<TO, VEC>(yr + c, o);
-        }
-    }
-}
-
-/* Running (max, sum) merged across threads. A -inf partial contributes nothing; a NaN partial (a
-   NaN seen in the row) makes the merge NaN: eager's softmax of a row holding a NaN is all NaN, and
-   the "nothing seen yet" -inf would otherwise drop it. */
-__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
-    if (m != m || m2 != m2) { m = s = NAN; return; }
-    if (m2 == -INFINITY) return;
-    if (m == -INFINITY) { m = m2; s = s2; return; }
-    const float M = fmaxf(m, m2);
-    s = s * __expf(m - M) + s2 * __expf(m2 - M);
-    m = M;
-}
-
-template <int VEC>
-__device__ __forceinline__ void ms_add(float& m, float& s, const float (&v)[VEC]) {
-    if (m != m) return;  /* a NaN seen: the row's result is NaN whatever follows */
-    float vm = v[0];
-    bool nan = v[0] != v[0];
-#pragma unroll
-    for (int j = 1; j < VEC; ++j) { vm = fmaxf(vm, v[j]); nan |= v[j] != v[j]; }
-    if (nan) { m = s = NAN; return; }
-    if (vm == -INFINITY) return;
-    if (vm > m) { s = (m == -INFINITY) ? 0.f : s * __expf(m - vm); m = vm; }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) s += __expf(v[j] - m);
-}
-
-template <int THREADS>
-__device__ __forceinline__ void block_ms(float& m, float& s) {
-    __shared__ float sm[32], ss[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        ms_merge(m, s, m2, s2);
-    }
-    if constexpr (THREADS > 32) {
-        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-        __syncthreads();
-        if (lane == 0) { sm[w] = m; ss[w] = s; }
-        __syncthreads();
-        m = lane < THREADS / 32 ? sm[lane] : -INFINITY;
-        s = lane < THREADS / 32 ? ss[lane] : 0.f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            ms_merge(m, s, m2, s2);
-        }
-    }
-}
-
-/* Two passes in one block per row: running max and sum, then the write. */
-template <typename TI, typename TO, int THREADS, int VEC, bool LOG>
-__global__ void __launch_bounds__(THREADS) softmax_online(const TI* __restrict__ x, TO* __restrict__ y, int cols) {
-    const TI* xr = x + XROW(blockIdx.x);
-    TO* yr = y + (int64_t)blockIdx.x * cols;
-    float m = -INFINITY, s = 0.f;
-    for (int c = threadIdx.x * VEC; c < cols; c += THREADS * VEC) {
-        float v[VEC];
-        load_vec<TI, VEC>(xr + c, v);
-        ms_add<VEC>(m, s, v);
-    }
-    block_ms<THREADS>(m, s);
-    if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
-    const float inv = 1.f / s, ls = logf(s);
-    for (int c = threadIdx.x * VEC; c < cols; c += THREADS * VEC) {
-        float v[VEC], o[VEC];
-        load_vec<TI, VEC>(xr + c, v);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
-        store_vec<TO, VEC>(yr + c, o);
-    }
-}
-
-/* Split rows: partial (max, sum) per segment, then merge and write per segment. */
-template <typename TI, int THREADS, int VEC>
-__global__ void __launch_bounds__(THREADS) softmax_split_stats(const TI* __restrict__ x, float2* __restrict__ ws,
-                                                               int cols, int segs, int seg_len) {
-    const int64_t row = blockIdx.x / segs;
-    const int seg = blockIdx.x % segs;
-    const TI* xr = x + XROW(row);
-    const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
-    float m = -INFINITY, s = 0.f;
-#pragma unroll 4
-    for (int c = c0 + threadIdx.x * VEC; c < c1; c += THREADS * VEC) {
-        float v[VEC];
-        load_vec<TI, VEC>(xr + c, v);
-        ms_add<VEC>(m, s, v);
-    }
-    block_ms<THREADS>(m, s);
-    if (threadIdx.x == 0) ws[blockIdx.x] = make_float2(m, s);
-}
-
-template <typename TI, typename TO, int THREADS, int VEC, bool LOG, bool REVERSE>
-__global__ void __launch_bounds__(THREADS) softmax_split_write(const TI* __restrict__ x, TO* __restrict__ y,
-                                                               const float2* __restrict__ ws, int cols, int segs,
-                                                               int seg_len) {
-    const int64_t b = REVERSE ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int64_t row = b / segs;
-    const int seg = (int)(b % segs);
-    /* warp 0 merges the row's partials, a lane per partial (a serial loop over them would wait on
-       one load at a time), and hands the result to the block */
-    __shared__ float2 merged;
-    if (threadIdx.x < 32) {
-        float m = -INFINITY, s = 0.f;
-        for (int k = threadIdx.x; k < segs; k += 32) {
-            const float2 p = ws[row * segs + k];
-            ms_merge(m, s, p.x, p.y);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            ms_merge(m, s, m2, s2);
-        }
-        if (threadIdx.x == 0) merged = make_float2(m, s);
-    }
-    __syncthreads();
-    const float m = merged.x;
-    float s = merged.y;
-    if (m == -INFINITY) s = NAN;
-    const float inv = 1.f / s, ls = logf(s);
-    const TI* xr = x + XROW(row);
-    TO* yr = y + row * cols;
-    const int c0 = seg * seg_len, c1 = min(cols, c0 + seg_len);
-    for (int c = c0 + threadIdx.x * VEC; c < c1; c += THREADS * VEC) {
-        float v[VEC], o[VEC];
-        load_vec<TI, VEC>(xr + c, v);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
-        store_vec<TO, VEC>(yr + c, o);
-    }
-}
-
-/* One pass over rows too long for one block: a cluster of CL blocks per row, each holding its
-   COLS/CL columns in registers; partial max, then partial sums, meet in distributed shared memory. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, int NV, bool LOG>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS)
-softmax_cluster(const TI* __restrict__ x, TO* __restrict__ y, int cols) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    __shared__ float scratch[THREADS >= 32 ? THREADS / 32 : 1];
-    __shared__ float part[2];
-    const int rank = (int)cluster.block_rank();
-    const int64_t row = blockIdx.x / CL;
-    const int seg = cols / CL;
-    const TI* xr = x + XROW(row) + (int64_t)rank * seg;
-    TO* yr = y + row * (int64_t)cols + (int64_t)rank * seg;
-    const int t = threadIdx.x;
-    float v[NV][VEC];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * THREADS + t) * VEC;
-        if (c < seg) {
-            load_vec<TI, VEC>(xr + c, v[k]);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k][j]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v[k][j] = -INFINITY;
-        }
-    }
-    m = row_reduce<THREADS, true>(m, scratch);
-    if (t == 0) part[0] = m;
-    cluster.sync();
-    m = -INFINITY;
-#pragma unroll
-    for (int r = 0; r < CL; ++r) m = fmaxf(m, *cluster.map_shared_rank(&part[0], r));
-    float s = 0.f;
-    if (m != -INFINITY) {
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) s += __expf(v[k][j] - m);
-    }
-    s = row_reduce<THREADS, false>(s, scratch);
-    if (t == 0) part[1] = s;
-    cluster.sync();
-    s = 0.f;
-#pragma unroll
-    for (int r = 0; r < CL; ++r) s += *cluster.map_shared_rank(&part[1], r);
-    cluster.sync();  /* no block leaves while another may still read its shared memory */
-    if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
-    const float inv = 1.f / s, ls = logf(s);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int c = (k * THREADS + t) * VEC;
-        if (c < seg) {
-            float o[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[k][j] - m - ls) : __expf(v[k][j] - m) * inv;
-            store_vec<TO, VEC>(yr + c, o);
-        }
-    }
-}
-
-/* One DRAM read of a long row: a cluster of CL blocks per row, block `rank` owning the segment
-   [rank * seg, (rank + 1) * seg). Pass A streams the segment, keeping its first `stash` elements
-   in shared memory, with a running (max, sum) per thread; the block's partial goes to the cluster
-   through distributed shared memory. Pass B writes from the stash (the rest re-read, from L2). */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS)
-softmax_stash(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    extern __shared__ __align__(16) unsigned char stash_raw[];
-    TI* keep = reinterpret_cast<TI*>(stash_raw);
-    __shared__ float2 part;
-    __shared__ float2 merged;
-    const int rank = (int)cluster.block_rank();
-    const int64_t row = blockIdx.x / CL;
-    const int seg = cols / CL;
-    const TI* xr = x + XROW(row) + (int64_t)rank * seg;
-    TO* yr = y + row * (int64_t)cols + (int64_t)rank * seg;
-    float m = -INFINITY, s = 0.f;
-#pragma unroll 4
-    for (int c = threadIdx.x * VEC; c < seg; c += THREADS * VEC) {
-        const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(xr + c);
-        if (c < stash) *reinterpret_cast<Vec<TI, VEC>*>(keep + c) = raw;
-        float v[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
-        ms_add<VEC>(m, s, v);
-    }
-    block_ms<THREADS>(m, s);
-    if (threadIdx.x == 0) part = make_float2(m, s);
-    cluster.sync();
-    if (threadIdx.x < 32) {
-        m = -INFINITY;
-        s = 0.f;
-        if (threadIdx.x < CL) {
-            const float2 q = *cluster.map_shared_rank(&part, (int)threadIdx.x);
-            m = q.x;
-            s = q.y;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            ms_merge(m, s, m2, s2);
-        }
-        if (threadIdx.x == 0) merged = make_float2(m, s);
-    }
-    __syncthreads();
-    m = merged.x;
-    s = merged.y;
-    if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
-    const float inv = 1.f / s, ls = logf(s);
-#pragma unroll 4
-    for (int c = threadIdx.x * VEC; c < seg; c += THREADS * VEC) {
-        const Vec<TI, VEC> raw = c < stash ? *reinterpret_cast<const Vec<TI, VEC>*>(keep + c)
-                                           : *reinterpret_cast<const Vec<TI, VEC>*>(xr + c);
-        float o[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            const float v = to_f(raw.v[j]);
-            o[j] = LOG ? (v - m - ls) : __expf(v - m) * inv;
-        }
-        store_vec<TO, VEC>(yr + c, o);
-    }
-    cluster.sync();  /* no block leaves while another may still read its shared memory */
-}
-
-/* One DRAM read, persistent: the cluster of CL blocks numbered cid walks rows cid, cid + clusters,
-   ...; block `rank` owns segment [rank * seg, (rank + 1) * seg) of each and keeps its first
-   `stash` elements in shared memory, in chunks of one vector per thread (thread t's element of
-   chunk c: c * THREADS * VEC + t * VEC). BULK: one thread loads each chunk with a bulk copy
-   counted on the chunk's mbarrier, and the statistics of a chunk start as soon as it lands; once
-   the block has written its chunks (the stores drain while the loads run), a barrier, then the
-   next row's chunks are requested. Otherwise (inputs not on 16-byte boundaries) each thread
-   stages its own elements with cp.async as it writes them. The cluster's (max, sum) partials
-   alternate between two buffers by round (a block can publish round r + 1 while another still
-   reads round r, never r + 2: the cluster barrier waits for every block). Elements past the stash
-   are read twice, the second time from L2. */
-template <typename TI, typename TO, int CL, int THREADS, int VEC, bool LOG, bool BULK>
-__global__ void __launch_bounds__(THREADS)
-softmax_ring(const TI* __restrict__ x, TO* __restrict__ y, int cols, int stash, int rows) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    constexpr int CE = THREADS * VEC;  /* elements a chunk */
-    extern __shared__ __align__(16) unsigned char stash_raw[];
-    TI* keep = reinterpret_cast<TI*>(stash_raw);
-    __shared__ __align__(8) uint64_t bar[BULK ? RING_MAX_CHUNKS : 1];
-    __shared__ float2 part[2];
-    __shared__ float2 merged;
-    const int rank = (int)cluster.block_rank();
-    const int clusters = (int)(gridDim.x / CL), cid = (int)(blockIdx.x / CL);
-    const int seg = cols / CL, nc = stash / CE;
-    const int64_t seg0 = (int64_t)rank * seg;
-    const int t = threadIdx.x;
-    ring_start<TI, VEC, CE, BULK>(keep, bar, x + XROW(cid) + seg0, nc, stash, cid < rows);
-    int round = 0;
-    for (int row = cid; row < rows; row += clusters, round ^= 1) {
-        const TI* xr = x + XROW(row) + seg0;
-        TO* yr = y + (int64_t)row * cols + seg0;
-        float m = -INFINITY, s = 0.f;
-        if constexpr (!BULK) stage_wait();
-        for (int c = 0; c < nc; ++c) {
-            if constexpr (BULK) bulk_wait(&bar[c], (unsigned)round);
-            const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c * CE + t * VEC);
-            float v[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v[j] = to_f(raw.v[j]);
-            ms_add<VEC>(m, s, v);
-        }
-        for (int c = stash + t * VEC; c < seg; c += CE) {
-            float v[VEC];
-            load_vec<TI, VEC>(xr + c, v);
-            ms_add<VEC>(m, s, v);
-        }
-        block_ms<THREADS>(m, s);
-        if (t == 0) part[round] = make_float2(m, s);
-        cluster.sync();
-        if (t < 32) {
-            m = -INFINITY;
-            s = 0.f;
-            if (t < CL) {
-                const float2 q = *cluster.map_shared_rank(&part[round], t);
-                m = q.x;
-                s = q.y;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-                ms_merge(m, s, m2, s2);
-            }
-            if (t == 0) merged = make_float2(m, s);
-        }
-        __syncthreads();
-        m = merged.x;
-        s = merged.y;
-        if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
-        const float inv = 1.f / s, ls = logf(s);
-        const int next = row + clusters;
-        const TI* xn = x + XROW(next) + seg0;  /* dereferenced only when next < rows */
-#pragma unroll 4
-        for (int c = t * VEC; c < stash; c += CE) {
-            const Vec<TI, VEC> raw = *reinterpret_cast<const Vec<TI, VEC>*>(keep + c);
-            float o[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                const float v = to_f(raw.v[j]);
-                o[j] = LOG ? (v - m - ls) : __expf(v - m) * inv;
-            }
-            store_vec<TO, VEC>(yr + c, o);
-            /* the store above consumed the element's value: its read is complete before the
-               element is overwritten */
-            if constexpr (!BULK) { if (next < rows) stage_vec<TI, VEC>(keep + c, xn + c); }
-        }
-        ring_refill<TI, CE, BULK>(keep, bar, xn, nc, next < rows);
-        for (int c = stash + t * VEC; c < seg; c += CE) {
-            float v[VEC], o[VEC];
-            load_vec<TI, VEC>(xr + c, v);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
-            store_vec<TO, VEC>(yr + c, o);
-        }
-    }
-    cluster.sync();  /* no block leaves while another may still read its shared memory */
-}
-
-/* Ordered work items (decode_item in the common code): units are rows, the second phase writes
-   a piece AHEAD rows after its statistics. */
-template <typename TI, typename TO, int THREADS, int VEC, int SEGS, int PIECE, int AHEAD, bool LOG>
-__global__ void __launch_bounds__(THREADS)
-softmax_stream(const TI* __restrict__ x, TO* __restrict__ y, float2* __restrict__ part, unsigned* done,
-               unsigned* ticket, int rows, unsigned items) {
-    __shared__ unsigned s_item[2];
-    __shared__ float2 merged;
-    const int t = threadIdx.x;
-    /* the next item's ticket is taken while this one runs (its atomic's latency off the path) */
-    if (t == 0) s_item[0] = atomicAdd(ticket, 1u);
-    __syncthreads();
-    for (int cur = 0;; cur ^= 1) {
-        WorkItem wi;
-        if (!take_item<SEGS, AHEAD>(s_item, cur, ticket, items, rows, wi)) return;
-        const int row = wi.unit, piece = wi.piece;
-        const bool stats = wi.stats;
-        if (row < 0) {
-            __syncthreads();  /* the next ticket is in s_item[cur ^ 1] for everyone */
-            continue;
-        }
-        const TI* xr = x + XROW(row) + (int64_t)piece * PIECE;
-        if (stats) {
-            float m = -INFINITY, s = 0.f;
-#pragma unroll 4
-            for (int c = t * VEC; c < PIECE; c += THREADS * VEC) {
-                float v[VEC];
-                load_vec<TI, VEC>(xr + c, v);
-                ms_add<VEC>(m, s, v);
-            }
-            block_ms<THREADS>(m, s);
-            if (t == 0) {
-                part[(int64_t)row * SEGS + piece] = make_float2(m, s);
-                count_piece(done + row);
-            }
-            __syncthreads();
-        } else {
-            if (t == 0) wait_pieces(done + row, SEGS);
-            __syncthreads();
-            if (t < 32) {
-                float m = -INFINITY, s = 0.f;
-                for (int k = t; k < SEGS; k += 32) {
-                    const float2 q = __ldcg(part + (int64_t)row * SEGS + k);
-                    ms_merge(m, s, q.x, q.y);
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-                    ms_merge(m, s, m2, s2);
-                }
-                if (t == 0) merged = make_float2(m, s);
-            }
-            __syncthreads();
-            const float m = merged.x;
-            float s = merged.y;
-            if (m == -INFINITY) s = NAN;  /* a row of -inf: eager gives NaN */
-            const float inv = 1.f / s, ls = logf(s);
-            TO* yr = y + (int64_t)row * (SEGS * PIECE) + (int64_t)piece * PIECE;
-#pragma unroll 4
-            for (int c = t * VEC; c < PIECE; c += THREADS * VEC) {
-                float v[VEC], o[VEC];
-                load_vec<TI, VEC>(xr + c, v);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) o[j] = LOG ? (v[j] - m - ls) : __expf(v[j] - m) * inv;
-                store_vec<TO, VEC>(yr + c, o);
-            }
-        }
-    }
-}
-'''
+            opening = CU.inline("open")
+        return CUDA_COMMON + _xrow_macro(_xrows(m)) + CUH.section("kernels") + CU.fill(
+            "entry", ti=CTYPE[m.info["tin"]], to=CTYPE[m.info["tout"]], rows=rows, cols=cols, opening=opening,
+            x_check=_x_check(m), vec=vec, launch=launch)

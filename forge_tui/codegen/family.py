@@ -27,11 +27,14 @@ import json
 import threading
 from collections import OrderedDict
 
-from ...cards import Card
-from ...codegen import Unsupported, analyze
-from ...codegen.emit_common import math_modes
-from ...codegen.emit_cpu import emit_cpu
-from ...codegen.emit_cuda import (
+from ..cards import Card
+from ..kernel_abi import ITEMSIZE
+from ..kernels.device import DEFAULT_DEVICE, DeviceProps
+from ..kernels.family import Family, Match, header
+from .analyze import Unsupported, analyze
+from .emit_common import math_modes
+from .emit_cpu import emit_cpu
+from .emit_cuda import (
     cached_loads,
     emit_cuda,
     fold_gains,
@@ -43,11 +46,8 @@ from ...codegen.emit_cuda import (
     tile_steps,
     vec_ok,
 )
-from ...codegen.index import Index
-from ...codegen.ir import FLOATS, Kernel
-from ...kernel_abi import ITEMSIZE
-from ..base import Family, Match, header
-from ..device import DEFAULT_DEVICE, DeviceProps
+from .index import Index
+from .ir import FLOATS, Kernel
 
 TPRS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 RPBS = [1, 2, 4, 8, 16, 32, 64]
@@ -145,7 +145,7 @@ class Generated(Family):
         return list(hit)
 
     def _folds(self, k: Kernel) -> list[int]:
-        """1, and the ways of folding a row (see codegen.emit_cuda._flat) that read fewer vectors an
+        """1, and the ways of folding a row (see emit_cuda.flat) that read fewer vectors an
         element at some vector width."""
         hit = k.memo.get("folds")
         if hit is None:
@@ -224,7 +224,7 @@ class Generated(Family):
 
     @staticmethod
     def _valid_tiles(k: Kernel, p: dict, device: DeviceProps) -> bool:
-        """A tiles grid (see codegen.emit_cuda._tiles): ``bps`` blocks of ``tpr`` threads on every
+        """A tiles grid (see emit_cuda.tiles): ``bps`` blocks of ``tpr`` threads on every
         SM at once (a cooperative launch), each step of the grid a whole number of the layout's
         periods, every row's threads in a block known, what is cached within the SM's memory."""
         lay = tile_layout(k)

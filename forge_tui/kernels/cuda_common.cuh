@@ -1,6 +1,9 @@
-"""Code shared by every CUDA template: dtype conversion, vector access, row reductions."""
+/* Device code every CUDA candidate starts with (forge_tui/kernels/common.py): dtype conversion,
+   vector loads and stores, warp and row reductions, asynchronous and bulk copies for the ring
+   modes, and the ordered work items of the stream modes. */
 
-COMMON = r'''
+//@section common
+
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -209,4 +212,3 @@ __device__ __forceinline__ void wait_pieces(unsigned* done, unsigned n) {
     while (atomicAdd(done, 0u) < n) __nanosleep(64);
     __threadfence();
 }
-'''

@@ -1,6 +1,8 @@
-"""Code shared by every CPU template: half-precision storage types and their conversions."""
+/* Code every C++ (cpu backend) candidate starts with (forge_tui/kernels/common.py): the
+   half-precision storage types and their conversions, branch-free exp and tanh. */
 
-COMMON = r'''
+//@section common
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -70,4 +72,3 @@ static inline float fg_tanhf(float x) {
 /* Below this many elements a parallel region costs more than it saves (two OpenMP runtimes, the
    candidate's and PyTorch's, share the cores). */
 static const int64_t PARALLEL_MIN = 1 << 16;
-'''
