@@ -141,8 +141,9 @@ def test_the_compile_baseline_names_what_its_ratio_divides(evaluators, cards):
     ("copy_input.cpp", "identity", {"copy_of_input"}),                        # 6
     ("overfit_range.cpp", "softmax", {"mismatch"}),                           # 7
     ("cache_by_pointer.cpp", "softmax", {"mismatch"}),                        # 8
+    ("memo_fingerprint.cpp", "softmax", {"state"}),                           # 8: near-duplicate inputs
     ("batch_and_skip.cpp", "softmax", {"unwritten"}),                         # 9
-    ("background_thread.cpp", "softmax", {"unwritten"}),                      # 11
+    ("background_thread.cpp", "softmax", {"threads", "unwritten"}),           # 11: its thread is counted
     ("downcast_bf16.cpp", "softmax", {"mismatch"}),                           # 15
 ])
 def test_cheats_fail_at_run_time_even_without_static_checks(evaluators, cards, filename, which, expected):
@@ -162,6 +163,8 @@ def test_pointer_cache_is_caught_once_the_contents_change(evaluators, cards):
 @pytest.mark.parametrize("filename, rule", [
     ("cache_by_pointer.cpp", "no-state"),
     ("batch_and_skip.cpp", "no-state"),
+    ("memo_fingerprint.cpp", "no-state"),
+    ("descriptor_slot.cpp", "no-state"),
     ("background_thread.cpp", "no-threads"),
     ("timer_patch.cpp", "no-loading"),          # 12
     ("torch_fallback.cpp", "no-pytorch"),       # 14
@@ -242,12 +245,13 @@ def test_profiler_unavailable_on_cpu(evaluators, cards):
 
 
 def test_every_candidate_gets_a_fresh_process_that_dies_with_it(evaluators, cards):
-    """background_thread.cpp writes into its output buffer 30 ms after returning. It is rejected,
-    its process is gone (nothing of it can reach the next candidate's buffers), the judge lives on,
-    and the next candidate runs in a process of its own."""
+    """background_thread.cpp writes into its output buffer 30 ms after returning, from a thread of
+    its own. It is rejected (the thread is counted once the call returns), its process is gone
+    (nothing of it can reach the next candidate's buffers), the judge lives on, and the next
+    candidate runs in a process of its own."""
     ev = evaluators["softmax"]
     r = run(evaluators, cards, "softmax", "background_thread.cpp", static_checks=False)
-    assert r.status == "rejected" and r.failure in {"unwritten", "late_writes"}, r.reason
+    assert r.status == "rejected" and r.failure in {"threads", "unwritten", "late_writes"}, r.reason
     judge = ev.worker.proc.pid
     with pytest.raises(ProcessLookupError):
         os.kill(r.runner_pid, 0)

@@ -187,6 +187,9 @@ class Accused:
         self._w: int | None = None
         self._r: int | None = None
         self._stopped = False
+        self.base_tasks: int | None = None
+        """Threads of the runner before the candidate's library was loaded (its own, and on CUDA
+        the driver's): what the candidate's own are counted against."""
 
     # ---- buffers ----------------------------------------------------------------------------
     def _views(self, base) -> None:
@@ -278,6 +281,7 @@ class Accused:
         self._views(base)
         self._request(b"A", payload, "setup")
         self._request(b"D", self._descriptor_table(), "setup")
+        self.base_tasks = self.task_count()
         return self
 
     def _descriptor_table(self) -> bytes:
@@ -342,6 +346,12 @@ class Accused:
                                         f"{MAX_WORKSPACE_BYTES} allowed")
         return n
 
+    def set_threads(self, n: int) -> bool:
+        """The OpenMP team size of the candidate's next calls (``omp_set_num_threads`` in the
+        runner); False where the library has no OpenMP runtime (its calls use one thread)."""
+        reply = self._request(b"T", struct.pack("<i", n), "setup")
+        return bool(struct.unpack("<i", reply[:4])[0])
+
     def give_workspace(self, nbytes: int) -> None:
         """One workspace of ``nbytes`` per input set (a batch's calls each get a poisoned one)."""
         per = max(nbytes, 1)
@@ -376,8 +386,14 @@ class Accused:
         return rc, dt
 
     # ---- freezing ---------------------------------------------------------------------------
-    def freeze(self) -> None:
-        """Stop every thread of the runner; returns once the kernel reports it stopped."""
+    STOPPED_STATES = frozenset("TtZX")
+    """A thread's state in /proc/PID/task/TID/stat that runs no code: stopped (by a signal or a
+    tracer), or exited."""
+
+    def freeze(self, verify_s: float = 1.0) -> None:
+        """Stop every thread of the runner; returns once the kernel reports each one stopped (the
+        group stop covers every thread of the process, those the candidate started included, and
+        each is checked in /proc; one still running after ``verify_s`` is the harness's error)."""
         if self.proc is None or self._stopped:
             return
         try:
@@ -385,7 +401,44 @@ class Accused:
             os.waitpid(self.proc.pid, os.WUNTRACED)
             self._stopped = True
         except (ProcessLookupError, ChildProcessError):
-            pass
+            return
+        deadline = time.monotonic() + verify_s
+        while True:
+            running = {tid: st for tid, st in self.thread_states().items() if st not in self.STOPPED_STATES}
+            if not running:
+                return
+            if time.monotonic() > deadline:
+                raise CandidateProcessError("harness", f"threads {sorted(running)} of the candidate's process did not "
+                                            f"stop (states {sorted(set(running.values()))}) when it was frozen")
+            time.sleep(0.001)
+
+    def thread_states(self) -> dict[int, str]:
+        """Each thread of the runner and its state letter (R running, S sleeping, T stopped...);
+        empty where the kernel does not say."""
+        out: dict[int, str] = {}
+        if self.proc is None:
+            return out
+        try:
+            tids = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/stat") as fh:
+                    # "tid (comm) S ...": the command may hold spaces and parentheses
+                    out[int(tid)] = fh.read().rpartition(")")[2].split()[0]
+            except (OSError, IndexError, ValueError):
+                continue  # the thread exited meanwhile
+        return out
+
+    def task_count(self) -> int | None:
+        """The runner's threads now (its /proc task list), None where the kernel does not say."""
+        if self.proc is None:
+            return None
+        try:
+            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+        except OSError:
+            return None
 
     def cpu_ns(self) -> int | None:
         """CPU time the runner's threads have used so far (ns), or None where the kernel does not

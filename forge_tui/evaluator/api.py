@@ -47,6 +47,9 @@ class EvalOptions:
     seed: int | None = None
     random_sets: int | None = None
     compile_baseline: bool | Literal["auto"] = "auto"
+    near_duplicates: int = 6
+    """Calls on near-duplicate inputs (each one element apart from the one before, then the first
+    again) that show a kernel keeping state across calls; 0 skips them."""
 
 
 def resolve_backend(name: str) -> str:
@@ -148,6 +151,7 @@ class Evaluator:
             options=JudgeOptions(seed=opt.seed, random_sets=opt.random_sets or self.cfg.random_sets,
                                  timing=opt.timing, compile_baseline=opt.compile_baseline,
                                  adversarial=opt.adversarial, call_timeout_s=self.cfg.run_timeout_s,
+                                 near_duplicates=opt.near_duplicates,
                                  confinement=self.cfg.confinement, landlock=self.cfg.landlock))
         body = self.worker.run(request.model_dump(mode="json"))
         result.update({k: v for k, v in body.items() if k != "seconds"})

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..cards import Card
 from ..compare import compare, tolerance
-from ..inputs import DISTRIBUTIONS, adversarial_inputs, fresh_inputs_into, random_inputs, sample_inputs
+from ..inputs import DISTRIBUTIONS, adversarial_inputs, fresh_inputs_into, near_duplicates, random_inputs, sample_inputs
 from ..kernel_abi import card_scalars
 from ..program import bind_program, compile_source, first_compiled_call, run_program, run_program_float64
 from ..quiet import Calibration, Verdict, profile_reason, spread_reason
@@ -283,7 +283,35 @@ class Evaluation:
         rc, ns = self.acc.call()
         if rc != 0:
             raise CandidateFailure("returned_error", f"forge_launch returned {rc}" + (f" in {where}" if where else ""))
+        self.check_threads(where)
         return ns
+
+    CUDA_DRIVER_THREADS = 2
+    """Threads the CUDA driver may start in the runner once a candidate launches (beside those it
+    started at initialisation, before the candidate was loaded)."""
+
+    def allowed_threads(self) -> int | None:
+        """The threads the candidate's process may run: the runner's own (and the driver's) before
+        the library was loaded, and an OpenMP team of ``threads``; None where the kernel does not
+        count them."""
+        base = self.acc.base_tasks
+        if base is None:
+            return None
+        return base + max(self.threads - 1, 0) + (self.CUDA_DRIVER_THREADS if self.device == "cuda" else 0)
+
+    def check_threads(self, where: str) -> None:
+        """Refuses a candidate whose process runs threads of its own beyond its OpenMP team: a thread
+        left running (a burner) could slow eager while eager is timed, and its work would not be
+        the call's. The runner is frozen (every thread of it) while eager runs; this makes the rule
+        one a user can read."""
+        allowed, now = self.allowed_threads(), self.acc.task_count()
+        if allowed is None or now is None or now <= allowed:
+            return
+        raise CandidateFailure("threads", (f"{where}: " if where else "") +
+                               f"the candidate's process runs {now} threads where it may run {allowed} (the "
+                               f"runner's own and an OpenMP team of {self.threads}): a candidate may not start "
+                               "threads of its own (they could run while eager is timed)",
+                               {"threads": now, "allowed": allowed})
 
     def check_outputs(self, where: str, ins: list, outs: list, expected: list, nonfinite: str = "exact",
                       poison: int | None = None, pristine: list | Callable[[], list] | None = None) -> None:
@@ -478,6 +506,47 @@ class Evaluation:
         degenerate = all(self._constant_passes(e) for e in expected)
         off = max(self.eager_off.get(name, 0), self.eager_off.get(name + " (second run)", 0))
         return {"name": name, "ok": True, "determinism": determinism, "degenerate": degenerate, "eager_off": off}
+
+    def check_state(self) -> dict:
+        """Does every output reflect its own input, whatever came before? Calls on near-duplicate
+        inputs (``inputs.near_duplicates``: each one element apart from the one before, at a
+        random place, then the first again), each checked against the reference for its own input.
+        A kernel that keeps results from earlier calls (a memo keyed on a few sampled elements, a
+        pointer, a call count) returns a stale one here, and is rejected as keeping state across
+        calls: in a model, a KV cache grown by one token is such a near-duplicate. Fresh inputs
+        for every timed call make such a memo useless for timing; this makes it visible."""
+        steps = self.opt.near_duplicates
+        if steps <= 0:
+            return {"calls": 0}
+        base = random_inputs(self.card, self.device, seed=self.seed + 4999, draw=0)
+        seq = near_duplicates(self.card, base, steps, random.Random(self.seed + 31))
+        returned: list[list] = []
+        for j, (ins, what) in enumerate(seq):
+            self.phase("correctness")
+            where = f"near-duplicate input {j + 1} of {len(seq)} ({what})"
+            expected = self.reference(ins)
+            self._write_inputs(ins)
+            self.call(j % 2, where)
+            outs = self.acc.outputs
+            try:
+                self.check_outputs(where, self.acc.inputs, outs, expected, poison=j % 2, pristine=ins)
+            except CandidateFailure as fail:
+                earlier = self._stale_source(outs, returned) if fail.kind in ("mismatch", "constant") else None
+                if earlier is None:
+                    raise
+                raise CandidateFailure("state", f"{where}: keeps state across calls: it returned the output of call "
+                                       f"{earlier + 1} of the sequence, for an input that differs from this one",
+                                       {**fail.detail, "where": where, "stale_call": earlier + 1}) from None
+            returned.append([o.clone() for o in outs])
+        return {"calls": len(seq)}
+
+    @staticmethod
+    def _stale_source(outs: list, returned: list[list]) -> int | None:
+        """The latest earlier call whose outputs these are (within tolerance), or None."""
+        for j in range(len(returned) - 1, -1, -1):
+            if all(compare(o, p, k, scale=_rms(p)) is None for k, (o, p) in enumerate(zip(outs, returned[j]))):
+                return j
+        return None
 
     @staticmethod
     def _constant_passes(e) -> bool:
@@ -748,6 +817,7 @@ class Evaluation:
             timer = self._timer()
             self.acc.measure_overhead(max(11, self.tcfg.repeats), before=timer.prepare)
             self.acc.load()
+            self.check_threads("once loaded")
             if self.acc.needs_workspace:
                 self.acc.give_workspace(self.acc.size_workspace())
             self.phase("correctness")
@@ -756,9 +826,10 @@ class Evaluation:
                 self.phase("correctness")  # one heartbeat per set: the client's limit is per set
                 results.append(self.check_set(name, ins))
                 self.sets_passed.append(name)
+            state = self.check_state()
             correctness = {"sets": results, "seed": self.seed,
                            "degenerate_card": bool(results) and all(r["degenerate"] for r in results),
-                           "scalars": [[s.name, s.value] for s in self.scalars]}
+                           "scalars": [[s.name, s.value] for s in self.scalars], "state_calls": state["calls"]}
             timing = self.time(ceil) if do_timing else None
             confinement = dict(self.acc.confined)
         self.phase("done")

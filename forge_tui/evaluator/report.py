@@ -31,6 +31,9 @@ def format_result(r: EvalResult) -> str:
                          f"{f', {s.eager_off} elements where eager is off the float64 result' if s.eager_off else ''})"
                          for s in c.sets)
         lines.append(f"  correct on: {sets}")
+        if c.state_calls:
+            lines.append(f"  no state kept across calls: {c.state_calls} calls on near-duplicate inputs, each "
+                         "output its own input's")
     t = r.timing
     if t:
         lines.append(f"  time: candidate {t.candidate.median:.2f} µs (spread {100 * t.candidate.spread:.1f}%), "

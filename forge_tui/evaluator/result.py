@@ -84,6 +84,9 @@ class Correctness(_Part):
     seed: int | None = None
     degenerate_card: bool = False
     scalars: list[list[Any]] = Field(default_factory=list)
+    state_calls: int = 0
+    """Calls on near-duplicate inputs (each one element apart from the one before, then the first
+    again), every output checked against its own input's: none returned an earlier call's."""
 
 
 class TimeStats(_Part):
