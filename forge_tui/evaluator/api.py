@@ -6,7 +6,8 @@ Result ``status``:
   passed        correct on every input set and timed (see ``speedup_vs_eager``)
   rejected      a static rule, a correctness check, or an impossible time (``failure``, ``reason``)
   build_failed  the compiler refused it (``build.diagnostics``)
-  noisy         correct on every input set, but the machine was too busy to trust the timing
+  noisy         correct on every input set, but the speedup could not be trusted: its interval
+                stayed wide, or the load changed during the measurement
                 (``timing.noisy_reasons``); no speedup is claimed
   crash         it killed its own process (segfault, abort, illegal memory access, forbidden call)
   timeout       it stopped making progress (endless loop, hang)
