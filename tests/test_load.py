@@ -45,8 +45,8 @@ class ScriptedRunner:
         self.batch_outputs = [[buf(s) for s in card.outputs] for _ in range(sets)]
         self.inputs, self.outputs = self.batch_inputs[0], self.batch_outputs[0]
         self.workspace, self.needs_workspace, self.confined = None, False, {}
-        self.overhead_ns = [int(OVERHEAD_US * 1000)] * 11
-        self.base_tasks, self.proc = 1, None
+        self.overhead_ns = self.overhead_cpu_ns = [int(OVERHEAD_US * 1000)] * 11
+        self.base_tasks, self.proc, self.cpu = 1, None, 0
         self.frozen, self.thread_requests = False, []
 
     def call(self, first: int = 0, count: int = 1) -> tuple[int, int]:
@@ -54,7 +54,9 @@ class ScriptedRunner:
         for k in range(first, first + count):
             for o, r in zip(self.batch_outputs[k], run_program(self.card.program, self.batch_inputs[k])):
                 o.copy_(r)
-        return 0, int((OVERHEAD_US + count * self.script.candidate()) * 1000)
+        ns = int((OVERHEAD_US + count * self.script.candidate()) * 1000)
+        self.cpu += ns  # its threads' CPU time: the same as its round trip here
+        return 0, ns
 
     def freeze(self) -> None:
         self.frozen = True
@@ -63,7 +65,7 @@ class ScriptedRunner:
         self.frozen = False
 
     def cpu_ns(self) -> int:
-        return 0
+        return self.cpu
 
     def task_count(self) -> int:
         return 1
@@ -172,15 +174,17 @@ def test_steady_heavy_load_delays_the_verdict_and_does_not_deny_it(seed):
 
 def test_a_busy_machine_times_both_sides_on_one_thread():
     """A calibration workload slower than max_slowdown x its best (or more threads ready to run than
-    CPUs) has eager and the candidate timed on one thread each, and says why; the judge's torch
-    gets its threads back afterwards."""
+    CPUs) has eager and the candidate timed on one thread each, on the CPU time the kernel counts
+    for them (a call to the runner waits for it to be scheduled, eager in the judge never does),
+    and says why; the judge's torch gets its threads back afterwards."""
     before = torch.get_num_threads()
     ev, t = timed(Script(lambda r: (30.0, 20.0)), calibration_us=151.0, threads=2)  # best 100, max_slowdown 1.5
-    assert t["protocol"]["threads"] == 1 and ev.acc.thread_requests == [1]
+    assert t["protocol"]["threads"] == 1 and ev.acc.thread_requests == [1] and t["protocol"]["clock"] == "cpu"
     assert "one thread each" in t["threads_note"] and "ran 1.5x slower than its best" in t["threads_note"]
-    assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before and t["speedup_vs_eager"]["median"] == pytest.approx(1.5)
     ev, t = timed(Script(lambda r: (30.0, 20.0)), calibration_us=149.0, threads=2)  # within the threshold
     assert t["protocol"]["threads"] == 2 and ev.acc.thread_requests == [] and t["threads_note"] is None
+    assert t["protocol"]["clock"] == "wall"
 
 
 def test_threads_ready_to_run_beyond_the_cpus_make_the_machine_busy(monkeypatch):

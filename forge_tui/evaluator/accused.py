@@ -173,6 +173,8 @@ class Accused:
         self.needs_workspace = False
         self.confined: dict = {}
         self.overhead_ns: list[int] = []
+        self.overhead_cpu_ns: list[int] = []
+        """The runner's CPU time (its threads', as the kernel accounts it) for an empty request."""
         self.inputs: list = []
         """Set 0's inputs (the correctness checks use this set); ``batch_inputs[k]`` is set k's."""
         self.outputs: list = []
@@ -312,6 +314,20 @@ class Accused:
             self._request(b"E", b"", "setup")
             out.append(time.perf_counter_ns() - t0)
         self.overhead_ns = out
+        # the same request on the runner's CPU clock, read while it is frozen before and after (as
+        # a call timed on that clock is): what a busy machine's samples subtract
+        cpu = []
+        for _ in range(n):
+            self.freeze()
+            c0 = self.cpu_ns()
+            self.thaw()
+            self._request(b"E", b"", "setup")
+            self.freeze()
+            c1 = self.cpu_ns()
+            self.thaw()
+            if c0 is not None and c1 is not None:
+                cpu.append(c1 - c0)
+        self.overhead_cpu_ns = cpu
         return out
 
     def load(self) -> None:
@@ -442,7 +458,9 @@ class Accused:
 
     def cpu_ns(self) -> int | None:
         """CPU time the runner's threads have used so far (ns), or None where the kernel does not
-        say. Used to prove that a frozen runner did not run."""
+        say. Used to prove that a frozen runner did not run, and as the candidate's clock on a busy
+        machine. The kernel brings a thread's count up to date when it leaves the CPU: read it
+        while the runner is frozen."""
         if self.proc is None:
             return None
         total = 0

@@ -201,6 +201,9 @@ class Evaluation:
         """The input sets found correct so far (a failure names the ones before it)."""
         self._free_bytes: int | None = None
         self._last_beat = time.monotonic()
+        self.clock = "wall"
+        """What timing reads: "wall" (the host clock), or "cpu" on a busy CPU (the kernel's count of
+        the CPU time eager's thread and the runner's threads used: ``Evaluation.time``)."""
 
     def sample_target_us(self) -> float:
         """How long one timed sample of the candidate should last: ``batch_us``, at least 2 ms on
@@ -605,12 +608,13 @@ class Evaluation:
 
     def _one(self, timer: Timer, fn: Callable[[], object], what: str = "") -> float:
         """One baseline sample (µs) of ``what`` ("eager", "compile" or "empty") on the timer's
-        protocol."""
+        protocol, or on the CPU clock of this thread (``clock`` "cpu")."""
         if self.device == "cuda":
             return timer._one_cuda(fn)
-        t0 = time.perf_counter_ns()
+        now = time.thread_time_ns if self.clock == "cpu" else time.perf_counter_ns
+        t0 = now()
         fn()
-        return (time.perf_counter_ns() - t0) / 1000.0
+        return (now() - t0) / 1000.0
 
     def floor_us(self, ceil: dict) -> float:
         """The card's roofline floor on this device (µs)."""
@@ -688,8 +692,14 @@ class Evaluation:
                 self.state["compiled"][self.card.id] = (None, compile_note)
                 compiled = None
         tiny = torch.zeros(1, device=self.device)
-        ov = Stats.from_samples([x / 1000.0 for x in acc.overhead_ns])
-        runner_overhead, runner_res = ov.median, ov.q3 - ov.q1
+
+        def overhead() -> tuple[float, float]:
+            """The runner's empty round trip on the clock in use: (median, inter-quartile range)."""
+            ns = acc.overhead_cpu_ns if self.clock == "cpu" else acc.overhead_ns
+            ov = Stats.from_samples([x / 1000.0 for x in ns])
+            return ov.median, ov.q3 - ov.q1
+
+        runner_overhead, runner_res = overhead()
         gen = torch.Generator(self.device).manual_seed(self.seed + 104729)
 
         def run_eagers(box: list) -> None:
@@ -721,13 +731,20 @@ class Evaluation:
                 acc.freeze()
                 cal_before = cal.measure()
                 busy = self.busy(cal, cal_before, max_slowdown)
-                if busy and self.device == "cpu" and threads > 1:
-                    threads = 1
-                    torch.set_num_threads(1)
-                    acc.thaw()  # a frozen runner answers no request
-                    acc.set_threads(1)
-                    acc.freeze()
-                    threads_note = f"eager and the candidate timed on one thread each: {busy[0]}"
+                if busy and self.device == "cpu" and self.clock == "wall" and acc.overhead_cpu_ns:
+                    # one thread each, on the CPU clock: an oversubscribed machine's parallel region
+                    # waits for its slowest thread, and a call to the runner for the runner to be
+                    # scheduled, which eager (in this process) never does; CPU time counts neither
+                    if threads > 1:
+                        threads = 1
+                        torch.set_num_threads(1)
+                        acc.thaw()  # a frozen runner answers no request
+                        acc.set_threads(1)
+                        acc.freeze()
+                    self.clock = "cpu"
+                    runner_overhead, runner_res = overhead()
+                    threads_note = ("eager and the candidate timed on one thread each, on the CPU time the kernel "
+                                    f"counts for them: {busy[0]}")
                 raw: dict[str, list[float]] = {"candidate": [], "eager": [], "empty": []}
                 if compiled is not None:
                     raw["compile"] = []
@@ -766,6 +783,11 @@ class Evaluation:
                     timer.prepare()
                     rc, ns = acc.call(0, K)
                     acc.freeze()
+                    if self.clock == "cpu":
+                        cpu2 = acc.cpu_ns()
+                        if cpu1 is None or cpu2 is None:
+                            raise CandidateProcessError("harness", "the runner's CPU time could not be read")
+                        ns = cpu2 - cpu1  # the runner's threads' CPU time from its thaw to its freeze
                     landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs[:K]]
                     if rc != 0:
                         raise CandidateFailure("returned_error", f"forge_launch returned {rc} in timed run {i}")
@@ -875,7 +897,8 @@ class Evaluation:
             "runner_cpu_while_frozen_ns": ran_while_frozen,
             "protocol": {**timer.describe(), "warmup": warmup, "repeats": repeats, "blocks": 2,
                          "samples": check.n, "min_samples": least, "max_samples": most,
-                         "calls_per_sample": K, "threads": threads, "fresh_inputs_every_run": True,
+                         "calls_per_sample": K, "threads": threads, "clock": self.clock,
+                         "fresh_inputs_every_run": True,
                          "outputs_checked_every_timed_run": True,
                          "speedup": "median of the paired ratios, eager's sample over the candidate's taken "
                                     "right after it; samples added until its 95% interval is within "
@@ -894,7 +917,10 @@ class Evaluation:
         import torch
 
         if self.device == "cpu":
-            torch.set_num_threads(self.threads)
+            # the judge's own work (references, comparisons) on one thread where more threads are
+            # ready to run than there are CPUs: a parallel op there waits for its slowest thread
+            host = oversubscription()
+            torch.set_num_threads(1 if host is not None and host > 1.0 else self.threads)
         self.phase("load")
         limit = self.opt.call_timeout_s
         self._acc = Accused(Path(self.runner), self.library, self.card.inputs, self.card.outputs, self.scalars,
