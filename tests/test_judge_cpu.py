@@ -263,3 +263,28 @@ def test_landlock_confines_what_the_runner_can_read(softmax, tmp_path):
     with Evaluator(ev.store, tmp_path, off, backend="cpu") as without:
         r = without.evaluate(card, (CPU / "read_outside.cpp").read_text(), EvalOptions(static_checks=False, timing=False))
     assert r.status == "passed", r.reason
+
+
+def test_a_busy_machines_clock_counts_the_work_of_threads_that_exited(tmp_path):
+    """On a busy machine the candidate is timed on its process's CPU time (a call's wait for the
+    runner to be scheduled is not the candidate's). That clock counts every thread's time, those
+    that exited included: work_in_a_thread.cpp hands 20 ms of CPU time to a thread it starts and
+    joins within the call, gone by the time threads are counted, and the call still costs them."""
+    from judge_helpers import softmax_card
+
+    from forge_tui.evaluator.accused import Accused, runner_executable
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.kernel_abi import card_scalars
+
+    card = softmax_card(rows=4, cols=64)
+    lib = Builder("cpu", tmp_path).build((CPU / "work_in_a_thread.cpp").read_text())
+    assert lib.ok, lib.reason
+    acc = Accused(runner_executable(tmp_path), str(lib.library), card.inputs, card.outputs, card_scalars(card.program),
+                  "cpu", threads=1, call_limit_s=30.0, confinement="off")
+    with acc:
+        acc.measure_overhead(5)
+        assert acc.overhead_cpu_ns and max(acc.overhead_cpu_ns) < 5_000_000
+        acc.load()
+        used, rc = acc.timed_call(acc.call)
+        assert rc == 0 and used is not None and used >= 20_000_000, used
+        assert acc.task_count() == acc.base_tasks  # the thread is gone

@@ -46,7 +46,7 @@ class ScriptedRunner:
         self.inputs, self.outputs = self.batch_inputs[0], self.batch_outputs[0]
         self.workspace, self.needs_workspace, self.confined = None, False, {}
         self.overhead_ns = self.overhead_cpu_ns = [int(OVERHEAD_US * 1000)] * 11
-        self.base_tasks, self.proc, self.cpu = 1, None, 0
+        self.base_tasks, self.proc = 1, None
         self.frozen, self.thread_requests = False, []
 
     def call(self, first: int = 0, count: int = 1) -> tuple[int, int]:
@@ -54,9 +54,13 @@ class ScriptedRunner:
         for k in range(first, first + count):
             for o, r in zip(self.batch_outputs[k], run_program(self.card.program, self.batch_inputs[k])):
                 o.copy_(r)
-        ns = int((OVERHEAD_US + count * self.script.candidate()) * 1000)
-        self.cpu += ns  # its threads' CPU time: the same as its round trip here
-        return 0, ns
+        return 0, int((OVERHEAD_US + count * self.script.candidate()) * 1000)
+
+    def timed_call(self, call):
+        """The runner's CPU time for the call: its round trip here."""
+        rc, ns = call()
+        self.freeze()
+        return ns, rc
 
     def freeze(self) -> None:
         self.frozen = True
@@ -65,7 +69,7 @@ class ScriptedRunner:
         self.frozen = False
 
     def cpu_ns(self) -> int:
-        return self.cpu
+        return 0
 
     def task_count(self) -> int:
         return 1

@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..kernel_abi import DTYPE_CODES, HEADER, HEADER_DIR, MAX_DIMS, MAX_WORKSPACE_BYTES, ForgeTensor
 from ..tensorstore import storage_extent
@@ -39,6 +40,12 @@ RUNNER_SOURCE = Path(__file__).resolve().parent / "runner.c"
 ALIGN = 256
 MAX_SETS = 64
 _BUILD_LOCK = threading.Lock()
+
+
+def process_cpu_clock(pid: int) -> int:
+    """The clock id of a process's CPU time (what ``clock_getcpuclockid`` returns): every thread's,
+    those that exited included, as the kernel counts it, up to date when read."""
+    return ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
 
 
 class CandidateProcessError(Exception):
@@ -174,7 +181,8 @@ class Accused:
         self.confined: dict = {}
         self.overhead_ns: list[int] = []
         self.overhead_cpu_ns: list[int] = []
-        """The runner's CPU time (its threads', as the kernel accounts it) for an empty request."""
+        """The runner's CPU time for an empty request (``timed_call``); empty where the kernel does
+        not say."""
         self.inputs: list = []
         """Set 0's inputs (the correctness checks use this set); ``batch_inputs[k]`` is set k's."""
         self.outputs: list = []
@@ -314,21 +322,59 @@ class Accused:
             self._request(b"E", b"", "setup")
             out.append(time.perf_counter_ns() - t0)
         self.overhead_ns = out
-        # the same request on the runner's CPU clock, read while it is frozen before and after (as
-        # a call timed on that clock is): what a busy machine's samples subtract
+        # the same request on the runner's CPU clock (``timed_call``): what a busy machine's
+        # samples subtract
         cpu = []
         for _ in range(n):
             self.freeze()
-            c0 = self.cpu_ns()
             self.thaw()
-            self._request(b"E", b"", "setup")
-            self.freeze()
-            c1 = self.cpu_ns()
-            self.thaw()
-            if c0 is not None and c1 is not None:
-                cpu.append(c1 - c0)
-        self.overhead_cpu_ns = cpu
+            ns, _ = self.timed_call(lambda: (0, self._exchange_ns(b"E", b"", "setup")))
+            if ns is not None:
+                cpu.append(ns)
+        self.thaw()
+        self.overhead_cpu_ns = cpu if len(cpu) == n else []
         return out
+
+    def _exchange_ns(self, op: bytes, payload: bytes, phase: str) -> int:
+        t0 = time.perf_counter_ns()
+        self._request(op, payload, phase)
+        return time.perf_counter_ns() - t0
+
+    def timed_call(self, call: Callable[[], tuple[int, int]]) -> tuple[int | None, int]:
+        """``call()`` -> (the CPU time the runner's process used meanwhile, ns, or None where the
+        kernel does not say; its return code). On a busy machine a round trip waits for the runner
+        to be scheduled, and the reply for the judge to be, while eager, in the judge, never waits
+        so: CPU time counts neither. It is every thread's, those that exited included (work handed
+        to a short-lived thread is counted), as the kernel counts it (the candidate cannot change
+        it). The runner must be thawed, and is left frozen."""
+        self.wait_asleep()
+        c0 = self.process_cpu_ns()
+        rc, _ = call()
+        c1 = self.process_cpu_ns()
+        self.freeze()
+        if c0 is None or c1 is None:
+            return None, rc
+        return c1 - c0, rc
+
+    def wait_asleep(self, limit_s: float = 1.0) -> None:
+        """Waits until the runner's calling thread sleeps on its pipe (a thawed runner runs a
+        moment before it does), so that a CPU clock read now counts nothing of that."""
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.thread_states().get(self.proc.pid) in ("S", "D", None):
+                return
+            time.sleep(0)
+
+    def process_cpu_ns(self) -> int | None:
+        """The runner's process CPU time so far (ns; ``process_cpu_clock``), or None."""
+        if self.proc is None:
+            return None
+        try:
+            return time.clock_gettime_ns(process_cpu_clock(self.proc.pid))
+        except OSError:
+            return None
 
     def load(self) -> None:
         """Confine the runner, then load the library (its constructors run inside the cage)."""
@@ -458,11 +504,14 @@ class Accused:
 
     def cpu_ns(self) -> int | None:
         """CPU time the runner's threads have used so far (ns), or None where the kernel does not
-        say. Used to prove that a frozen runner did not run, and as the candidate's clock on a busy
-        machine. The kernel brings a thread's count up to date when it leaves the CPU: read it
-        while the runner is frozen."""
+        say (its process CPU clock; else the sum over its live threads' schedstat, which the kernel
+        brings up to date when a thread leaves the CPU). Used to prove that a frozen runner did not
+        run."""
         if self.proc is None:
             return None
+        now = self.process_cpu_ns()
+        if now is not None:
+            return now
         total = 0
         try:
             for tid in os.listdir(f"/proc/{self.proc.pid}/task"):

@@ -202,8 +202,8 @@ class Evaluation:
         self._free_bytes: int | None = None
         self._last_beat = time.monotonic()
         self.clock = "wall"
-        """What timing reads: "wall" (the host clock), or "cpu" on a busy CPU (the kernel's count of
-        the CPU time eager's thread and the runner's threads used: ``Evaluation.time``)."""
+        """What timing reads: "wall" (the host clock), or "cpu" on a busy CPU (the CPU time the kernel
+        counts for eager's thread and for the runner's process: ``Evaluation.time``)."""
 
     def sample_target_us(self) -> float:
         """How long one timed sample of the candidate should last: ``batch_us``, at least 2 ms on
@@ -608,7 +608,7 @@ class Evaluation:
 
     def _one(self, timer: Timer, fn: Callable[[], object], what: str = "") -> float:
         """One baseline sample (µs) of ``what`` ("eager", "compile" or "empty") on the timer's
-        protocol, or on the CPU clock of this thread (``clock`` "cpu")."""
+        protocol, or on this thread's CPU clock (``clock`` "cpu": eager runs on this thread then)."""
         if self.device == "cuda":
             return timer._one_cuda(fn)
         now = time.thread_time_ns if self.clock == "cpu" else time.perf_counter_ns
@@ -732,9 +732,10 @@ class Evaluation:
                 cal_before = cal.measure()
                 busy = self.busy(cal, cal_before, max_slowdown)
                 if busy and self.device == "cpu" and self.clock == "wall" and acc.overhead_cpu_ns:
-                    # one thread each, on the CPU clock: an oversubscribed machine's parallel region
-                    # waits for its slowest thread, and a call to the runner for the runner to be
-                    # scheduled, which eager (in this process) never does; CPU time counts neither
+                    # one thread each, on CPU clocks: an oversubscribed machine's parallel region waits
+                    # for its slowest thread, and a call to the runner for the runner to be scheduled
+                    # (and its reply for the judge), which eager, in this process, never does; CPU
+                    # time counts neither
                     if threads > 1:
                         threads = 1
                         torch.set_num_threads(1)
@@ -744,7 +745,7 @@ class Evaluation:
                     self.clock = "cpu"
                     runner_overhead, runner_res = overhead()
                     threads_note = ("eager and the candidate timed on one thread each, on the CPU time the kernel "
-                                    f"counts for them: {busy[0]}")
+                                    f"counts for them (not the time they waited for a CPU): {busy[0]}")
                 raw: dict[str, list[float]] = {"candidate": [], "eager": [], "empty": []}
                 if compiled is not None:
                     raw["compile"] = []
@@ -781,13 +782,14 @@ class Evaluation:
                     if acc.workspace is not None:
                         acc.workspace.fill_(WORKSPACE_POISON[i % 2])
                     timer.prepare()
-                    rc, ns = acc.call(0, K)
-                    acc.freeze()
                     if self.clock == "cpu":
-                        cpu2 = acc.cpu_ns()
-                        if cpu1 is None or cpu2 is None:
+                        used, rc = acc.timed_call(functools.partial(acc.call, 0, K))
+                        if used is None:
                             raise CandidateProcessError("harness", "the runner's CPU time could not be read")
-                        ns = cpu2 - cpu1  # the runner's threads' CPU time from its thaw to its freeze
+                        ns = used
+                    else:
+                        rc, ns = acc.call(0, K)
+                    acc.freeze()
                     landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs[:K]]
                     if rc != 0:
                         raise CandidateFailure("returned_error", f"forge_launch returned {rc} in timed run {i}")
