@@ -43,6 +43,9 @@ MEMO_FORMS = [
     ("extern \"C\" initialiser", source('extern "C" float memo[4096] = {};'), "global variable memo is writable"),
     ("descriptor slot", source(body="    out[0].shape[7] = (int64_t)malloc(64);"),
      "writes out[0].shape[7]: the forge_tensor descriptors are the runner's own"),
+    ("descriptor slot through a local pointer", source(body="    forge_tensor* o = &out[0];\n    forge_tensor* p = o;\n"
+                                                             "    p->stride[7] = 1;"),
+     "writes p->stride[7]: the forge_tensor descriptors are the runner's own"),
     ("descriptor slot through a cast", source(body="    ((forge_tensor*)in)[0].stride[7] = 1;"),
      "casts the const away from the forge_tensor descriptors"),
     ("scalar slot", source(body="    const_cast<forge_scalar*>(sc)[0].reserved = 1;"),
@@ -93,6 +96,8 @@ def test_what_cannot_change_or_is_the_calls_own_is_not_state():
         "extern \"C\" int helper(int);\n",
         "    forge_tensor view = in[0];\n"
         "    view.shape[0] = 1; view.ndim = 1;\n"
+        "    const forge_tensor* x = &in[0];\n"
+        "    int64_t rows = x->shape[0];\n"
         "    static const int steps = 3;\n"
         "    float* y = (float*)out[0].data;\n"
         "    y[0] = twice(TABLE[0]);")

@@ -326,6 +326,30 @@ def _descriptor_params(fn, src: bytes) -> dict[str, str]:
     return out
 
 
+def _descriptor_aliases(body, src: bytes, params: dict[str, str]) -> None:
+    """Adds to ``params`` the local pointers and references to descriptors that a function sets
+    from them (``forge_tensor* o = &out[0]``), and theirs in turn."""
+    decls = [d for d in _walk(body) if d.type == "declaration"]
+    for _ in range(3):
+        grew = False
+        for d in decls:
+            head = _text(src, d).split("=")[0]
+            kind = next((k for k in DESCRIPTOR_FIELDS if re.search(rf"\b{k}\b", head)), None)
+            if kind is None or ("*" not in head and "&" not in head):
+                continue
+            for c in d.children:
+                if c.type != "init_declarator":
+                    continue
+                name = _declarator_name(c.child_by_field_name("declarator"), src)
+                value = c.child_by_field_name("value")
+                used = {_text(src, i) for i in _walk(value) if i.type == "identifier"} if value is not None else set()
+                if name and name not in params and used & set(params):
+                    params[name] = kind
+                    grew = True
+        if not grew:
+            return
+
+
 def _root_identifier(node, src: bytes) -> str | None:
     """The variable an lvalue expression starts from: ``out`` in ``out[0].shape[7]``."""
     while node is not None:
@@ -402,7 +426,9 @@ def state_findings(root, src: bytes) -> list[Finding]:
             params = _descriptor_params(n, src)
             if not params:
                 continue
-            for m in _walk(n.child_by_field_name("body") or n):
+            body = n.child_by_field_name("body") or n
+            _descriptor_aliases(body, src, params)
+            for m in _walk(body):
                 if m.type == "assignment_expression":
                     target = m.child_by_field_name("left")
                 elif m.type == "update_expression":
