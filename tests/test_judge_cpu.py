@@ -111,6 +111,15 @@ def test_a_thread_of_the_candidates_own_is_counted_and_refused(softmax):
     assert "runs 2 threads where it may run 1" in r.reason and "may not start threads" in r.reason
 
 
+def test_an_openmp_team_started_by_a_constructor_is_refused_once_loaded(softmax):
+    """omp_constructor.cpp starts an OpenMP team of four when its library is loaded, beyond the
+    team of one the evaluator's thread count allows: refused before its first call, with the
+    reason."""
+    r = evaluate(softmax, "omp_constructor.cpp")
+    assert r.status == "rejected" and r.failure == "threads", r.reason
+    assert r.reason.startswith("once loaded: the candidate's process runs 4 threads where it may run 1"), r.reason
+
+
 def test_a_frozen_runner_has_every_thread_stopped(tmp_path):
     """The runner is frozen (SIGSTOP) while eager is timed: every thread of it, its OpenMP team
     included, is stopped then (each one's state in /proc), uses no CPU, and runs again once
