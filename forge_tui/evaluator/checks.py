@@ -647,8 +647,11 @@ class Evaluation:
         ``max_samples``, until that median's 95% interval (``timing.median_interval``, free of any
         assumption on the distribution) is within ``max_spread`` of it. On the CPU a busy machine
         (the calibration workload slow, or more threads ready to run than CPUs) has eager and the
-        candidate timed on one thread each: a parallel region waits for its slowest thread, which
-        on an oversubscribed machine waits for a CPU, and samples would measure the scheduler.
+        candidate timed on one thread each, on the CPU time the kernel counts (eager's thread's; the
+        runner's process's, every thread's, those that exited included: ``Accused.timed_call``): a
+        parallel region waits for its slowest thread, which on an oversubscribed machine waits for a
+        CPU, and a call to the runner waits for the runner to be scheduled, which eager, in this
+        process, never does; on the wall clock samples would measure the scheduler.
         ``noisy`` remains for a ratio whose interval never tightens, or that moves between the
         first and the second half of the samples (the load changed during the measurement), after
         ``noisy_retries`` more attempts; a busy calibration, spreads and an eager slower than its
@@ -723,6 +726,8 @@ class Evaluation:
 
         threads, threads_note = self.threads, None
         torch_threads = torch.get_num_threads() if self.device == "cpu" else None
+        if torch_threads is not None:
+            torch.set_num_threads(threads)  # eager on as many threads as the candidate's OpenMP team
         self.phase("timing")
         attempts: list[dict] = []
         try:
