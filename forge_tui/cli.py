@@ -304,6 +304,19 @@ def cmd_reject(args) -> int:
     return 0
 
 
+def _status_line(card: str, e) -> str:
+    """One promoted kernel's line: whatever its evidence holds (an entry promoted without a
+    measured speedup says so instead of failing to format it)."""
+    state = "on" if e.enabled else f"switched off: {e.disabled_reason or 'no reason recorded'}"
+    if e.compile_disabled_reason:
+        state += f"; under torch.compile off: {e.compile_disabled_reason}"
+    if e.graph_disabled_reason:
+        state += f"; in CUDA graphs off: {e.graph_disabled_reason}"
+    sp = e.evidence.speedup_vs_eager
+    speed = f"{sp:.3f}x eager" if isinstance(sp, (int, float)) else "no measured speedup"
+    return f"{card}: {e.evidence.node} {speed}, approved by {e.approved_by} at {e.approved_at}; {state}"
+
+
 def cmd_status(args) -> int:
     from .promotion import manifest
     from .runtime.status import format_status, read_status
@@ -314,13 +327,7 @@ def cmd_status(args) -> int:
     if not man.entries:
         print(f"no promoted kernels in {ws.root} (forge approve promotes them)")
     for card, e in sorted(man.entries.items()):
-        state = "on" if e.enabled else f"switched off: {e.disabled_reason}"
-        if e.compile_disabled_reason:
-            state += f"; under torch.compile off: {e.compile_disabled_reason}"
-        if e.graph_disabled_reason:
-            state += f"; in CUDA graphs off: {e.graph_disabled_reason}"
-        print(f"{card}: {e.evidence.node} {e.evidence.speedup_vs_eager:.3f}x eager, approved by {e.approved_by} "
-              f"at {e.approved_at}; {state}")
+        print(_status_line(card, e))
     live = read_status(ws.root)
     if live is not None:
         print(format_status(live))

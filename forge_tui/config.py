@@ -38,16 +38,23 @@ class TimingConfig(_Section):
     """CPU threads for eager PyTorch, torch.compile and a candidate's OpenMP (the cpu backend);
     0 means every core this process may run on. Stated in every timing result."""
     max_spread: float = Field(0.15, gt=0)
-    """A comparison is trusted only when each side's inter-quartile range is within this fraction
-    of its median (or within twice the timer's resolution)."""
+    """The evaluator trusts a speedup once the 95% interval of its paired ratios' median is within
+    this fraction of the median (and the ratio did not move during the measurement); the profiler
+    trusts a time whose inter-quartile range is within this fraction of its median (or within
+    twice the timer's resolution)."""
     batch_us: float = Field(200.0, gt=0)
     """Small cards are timed in samples of several calls, each on its own fresh inputs, back to
     back, so that one sample lasts about this long (at most 64 calls)."""
     max_slowdown: float = Field(1.5, gt=1)
-    """A comparison is trusted only when the calibration workload runs within this factor of its
-    best time and eager PyTorch within this factor of the card's profiled time."""
+    """The machine is busy when the calibration workload runs slower than this factor of its best
+    time: the profiler then distrusts its times, and the evaluator times eager and the candidate on
+    one thread each (the cpu backend) and samples until the speedup is certain."""
     noisy_retries: int = Field(2, ge=0)
-    """Timing attempts repeated when the machine looks busy, before the result is called noisy."""
+    """Timing attempts repeated when a speedup could not be trusted (its interval stayed wide, or
+    the load changed during the measurement), before the result is called noisy."""
+    max_samples: int = Field(160, ge=1)
+    """Paired samples an evaluation takes at most, an attempt: from 2 x repeats, more (in steps of
+    repeats / 2) while the speedup's interval is wider than ``max_spread``."""
 
 
 class ProfileConfig(_Section):

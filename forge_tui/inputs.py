@@ -125,6 +125,93 @@ def fresh_inputs_into(card: Card, tensors: list, gen, draw: int) -> None:
             t.copy_(_draw_values(spec, shape, gen, draw, cast=False))
 
 
+# ---- near-duplicate inputs ----------------------------------------------------------------------
+
+def _same(a, b) -> bool:
+    """Whether two one-element tensors hold the same bits (NaN payloads included)."""
+    import torch
+
+    if a.is_floating_point():
+        as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[a.element_size()]
+        return bool(a.view(as_int) == b.view(as_int))
+    return bool(a == b)
+
+
+def change_one_element(t, rng) -> tuple[int, ...] | None:
+    """Change one element of ``t`` in place, at a place drawn from ``rng`` (a ``random.Random``),
+    to another value the tensor already holds elsewhere, so that its domain holds (indices stay in
+    range, masks stay masks, non-negative values stay so). Where every element holds the same
+    value, a float gets that value plus one, a bool its negation, an integer the next one. Returns
+    the element's index, or None for a tensor of fewer than two elements."""
+    import torch
+
+    n = t.numel()
+    if n < 2:
+        return None
+    flat = t.reshape(-1)  # read from: a copy where t is not contiguous
+    p = rng.randrange(n)
+    cur = flat[p:p + 1]
+    value = None
+    for _ in range(16):
+        q = rng.randrange(n)
+        if not _same(flat[q:q + 1], cur):
+            value = flat[q].clone()
+            break
+    if value is None:
+        if t.is_floating_point():
+            differs = (flat != cur) & ~(torch.isnan(flat) & torch.isnan(cur))
+        else:
+            differs = flat != cur
+        others = torch.nonzero(differs).reshape(-1)
+        if others.numel():
+            value = flat[int(others[rng.randrange(others.numel())])].clone()
+        elif t.dtype == torch.bool:
+            value = ~cur[0]
+        elif t.is_floating_point():
+            value = cur[0] + 1
+        else:
+            value = cur[0] + 1 if int(cur[0]) < torch.iinfo(t.dtype).max else cur[0] - 1
+    idx = []
+    for size in reversed(t.shape):
+        idx.append(p % size)
+        p //= size
+    where = tuple(reversed(idx))
+    t[where] = value
+    return where
+
+
+def clone_layout(t):
+    """A copy of ``t`` with its shape, strides and storage span (an overlapping, expanded layout
+    stays one: ``clone`` would make it dense)."""
+    import torch
+
+    c = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+    if t.numel():
+        span(c).copy_(span(t))
+    return c
+
+
+def near_duplicates(card: Card, base: list, steps: int, rng) -> list[tuple[list, str]]:
+    """Inputs a kernel that keeps state across calls answers wrongly: ``base``, then ``steps`` sets
+    each a copy of the one before with one element changed at a random place (the card's inputs
+    of role "input" in turn, where it has some of two or more elements; else any such input), then
+    ``base`` again after the others. Each with what sets it apart from the one before. A memo
+    keyed on a fingerprint of a few elements returns the previous call's result for most of these;
+    a kernel whose result drifts with its history misses base's the second time."""
+    changeable = [i for i, s in enumerate(card.inputs) if s.numel >= 2 and s.role == "input"] or \
+        [i for i, s in enumerate(card.inputs) if s.numel >= 2]
+    out: list[tuple[list, str]] = [(base, "the first of the sequence")]
+    cur = base
+    for k in range(steps if changeable else 0):
+        which = changeable[k % len(changeable)]
+        cur = [clone_layout(t) for t in cur]
+        at = change_one_element(cur[which], rng)
+        out.append((cur, f"input {which} differs from the call before at element {list(at or ())}"))
+    if len(out) > 1:
+        out.append((base, "the first input of the sequence again"))
+    return out
+
+
 # ---- adversarial sets -------------------------------------------------------------------------
 
 EXP_OPS = frozenset({

@@ -358,7 +358,12 @@ def promote_kernel(ws: Workspace, card_id: str, source: str, result: EvalResult,
     import hashlib
 
     card = ws.card(card_id)
-    if not result.correct or result.card != card.id:
+    if result.status == "noisy":
+        why = "; ".join(result.timing.noisy_reasons[:2]) if result.timing else result.reason
+        raise ForgeError(f"the evaluation of this kernel on {card.id} is noisy: it is correct, but its timing was not "
+                         f"trusted ({why or 'no reason recorded'}), so it claims no speedup; evaluate it again "
+                         "and promote a passed result")
+    if not result.passed or result.card != card.id:
         raise ForgeError(f"only a kernel that passed the evaluator on {card.id} can be promoted ({result.status})")
     if result.source_sha256 and result.source_sha256 != hashlib.sha256(source.encode()).hexdigest():
         raise ForgeError("the evaluation is of another source")

@@ -10,8 +10,10 @@ single-threaded kernel barely does, so a speedup measured then is fiction. Three
   timer's own resolution explains;
 * eager PyTorch runs slower than when the card was profiled.
 
-``Verdict`` collects which signals fired; a measurement with any is retried and, if it stays
-loud, reported as ``noisy`` instead of as a speedup.
+``Verdict`` collects which signals fired. The profiler retries a measurement with any and, if it
+stays loud, marks the time untrustworthy. The evaluator compares eager and a candidate with
+paired samples, which cancel load that holds (``evaluator.checks.Evaluation.time``): there these
+signals choose the protocol (one thread each on a busy CPU) and are reported beside the verdict.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class Calibration:
 
         self.device = device
         self.timer = timer
+        self.threads = torch.get_num_threads() if device == "cpu" else 0
+        """The thread count its best is for (part of ``key``): it is measured with that many, whatever
+        the caller's torch has at the moment (the evaluator times a busy machine on one thread)."""
         n = (16 << 20) // 4 if device == "cuda" else (4 << 20) // 4
         self._src = torch.rand(n, device=device)
         self._dst = torch.empty_like(self._src)
@@ -92,7 +97,17 @@ class Calibration:
         torch.mul(self._src, 1.0001, out=self._dst)
 
     def measure(self, n: int = 7) -> float:
-        """Median of n timed runs (µs); lowers the remembered best when it is faster."""
+        """Median of n timed runs (µs) on the thread count its best is for; lowers the remembered
+        best when it is faster."""
+        import torch
+
+        was = torch.get_num_threads()
+        if self.device == "cpu" and was != self.threads:
+            torch.set_num_threads(self.threads)
+            try:
+                return self.measure(n)
+            finally:
+                torch.set_num_threads(was)
         samples = []
         self._run()
         for _ in range(n):

@@ -227,6 +227,29 @@ def bandwidth_for(bytes_moved: int, ceil: dict) -> float:
     return max([bw, *fits])
 
 
+def peak_for(dtype: str, ceil: dict) -> float:
+    """The compute ceiling (flop/s) of a card of ``dtype``: the dtype's measured matrix-product
+    peak, or float32's where that is higher. A kernel may always compute in float32 and round once:
+    on a CPU without half-precision arithmetic (no AVX512-BF16 or FP16) torch's bf16 and fp16
+    products run at a few percent of float32's, and a floor from that peak is longer than what an
+    elementwise half-precision kernel, eager included, takes."""
+    peaks = ceil["peak_flops"]
+    return max(peaks.get(dtype) or 0.0, peaks["float32"])
+
+
+def floor_terms(bytes_moved: int, flops: int, dtype: str, ceil: dict) -> tuple[float, float]:
+    """(memory bound, compute bound) of a card, in µs: bytes over the bandwidth its bytes could
+    reach, flops over ``peak_for`` its dtype."""
+    return bytes_moved / bandwidth_for(bytes_moved, ceil) * 1e6, flops / peak_for(dtype, ceil) * 1e6
+
+
 def floor_us(bytes_moved: int, flops: int, dtype: str, ceil: dict) -> float:
-    peak = ceil["peak_flops"].get(dtype) or ceil["peak_flops"]["float32"]
-    return max(bytes_moved / bandwidth_for(bytes_moved, ceil), flops / peak) * 1e6
+    return max(floor_terms(bytes_moved, flops, dtype, ceil))
+
+
+def floor_under(eager_us: float, bytes_moved: int, flops: int, dtype: str, ceil: dict) -> float:
+    """The floor as the judge applies it, given eager's fastest measured call (µs): a bound that
+    eager itself beats comes from a ceiling that is not one on this machine for this card (a peak
+    measured on another kind of work, a bandwidth level the card's bytes reach faster), so it is
+    left out; the floor is the largest bound eager does not beat (0 where it beats both)."""
+    return max([t for t in floor_terms(bytes_moved, flops, dtype, ceil) if t <= eager_us], default=0.0)

@@ -17,6 +17,7 @@ or temperature hits all of them alike and their ratios are paired.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -62,6 +63,75 @@ class Stats:
 def paired_ratio(num: list[float], den: list[float]) -> Stats:
     """Per-run ratios num[i] / den[i] of interleaved samples (a speedup when num is the baseline)."""
     return Stats.from_samples([a / b for a, b in zip(num, den) if b > 0])
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """An interval that holds the median of the distribution the values were drawn from with at
+    least ``confidence``, whatever that distribution: the order statistics x(k) and x(n+1-k) for
+    the largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2. No normality is assumed (a
+    loaded machine's samples are heavy-tailed: most near the true time, a few many times longer).
+    Below 6 values no k qualifies at 95%: the interval is the whole range."""
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return math.nan, math.nan
+    scale = 1 << 20
+    tail = int((1 - confidence) / 2 * scale)  # compared exactly: sum of C(n, j) * scale against tail * 2^n
+    total, k, cum = 1 << n, 0, 0
+    for j in range(n + 1):
+        cum += math.comb(n, j)
+        if cum * scale > tail * total:
+            break
+        k = j + 1
+    if k < 1:
+        return s[0], s[-1]
+    return s[k - 1], s[n - k]
+
+
+@dataclass(frozen=True)
+class RatioCheck:
+    """What paired ratios (eager's time over the candidate's, sample by sample) say: their median,
+    its 95% interval, and the same for the first and the second half of the samples (in the order
+    they were taken)."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+    halves: tuple[tuple[float, float, float], tuple[float, float, float]]
+    """(median, lo, hi) of the first half, then of the second."""
+
+    @property
+    def width(self) -> float:
+        """The interval's width over the median (inf where there is no median)."""
+        return (self.hi - self.lo) / self.median if self.median > 0 else math.inf
+
+    def moved(self, max_width: float) -> bool:
+        """Whether the ratio moved between the halves: their intervals do not overlap and their
+        medians are further apart than ``max_width`` of the median. Paired samples cancel load that
+        hits eager and the candidate alike, however heavy, as long as it holds; a ratio that moves
+        says the load changed during the measurement (it came or went between eager's sample and
+        the candidate's, or hit one side harder from some point on)."""
+        (m1, lo1, hi1), (m2, lo2, hi2) = self.halves
+        apart = hi1 < lo2 or hi2 < lo1
+        return apart and abs(m1 - m2) > max_width * self.median
+
+    def to_json(self) -> dict:
+        return {"median": self.median, "interval": [self.lo, self.hi], "n": self.n, "width": self.width,
+                "halves": [list(h) for h in self.halves]}
+
+
+def ratio_check(ratios: list[float], confidence: float = 0.95) -> RatioCheck:
+    """``RatioCheck`` of paired ratios, in the order they were measured."""
+    def part(xs: list[float]) -> tuple[float, float, float]:
+        if not xs:
+            return math.nan, math.nan, math.nan
+        lo, hi = median_interval(xs, confidence)
+        return float(statistics.median(xs)), lo, hi
+
+    half = len(ratios) // 2
+    med, lo, hi = part(ratios)
+    return RatioCheck(median=med, lo=lo, hi=hi, n=len(ratios), halves=(part(ratios[:half]), part(ratios[half:])))
 
 
 ORDER_SEED = 0x5EED

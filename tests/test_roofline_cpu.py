@@ -86,3 +86,31 @@ def test_previous_cache_version_is_measured_again(monkeypatch, tmp_path):
     assert saved["version"] == roofline.CACHE_VERSION > 1
     assert saved["devices"][key]["device_name"] == "new"
     assert roofline.ceilings("cpu") == c and calls == ["cpu"]  # cached from now on
+
+
+NO_BF16 = {  # a CPU without half-precision arithmetic: torch's bf16 and fp16 products crawl
+    "bandwidth_Bps": 6e9, "bandwidth_curve": [[16 * KIB, 4e10], [256 * MIB, 6e9]],
+    "peak_flops": {"float32": 2.4e10, "bfloat16": 1e9, "float16": 1e9}, "device_name": "synthetic",
+}
+
+
+def test_a_half_precision_card_gets_float32s_peak_where_that_is_higher():
+    """An elementwise bf16 card's compute bound from a 1 GFLOP/s bf16 peak (245 µs for 245k flops)
+    is longer than eager's own time on such a CPU: a kernel computes in fp32 and rounds once."""
+    flops = 245_000
+    assert roofline.peak_for("bfloat16", NO_BF16) == 2.4e10
+    assert roofline.floor_terms(0, flops, "bfloat16", NO_BF16)[1] == pytest.approx(flops / 2.4e10 * 1e6)
+    fast_bf16 = dict(NO_BF16, peak_flops={"float32": 2.4e10, "bfloat16": 9e10})  # AVX512-BF16, or a GPU
+    assert roofline.peak_for("bfloat16", fast_bf16) == 9e10
+
+
+def test_a_bound_eager_itself_beats_is_left_out_of_the_floor():
+    """The floor the judge applies is never above eager's own fastest call: a bound from a ceiling
+    eager beats is dropped, and the other bound stands."""
+    mem, comp = roofline.floor_terms(1 << 20, 10**9, "float32", NO_BF16)
+    assert comp > mem
+    assert roofline.floor_under(comp * 2, 1 << 20, 10**9, "float32", NO_BF16) == comp   # eager slower: both stand
+    assert roofline.floor_under(comp / 2, 1 << 20, 10**9, "float32", NO_BF16) == mem    # eager beats the compute bound
+    assert roofline.floor_under(mem / 2, 1 << 20, 10**9, "float32", NO_BF16) == 0.0     # and the memory bound
+    for eager in (mem / 3, mem, comp / 2, comp * 5):
+        assert roofline.floor_under(eager, 1 << 20, 10**9, "float32", NO_BF16) <= eager

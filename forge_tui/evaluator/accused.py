@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..kernel_abi import DTYPE_CODES, HEADER, HEADER_DIR, MAX_DIMS, MAX_WORKSPACE_BYTES, ForgeTensor
 from ..tensorstore import storage_extent
@@ -39,6 +40,12 @@ RUNNER_SOURCE = Path(__file__).resolve().parent / "runner.c"
 ALIGN = 256
 MAX_SETS = 64
 _BUILD_LOCK = threading.Lock()
+
+
+def process_cpu_clock(pid: int) -> int:
+    """The clock id of a process's CPU time (what ``clock_getcpuclockid`` returns): every thread's,
+    those that exited included, as the kernel counts it, up to date when read."""
+    return ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
 
 
 class CandidateProcessError(Exception):
@@ -173,6 +180,9 @@ class Accused:
         self.needs_workspace = False
         self.confined: dict = {}
         self.overhead_ns: list[int] = []
+        self.overhead_cpu_ns: list[int] = []
+        """The runner's CPU time for an empty request (``timed_call``); empty where the kernel does
+        not say."""
         self.inputs: list = []
         """Set 0's inputs (the correctness checks use this set); ``batch_inputs[k]`` is set k's."""
         self.outputs: list = []
@@ -187,6 +197,9 @@ class Accused:
         self._w: int | None = None
         self._r: int | None = None
         self._stopped = False
+        self.base_tasks: int | None = None
+        """Threads of the runner before the candidate's library was loaded (its own, and on CUDA
+        the driver's): what the candidate's own are counted against."""
 
     # ---- buffers ----------------------------------------------------------------------------
     def _views(self, base) -> None:
@@ -278,6 +291,7 @@ class Accused:
         self._views(base)
         self._request(b"A", payload, "setup")
         self._request(b"D", self._descriptor_table(), "setup")
+        self.base_tasks = self.task_count()
         return self
 
     def _descriptor_table(self) -> bytes:
@@ -308,7 +322,59 @@ class Accused:
             self._request(b"E", b"", "setup")
             out.append(time.perf_counter_ns() - t0)
         self.overhead_ns = out
+        # the same request on the runner's CPU clock (``timed_call``): what a busy machine's
+        # samples subtract
+        cpu = []
+        for _ in range(n):
+            self.freeze()
+            self.thaw()
+            ns, _ = self.timed_call(lambda: (0, self._exchange_ns(b"E", b"", "setup")))
+            if ns is not None:
+                cpu.append(ns)
+        self.thaw()
+        self.overhead_cpu_ns = cpu if len(cpu) == n else []
         return out
+
+    def _exchange_ns(self, op: bytes, payload: bytes, phase: str) -> int:
+        t0 = time.perf_counter_ns()
+        self._request(op, payload, phase)
+        return time.perf_counter_ns() - t0
+
+    def timed_call(self, call: Callable[[], tuple[int, int]]) -> tuple[int | None, int]:
+        """``call()`` -> (the CPU time the runner's process used meanwhile, ns, or None where the
+        kernel does not say; its return code). On a busy machine a round trip waits for the runner
+        to be scheduled, and the reply for the judge to be, while eager, in the judge, never waits
+        so: CPU time counts neither. It is every thread's, those that exited included (work handed
+        to a short-lived thread is counted), as the kernel counts it (the candidate cannot change
+        it). The runner must be thawed, and is left frozen."""
+        self.wait_asleep()
+        c0 = self.process_cpu_ns()
+        rc, _ = call()
+        c1 = self.process_cpu_ns()
+        self.freeze()
+        if c0 is None or c1 is None:
+            return None, rc
+        return c1 - c0, rc
+
+    def wait_asleep(self, limit_s: float = 1.0) -> None:
+        """Waits until the runner's calling thread sleeps on its pipe (a thawed runner runs a
+        moment before it does), so that a CPU clock read now counts nothing of that."""
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.thread_states().get(self.proc.pid) in ("S", "D", None):
+                return
+            time.sleep(0)
+
+    def process_cpu_ns(self) -> int | None:
+        """The runner's process CPU time so far (ns; ``process_cpu_clock``), or None."""
+        if self.proc is None:
+            return None
+        try:
+            return time.clock_gettime_ns(process_cpu_clock(self.proc.pid))
+        except OSError:
+            return None
 
     def load(self) -> None:
         """Confine the runner, then load the library (its constructors run inside the cage)."""
@@ -341,6 +407,12 @@ class Accused:
             raise CandidateProcessError("workspace", f"forge_workspace_bytes asks for {n} bytes, over the "
                                         f"{MAX_WORKSPACE_BYTES} allowed")
         return n
+
+    def set_threads(self, n: int) -> bool:
+        """The OpenMP team size of the candidate's next calls (``omp_set_num_threads`` in the
+        runner); False where the library has no OpenMP runtime (its calls use one thread)."""
+        reply = self._request(b"T", struct.pack("<i", n), "setup")
+        return bool(struct.unpack("<i", reply[:4])[0])
 
     def give_workspace(self, nbytes: int) -> None:
         """One workspace of ``nbytes`` per input set (a batch's calls each get a poisoned one)."""
@@ -376,8 +448,14 @@ class Accused:
         return rc, dt
 
     # ---- freezing ---------------------------------------------------------------------------
-    def freeze(self) -> None:
-        """Stop every thread of the runner; returns once the kernel reports it stopped."""
+    STOPPED_STATES = frozenset("TtZX")
+    """A thread's state in /proc/PID/task/TID/stat that runs no code: stopped (by a signal or a
+    tracer), or exited."""
+
+    def freeze(self, verify_s: float = 1.0) -> None:
+        """Stop every thread of the runner; returns once the kernel reports each one stopped (the
+        group stop covers every thread of the process, those the candidate started included, and
+        each is checked in /proc; one still running after ``verify_s`` is the harness's error)."""
         if self.proc is None or self._stopped:
             return
         try:
@@ -385,13 +463,55 @@ class Accused:
             os.waitpid(self.proc.pid, os.WUNTRACED)
             self._stopped = True
         except (ProcessLookupError, ChildProcessError):
-            pass
+            return
+        deadline = time.monotonic() + verify_s
+        while True:
+            running = {tid: st for tid, st in self.thread_states().items() if st not in self.STOPPED_STATES}
+            if not running:
+                return
+            if time.monotonic() > deadline:
+                raise CandidateProcessError("harness", f"threads {sorted(running)} of the candidate's process did not "
+                                            f"stop (states {sorted(set(running.values()))}) when it was frozen")
+            time.sleep(0.001)
+
+    def thread_states(self) -> dict[int, str]:
+        """Each thread of the runner and its state letter (R running, S sleeping, T stopped...);
+        empty where the kernel does not say."""
+        out: dict[int, str] = {}
+        if self.proc is None:
+            return out
+        try:
+            tids = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/stat") as fh:
+                    # "tid (comm) S ...": the command may hold spaces and parentheses
+                    out[int(tid)] = fh.read().rpartition(")")[2].split()[0]
+            except (OSError, IndexError, ValueError):
+                continue  # the thread exited meanwhile
+        return out
+
+    def task_count(self) -> int | None:
+        """The runner's threads now (its /proc task list), None where the kernel does not say."""
+        if self.proc is None:
+            return None
+        try:
+            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+        except OSError:
+            return None
 
     def cpu_ns(self) -> int | None:
         """CPU time the runner's threads have used so far (ns), or None where the kernel does not
-        say. Used to prove that a frozen runner did not run."""
+        say (its process CPU clock; else the sum over its live threads' schedstat, which the kernel
+        brings up to date when a thread leaves the CPU). Used to prove that a frozen runner did not
+        run."""
         if self.proc is None:
             return None
+        now = self.process_cpu_ns()
+        if now is not None:
+            return now
         total = 0
         try:
             for tid in os.listdir(f"/proc/{self.proc.pid}/task"):

@@ -6,7 +6,8 @@ Result ``status``:
   passed        correct on every input set and timed (see ``speedup_vs_eager``)
   rejected      a static rule, a correctness check, or an impossible time (``failure``, ``reason``)
   build_failed  the compiler refused it (``build.diagnostics``)
-  noisy         correct on every input set, but the machine was too busy to trust the timing
+  noisy         correct on every input set, but the speedup could not be trusted: its interval
+                stayed wide, or the load changed during the measurement
                 (``timing.noisy_reasons``); no speedup is claimed
   crash         it killed its own process (segfault, abort, illegal memory access, forbidden call)
   timeout       it stopped making progress (endless loop, hang)
@@ -47,6 +48,9 @@ class EvalOptions:
     seed: int | None = None
     random_sets: int | None = None
     compile_baseline: bool | Literal["auto"] = "auto"
+    near_duplicates: int = 6
+    """Calls on near-duplicate inputs (each one element apart from the one before, then the first
+    again) that show a kernel keeping state across calls; 0 skips them."""
 
 
 def resolve_backend(name: str) -> str:
@@ -148,6 +152,7 @@ class Evaluator:
             options=JudgeOptions(seed=opt.seed, random_sets=opt.random_sets or self.cfg.random_sets,
                                  timing=opt.timing, compile_baseline=opt.compile_baseline,
                                  adversarial=opt.adversarial, call_timeout_s=self.cfg.run_timeout_s,
+                                 near_duplicates=opt.near_duplicates,
                                  confinement=self.cfg.confinement, landlock=self.cfg.landlock))
         body = self.worker.run(request.model_dump(mode="json"))
         result.update({k: v for k, v in body.items() if k != "seconds"})

@@ -22,16 +22,23 @@ magnitudes near the exponential's overflow, zero rows, tiny values, a large offs
 * an output that is constant where the reference is not fails; an output that is a copy of an
   input where the reference is not fails; cards on which a constant would pass are flagged.
 
+State across calls: after the input sets, a sequence of near-duplicate inputs (each one element
+apart from the one before, then the first again), every output checked against its own input's
+reference; a kernel that returns an earlier call's output keeps state across calls and is
+rejected. The runner hands every call fresh copies of its descriptors, and may run no threads
+beyond its own and an OpenMP team of the configured size (counted after every call).
+
 Timing: every timed run gets inputs never seen before (fresh random contents written into the
 shared buffers), so no state a candidate keeps between calls (statics, device globals, files)
 can stand in for the work. Per run: fresh inputs; the runner frozen; eager (whose outputs are
 the expected ones), torch.compile and an empty probe timed; the runner thawed; the candidate
 called with poisoned outputs and timed by this process's clock from the request to the reply
 (which comes once the device is idle); the runner frozen again; its outputs checked, and checked
-again later to catch writes that land after the reply. A time under the roofline floor is
-impossible (unless the floor is within the timer's resolution). Before trusting the comparison
-the machine must be quiet (``quiet.py``); a loud measurement is retried, then reported as
-``noisy`` instead of a speedup.
+again later to catch writes that land after the reply. A time under the roofline floor (as far
+as eager's own time allows) is impossible (unless the floor is within the timer's resolution).
+The speedup is the median of the paired ratios; load delays it (more samples until its interval
+is tight; one thread each on a busy CPU) and does not deny it: ``noisy`` is for a ratio that
+never settles or moves during the measurement (``Evaluation.time``).
 """
 
 from __future__ import annotations
@@ -45,14 +52,15 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from .. import roofline
 from ..cards import Card
 from ..compare import compare, tolerance
-from ..inputs import DISTRIBUTIONS, adversarial_inputs, fresh_inputs_into, random_inputs, sample_inputs
+from ..inputs import DISTRIBUTIONS, adversarial_inputs, fresh_inputs_into, near_duplicates, random_inputs, sample_inputs
 from ..kernel_abi import card_scalars
 from ..program import bind_program, compile_source, first_compiled_call, run_program, run_program_float64
-from ..quiet import Calibration, Verdict, profile_reason, spread_reason
+from ..quiet import Calibration, Verdict, oversubscribed_reason, oversubscription, profile_reason, spread_reason
 from ..tensorstore import TensorStore, span
-from ..timing import SLEEP_CYCLES, Stats, Timer, paired_ratio
+from ..timing import SLEEP_CYCLES, Stats, Timer, ratio_check
 from .accused import MAX_SETS, Accused, CandidateProcessError
 from .request import JudgeRequest
 
@@ -131,15 +139,16 @@ def impossible_time(median_us: float, floor_us: float, resolution_us: float) -> 
     return median_us < 0.9 * floor_us and floor_us > resolution_us
 
 
-BUSY_BACKOFF_S = 0.5
-"""Wait before the next look when the calibration says the machine is busy (times the attempt)."""
-
-
-def _ratio(num: list[float], den: list[float], resolution: float) -> dict:
+def _paired(num: list[float], den: list[float], resolution: float) -> list[float]:
     """Paired ratios num[i] / den[i]; a time under the timer's resolution counts as the resolution
     (a candidate faster than the clock can tell gets a bounded speedup, not an infinite one)."""
     floor = max(resolution, 1e-3)
-    return paired_ratio([max(a, floor) for a in num], [max(b, floor) for b in den]).to_json()
+    return [max(a, floor) / max(b, floor) for a, b in zip(num, den)]
+
+
+def _ratio(num: list[float], den: list[float], resolution: float) -> dict:
+    """Stats of the paired ratios num[i] / den[i] (``_paired``)."""
+    return Stats.from_samples(_paired(num, den, resolution)).to_json()
 
 
 def _sync(device: str) -> None:
@@ -191,6 +200,10 @@ class Evaluation:
         self.sets_passed: list[str] = []
         """The input sets found correct so far (a failure names the ones before it)."""
         self._free_bytes: int | None = None
+        self._last_beat = time.monotonic()
+        self.clock = "wall"
+        """What timing reads: "wall" (the host clock), or "cpu" on a busy CPU (the CPU time the kernel
+        counts for eager's thread and for the runner's process: ``Evaluation.time``)."""
 
     def sample_target_us(self) -> float:
         """How long one timed sample of the candidate should last: ``batch_us``, at least 2 ms on
@@ -283,7 +296,35 @@ class Evaluation:
         rc, ns = self.acc.call()
         if rc != 0:
             raise CandidateFailure("returned_error", f"forge_launch returned {rc}" + (f" in {where}" if where else ""))
+        self.check_threads(where)
         return ns
+
+    CUDA_DRIVER_THREADS = 2
+    """Threads the CUDA driver may start in the runner once a candidate launches (beside those it
+    started at initialisation, before the candidate was loaded)."""
+
+    def allowed_threads(self) -> int | None:
+        """The threads the candidate's process may run: the runner's own (and the driver's) before
+        the library was loaded, and an OpenMP team of ``threads``; None where the kernel does not
+        count them."""
+        base = self.acc.base_tasks
+        if base is None:
+            return None
+        return base + max(self.threads - 1, 0) + (self.CUDA_DRIVER_THREADS if self.device == "cuda" else 0)
+
+    def check_threads(self, where: str) -> None:
+        """Refuses a candidate whose process runs threads of its own beyond its OpenMP team: a thread
+        left running (a burner) could slow eager while eager is timed, and its work would not be
+        the call's. The runner is frozen (every thread of it) while eager runs; this makes the rule
+        one a user can read."""
+        allowed, now = self.allowed_threads(), self.acc.task_count()
+        if allowed is None or now is None or now <= allowed:
+            return
+        raise CandidateFailure("threads", (f"{where}: " if where else "") +
+                               f"the candidate's process runs {now} threads where it may run {allowed} (the "
+                               f"runner's own and an OpenMP team of {self.threads}): a candidate may not start "
+                               "threads of its own (they could run while eager is timed)",
+                               {"threads": now, "allowed": allowed})
 
     def check_outputs(self, where: str, ins: list, outs: list, expected: list, nonfinite: str = "exact",
                       poison: int | None = None, pristine: list | Callable[[], list] | None = None) -> None:
@@ -479,6 +520,47 @@ class Evaluation:
         off = max(self.eager_off.get(name, 0), self.eager_off.get(name + " (second run)", 0))
         return {"name": name, "ok": True, "determinism": determinism, "degenerate": degenerate, "eager_off": off}
 
+    def check_state(self) -> dict:
+        """Does every output reflect its own input, whatever came before? Calls on near-duplicate
+        inputs (``inputs.near_duplicates``: each one element apart from the one before, at a
+        random place, then the first again), each checked against the reference for its own input.
+        A kernel that keeps results from earlier calls (a memo keyed on a few sampled elements, a
+        pointer, a call count) returns a stale one here, and is rejected as keeping state across
+        calls: in a model, a KV cache grown by one token is such a near-duplicate. Fresh inputs
+        for every timed call make such a memo useless for timing; this makes it visible."""
+        steps = self.opt.near_duplicates
+        if steps <= 0:
+            return {"calls": 0}
+        base = random_inputs(self.card, self.device, seed=self.seed + 4999, draw=0)
+        seq = near_duplicates(self.card, base, steps, random.Random(self.seed + 31))
+        returned: list[list] = []
+        for j, (ins, what) in enumerate(seq):
+            self.phase("correctness")
+            where = f"near-duplicate input {j + 1} of {len(seq)} ({what})"
+            expected = self.reference(ins)
+            self._write_inputs(ins)
+            self.call(j % 2, where)
+            outs = self.acc.outputs
+            try:
+                self.check_outputs(where, self.acc.inputs, outs, expected, poison=j % 2, pristine=ins)
+            except CandidateFailure as fail:
+                earlier = self._stale_source(outs, returned) if fail.kind in ("mismatch", "constant") else None
+                if earlier is None:
+                    raise
+                raise CandidateFailure("state", f"{where}: keeps state across calls: it returned the output of call "
+                                       f"{earlier + 1} of the sequence, for an input that differs from this one",
+                                       {**fail.detail, "where": where, "stale_call": earlier + 1}) from None
+            returned.append([o.clone() for o in outs])
+        return {"calls": len(seq)}
+
+    @staticmethod
+    def _stale_source(outs: list, returned: list[list]) -> int | None:
+        """The latest earlier call whose outputs these are (within tolerance), or None."""
+        for j in range(len(returned) - 1, -1, -1):
+            if all(compare(o, p, k, scale=_rms(p)) is None for k, (o, p) in enumerate(zip(outs, returned[j]))):
+                return j
+        return None
+
     @staticmethod
     def _constant_passes(e) -> bool:
         import torch
@@ -524,28 +606,67 @@ class Evaluation:
             self.state[key] = Calibration(self.device, timer)
         return self.state[key]
 
-    def _one(self, timer: Timer, fn: Callable[[], object]) -> float:
+    def _one(self, timer: Timer, fn: Callable[[], object], what: str = "") -> float:
+        """One baseline sample (µs) of ``what`` ("eager", "compile" or "empty") on the timer's
+        protocol, or on this thread's CPU clock (``clock`` "cpu": eager runs on this thread then)."""
         if self.device == "cuda":
             return timer._one_cuda(fn)
-        t0 = time.perf_counter_ns()
+        now = time.thread_time_ns if self.clock == "cpu" else time.perf_counter_ns
+        t0 = now()
         fn()
-        return (time.perf_counter_ns() - t0) / 1000.0
+        return (now() - t0) / 1000.0
 
     def floor_us(self, ceil: dict) -> float:
         """The card's roofline floor on this device (µs)."""
-        from .. import roofline
-
         return roofline.floor_us(self.card.bytes, self.card.flops, self.card.dtype, ceil)
 
+    HEARTBEAT_S = 1.0
+    """At most this long between two progress messages to the client while timing: a long
+    protocol (many repeats, a loaded machine sampling more) is never taken for a hang."""
+
+    def beat(self, force: bool = False) -> None:
+        """A progress message to the client (the current phase again), at most every HEARTBEAT_S."""
+        now = time.monotonic()
+        if force or now - self._last_beat >= self.HEARTBEAT_S:
+            self._last_beat = now
+            self.phase(self.current_phase)
+
+    def busy(self, cal: Calibration, cal_us: float, max_slowdown: float) -> list[str]:
+        """Why the machine is busy now (the calibration workload slow, or more threads ready to run
+        than CPUs), or nothing."""
+        return [r for r in (cal.loaded(cal_us, max_slowdown), oversubscribed_reason(oversubscription(), 1.0)) if r]
+
     def time(self, ceil: dict) -> dict:
+        """Eager, torch.compile (where asked for) and the candidate, timed in paired, interleaved
+        samples: in each round eager's sample is taken while the runner is frozen, then the
+        candidate's, each call on fresh inputs and checked.
+
+        Load delays the verdict; it does not deny it. Paired samples cancel load that slows eager
+        and the candidate alike, however heavy, as long as it holds: the speedup is the median of
+        the per-sample ratios, and the samples go on, in steps, from 2 x repeats up to
+        ``max_samples``, until that median's 95% interval (``timing.median_interval``, free of any
+        assumption on the distribution) is within ``max_spread`` of it. On the CPU a busy machine
+        (the calibration workload slow, or more threads ready to run than CPUs) has eager and the
+        candidate timed on one thread each, on the CPU time the kernel counts (eager's thread's; the
+        runner's process's, every thread's, those that exited included: ``Accused.timed_call``): a
+        parallel region waits for its slowest thread, which on an oversubscribed machine waits for a
+        CPU, and a call to the runner waits for the runner to be scheduled, which eager, in this
+        process, never does; on the wall clock samples would measure the scheduler.
+        ``noisy`` remains for a ratio whose interval never tightens, or that moves between the
+        first and the second half of the samples (the load changed during the measurement), after
+        ``noisy_retries`` more attempts; a busy calibration, spreads and an eager slower than its
+        profile are reported as notes."""
         import torch
 
         timer = self._timer()
         cal = self._calibration(timer)
         warmup, repeats = self.tcfg.warmup, self.tcfg.repeats
         retries = self.tcfg.noisy_retries
-        max_spread = self.tcfg.max_spread
+        max_width = self.tcfg.max_spread
         max_slowdown = self.tcfg.max_slowdown
+        least = 2 * repeats
+        most = max(least, self.tcfg.max_samples)
+        step = max(2, repeats // 2)
         acc = self.acc
         # calls a sample: eager's time's count first, then the candidate's own (after each warm-up)
         K = min(acc.sets, self.calls_for(self.card.time_us))
@@ -574,10 +695,15 @@ class Evaluation:
                 self.state["compiled"][self.card.id] = (None, compile_note)
                 compiled = None
         tiny = torch.zeros(1, device=self.device)
-        ov = Stats.from_samples([x / 1000.0 for x in acc.overhead_ns])
-        runner_overhead, runner_res = ov.median, ov.q3 - ov.q1
+
+        def overhead() -> tuple[float, float]:
+            """The runner's empty round trip on the clock in use: (median, inter-quartile range)."""
+            ns = acc.overhead_cpu_ns if self.clock == "cpu" else acc.overhead_ns
+            ov = Stats.from_samples([x / 1000.0 for x in ns])
+            return ov.median, ov.q3 - ov.q1
+
+        runner_overhead, runner_res = overhead()
         gen = torch.Generator(self.device).manual_seed(self.seed + 104729)
-        floor = self.floor_us(ceil)
 
         def run_eagers(box: list) -> None:
             box.extend(fn() for fn in eagers[:K])
@@ -586,115 +712,168 @@ class Evaluation:
             for ins in acc.batch_inputs[:K]:
                 compiled(*ins, device=self.device)
 
-        self.phase("timing")
-        attempts = []
-        for attempt in range(1 + retries):
-            self.phase("timing")
-            acc.freeze()
-            cal_before = cal.measure()
-            busy = cal.loaded(cal_before, max_slowdown)
-            if busy and attempt < retries:
-                # no use timing on a busy machine: wait a little and look again
-                attempts.append({"attempt": attempt, "quiet": False, "reasons": [busy], "skipped": True,
-                                 "calibration_us": [cal_before]})
-                time.sleep(BUSY_BACKOFF_S * (attempt + 1))
-                continue
-            raw: dict[str, list[float]] = {"candidate": [], "eager": [], "empty": []}
-            if compiled is not None:
-                raw["compile"] = []
-                if self.device == "cuda":
-                    raw["compile_device"] = []
-            checked = 0
-            ran_while_frozen = 0
-            warm_ns: list[int] = []
-            for i in range(-warmup, 2 * repeats):
-                acc.freeze()
-                cpu0 = acc.cpu_ns()
-                draws = []
-                for k, ins in enumerate(acc.batch_inputs[:K]):
-                    draws.append((gen.get_state(), (i + warmup + k) % len(DISTRIBUTIONS)))
-                    fresh_inputs_into(self.card, ins, gen, draws[-1][1])
-                box: list = []
-                t_e = self._one(timer, functools.partial(run_eagers, box))
-                t_c = self._one(timer, run_compiled) if compiled is not None else None
-                # what torch.compile's kernels cost where a compiled model runs them (no guard, no
-                # wrapper): the device held busy twice the calls' latency just measured (at 2 GHz),
-                # so that the K calls' guards and launches are all enqueued under it
-                t_cd = (timer.device_us(run_compiled, sleep_cycles=max(SLEEP_CYCLES, int(4000 * (t_c or 0.0))))
-                        if compiled is not None and self.device == "cuda" else None)
-                t_0 = self._one(timer, lambda: tiny.zero_())
-                expected = [[o.clone() for o in outs] for outs in box]
-                cpu1 = acc.cpu_ns()
-                if cpu0 is not None and cpu1 is not None:
-                    ran_while_frozen += cpu1 - cpu0
-                acc.thaw()
-                for outs in acc.batch_outputs[:K]:
-                    for o in outs:
-                        _poison(o, i % 2)
-                if acc.workspace is not None:
-                    acc.workspace.fill_(WORKSPACE_POISON[i % 2])
-                timer.prepare()
-                rc, ns = acc.call(0, K)
-                acc.freeze()
-                landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs[:K]]
-                if rc != 0:
-                    raise CandidateFailure("returned_error", f"forge_launch returned {rc} in timed run {i}")
-                for k in range(K):
-                    where = f"timed run {i}" + (f", call {k + 1} of {K}" if K > 1 else "") + " (fresh inputs)"
-                    self.spot_check(where, acc.batch_inputs[k], acc.batch_outputs[k], expected[k], i % 2,
-                                    functools.partial(self.regenerated, acc.batch_inputs[k], *draws[k]))
-                self._sync()
-                for k, outs in enumerate(acc.batch_outputs[:K]):
-                    for j, (o, before) in enumerate(zip(outs, landed[k])):
-                        if not torch.equal(_bits(o), before):
-                            raise CandidateFailure("late_writes", f"timed run {i}: output {j} changed after the "
-                                                   "candidate reported it was done (work still running after the "
-                                                   "call returned)")
-                checked += K
-                if i < 0:
-                    warm_ns.append(ns)
-                    if i == -1:
-                        # the warm-up's fastest sample says what the candidate costs a call: enough
-                        # calls that its own samples, not eager's, last the target (never fewer)
-                        per_call = max(min(warm_ns) / 1000.0 - runner_overhead, 0.0) / K
-                        K = max(K, min(acc.sets, self.calls_for(max(per_call, 0.5))))
-                else:
-                    raw["candidate"].append(ns / 1000.0)
-                    raw["eager"].append(t_e)
-                    raw["empty"].append(t_0)
-                    if t_c is not None:
-                        raw["compile"].append(t_c)
-                    if t_cd is not None:
-                        raw["compile_device"].append(t_cd)
-            cal_after = cal.measure()
-            empty = Stats.from_samples(raw.pop("empty"))
+        def summarise(raw: dict[str, list[float]]) -> tuple[dict[str, list[float]], float]:
+            """Per-call samples (µs) of every variant, overheads subtracted, and the resolution."""
+            empty = Stats.from_samples(raw["empty"])
             resolution = max(runner_res, empty.q3 - empty.q1) / K
             samples = {"candidate": [max(x - runner_overhead, 0.0) / K for x in raw["candidate"]]}
-            for name in raw:
+            for name, xs in raw.items():
                 if name == "compile_device":  # events on the device: no synchronisation to subtract
-                    samples[name] = [x / K for x in raw[name]]
-                elif name != "candidate":
-                    samples[name] = [max(x - empty.median, 0.0) / K for x in raw[name]]
-            stats = {n: Stats.from_samples(v) for n, v in samples.items()}
-            verdict = Verdict()
-            verdict.add(cal.loaded(cal_before, max_slowdown))
-            verdict.add(cal.loaded(cal_after, max_slowdown))
-            for name, st in stats.items():
-                verdict.add(spread_reason(name, st, max_spread, resolution))
-            if ran_while_frozen:
-                verdict.add(f"the candidate's process used {ran_while_frozen / 1e6:.3f} ms of CPU while it was "
-                            "frozen for the baselines")
-            verdict.add(profile_reason(stats["eager"].median, self.card.time_us, resolution, 2 * max_slowdown))
-            attempts.append({"attempt": attempt, "quiet": verdict.quiet, "reasons": verdict.reasons,
-                             "calibration_us": [cal_before, cal_after], "candidate_median_us": stats["candidate"].median,
-                             "eager_median_us": stats["eager"].median})
-            if verdict.quiet:
-                break
-        acc.freeze()
-        m1 = Stats.from_samples(samples["candidate"][:repeats]).median
-        m2 = Stats.from_samples(samples["candidate"][repeats:]).median
+                    samples[name] = [x / K for x in xs]
+                elif name not in ("candidate", "empty"):
+                    samples[name] = [max(x - empty.median, 0.0) / K for x in xs]
+            return samples, resolution
+
+        threads, threads_note = self.threads, None
+        torch_threads = torch.get_num_threads() if self.device == "cpu" else None
+        if torch_threads is not None:
+            torch.set_num_threads(threads)  # eager on as many threads as the candidate's OpenMP team
+        self.phase("timing")
+        attempts: list[dict] = []
+        try:
+            for attempt in range(1 + retries):
+                self.beat(force=True)
+                acc.freeze()
+                cal_before = cal.measure()
+                busy = self.busy(cal, cal_before, max_slowdown)
+                if busy and self.device == "cpu" and self.clock == "wall" and acc.overhead_cpu_ns:
+                    # one thread each, on CPU clocks: an oversubscribed machine's parallel region waits
+                    # for its slowest thread, and a call to the runner for the runner to be scheduled
+                    # (and its reply for the judge), which eager, in this process, never does; CPU
+                    # time counts neither
+                    if threads > 1:
+                        threads = 1
+                        torch.set_num_threads(1)
+                        acc.thaw()  # a frozen runner answers no request
+                        acc.set_threads(1)
+                        acc.freeze()
+                    self.clock = "cpu"
+                    runner_overhead, runner_res = overhead()
+                    threads_note = ("eager and the candidate timed on one thread each, on the CPU time the kernel "
+                                    f"counts for them (not the time they waited for a CPU): {busy[0]}")
+                raw: dict[str, list[float]] = {"candidate": [], "eager": [], "empty": []}
+                if compiled is not None:
+                    raw["compile"] = []
+                    if self.device == "cuda":
+                        raw["compile_device"] = []
+                checked = 0
+                ran_while_frozen = 0
+                warm_ns: list[int] = []
+                i = -warmup
+                while True:
+                    acc.freeze()
+                    cpu0 = acc.cpu_ns()
+                    draws = []
+                    for k, ins in enumerate(acc.batch_inputs[:K]):
+                        draws.append((gen.get_state(), (i + warmup + k) % len(DISTRIBUTIONS)))
+                        fresh_inputs_into(self.card, ins, gen, draws[-1][1])
+                    box: list = []
+                    t_e = self._one(timer, functools.partial(run_eagers, box), "eager")
+                    t_c = self._one(timer, run_compiled, "compile") if compiled is not None else None
+                    # what torch.compile's kernels cost where a compiled model runs them (no guard, no
+                    # wrapper): the device held busy twice the calls' latency just measured (at 2 GHz),
+                    # so that the K calls' guards and launches are all enqueued under it
+                    t_cd = (timer.device_us(run_compiled, sleep_cycles=max(SLEEP_CYCLES, int(4000 * (t_c or 0.0))))
+                            if compiled is not None and self.device == "cuda" else None)
+                    t_0 = self._one(timer, lambda: tiny.zero_(), "empty")
+                    expected = [[o.clone() for o in outs] for outs in box]
+                    cpu1 = acc.cpu_ns()
+                    if cpu0 is not None and cpu1 is not None:
+                        ran_while_frozen += cpu1 - cpu0
+                    acc.thaw()
+                    for outs in acc.batch_outputs[:K]:
+                        for o in outs:
+                            _poison(o, i % 2)
+                    if acc.workspace is not None:
+                        acc.workspace.fill_(WORKSPACE_POISON[i % 2])
+                    timer.prepare()
+                    if self.clock == "cpu":
+                        used, rc = acc.timed_call(functools.partial(acc.call, 0, K))
+                        if used is None:
+                            raise CandidateProcessError("harness", "the runner's CPU time could not be read")
+                        ns = used
+                    else:
+                        rc, ns = acc.call(0, K)
+                    acc.freeze()
+                    landed = [[_bits(o).clone() for o in outs] for outs in acc.batch_outputs[:K]]
+                    if rc != 0:
+                        raise CandidateFailure("returned_error", f"forge_launch returned {rc} in timed run {i}")
+                    self.check_threads(f"timed run {i}")
+                    for k in range(K):
+                        where = f"timed run {i}" + (f", call {k + 1} of {K}" if K > 1 else "") + " (fresh inputs)"
+                        self.spot_check(where, acc.batch_inputs[k], acc.batch_outputs[k], expected[k], i % 2,
+                                        functools.partial(self.regenerated, acc.batch_inputs[k], *draws[k]))
+                    self._sync()
+                    for k, outs in enumerate(acc.batch_outputs[:K]):
+                        for j, (o, before) in enumerate(zip(outs, landed[k])):
+                            if not torch.equal(_bits(o), before):
+                                raise CandidateFailure("late_writes", f"timed run {i}: output {j} changed after the "
+                                                       "candidate reported it was done (work still running after the "
+                                                       "call returned)")
+                    checked += K
+                    self.beat()
+                    if i < 0:
+                        warm_ns.append(ns)
+                        if i == -1:
+                            # the warm-up's fastest sample says what the candidate costs a call: enough
+                            # calls that its own samples, not eager's, last the target (never fewer)
+                            per_call = max(min(warm_ns) / 1000.0 - runner_overhead, 0.0) / K
+                            K = max(K, min(acc.sets, self.calls_for(max(per_call, 0.5))))
+                    else:
+                        raw["candidate"].append(ns / 1000.0)
+                        raw["eager"].append(t_e)
+                        raw["empty"].append(t_0)
+                        if t_c is not None:
+                            raw["compile"].append(t_c)
+                        if t_cd is not None:
+                            raw["compile_device"].append(t_cd)
+                    i += 1
+                    n = len(raw["candidate"])
+                    if n >= least and (n - least) % step == 0:
+                        samples, resolution = summarise(raw)
+                        check = ratio_check(_paired(samples["eager"], samples["candidate"], resolution))
+                        if n >= most or (check.width <= max_width and not check.moved(max_width)):
+                            break
+                cal_after = cal.measure()
+                samples, resolution = summarise(raw)
+                stats = {name: Stats.from_samples(v) for name, v in samples.items()}
+                check = ratio_check(_paired(samples["eager"], samples["candidate"], resolution))
+                verdict, notes = Verdict(), Verdict()
+                if check.width > max_width:
+                    verdict.add(f"the speedup's 95% interval [{check.lo:.3f}, {check.hi:.3f}] stayed "
+                                f"{100 * check.width:.0f}% of its median {check.median:.3f} after {check.n} paired "
+                                f"samples (at most {100 * max_width:.0f}% is trusted)")
+                if check.moved(max_width):
+                    (m1, lo1, hi1), (m2, lo2, hi2) = check.halves
+                    verdict.add(f"the load changed during the measurement: the speedup was {m1:.3f} [{lo1:.3f}, "
+                                f"{hi1:.3f}] in the first half of the samples and {m2:.3f} [{lo2:.3f}, {hi2:.3f}] "
+                                "in the second")
+                if ran_while_frozen:
+                    verdict.add(f"the candidate's process used {ran_while_frozen / 1e6:.3f} ms of CPU while it was "
+                                "frozen for the baselines")
+                for note in [cal.loaded(cal_before, max_slowdown), cal.loaded(cal_after, max_slowdown), *busy[1:]]:
+                    notes.add(note)
+                for name, st in stats.items():
+                    notes.add(spread_reason(name, st, max_width, resolution))
+                notes.add(profile_reason(stats["eager"].median, self.card.time_us, resolution, 2 * max_slowdown))
+                attempts.append({"attempt": attempt, "quiet": verdict.quiet, "reasons": verdict.reasons,
+                                 "notes": notes.reasons, "calibration_us": [cal_before, cal_after],
+                                 "candidate_median_us": stats["candidate"].median,
+                                 "eager_median_us": stats["eager"].median, "samples": check.n,
+                                 "speedup_interval": [check.lo, check.hi], "threads": threads})
+                if verdict.quiet:
+                    break
+        finally:
+            acc.freeze()
+            if torch_threads is not None:
+                torch.set_num_threads(torch_threads)
+        half = len(samples["candidate"]) // 2
+        m1 = Stats.from_samples(samples["candidate"][:half] or samples["candidate"]).median
+        m2 = Stats.from_samples(samples["candidate"][half:]).median
         noise = abs(m1 - m2) / min(m1, m2) if min(m1, m2) > 0 else 0.0
         cand_med = stats["candidate"].median
+        # the floor as far as eager's own fastest call allows: a bound eager beats is no bound
+        floor = roofline.floor_under(stats["eager"].min, self.card.bytes, self.card.flops, self.card.dtype, ceil)
         vs_compile = ("compile_device" if "compile_device" in samples
                       else "compile" if "compile" in samples else None)
         return {
@@ -703,6 +882,7 @@ class Evaluation:
             "compile_device": stats["compile_device"].to_json() if "compile_device" in stats else None,
             "compile_note": compile_note,
             "speedup_vs_eager": _ratio(samples["eager"], samples["candidate"], resolution),
+            "speedup_interval": [check.lo, check.hi],
             # against torch.compile's kernels, not its call: the compiled baseline's device time
             # where there is a device (the candidate's sample keeps its launch: the ratio errs
             # against the candidate), its latency on the cpu
@@ -712,17 +892,24 @@ class Evaluation:
             "speedup_vs_compile_latency": (_ratio(samples["compile"], samples["candidate"], resolution)
                                            if "compile" in samples else None),
             "noise": noise, "block_medians_us": [m1, m2],
-            "overhead_us": {"runner_round_trip": runner_overhead, "judge_sync": empty.median},
-            "floor_us": floor, "fraction_of_floor": (floor / cand_med) if cand_med > 0 else math.inf,
+            "overhead_us": {"runner_round_trip": runner_overhead, "judge_sync": Stats.from_samples(raw["empty"]).median},
+            "floor_us": floor, "roofline_floor_us": self.floor_us(ceil),
+            "fraction_of_floor": (floor / cand_med) if cand_med > 0 else math.inf,
             "resolution_us": resolution, "below_resolution": floor <= resolution,
             "impossible": impossible_time(cand_med, floor, resolution),
             "checked_timed_runs": checked, "calls_per_sample": K,
             "eager_off": sum(n for where, n in self.eager_off.items() if where.startswith("timed run")),
-            "quiet": verdict.quiet, "noisy_reasons": verdict.reasons, "attempts": attempts,
+            "quiet": verdict.quiet, "noisy_reasons": verdict.reasons, "load_notes": notes.reasons,
+            "threads_note": threads_note, "attempts": attempts,
             "runner_cpu_while_frozen_ns": ran_while_frozen,
             "protocol": {**timer.describe(), "warmup": warmup, "repeats": repeats, "blocks": 2,
-                         "calls_per_sample": K, "threads": self.threads, "fresh_inputs_every_run": True,
+                         "samples": check.n, "min_samples": least, "max_samples": most,
+                         "calls_per_sample": K, "threads": threads, "clock": self.clock,
+                         "fresh_inputs_every_run": True,
                          "outputs_checked_every_timed_run": True,
+                         "speedup": "median of the paired ratios, eager's sample over the candidate's taken "
+                                    "right after it; samples added until its 95% interval is within "
+                                    f"{100 * max_width:.0f}% of it (or {most} samples)",
                          "baselines": "timed in the judge's process while the candidate's process is stopped",
                          "candidate": "judge's clock around the request to the runner, which replies once the "
                                       "device is idle; the runner's empty round trip (measured before the "
@@ -737,7 +924,10 @@ class Evaluation:
         import torch
 
         if self.device == "cpu":
-            torch.set_num_threads(self.threads)
+            # the judge's own work (references, comparisons) on one thread where more threads are
+            # ready to run than there are CPUs: a parallel op there waits for its slowest thread
+            host = oversubscription()
+            torch.set_num_threads(1 if host is not None and host > 1.0 else self.threads)
         self.phase("load")
         limit = self.opt.call_timeout_s
         self._acc = Accused(Path(self.runner), self.library, self.card.inputs, self.card.outputs, self.scalars,
@@ -748,6 +938,7 @@ class Evaluation:
             timer = self._timer()
             self.acc.measure_overhead(max(11, self.tcfg.repeats), before=timer.prepare)
             self.acc.load()
+            self.check_threads("once loaded")
             if self.acc.needs_workspace:
                 self.acc.give_workspace(self.acc.size_workspace())
             self.phase("correctness")
@@ -756,9 +947,10 @@ class Evaluation:
                 self.phase("correctness")  # one heartbeat per set: the client's limit is per set
                 results.append(self.check_set(name, ins))
                 self.sets_passed.append(name)
+            state = self.check_state()
             correctness = {"sets": results, "seed": self.seed,
                            "degenerate_card": bool(results) and all(r["degenerate"] for r in results),
-                           "scalars": [[s.name, s.value] for s in self.scalars]}
+                           "scalars": [[s.name, s.value] for s in self.scalars], "state_calls": state["calls"]}
             timing = self.time(ceil) if do_timing else None
             confinement = dict(self.acc.confined)
         self.phase("done")
@@ -774,8 +966,6 @@ PROCESS_FAILURES = {"crash": ("crash", "crash"), "device_error": ("crash", "devi
 
 def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict) -> dict:
     """Entry point used by the worker loop. Returns the correctness/timing part of a result."""
-    from .. import roofline
-
     t0 = time.perf_counter()
     req = JudgeRequest.model_validate({k: v for k, v in request.items() if k != "cmd"})
     card = Card.model_validate(req.card)
@@ -799,16 +989,20 @@ def evaluate_in_worker(request: dict, phase: Callable[[str], None], state: dict)
     except Exception as exc:  # noqa: BLE001 - an exception from the harness itself, reported as such
         return {"status": "error", "failure": "harness", "reason": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=6), "seed": ev.seed}
-    status = "passed"
-    reason = ""
-    timing = body.get("timing")
+    verdict, why, broke = timing_verdict(body.get("timing"))
+    if broke:
+        body["failure"] = broke
+    return {"status": verdict, "reason": why, **body, "seconds": time.perf_counter() - t0}
+
+
+def timing_verdict(timing: dict | None) -> tuple[str, str, str | None]:
+    """(status, reason, failure) of a correct candidate by its timing: rejected for a time under
+    the floor, noisy where the speedup could not be trusted, passed otherwise (and without timing)."""
     if timing and timing["impossible"]:
-        status = "rejected"
-        reason = (f"measured {timing['candidate']['median']:.2f} µs, under 90% of the roofline floor "
-                  f"{timing['floor_us']:.2f} µs: impossible, so the measurement or the candidate is wrong")
-        body["failure"] = "impossible_time"
-    elif timing and not timing["quiet"]:
-        status = "noisy"
-        reason = ("correct, but the machine was too busy to trust the timing: "
-                  + "; ".join(timing["noisy_reasons"][:3]))
-    return {"status": status, "reason": reason, **body, "seconds": time.perf_counter() - t0}
+        return "rejected", (f"measured {timing['candidate']['median']:.2f} µs, under 90% of the roofline floor "
+                            f"{timing['floor_us']:.2f} µs: impossible, so the measurement or the candidate is "
+                            "wrong"), "impossible_time"
+    if timing and not timing["quiet"]:
+        return "noisy", ("correct, but the machine was too busy to trust the timing: "
+                         + "; ".join(timing["noisy_reasons"][:3])), None
+    return "passed", "", None

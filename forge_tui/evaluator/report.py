@@ -31,6 +31,9 @@ def format_result(r: EvalResult) -> str:
                          f"{f', {s.eager_off} elements where eager is off the float64 result' if s.eager_off else ''})"
                          for s in c.sets)
         lines.append(f"  correct on: {sets}")
+        if c.state_calls:
+            lines.append(f"  no state kept across calls: {c.state_calls} calls on near-duplicate inputs, each "
+                         "output its own input's")
     t = r.timing
     if t:
         lines.append(f"  time: candidate {t.candidate.median:.2f} µs (spread {100 * t.candidate.spread:.1f}%), "
@@ -39,13 +42,19 @@ def format_result(r: EvalResult) -> str:
                      (f" ({t.compile_device.median:.2f} µs of device time)" if t.compile_device else ""))
         sp = t.speedup_vs_eager
         untrusted = "" if t.quiet else " (NOT TRUSTED: the machine was busy)"
-        lines.append(f"  speedup vs eager {sp.median:.3f}x [{sp.q1:.3f}, {sp.q3:.3f}]" +
+        sure = (f" (95% interval of the median [{t.speedup_interval[0]:.3f}, {t.speedup_interval[1]:.3f}], "
+                f"{sp.n} paired samples)" if len(t.speedup_interval) == 2 else "")
+        lines.append(f"  speedup vs eager {sp.median:.3f}x [{sp.q1:.3f}, {sp.q3:.3f}]{sure}" +
                      (f", vs torch.compile {t.speedup_vs_compile.median:.3f}x"
                       + (" (its device time)" if t.compile_basis == "device" else "")
                       if t.speedup_vs_compile else
                       f" (torch.compile: {t.compile_note})") + untrusted)
         for why in t.noisy_reasons:
             lines.append(f"    busy: {why}")
+        if t.threads_note:
+            lines.append(f"    load: {t.threads_note}")
+        for why in t.load_notes:
+            lines.append(f"    load (delayed the verdict, did not deny it): {why}")
         lines.append(f"  roofline floor {t.floor_us:.2f} µs ({100 * t.fraction_of_floor:.0f}% of it reached); "
                      f"noise between two timing blocks {100 * t.noise:.1f}%; {t.checked_timed_runs} timed calls "
                      f"checked, each on fresh inputs ({t.calls_per_sample} per sample)" +

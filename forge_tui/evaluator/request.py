@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import TimingConfig
 
@@ -21,6 +21,9 @@ class JudgeOptions(BaseModel):
     call_timeout_s: float = 60.0
     confinement: Literal["required", "off"] = "required"
     landlock: bool = True
+    near_duplicates: int = Field(6, ge=0)
+    """Calls of the state check (``Evaluation.check_state``): inputs each one element apart from
+    the one before, then the first again; 0 skips it."""
 
 
 class JudgeRequest(BaseModel):

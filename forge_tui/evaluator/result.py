@@ -84,6 +84,9 @@ class Correctness(_Part):
     seed: int | None = None
     degenerate_card: bool = False
     scalars: list[list[Any]] = Field(default_factory=list)
+    state_calls: int = 0
+    """Calls on near-duplicate inputs (each one element apart from the one before, then the first
+    again), every output checked against its own input's: none returned an earlier call's."""
 
 
 class TimeStats(_Part):
@@ -107,6 +110,12 @@ class Attempt(_Part):
     calibration_us: list[float] = Field(default_factory=list)
     candidate_median_us: float | None = None
     eager_median_us: float | None = None
+    notes: list[str] = Field(default_factory=list)
+    """Signs of load that do not deny a verdict (a busy calibration, spreads, eager slower than
+    its profile): paired samples cancel steady load."""
+    samples: int = 0
+    speedup_interval: list[float] = Field(default_factory=list)
+    threads: int | None = None
 
 
 class Timing(_Part):
@@ -117,6 +126,8 @@ class Timing(_Part):
     """The compiled baseline's device time (cuda): what ``speedup_vs_compile`` divides there."""
     compile_note: str | None = None
     speedup_vs_eager: TimeStats
+    speedup_interval: list[float] = Field(default_factory=list)
+    """The 95% interval of ``speedup_vs_eager``'s median (order statistics of the paired ratios)."""
     speedup_vs_compile: TimeStats | None = None
     """Against torch.compile's kernels: its device time over the candidate's time on cuda
     (``compile_basis`` "device"), its latency on the cpu ("latency")."""
@@ -127,6 +138,9 @@ class Timing(_Part):
     block_medians_us: list[float] = Field(default_factory=list)
     overhead_us: dict[str, float] | list[float] = Field(default_factory=dict)
     floor_us: float = 0.0
+    """The roofline floor the judge applied: ``roofline_floor_us`` without the bounds eager's own
+    fastest call beats (``roofline.floor_under``)."""
+    roofline_floor_us: float | None = None
     fraction_of_floor: float = 0.0
     resolution_us: float = 0.0
     below_resolution: bool = False
@@ -139,6 +153,10 @@ class Timing(_Part):
     calls_per_sample: int = 1
     quiet: bool = True
     noisy_reasons: list[str] = Field(default_factory=list)
+    load_notes: list[str] = Field(default_factory=list)
+    """Signs of load seen in the attempt that counts, which delayed the verdict but did not deny it."""
+    threads_note: str | None = None
+    """Why eager and the candidate were timed on fewer threads than configured (a busy machine)."""
     attempts: list[Attempt] = Field(default_factory=list)
     runner_cpu_while_frozen_ns: int = 0
     protocol: dict[str, Any] = Field(default_factory=dict)

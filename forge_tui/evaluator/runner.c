@@ -110,6 +110,11 @@ static uint64_t workspace_stride = 0;
 #define MAX_SETS 64
 static forge_tensor ins[MAX_SETS][64], outs[MAX_SETS][64];
 static forge_scalar scs[256];
+/* What a call is handed: copies of set k's descriptors and of the scalars, written afresh before
+   every call, so that nothing a candidate writes into them (a pointer in an unused dimension, a
+   count in a scalar's reserved field) reaches its next call. */
+static forge_tensor call_ins[64], call_outs[64];
+static forge_scalar call_scs[256];
 static uint64_t in_off[MAX_SETS][64], out_off[MAX_SETS][64];
 static int32_t n_in = 0, n_out = 0, n_sc = 0, n_sets = 0;
 static void* lib = NULL;
@@ -451,11 +456,14 @@ static void call(const char* p, uint32_t len) {
     }
     int rc = 0;
     for (int k = first; k < first + count && rc == 0; ++k) {
+        memcpy(call_ins, ins[k], (size_t)n_in * sizeof(forge_tensor));
+        memcpy(call_outs, outs[k], (size_t)n_out * sizeof(forge_tensor));
+        memcpy(call_scs, scs, (size_t)n_sc * sizeof(forge_scalar));
         if (f_launch_ws)
-            rc = f_launch_ws(ins[k], n_in, outs[k], n_out, scs, n_sc, workspace + (uint64_t)k * workspace_stride,
-                             (int64_t)workspace_size, NULL);
+            rc = f_launch_ws(call_ins, n_in, call_outs, n_out, call_scs, n_sc,
+                             workspace + (uint64_t)k * workspace_stride, (int64_t)workspace_size, NULL);
         else
-            rc = f_launch(ins[k], n_in, outs[k], n_out, scs, n_sc, NULL);
+            rc = f_launch(call_ins, n_in, call_outs, n_out, call_scs, n_sc, NULL);
     }
     int32_t res[2] = {rc, 0};
     if (use_cuda) {
@@ -469,6 +477,26 @@ static void call(const char* p, uint32_t len) {
         }
     }
     reply(0, res, sizeof res);
+}
+
+/* 'T' payload: i32 threads. The OpenMP team size of the candidate's next parallel regions
+   (omp_set_num_threads on this, the calling, thread): the judge times both sides on one thread
+   when the machine is busy. Replies 1 when the library has no OpenMP runtime. */
+static void set_threads(const char* p, uint32_t len) {
+    int32_t n = 0;
+    if (len != 4) {
+        reply_msg(1, "malformed threads request%s%s", NULL, NULL);
+        return;
+    }
+    memcpy(&n, p, 4);
+    if (n < 1) {
+        reply_msg(1, "threads must be at least 1%s%s", NULL, NULL);
+        return;
+    }
+    void (*omp_set)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    int32_t found = omp_set != NULL;
+    if (omp_set) omp_set(n);
+    reply(0, &found, 4);
 }
 
 static void empty(void) {
@@ -568,6 +596,9 @@ int main(int argc, char** argv) {
             break;
         case 'E':
             empty();
+            break;
+        case 'T':
+            set_threads(buf, len);
             break;
         case 'Q':
             free(buf);

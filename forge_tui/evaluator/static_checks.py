@@ -207,6 +207,8 @@ def check_source(source: str, backend: str, *, allow_libraries: bool = False) ->
             if "constructor" in _text(src, n) or "destructor" in _text(src, n):
                 add("no-loading", "error", "code that runs when the library is loaded (constructor attribute)", n)
 
+    seen = {(f.rule, f.line) for f in findings}
+    findings.extend(f for f in state_findings(tree.root_node, src) if (f.rule, f.line) not in seen)
     clean = _strip_comments(source)
     for tok in sorted(FORBIDDEN_TOKENS):
         m = re.search(rf"\b{re.escape(tok)}\b", clean)
@@ -247,6 +249,232 @@ def _include_findings(source: str) -> list[Finding]:
     from .includes import source_problems
 
     return [Finding("include", "error", why, line) for line, why in source_problems(source, HEADER.name)]
+
+
+# ---- state that persists across calls, in the forms the walk above does not see ----------------
+FILE_IO = {"creat", "open64", "openat", "fopen64", "freopen", "fdopen", "tmpfile", "tmpfile64", "mkstemp",
+           "mkstemps", "mkostemp", "mkdtemp", "tmpnam", "tempnam", "shm_open", "memfd_create", "mkfifo",
+           "syscall"}
+ENVIRONMENT = {"secure_getenv", "unsetenv", "clearenv"}
+ENVIRONMENT_NAMES = {"environ", "__environ", "_environ"}
+FILE_STREAMS = {"ofstream", "ifstream", "fstream", "filebuf", "basic_ofstream", "basic_fstream", "basic_filebuf"}
+DESCRIPTOR_FIELDS = {"forge_tensor": {"data", "dtype", "ndim", "shape", "stride"},
+                     "forge_scalar": {"kind", "reserved", "i", "f"}}
+_SCOPES = ("translation_unit", "declaration_list", "template_declaration", "linkage_specification")
+
+
+def _storage_classes(node, src: bytes) -> set[str]:
+    return {_text(src, c).strip() for c in node.children if c.type == "storage_class_specifier"}
+
+
+def _type_is_const(node, src: bytes) -> bool:
+    """Whether the declared type itself is const (``const float x``, ``float const x``), not a
+    pointer's own qualifier."""
+    return any(c.type == "type_qualifier" and _text(src, c) in ("const", "constexpr") for c in node.children)
+
+
+def _writable_storage(node, src: bytes) -> str | None:
+    """How a variable (or static data member) declaration keeps writable storage, or None where it
+    cannot change: the variable itself writable, or a const pointer or a reference that reaches
+    writable storage (``static float* const memo = new float[n]``)."""
+    if any(c.type == "type_qualifier" and _text(src, c) == "constexpr" for c in node.children):
+        return None
+    const_type = _type_is_const(node, src)
+    for c in node.children:
+        decl, init = c, None
+        if c.type == "init_declarator":
+            decl, init = c.child_by_field_name("declarator"), c.child_by_field_name("value")
+        if decl is None:
+            continue
+        while decl is not None and decl.type == "qualified_identifier":  # Memo::buf, Tm<T>::slot
+            decl = decl.child_by_field_name("name")
+        if decl is None:
+            continue
+        if decl.type == "pointer_declarator":
+            pointer_const = any(q.type == "type_qualifier" and _text(src, q) == "const" for q in decl.children)
+            if not pointer_const:
+                return "a writable pointer"
+            null = init is None or _text(src, init).strip() in ("nullptr", "NULL", "0", "{}")
+            if not const_type and not null:
+                return "a fixed pointer to writable storage"
+            continue
+        if decl.type == "reference_declarator":
+            if not const_type:
+                return "a reference to writable storage"
+            continue
+        if decl.type in ("identifier", "field_identifier", "array_declarator") and not const_type:
+            return "writable"
+    return None
+
+
+def _scope_kind(node) -> str:
+    """'file' for a declaration at namespace scope (inside templates, namespaces and extern "C"
+    blocks too), 'class' for a member, 'block' inside a function."""
+    p = node.parent
+    while p is not None and p.type in ("template_declaration", "linkage_specification", "declaration_list"):
+        p = p.parent
+    if p is None or p.type == "translation_unit":
+        return "file"
+    if p.type == "field_declaration_list":
+        return "class"
+    return "block"
+
+
+def _descriptor_params(fn, src: bytes) -> dict[str, str]:
+    """A function definition's parameters that point at ABI descriptors: name -> forge_tensor or
+    forge_scalar."""
+    out: dict[str, str] = {}
+    decl = fn.child_by_field_name("declarator")
+    params = next((n for n in _walk(decl) if n.type == "parameter_list"), None) if decl is not None else None
+    for p in params.children if params is not None else []:
+        if p.type != "parameter_declaration":
+            continue
+        kind = next((k for k in DESCRIPTOR_FIELDS if re.search(rf"\b{k}\b", _text(src, p))), None)
+        name = _declarator_name(p.child_by_field_name("declarator"), src) if p.child_by_field_name("declarator") else None
+        if kind and name and "*" in _text(src, p):
+            out[name] = kind
+    return out
+
+
+def _descriptor_aliases(body, src: bytes, params: dict[str, str]) -> None:
+    """Adds to ``params`` the local pointers and references to descriptors that a function sets
+    from them (``forge_tensor* o = &out[0]``), and theirs in turn."""
+    decls = [d for d in _walk(body) if d.type == "declaration"]
+    for _ in range(3):
+        grew = False
+        for d in decls:
+            head = _text(src, d).split("=")[0]
+            kind = next((k for k in DESCRIPTOR_FIELDS if re.search(rf"\b{k}\b", head)), None)
+            if kind is None or ("*" not in head and "&" not in head):
+                continue
+            for c in d.children:
+                if c.type != "init_declarator":
+                    continue
+                name = _declarator_name(c.child_by_field_name("declarator"), src)
+                value = c.child_by_field_name("value")
+                used = {_text(src, i) for i in _walk(value) if i.type == "identifier"} if value is not None else set()
+                if name and name not in params and used & set(params):
+                    params[name] = kind
+                    grew = True
+        if not grew:
+            return
+
+
+def _root_identifier(node, src: bytes) -> str | None:
+    """The variable an lvalue expression starts from: ``out`` in ``out[0].shape[7]``."""
+    while node is not None:
+        if node.type == "identifier":
+            return _text(src, node)
+        if node.type in ("field_expression", "subscript_expression"):
+            node = node.child_by_field_name("argument")
+        elif node.type in ("pointer_expression", "parenthesized_expression", "cast_expression"):
+            node = node.child_by_field_name("argument") or node.child_by_field_name("value") or \
+                (node.named_children[-1] if node.named_children else None)
+        else:
+            return None
+    return None
+
+
+def state_findings(root, src: bytes) -> list[Finding]:
+    """Storage a candidate keeps from one call to the next, in the forms that hide from the
+    file-scope and ``static`` rules of ``check_source``: static data members (``static inline``,
+    of class templates too), variables inside templates and ``extern "C"``, extern variables with
+    an initialiser (a definition), extern variables of the C library (``environ``), const
+    pointers and references to writable storage, ``thread_local`` and ``mutable`` storage, writes
+    into the ABI descriptors the candidate is handed (the runner's own tables, alive across
+    calls), and files or the environment by other names than ``check_source``'s. Every call
+    gets inputs and outputs of its own: a kernel that needs nothing from an earlier call keeps
+    none of this."""
+    out: list[Finding] = []
+
+    def add(rule: str, msg: str, node) -> None:
+        out.append(Finding(rule, "error", msg, node.start_point[0] + 1))
+
+    for n in _walk(root):
+        t = n.type
+        if t in ("declaration", "field_declaration"):
+            if _is_function_declaration(n) and not any(c.type == "init_declarator" for c in n.children):
+                continue
+            classes = _storage_classes(n, src)
+            text = _text(src, n)
+            name = _declarator_name(n, src) or "?"
+            if "typedef" in text.split("=")[0].split():
+                continue
+            scope = _scope_kind(n)
+            shared = "__shared__" in text.split("=")[0]
+            if t == "field_declaration":
+                if "mutable" in classes or any(c.type == "type_qualifier" and _text(src, c) == "mutable"
+                                               for c in n.children):
+                    add("no-state", f"mutable member {name}: writable state inside a const object persists across "
+                        "calls", n)
+                elif "static" in classes and _writable_storage(n, src):
+                    add("no-state", f"static data member {name} is {_writable_storage(n, src)}: one copy shared "
+                        "by every call, state that persists across calls", n)
+                continue
+            how = _writable_storage(n, src)
+            if "extern" in classes and not any(c.type == "init_declarator" for c in n.children):
+                if not shared and scope in ("file", "block"):
+                    add("no-state", f"extern variable {name} is storage outside the candidate (the C library's "
+                        "or the runner's): state that persists across calls", n)
+                continue
+            if shared:
+                continue
+            if re.search(r"\b__constant__\b", text.split("=")[0]):
+                # device constants are read-only to a kernel; written from the host (no initialiser)
+                # they are state, as check_source says at file scope
+                if scope == "file" and not any(c.type == "init_declarator" for c in n.children):
+                    add("no-state", f"__constant__ {name} is written at run time: state that persists across "
+                        "calls", n)
+                continue
+            if scope == "file" and how:
+                where = "__device__ " if re.search(r"\b(__device__|__managed__|__constant__)\b", text.split("=")[0]) else ""
+                add("no-state", f"{where}global variable {name} is {how}: state that persists across calls", n)
+            elif scope == "block" and ({"static", "thread_local"} & classes) and how:
+                kind = "thread_local" if "thread_local" in classes else "static"
+                add("no-state", f"{kind} variable {name} is {how}: state that persists across calls", n)
+        elif t == "function_definition":
+            params = _descriptor_params(n, src)
+            if not params:
+                continue
+            body = n.child_by_field_name("body") or n
+            _descriptor_aliases(body, src, params)
+            for m in _walk(body):
+                if m.type == "assignment_expression":
+                    target = m.child_by_field_name("left")
+                elif m.type == "update_expression":
+                    target = m.child_by_field_name("argument")
+                else:
+                    continue
+                fields = {_text(src, f.child_by_field_name("field")) for f in _walk(target)
+                          if f.type == "field_expression" and f.child_by_field_name("field") is not None}
+                root_name = _root_identifier(target, src)
+                desc = params.get(root_name or "")
+                if desc and fields & DESCRIPTOR_FIELDS[desc]:
+                    add("no-state", f"writes {_text(src, target)}: the {desc} descriptors are the runner's own, "
+                        "alive across calls, and read-only to a candidate", m)
+        elif t == "call_expression":
+            fn = n.child_by_field_name("function")
+            short = (_text(src, fn) if fn is not None else "").split("<")[0].strip().split("::")[-1]
+            if short in FILE_IO:
+                add("no-io", f"calls {short}: candidates may not create, open or write files (state that "
+                    "persists across calls)", n)
+            elif short in ENVIRONMENT:
+                add("no-io", f"calls {short}: candidates may not read or change the environment", n)
+        elif t in ("identifier",) and _text(src, n) in ENVIRONMENT_NAMES:
+            add("no-io", f"uses {_text(src, n)}: candidates may not read or change the environment", n)
+        elif t in ("type_identifier", "qualified_identifier") and _text(src, n).split("::")[-1] in FILE_STREAMS:
+            if n.type == "qualified_identifier" or n.parent is None or n.parent.type != "qualified_identifier":
+                add("no-io", f"uses {_text(src, n)}: candidates may not open files", n)
+    clean = _strip_comments(src.decode(errors="replace"))
+    for m in re.finditer(r"const_cast\s*<[^>]*\bforge_(tensor|scalar)\b|\(\s*forge_(tensor|scalar)\s*\*\s*\)", clean):
+        add_line = clean.count("\n", 0, m.start()) + 1
+        out.append(Finding("no-state", "error", f"casts the const away from the forge_{m.group(1) or m.group(2)} "
+                           "descriptors: they are the runner's own, alive across calls, and read-only to a "
+                           "candidate", add_line))
+    unique: dict[tuple[str, int | None, str], Finding] = {}
+    for f in out:
+        unique.setdefault((f.rule, f.line, f.message), f)
+    return list(unique.values())
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

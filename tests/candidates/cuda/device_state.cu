@@ -1,6 +1,6 @@
-// state across calls in a device global (a variable template, which the static checks do not
-// see): computes on the first call, sets a flag in device memory, and from then on the kernel
-// returns at once (expecting the same inputs).
+// state across calls in a device global (a variable template: the static checks refuse it; run
+// with them off, the judge's fresh inputs catch it): computes on the first call, sets a flag in
+// device memory, and from then on the kernel returns at once (expecting the same inputs).
 #include <cuda_runtime.h>
 #include <math.h>
 #include "forge_kernel.h"
