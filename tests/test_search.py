@@ -451,10 +451,36 @@ def test_forge_retime_evaluates_the_noisy_kernels_on_the_real_pool(tmp_path, cap
     assert main(["retime", str(ws.root), "--backend", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "retimed busy n0001: n0002 rejected (static check" in out, out
-    assert main(["retime", str(ws.root), "busy", "--backend", "cpu"]) == 0  # n0001 stays noisy: timed again
-    assert "retimed busy n0001: n0003 rejected" in capsys.readouterr().out
+    # the rejection is a verdict: the kernel is not timed again
+    assert main(["retime", str(ws.root), "busy", "--backend", "cpu"]) == 0
+    assert "no kernel to time again" in capsys.readouterr().out
     assert main(["retime", str(ws.root), "other", "--backend", "cpu"]) == 0
     assert "no kernel to time again" in capsys.readouterr().out
+
+
+def test_retime_times_each_kernel_once_a_call_while_the_machine_stays_busy(tmp_path):
+    """Two kernels timed on a busy machine, and a machine that stays busy: each retime call times
+    each kernel once (2, 2, 2 evaluations, never 2, 4, 8 for the earlier retimes too), each retime a
+    child of the kernel's own node; once a retime gives a kernel a verdict, it is not timed again."""
+    busy = synthetic_card("busy", share=0.3, time_us=100.0, floor_us=10.0)
+    ws = make_workspace(tmp_path / "ws", [busy])
+    pool = FakePool(status=lambda card, src: "noisy")
+    run_search(ws, cfg(max_evals=2, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    counts = []
+    for _ in range(3):
+        search = Search(ws, cfg(), CountingProposer(), pool)
+        counts.append(search.retime().evaluations)
+        assert sorted(p for _, p, _ in search.retimed) == ["n0001", "n0002"]
+        assert all(n.parent == p and n.move == f"retime {p}" for _, p, n in search.retimed)
+    assert counts == [2, 2, 2]
+    verdicts = iter(["rejected", "noisy"])  # n0001 gets a verdict, n0002 stays untimed
+    judged = FakePool(status=lambda card, src: next(verdicts))
+    assert Search(ws, cfg(), CountingProposer(), judged).retime().evaluations == 2
+    last = FakePool(status=lambda card, src: "noisy")
+    search = Search(ws, cfg(), CountingProposer(), last)
+    assert search.retime().evaluations == 1 and [p for _, p, _ in search.retimed] == ["n0002"]
+    for p in (pool, judged, last):
+        p.close()
 
 
 def test_the_best_and_its_promotion_request_are_the_fastest_kernel_by_its_own_time(tmp_path):

@@ -32,6 +32,7 @@ from .history import History
 from .ledger import Ledger
 from .pool import EvalPool
 from .proposer import NodeView, Proposal, ProposalContext, Proposer, ProposerFailure
+from .retime import NO_VERDICT, RETIME, untimed
 from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
 from .uct import select
@@ -546,14 +547,16 @@ class Search:
                              finished={c: b.finished for c, b in self.budgets.items() if b.finished},
                              damaged=list(self.damaged), git_failure=self.git_failure)
 
-    RETIME = "retime "
-    """A retimed node's move: ``retime <the node it times again>``."""
+    RETIME = RETIME
+    """A retimed node's move: ``retime <the node it times again>`` (``search.retime``)."""
 
     def retime(self) -> SearchSummary:
         """Each card's correct kernels that were timed while the machine was busy ("noisy": no
-        speedup claimed, never offered for promotion), evaluated again, each as a child of its
-        node with the same source (move ``retime <node>``). A noisy node with a retimed child that
-        passed is not timed again. Recorded like any search, so replay shows it."""
+        speedup claimed, never offered for promotion), evaluated again, each once a call, as a child
+        of the kernel's own node with the same source (move ``retime <node>``). A kernel that a
+        retime has given a verdict (passed, rejected, crashed) is not timed again; one whose
+        retimes all came back noisy is timed once more, not once for each of them
+        (``search.retime.untimed``). Recorded like any search, so replay shows it."""
         t_start = time.monotonic()
         stopped = "every noisy kernel timed again"
         with self.ws.git() as repo:
@@ -566,10 +569,9 @@ class Search:
             todo = []
             for cid in sorted(set(cards) & set(self.trees)):
                 tree = self.trees[cid]
-                done = {n.move[len(self.RETIME):] for n in tree.nodes.values()
-                        if n.move.startswith(self.RETIME) and n.status == "passed"}
-                todo += [(cards[cid], n) for n in sorted(tree.nodes.values(), key=lambda n: n.seq)
-                         if n.status == "noisy" and n.id not in done and (cid, n.id) not in self._unreadable]
+                nodes = sorted(tree.nodes.values(), key=lambda n: n.seq)
+                targets = untimed((n.id, n.status, n.move) for n in nodes)
+                todo += [(cards[cid], tree.nodes[nid]) for nid in targets if (cid, nid) not in self._unreadable]
             self._log("search_started", resumed=True, cards=sorted({c.id for c, _ in todo}), backend=self.backend,
                       proposer="retime", skipped=self.skipped, config=self.scfg.model_dump(), retime=len(todo))
             for card, node in todo:
@@ -584,13 +586,16 @@ class Search:
                 except Exception as exc:  # noqa: BLE001 - the harness failed; recorded against the node
                     result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
                                         card=card.id, backend=self.backend)
+                if self._stop_requested and result.status in NO_VERDICT:
+                    stopped = self._stop_requested
+                    break  # stopped while it ran: nothing learnt, nothing recorded
                 new = self._record_result(card, node, Proposal(source=source, move=self.RETIME + node.id,
                                                                proposer="retime"), result)
                 self.retimed.append((card.id, node.id, self.trees[card.id].nodes[new]))
             self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
         best = {cid: {"node": n.id, "speedup": n.speedup, "move": n.move}
                 for cid, tree in self.trees.items() if (n := tree.best()) is not None}
-        return SearchSummary(evaluations=len(todo), stopped=stopped, best=best, skipped=dict(self.skipped),
+        return SearchSummary(evaluations=len(self.retimed), stopped=stopped, best=best, skipped=dict(self.skipped),
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
                              damaged=list(self.damaged))
 
