@@ -244,7 +244,8 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
         elif any(n.node in wins for n in passed):
             continue  # a request once its node's result is readable again (requests() skipped it)
         elif noisy:
-            why = (noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded")[:160]
+            # whole: the app wraps it, the command prints it (a cut once fell inside a parenthesis)
+            why = noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded"
             others = f" (and {len(noisy) - 1} more)" if len(noisy) > 1 else ""
             best = max(passed, key=sp) if passed else None
             slower = f"; its fastest timed kernel, {best.node}, ran {sp(best):.2f}x eager" if best else ""

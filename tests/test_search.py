@@ -637,3 +637,40 @@ def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
     assert f"{pooled / 20.0:.2f}x 20.0 µs" in str(node_label(k1, False, card.ranked()[k1.id]))
     assert "8.00x" in str(node_label(k3, False, card.ranked()[k3.id]))
     assert sorted(sp for _, _, sp in points(state)) == pytest.approx(sorted(card.ranked().values()))
+
+
+def test_an_op_card_is_never_skipped_because_of_a_module_card_the_search_leaves_out(tmp_path):
+    """An op card nested in a module card is not searched apart; it says so only where the module
+    card is searched. Where the module card is not among the top cards, the op card says that
+    instead of "(that card is searched)"."""
+    big = [synthetic_card(f"big{i}", share=0.2, time_us=100.0, floor_us=1.0) for i in range(2)]
+    norm = synthetic_card("mod-norm", share=0.01, time_us=100.0, floor_us=1.0)
+    norm.kind, norm.target = "module", "module:Norm"
+    inner = synthetic_card("rsqrt", share=0.005, time_us=50.0, floor_us=1.0)
+    inner.within = ["mod-norm"]
+    ws = make_workspace(tmp_path / "ws", [*big, norm, inner])
+    pool = FakePool()
+    summary, _ = run_search(ws, cfg(max_evals=2, evals_per_card=1, parallel=1, top=2), CountingProposer(), pool)
+    assert summary.skipped["mod-norm"] == "not among the top 2 cards by potential gain"
+    assert summary.skipped["rsqrt"] == ("it runs inside mod-norm, which is not searched either (not among the top 2 "
+                                        "cards by potential gain)")
+    summary, _ = run_search(ws, cfg(max_evals=4, evals_per_card=1, parallel=1, top=3), CountingProposer(), pool,
+                            resume=True)
+    assert "mod-norm" not in summary.skipped
+    assert summary.skipped["rsqrt"] == "it runs inside mod-norm, whose kernel serves it (that card is searched)"
+    pool.close()
+
+
+def test_a_resumed_search_with_a_larger_budget_searches_the_cards_whose_budget_was_spent(tmp_path):
+    """A card that finished because its own evaluation budget was spent is searched again by a
+    resumed search whose budget per card is larger (the app's g after a search ran its course)."""
+    card = synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)
+    ws = make_workspace(tmp_path / "ws", [card])
+    pool = FakePool(speedup=lambda card, src: 1.05)
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    assert summary.evaluations == 2 and summary.finished["a"].startswith("its budget of 2")
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=2, parallel=1), CountingProposer(), pool, resume=True)
+    assert summary.evaluations == 2  # the same budget: nothing more
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=4, parallel=1), CountingProposer(), pool, resume=True)
+    assert summary.evaluations == 4
+    pool.close()

@@ -12,6 +12,7 @@ new node ids never reuse a branch name, damaged or not.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -37,10 +38,16 @@ from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
 from .uct import select
 
+NOTHING_MORE = "the proposer has nothing more to try"
+
 INELIGIBLE_FLAGS = {"dynamic_shape": "its output shape depends on the data",
                     "replay_failed": "its reference could not be replayed",
                     "reference_mismatch": "its reference does not reproduce the captured output"}
 
+
+BUDGET_SPENT = "its budget of "
+"""How a card's finish begins when its own evaluation budget was spent (``CardBudget.stop_reason``):
+a resumed search with a larger budget reopens it."""
 
 REWRITES = ("fold", "experts", "merge")
 """Promoted cards that replace what runs at their sites (``forge fold``, ``experts``, ``merge``)."""
@@ -129,6 +136,8 @@ class Search:
         """Agent conversations already recorded (on a node or in the log)."""
         self.retimed: list[tuple[str, str, Node]] = []
         """(card, noisy node, its new child) for each kernel ``retime`` timed again."""
+        self._git_lock = threading.Lock()
+        """Held while a record is written (``abandon`` takes it so that none is cut short)."""
 
     # ---- events --------------------------------------------------------------------------------
     def _publish(self, events: list[SearchEvent]) -> None:
@@ -148,6 +157,18 @@ class Search:
     def request_stop(self, reason: str = "stopped by the user") -> None:
         """Thread-safe: the loop stops starting new evaluations and records why."""
         self._stop_requested = reason
+
+    def abandon(self, timeout: float = 0.5) -> bool:
+        """For a process about to end at once (the app quitting): stop, wait up to ``timeout`` s
+        for a record being written and let no other start, then end the evaluations in flight
+        (the pool's judges killed; nothing of them is recorded). Every finished node is already a
+        committed ref. Whether the write lock was taken (False: a write was still going on)."""
+        self.request_stop("the app quit")
+        held = self._git_lock.acquire(timeout=timeout)
+        kill = getattr(self.pool, "kill", None)
+        if kill is not None:
+            kill()
+        return held
 
     # ---- state ---------------------------------------------------------------------------------
     def _eligible(self, all_cards: list[Card]) -> list[Card]:
@@ -171,27 +192,35 @@ class Search:
                 out.append(card)
             else:
                 self.skipped[card.id] = why
-        out = self._drop_nested(out)
+        eligible = {c.id for c in out}
+        nested = [c for c in out if self._nested_in(c, eligible)]
+        out = [c for c in out if c not in nested]
         if self.scfg.top:
             out.sort(key=lambda c: -CardBudget(c).potential)
             for c in out[self.scfg.top:]:
                 self.skipped[c.id] = f"not among the top {self.scfg.top} cards by potential gain"
             out = out[: self.scfg.top]
+        self._skip_nested(nested, {c.id for c in out})
         return out
 
-    def _drop_nested(self, cards: list[Card]) -> list[Card]:
-        """Op cards nested in module cards that this search serves are not searched apart: the
-        module card's kernel runs in their place (an RMSNorm's kernel, not its mul, pow, mean and
-        casts). Named on their own in ``cards``, without their module card, they still are."""
-        ids = {c.id for c in cards}
-        out = []
-        for card in cards:
-            parents = [p for p in card.within if p in ids] if card.kind == "op" else []
-            if parents and len(parents) == len(card.within):
-                self.skipped[card.id] = f"it runs inside {parents[0]}, whose kernel serves it (that card is searched)"
+    @staticmethod
+    def _nested_in(card: Card, ids: set[str]) -> bool:
+        """An op card every call of which runs inside module or chain cards of ``ids``."""
+        return card.kind == "op" and bool(card.within) and all(p in ids for p in card.within)
+
+    def _skip_nested(self, nested: list[Card], searched: set[str]) -> None:
+        """Op cards nested in module cards are not searched apart: the module card's kernel runs in
+        their place (an RMSNorm's kernel, not its mul, pow, mean and casts). Each says whether that
+        card is searched, or why not (named on their own in ``cards``, without their module card,
+        they are searched). Decided once the cards to search are chosen, so that no op card is
+        left out "because" a module card is searched that the same search leaves out."""
+        for card in nested:
+            inside = card.within[0]
+            if inside in searched:
+                self.skipped[card.id] = f"it runs inside {inside}, whose kernel serves it (that card is searched)"
             else:
-                out.append(card)
-        return out
+                why = self.skipped.get(inside, "it is not searched")
+                self.skipped[card.id] = f"it runs inside {inside}, which is not searched either ({why})"
 
     def _apply_node(self, rec: NodeRecord) -> list[SearchEvent]:
         tree = self.trees.setdefault(rec.card, CardTree(rec.card, self.scfg.reward_cap))
@@ -248,6 +277,10 @@ class Search:
                     self._conversations.add(str(rec.data["conversation"]))
                 if rec.kind == "card_finished" and rec.card in self.budgets:
                     self.budgets[rec.card].finished = rec.data.get("reason", "finished")
+        for b in self.budgets.values():
+            # a card that stopped on its own budget, since raised, is searched again
+            if b.finished is not None and b.finished.startswith(BUDGET_SPENT) and b.evals < self.scfg.evals_per_card:
+                b.finished = None
         for cid in list(self.cards):  # a damaged root (or one gone that nodes still name) is never replaced
             tree = self.trees.get(cid)
             if (tree is None or tree.root is None) and ROOT in self.taken.get(cid, ()):
@@ -260,16 +293,18 @@ class Search:
 
     def _log(self, kind: str, card: str | None = None, node: str | None = None, *,
              files: dict[str, bytes] | None = None, **data: Any) -> None:
-        rec = LogRecord(self._next_seq(), kind, card, node, data, "")
-        t0 = time.perf_counter()
-        self._store.write_log(rec, files)
-        self.git_s += time.perf_counter() - t0
+        with self._git_lock:
+            rec = LogRecord(self._next_seq(), kind, card, node, data, "")
+            t0 = time.perf_counter()
+            self._store.write_log(rec, files)
+            self.git_s += time.perf_counter() - t0
         self._publish(self.history.log(rec))
 
     def _commit_node(self, rec: NodeRecord, files: dict[str, bytes], base: str) -> None:
-        t0 = time.perf_counter()
-        self._store.write_node(rec, files, base)
-        self.git_s += time.perf_counter() - t0
+        with self._git_lock:
+            t0 = time.perf_counter()
+            self._store.write_node(rec, files, base)
+            self.git_s += time.perf_counter() - t0
         self._publish(self._apply_node(rec))
 
     def _ensure_root(self, card: Card) -> None:
@@ -510,7 +545,7 @@ class Search:
             node = select(self.trees[b.card.id], self.scfg.c_uct, self.scfg.widen_k, self.scfg.widen_alpha)
             if node is None:
                 if b.in_flight == 0:
-                    self._finish_card(b, "the proposer has nothing more to try")
+                    self._finish_card(b, NOTHING_MORE)
                 tried.add(b.card.id)
                 continue
             return b.card, node
@@ -604,7 +639,7 @@ class Search:
         out = []
         for card, parent, node in self.retimed:
             timed = f"{node.speedup:.3f}x eager" if node.status == "passed" and node.speedup else node.status
-            why = f" ({node.reason[:160]})" if node.status != "passed" and node.reason else ""
+            why = f" ({node.reason})" if node.status != "passed" and node.reason else ""
             out.append(f"retimed {card} {parent}: {node.id} {timed}{why}")
         return out or ["no kernel to time again: no correct kernel was timed while the machine was busy"]
 
