@@ -22,7 +22,7 @@ class DescribeForm(Vertical):
                     id="describe-input")
         yield Static("", id="describe-status")
         yield Static("", id="describe-inputs")
-        yield TextArea("", read_only=True, show_line_numbers=True, id="describe-reference")
+        yield TextArea("", read_only=True, show_line_numbers=False, id="describe-reference")
 
     def status(self, text: str) -> None:
         self.query_one("#describe-status", Static).update(text)
@@ -30,4 +30,6 @@ class DescribeForm(Vertical):
     def show(self, draft: Draft | None) -> None:
         self.query_one("#describe-inputs", Static).update(
             "" if draft is None else f"inputs: {draft.inputs}" + (f"\n{draft.notes}" if draft.notes else ""))
-        self.query_one("#describe-reference", TextArea).load_text("" if draft is None else draft.reference)
+        area = self.query_one("#describe-reference", TextArea)
+        area.show_line_numbers = draft is not None and bool(draft.reference.strip())
+        area.load_text("" if draft is None else draft.reference)
