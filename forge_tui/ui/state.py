@@ -194,6 +194,13 @@ class SearchState:
         elif isinstance(e, AgentStep):
             pass  # the transcript pane reads the committed transcript; the log shows a step
 
+    def interrupted(self) -> None:
+        """A recorded history whose last run has no stop (the app quit, or the process was killed,
+        during it): that run is shown stopped, not as still searching."""
+        if self.running:
+            self.apply(SearchStopped(seq=self.events, reason="interrupted: the run ended without recording a stop",
+                                     evaluations=self.evaluations, cost_usd=self.cost_usd))
+
     @classmethod
     def of(cls, events: list[SearchEvent]) -> "SearchState":
         s = cls()

@@ -6,8 +6,10 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Input
+from textual.widgets import Footer, Input, Static
 
+from ...profiler.trust import distrust, shares_note
+from ...table import ordered
 from ..state import SearchState
 from ..widgets.common.event_log import EventLog
 from ..widgets.common.guide import Guide
@@ -37,6 +39,7 @@ class WorkloadScreen(ForgeScreen):
         with Vertical(id="workload-main"):
             yield Input(placeholder="filter cards (Enter keeps it, Escape clears)", id="card-filter")
             yield OpTable(id="optable")
+            yield Static("", id="table-note")
             yield BudgetPanel()
             with Horizontal(id="workload-bottom"):
                 yield CardDetail(id="detail")
@@ -48,6 +51,7 @@ class WorkloadScreen(ForgeScreen):
         self.query_one("#card-filter", Input).display = False
         app.cards_changed.subscribe(self, self._cards)
         app.state_changed.subscribe(self, self._state)
+        app.cards_status_changed.subscribe(self, lambda _: self._note())
         self._cards(app.cards)
         self._state(app.state)
         self.query_one(OpTable).focus()
@@ -55,7 +59,21 @@ class WorkloadScreen(ForgeScreen):
     def _cards(self, cards: list) -> None:  # type: ignore[type-arg]
         table = self.query_one(OpTable)
         table.picks = set(self.forge.picks)
+        self.query_one(CardDetail).set_cards(cards, self.forge.offline)
         table.show_cards(cards)
+        self._note()
+
+    def _note(self) -> None:
+        """One line under the table: why the shares add up past the forward, which cards are not
+        trusted and when they are timed again."""
+        cards = self.forge.cards
+        nested = {c.id for c, inside in ordered(cards) if inside}
+        lines = [line for line in (shares_note(cards, nested), self.forge.cards_status) if line]
+        if not lines and any(distrust(c) for c in cards):
+            lines.append("? timed while the machine was busy: ranked by bytes and FLOPs until timed again")
+        note = self.query_one("#table-note", Static)
+        note.update("\n".join(lines))
+        note.display = bool(lines)
 
     def _state(self, state: "SearchState") -> None:
         self.query_one(OpTable).show_state(state)
