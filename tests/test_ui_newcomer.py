@@ -374,7 +374,11 @@ def test_enter_on_an_error_or_a_build_failure_shows_its_line_from_its_start():
             await settle(pilot)
             assert tree.cursor_node.data == (RMS, "n0002")
             # e, then Enter at once: the first diagnostic's line, the cursor at its start
-            await pilot.press("e", "enter")
+            await pilot.press("e")
+            await pilot.pause()
+            errors = app.screen.query_one("#errors-list")
+            assert errors.has_focus and errors.highlighted == 0
+            await pilot.press("enter")
             await pilot.pause()
             source = app.screen.query_one(SourceView)
             panes = app.screen.query_one(NodePanes)
@@ -432,10 +436,14 @@ def test_the_bound_is_the_amdahl_bound_of_the_served_cards():
     r = SimpleNamespace(times={"eager": eager}, served={RMS: 5}, switched_off={}, own_times={RMS: (40.0, 20.0)})
     bound, why = amdahl(r, cards, [])
     assert bound == pytest.approx(1 / 0.9) and "20.0% of eager's forward at 2.00x" in why
-    # no own times, and a share timed on a busy machine: no bound rather than the card's own speedup
-    rms.flags = ["noisy_timing"]
+    # no own times: its profiled share and its evidence; a share timed on a busy machine gives no
+    # bound rather than a made-up one (a share past 100% once made the bound the card's own speedup)
     r.own_times = {}
-    bound, why = amdahl(r, cards, [])
+    promoted = [F()._entry(RMS)]
+    bound, why = amdahl(r, cards, promoted)
+    assert bound == pytest.approx(1 / (1 - rms.share * (1 - 1 / 1.87)))
+    rms.flags = ["noisy_timing"]
+    bound, why = amdahl(r, cards, promoted)
     assert bound is None and "trusted share" in why
 
 
@@ -535,19 +543,24 @@ import sys, threading
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from ui_fixtures import FixtureBackend, FixtureDescriber, ScriptedSearch
-from forge_tui.search.events import SearchStarted
 from forge_tui.ui.app import ForgeApp, finish
+
+from concurrent.futures import ThreadPoolExecutor
 
 def abandon(self, timeout=0.5):
     print("abandoned", flush=True)  # finish() ends the process right after: say it here
     return True
 
+def run(self, resume=False):
+    # as the search's loop does: its evaluation in a thread pool's (non-daemon) thread, which the
+    # interpreter's own exit joins; this one never ends
+    self.running.set()
+    ThreadPoolExecutor(max_workers=1).submit(threading.Event().wait).result()
+
 ScriptedSearch.abandon = abandon
+ScriptedSearch.run = run
 
 backend = FixtureBackend(history=False)
-backend.script = [SearchStarted(seq=1, cards=[])]
-backend.gate = threading.Semaphore(0)  # never released: the evaluation in flight never ends
-backend.stubborn = True
 app = ForgeApp(Path("fixture"), backend=backend, describer=FixtureDescriber(), live_refresh=False)
 
 async def drive(pilot):
@@ -568,7 +581,7 @@ def test_the_process_ends_without_joining_a_worker_that_never_ends(tmp_path):
     a worker thread is still blocked (the interpreter's own exit would join it forever)."""
     script = tmp_path / "finish.py"
     script.write_text(FINISH.format(tests=str(Path(__file__).parent)))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "TERM": "dumb"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["abandoned"]
@@ -593,7 +606,7 @@ from forge_tui.ui.app import ForgeApp
 async def main():
     app = ForgeApp(Path("fixture"), backend=FixtureBackend(), live_refresh=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        while not app.cards or not app.offline:
+        while not app.cards:
             await pilot.pause(0.05)
         for key in "23456717":
             await pilot.press(key)

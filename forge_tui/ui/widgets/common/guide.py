@@ -25,4 +25,5 @@ class Guide(Static):
 
     @property
     def text(self) -> str:
-        return str(self.content)
+        """What it shows (its visual's text, as drawn)."""
+        return str(self.visual)
