@@ -18,17 +18,24 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def display_name(card: Card) -> str:
-    """A card as a person names it: the module or op, its first input's shape and its dtype
-    ("RMSNorm 2x16x64 fp32", "mm 32x64 fp32"); a chain of more than three ops by its first two
-    and its last ("mul+slice+…+add 2x4x16x8 fp32")."""
+    """A card as a person names it: the module or op, its first input's shape (an op's operands'
+    where they are short) and its dtype ("RMSNorm 2x16x64 fp32", "mm 32x64·64x128 fp32"); a chain
+    of more than three ops by its first two and its last ("mul+slice+…+add 2x4x16x8 fp32")."""
     name = card.op_name
     if card.kind == "chain":
         ops = name.split("+")
         if len(ops) > 3:
             name = "+".join(ops[:2]) + "+…+" + ops[-1]
+    def dims(spec) -> str:
+        return "x".join(str(d) for d in spec.shape) or "scalar"
+
     first = next((s for s in card.inputs if s.role == "input"), None) or next(iter(card.inputs), None)
-    dims = ("x".join(str(d) for d in first.shape) or "scalar") if first is not None else ""
-    return " ".join(p for p in (name, dims, DTYPE_SHORT.get(card.dtype, card.dtype)) if p)
+    shape = dims(first) if first is not None else ""
+    if card.kind == "op":  # an op's operands tell its cards apart (mm 32x64·64x128, mm 32x64·64x64)
+        both = "·".join(dims(s) for s in card.inputs if s.role in ("input", "param"))
+        if len(both) <= 24:
+            shape = both
+    return " ".join(p for p in (name, shape, DTYPE_SHORT.get(card.dtype, card.dtype)) if p)
 
 
 def share_text(card: Card) -> str:
@@ -41,6 +48,11 @@ def share_text(card: Card) -> str:
 def time_text(card: Card) -> str:
     """The card's time a call, ``?`` marking a time that is not trusted."""
     return _fmt(card.time_us, ".1f") + ("?" if card.time_us is not None and distrust(card) else "")
+
+
+def headroom_text(card: Card) -> str:
+    """How far above its floor eager runs, ``?`` where the time it divides is not trusted."""
+    return _fmt(card.headroom, ".1f") + ("" if card.headroom is None else "x" + ("?" if distrust(card) else ""))
 
 
 def ordered(cards: list[Card]) -> list[tuple[Card, bool]]:
@@ -110,7 +122,8 @@ def cells(row: dict) -> list[str]:
         row["dtype"], str(row["calls"]),
         _fmt(row["time_us"], ".1f") + ("" if row.get("trusted", True) or row["time_us"] is None else "?"),
         "-" if row["share"] is None else f"{100 * row['share']:.1f}%" + ("" if row.get("trusted", True) else "?"),
-        _fmt(row["floor_us"], ".2f"), "-" if row["headroom"] is None else f"{row['headroom']:.1f}x",
+        _fmt(row["floor_us"], ".2f"),
+        "-" if row["headroom"] is None else f"{row['headroom']:.1f}x" + ("" if row.get("trusted", True) else "?"),
         row.get("kernel") or "-",
     ]
 

@@ -291,7 +291,7 @@ def test_the_tree_shows_searched_cards_first_and_the_rest_under_one_collapsed_li
             assert tops[0].startswith("RMSNorm 2x16x64 fp32") and tops[1].startswith("_softmax 2x4x256 fp32")
             assert tops[-1] == "not searched (1)" and not tree.root.children[-1].is_expanded
             left_out = tree.root.children[-1].children[0]
-            assert "mm 32x64 fp32" in str(left_out.label) and "left to the LLM agent" in str(left_out.label)
+            assert "mm 32x64·64x128 fp32" in str(left_out.label) and "left to the LLM agent" in str(left_out.label)
             narrow = app.screen.query_one(TreePane).size.width
             # a failure's reason is cut in its line and whole in the line under the tree
             tree.focus()
@@ -500,7 +500,7 @@ def test_every_screen_is_usable_at_80x24():
             log = app.screen.query_one("#status")
             assert log.lines and max(strip.cell_length for strip in log.lines) <= log.size.width  # wrapped
             text = screen_text(app)
-            assert "roofline floor 0.20 µs" in text  # the card pane's numbers above its fold
+            assert "floor 0.20 µs, headroom 147.5x" in text  # the card pane's numbers above its fold
             card = app.screen.query_one(CardDetail)
             assert card.max_scroll_y > 0 and card.can_focus  # the rest scrolls
             await pilot.press("3")

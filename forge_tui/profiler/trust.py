@@ -38,23 +38,32 @@ def _forward_us(cards: list[Card]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
+OP_US = 5.0
+"""What one eager op costs above its roofline floor (dispatch, a launch) until a trusted card says
+what it costs on this machine: a prior, only ever used to rank untrusted cards among themselves."""
+
+
+def ops_in(card: Card) -> int:
+    """How many eager ops one call of the card makes (its program's nodes; at least one)."""
+    return max(1, len(card.program.get("nodes", []) if isinstance(card.program, dict) else []))
+
+
 def rank_shares(cards: list[Card]) -> dict[str, float]:
     """The share of the forward each card is ranked by: its measured share where its time is
-    trusted; for an untrusted card an estimate from its bytes and FLOPs, its roofline floor times
-    the median ratio of time to floor among the trusted cards of its kind (of every kind where its
-    kind has none; the floor alone where no card is trusted). A card without a time ranks at 0."""
-    trusted = [c for c in cards if distrust(c) is None and c.time_us and c.floor_us]
-    ratio_all = statistics.median([c.time_us / c.floor_us for c in trusted]) if trusted else 1.0  # type: ignore[operator]
-    by_kind: dict[str, float] = {}
-    for kind in {c.kind for c in trusted}:
-        by_kind[kind] = statistics.median([c.time_us / c.floor_us for c in trusted if c.kind == kind])  # type: ignore[operator]
+    trusted; for an untrusted card an estimate from what it must move and compute: its roofline
+    floor (its bytes and FLOPs) plus, for each eager op it makes, what an op costs above its floor
+    on this machine (the median over the trusted cards, ``OP_US`` where none is trusted). A card
+    without a time ranks at 0."""
+    trusted = [c for c in cards if distrust(c) is None and c.time_us and c.floor_us is not None]
+    per_op = statistics.median([max(0.0, (c.time_us or 0.0) - (c.floor_us or 0.0)) / ops_in(c) for c in trusted]) \
+        if trusted else OP_US
     forward = _forward_us(cards)
     out: dict[str, float] = {}
     for c in cards:
         if distrust(c) is None:
             out[c.id] = c.share or 0.0
-        elif c.floor_us and forward:
-            out[c.id] = c.floor_us * by_kind.get(c.kind, ratio_all) * c.calls / forward
+        elif c.floor_us is not None and forward:
+            out[c.id] = (c.floor_us + ops_in(c) * per_op) * c.calls / forward
         else:
             out[c.id] = 0.0
     return out

@@ -21,12 +21,12 @@ def describe(card: Card, rank_share: float | None = None, offline: str | None = 
     share the op table ranks an untrusted card by (``profiler.trust.rank_shares``); ``offline``:
     its ``offline_line`` (worked out in a worker: it imports the templates, and torch)."""
     lines = [f"id {card.id}   {card.kind}   {card.target}"]
-    t = "-" if card.time_us is None else f"{card.time_us:.2f} µs/call (spread {100 * (card.time_spread or 0):.1f}%)"
+    t = "-" if card.time_us is None else f"{card.time_us:.2f} µs/call ±{100 * (card.time_spread or 0):.1f}%"
     share = "-" if card.share is None else f"{100 * card.share:.1f}%"
-    lines.append(f"time {t}   calls {card.calls}   share {share}")
+    lines.append(f"{t}, {card.calls} calls, {share}")
     if card.floor_us is not None:
         head = "-" if card.headroom is None else f"{card.headroom:.1f}x"
-        lines.append(f"roofline floor {card.floor_us:.2f} µs   headroom {head}")
+        lines.append(f"floor {card.floor_us:.2f} µs, headroom {head}")
     why = distrust(card)
     if why is not None:
         est = f" (as {100 * rank_share:.2f}% of the forward)" if rank_share is not None else ""

@@ -18,7 +18,7 @@ from textual.widgets import DataTable
 
 from ....cards import Card
 from ....profiler.trust import rank_shares
-from ....table import display_name, share_text, time_text
+from ....table import display_name, headroom_text, share_text, time_text
 from ...state import SearchState
 
 # (key, label, right-justified): always shown, in this order
@@ -95,7 +95,7 @@ class OpTable(DataTable[Any]):
         search = "-" if st is None else st.state
         best = f"{st.best_speedup:.2f}x" if st is not None and st.best else "-"
         return {"pick": "✓" if c.id in self.picks else " ", "card": display_name(c), "search": search, "best": best,
-                "share": share_text(c), "time": time_text(c), "headroom": _fmt(c.headroom, ".1f", "x"),
+                "share": share_text(c), "time": time_text(c), "headroom": headroom_text(c),
                 "calls": str(c.calls), "floor": _fmt(c.floor_us, ".2f"), "id": c.id, "kind": c.kind}
 
     def _room(self) -> int:
