@@ -674,3 +674,19 @@ def test_a_resumed_search_with_a_larger_budget_searches_the_cards_whose_budget_w
     summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=4, parallel=1), CountingProposer(), pool, resume=True)
     assert summary.evaluations == 4
     pool.close()
+
+
+def test_the_search_ranks_an_untrusted_card_by_its_bytes_and_flops(tmp_path):
+    """A card timed on a busy machine at 20 ms a call (90% of the forward) does not take the
+    search's only slot from a card the profile could trust: it competes with the share its bytes
+    and FLOPs give it."""
+    norm = synthetic_card("norm", share=0.2, time_us=200.0, floor_us=1.0)
+    add = synthetic_card("add", share=0.01, time_us=10.0, floor_us=0.05)
+    triu = synthetic_card("triu", share=0.9, time_us=20000.0, floor_us=0.02)
+    triu.flags = ["noisy_timing"]
+    ws = make_workspace(tmp_path / "ws", [norm, add, triu])
+    pool = FakePool()
+    summary, _ = run_search(ws, cfg(max_evals=1, evals_per_card=1, parallel=1, top=1), CountingProposer(), pool)
+    pool.close()
+    assert summary.skipped["triu"] == "not among the top 1 cards by potential gain"
+    assert "norm" not in summary.skipped

@@ -24,6 +24,7 @@ from ..errors import ForgeError, WorkspaceError
 from ..evaluator.result import EvalResult, load_result
 from ..gitrepo import RefConflict, short_ref
 from ..kernel_abi import SOURCE_NAMES
+from ..profiler.trust import distrust, rank_shares
 from ..program import program_source
 from ..promotion import manifest
 from ..workspace import Workspace
@@ -172,8 +173,13 @@ class Search:
 
     # ---- state ---------------------------------------------------------------------------------
     def _eligible(self, all_cards: list[Card]) -> list[Card]:
+        """The cards to search, each other card's reason in ``skipped``. A card whose profiled time
+        is not trusted (timed on a busy machine) takes part with the share the op table ranks it
+        by, from its bytes and FLOPs (``profiler.trust``): the search must not rank on nonsense."""
         out = []
         sites = replaced_sites(self.ws)
+        rank = rank_shares(all_cards)
+        all_cards = [c.model_copy(update={"share": rank[c.id]}) if distrust(c) else c for c in all_cards]
         for card in all_cards:
             if self.card_filter and not any(id_matches(card.id, p) for p in self.card_filter):
                 continue

@@ -628,18 +628,19 @@ class ForgeApp(App[None]):
 
     @property
     def cards_status(self) -> str:
-        """The op table's note on its untrusted cards: being timed again, or when they will be."""
+        """The op table's note on its untrusted cards: what they rank by, and whether they are
+        being timed again or when they will be (and why not now), in one sentence."""
         n = sum(1 for c in self.cards if distrust(c))
         if not n:
             return ""
+        head = f"{n} card(s) marked ? were timed on a busy machine: they rank by bytes and FLOPs"
         if self.cards_retiming:
-            return f"timing the {n} card(s) marked ? again if the machine is quiet now ..."
+            return f"{head}; timing them again if the machine is quiet now ..."
         if self.cards_next is not None:
             left = max(0, round(self.cards_next - time.monotonic()))
-            why = f" ({self.cards_busy})" if self.cards_busy else ""
-            return (f"{n} card(s) marked ? were timed on a busy machine: ranked by bytes and FLOPs; timed again once "
-                    f"the machine is quiet{why}, next try in {left} s")
-        return f"{n} card(s) marked ? were timed on a busy machine: ranked by bytes and FLOPs until timed again"
+            why = f"; now {short_reason(self.cards_busy)}" if self.cards_busy else ""
+            return f"{head}, timed again when it is quiet (next try in {left} s{why})"
+        return f"{head} until timed again on a quiet machine"
 
     # ---- promotion and the model run ---------------------------------------------------------------
     @work(thread=True, exclusive=True, group="requests", exit_on_error=False, name="reading the promotion requests")

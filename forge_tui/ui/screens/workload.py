@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, Static
 
-from ...profiler.trust import distrust, shares_note
+from ...profiler.trust import shares_note
 from ...table import ordered
 from ..state import SearchState
 from ..widgets.common.event_log import EventLog
@@ -64,16 +64,20 @@ class WorkloadScreen(ForgeScreen):
         self._note()
 
     def _note(self) -> None:
-        """One line under the table: why the shares add up past the forward, which cards are not
-        trusted and when they are timed again."""
+        """At most three lines under the table: why the shares add up past the forward, which
+        cards are not trusted, and when they are timed again."""
         cards = self.forge.cards
         nested = {c.id for c, inside in ordered(cards) if inside}
-        lines = [line for line in (shares_note(cards, nested), self.forge.cards_status) if line]
-        if not lines and any(distrust(c) for c in cards):
-            lines.append("? timed while the machine was busy: ranked by bytes and FLOPs until timed again")
+        total = sum(c.share or 0.0 for c in cards if c.id not in nested and c.share)
+        status = self.forge.cards_status
+        parts = [f"shares add up to {100 * total:.1f}% of the forward" if total > 1.0 else "", status]
+        if total > 1.0 and not status:
+            parts[1] = shares_note(cards, nested) or ""
+            parts[0] = ""
+        text = ": ".join(p for p in parts if p)
         note = self.query_one("#table-note", Static)
-        note.update("\n".join(lines))
-        note.display = bool(lines)
+        note.update(text)
+        note.display = bool(text)
 
     def _state(self, state: "SearchState") -> None:
         self.query_one(OpTable).show_state(state)
