@@ -690,3 +690,26 @@ def test_the_search_ranks_an_untrusted_card_by_its_bytes_and_flops(tmp_path):
     pool.close()
     assert summary.skipped["triu"] == "not among the top 1 cards by potential gain"
     assert "norm" not in summary.skipped
+
+
+def test_a_long_noisy_reason_is_cut_at_a_word_and_outside_its_parentheses(tmp_path):
+    """The record keeps 300 characters of a node's reason: the approvals list cuts it at a word,
+    before any parenthesis it would leave open (it once read "... ran 148.0x slower than its ):")."""
+    from forge_tui.promotion import unrequested
+    from forge_tui.search.events import shorten
+
+    long = "correct, but the machine was too busy to trust the timing: " + "; ".join(
+        f"the calibration workload ran {i}.5x slower than its best ({i}00.0 µs against 106.2 µs)" for i in range(2, 9))
+
+    class LongReasons(FakePool):
+        def _run(self, card, source):
+            return super()._run(card, source).model_copy(update={"reason": long})
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("busy", share=0.3, time_us=100.0, floor_us=10.0)])
+    pool = LongReasons(status=lambda card, src: "noisy")
+    run_search(ws, cfg(max_evals=1, evals_per_card=1, parallel=1), CountingProposer(), pool)
+    pool.close()
+    why = dict(unrequested(ws))["busy"]
+    inner = why.split("trust its timing (", 1)[1].rsplit("): forge retime", 1)[0]
+    assert inner.endswith(" …") and inner.count("(") == inner.count(")") and len(inner) <= 200
+    assert shorten("a (b c d e f", 8) == "a …" and shorten("short", 8) == "short"

@@ -16,12 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
 def shorten(text: str, width: int) -> str:
-    """``text`` on one line, cut at a word with an ellipsis where longer than ``width`` (the
-    node's whole reason is in its result, and in the app's tree)."""
+    """``text`` on one line, cut at a word with an ellipsis where longer than ``width``, and before
+    any parenthesis the cut would leave open (the node's whole reason is in its result, and in
+    the app's tree)."""
     line = " ".join(text.split())
     if len(line) <= width:
         return line
     cut = line[: width - 1].rsplit(" ", 1)[0] if " " in line[: width - 1] else line[: width - 1]
+    while cut.count("(") > cut.count(")"):
+        cut = cut[: cut.rfind("(")]
     return cut.rstrip(" ,;:(") + " …"
 
 
