@@ -646,6 +646,17 @@ def test_describe_takes_no_input_while_it_is_unavailable():
             await pilot.press("i", "a")
             assert not box.has_focus and box.value == ""
             assert app.screen.query_one("Footer").display
+        # available: i focuses the box, and the footer names the keys that work in it
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            await pilot.press("7")
+            await settle(pilot)
+            await pilot.press("i")
+            await pilot.pause()
+            assert app.screen.query_one("#describe-input").has_focus
+            footer = screen_text(app).splitlines()[-1]
+            assert "Ask the agent" in footer and "Leave the box" in footer
 
     asyncio.run(scenario())
 

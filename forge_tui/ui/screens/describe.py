@@ -89,6 +89,9 @@ class DescribeScreen(ForgeScreen):
     def key_escape(self) -> None:
         self.set_focus(None)
 
+    def action_leave_box(self) -> None:
+        self.set_focus(None)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("accept", "discard"):
             if self.draft is None or isinstance(self.focused, Input):

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Input, Static, TextArea
 
 from ...describe_api import Draft
+
+
+class DescribeInput(Input):
+    """The description box, its keys in the footer while it has the focus (the screen's keys
+    type into it then)."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "Ask the agent"),
+        Binding("escape", "screen.leave_box", "Leave the box"),
+    ]
 
 
 class DescribeForm(Vertical):
@@ -18,8 +29,8 @@ class DescribeForm(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder='describe an op, e.g. "fused LayerNorm + GELU for (8192, 4096) bf16"',
-                    id="describe-input")
+        yield DescribeInput(placeholder='describe an op, e.g. "fused LayerNorm + GELU for (8192, 4096) bf16"',
+                            id="describe-input")
         yield Static("", id="describe-status")
         yield Static("", id="describe-inputs")
         yield TextArea("", read_only=True, show_line_numbers=False, id="describe-reference")
