@@ -213,6 +213,7 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
     what its kernels came to, so that an empty approvals queue is never unexplained. A correct
     kernel timed while the machine was busy ("noisy") claims no speedup and is not offered; nor is
     one that ran no faster than eager. ``pending``: the requests, where the caller has read them."""
+    from .search.events import shorten
     from .search.store import SearchStore
     from .search.tree import ROOT, faster_than_eager, pooled_speedups
 
@@ -244,7 +245,9 @@ def unrequested(ws: Workspace, cards: list[str] | None = None, *,
         elif any(n.node in wins for n in passed):
             continue  # a request once its node's result is readable again (requests() skipped it)
         elif noisy:
-            why = (noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded")[:160]
+            # the record keeps 300 characters of it: cut at a word, never inside a parenthesis
+            # (the whole reason is in the node's result: the app's tests pane, r)
+            why = shorten(noisy[-1].reason.partition(": ")[2] or noisy[-1].reason or "no reason recorded", 200)
             others = f" (and {len(noisy) - 1} more)" if len(noisy) > 1 else ""
             best = max(passed, key=sp) if passed else None
             slower = f"; its fastest timed kernel, {best.node}, ran {sp(best):.2f}x eager" if best else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 
 from .cards import DTYPE_SHORT, Card
+from .profiler.trust import distrust, ranked, shares_note
 
 COLUMNS = ("#", "card", "kind", "target", "shapes", "dtype", "calls", "µs/call", "share", "floor µs", "headroom", "kernel")
 NESTED = "└ "
@@ -14,6 +15,44 @@ NESTED = "└ "
 
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def display_name(card: Card) -> str:
+    """A card as a person names it: the module or op, its first input's shape (an op's operands'
+    where they are short) and its dtype ("RMSNorm 2x16x64 fp32", "mm 32x64·64x128 fp32"); a chain
+    of more than three ops by its first two and its last ("mul+slice+…+add 2x4x16x8 fp32")."""
+    name = card.op_name
+    if card.kind == "chain":
+        ops = name.split("+")
+        if len(ops) > 3:
+            name = "+".join(ops[:2]) + "+…+" + ops[-1]
+    def dims(spec) -> str:
+        return "x".join(str(d) for d in spec.shape) or "scalar"
+
+    first = next((s for s in card.inputs if s.role == "input"), None) or next(iter(card.inputs), None)
+    shape = dims(first) if first is not None else ""
+    if card.kind == "op":  # an op's operands tell its cards apart (mm 32x64·64x128, mm 32x64·64x64)
+        both = "·".join(dims(s) for s in card.inputs if s.role in ("input", "param"))
+        if len(both) <= 24:
+            shape = both
+    return " ".join(p for p in (name, shape, DTYPE_SHORT.get(card.dtype, card.dtype)) if p)
+
+
+def share_text(card: Card) -> str:
+    """The card's share of the forward, ``?`` marking a time that is not trusted."""
+    if card.share is None:
+        return "-"
+    return f"{100 * card.share:.1f}%" + ("?" if distrust(card) else "")
+
+
+def time_text(card: Card) -> str:
+    """The card's time a call, ``?`` marking a time that is not trusted."""
+    return _fmt(card.time_us, ".1f") + ("?" if card.time_us is not None and distrust(card) else "")
+
+
+def headroom_text(card: Card) -> str:
+    """How far above its floor eager runs, ``?`` where the time it divides is not trusted."""
+    return _fmt(card.headroom, ".1f") + ("" if card.headroom is None else "x" + ("?" if distrust(card) else ""))
 
 
 def ordered(cards: list[Card]) -> list[tuple[Card, bool]]:
@@ -69,9 +108,10 @@ def rows(cards: list[Card], served: dict[str, str] | None = None) -> list[dict]:
     for i, (c, nested) in enumerate(ordered(cards), 1):
         out.append({
             "#": i, "card": c.id, "kind": c.kind, "target": c.op_name, "shapes": c.shapes(),
-            "dtype": DTYPE_SHORT.get(c.dtype, c.dtype), "calls": c.calls,
+            "name": display_name(c), "dtype": DTYPE_SHORT.get(c.dtype, c.dtype), "calls": c.calls,
             "time_us": c.time_us, "share": c.share, "floor_us": c.floor_us, "headroom": c.headroom,
             "flags": c.flags, "within": c.within, "nested": nested, "kernel": served.get(c.id),
+            "trusted": distrust(c) is None,
         })
     return out
 
@@ -80,16 +120,19 @@ def cells(row: dict) -> list[str]:
     return [
         str(row["#"]), (NESTED if row.get("nested") else "") + row["card"], row["kind"], row["target"], row["shapes"],
         row["dtype"], str(row["calls"]),
-        _fmt(row["time_us"], ".1f") + ("?" if "noisy_timing" in row["flags"] else ""), "-" if row["share"] is None else f"{100 * row['share']:.1f}%",
-        _fmt(row["floor_us"], ".2f"), "-" if row["headroom"] is None else f"{row['headroom']:.1f}x",
+        _fmt(row["time_us"], ".1f") + ("" if row.get("trusted", True) or row["time_us"] is None else "?"),
+        "-" if row["share"] is None else f"{100 * row['share']:.1f}%" + ("" if row.get("trusted", True) else "?"),
+        _fmt(row["floor_us"], ".2f"),
+        "-" if row["headroom"] is None else f"{row['headroom']:.1f}x" + ("" if row.get("trusted", True) else "?"),
         row.get("kernel") or "-",
     ]
 
 
 def render(cards: list[Card], title: str = "", width: int = 200, limit: int | None = None,
            served: dict[str, str] | None = None) -> str:
-    """Plain-text table (rich does the layout). ``served``: card id -> the offline kernel's family
-    (worked out from the templates and the generator when not given)."""
+    """Plain-text table (rich does the layout), the cards ranked by their share of the forward, a
+    card whose time is not trusted by its bytes and FLOPs (``profiler.trust``). ``served``: card id
+    -> the offline kernel's family (worked out from the templates and the generator when not given)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -100,6 +143,7 @@ def render(cards: list[Card], title: str = "", width: int = 200, limit: int | No
     for col in COLUMNS:
         table.add_column(col, justify="right" if col in ("#", "calls", "µs/call", "share", "floor µs", "headroom") else "left",
                          overflow="fold", max_width=60 if col == "shapes" else None)
+    cards = ranked(cards)
     all_rows = rows(cards, served)
     shown = all_rows if limit is None else all_rows[:limit]
     for row in shown:
@@ -117,6 +161,10 @@ def render(cards: list[Card], title: str = "", width: int = 200, limit: int | No
                  f"module cards {100 * s['module']:.1f}%, " +
                  (f"chain cards {100 * s['chain']:.1f}%, " if s["chain"] else "") +
                  f"op cards outside them {100 * s['op']:.1f}%\n")
-    if any("noisy_timing" in r["flags"] for r in shown):
-        text += "? timed while the machine was busy: not trustworthy (profile again on a quiet machine)\n"
+    note = shares_note(cards, {r["card"] for r in all_rows if r["nested"]})
+    if note:
+        text += note + "\n"
+    if not all(r["trusted"] for r in shown):
+        text += ("? timed while the machine was busy: not trusted, ranked by bytes and FLOPs until timed again "
+                 "(forge-tui times it again once the machine is quiet)\n")
     return text

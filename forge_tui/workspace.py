@@ -200,3 +200,31 @@ def profile_into_workspace(workload_spec, workspace_path, *, device: str | None 
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return ws, result
+
+
+def retime_cards(ws: Workspace, *, progress: Callable[[str], None] = lambda line: None,
+                 stop: Callable[[], bool] = lambda: False):
+    """The workspace's cards whose profiled time is not trusted, timed again if the machine is
+    quiet now (``profiler.retime``); what changed is written to ``main`` (cards, op table,
+    profile) in one commit. Returns the ``CardRetime``."""
+    from .config import discover_config
+    from .profiler.retime import retime
+
+    cfg, _ = discover_config(None, ws.root)
+    meta = ws.meta
+    spec = str(ws.root / "workload.py") if (ws.root / "workload.py").is_file() else meta["workload"]["path"]
+    cards, summary = ws.cards(), ws.profile_summary()
+    outcome = retime(cards, summary, device=meta.get("device") or "cpu", cfg=cfg, store=ws.store, workload=spec,
+                     dtype=meta.get("dtype"), progress=progress, stop=stop)
+    if outcome.changed:
+        root = ws.root
+        save_cards(cards, root / "cards")
+        (root / "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
+        forward = float((summary.get("forward_us") or {}).get("median") or 0.0)
+        title = f"{meta['workload']['name']} on {meta.get('device_name', '?')}: forward {forward:.1f} µs"
+        (root / "optable.txt").write_text(render(cards, title=title))
+        (root / "optable.json").write_text(json.dumps(rows(cards), indent=1) + "\n")
+        with ws.git() as repo:
+            repo.commit_worktree(f"time {len(outcome.retimed)} card(s) again on a quiet machine",
+                                 trailers={"Forge-Event": "retime-cards", "Forge-Cards": len(outcome.retimed)})
+    return outcome

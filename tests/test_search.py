@@ -451,10 +451,36 @@ def test_forge_retime_evaluates_the_noisy_kernels_on_the_real_pool(tmp_path, cap
     assert main(["retime", str(ws.root), "--backend", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "retimed busy n0001: n0002 rejected (static check" in out, out
-    assert main(["retime", str(ws.root), "busy", "--backend", "cpu"]) == 0  # n0001 stays noisy: timed again
-    assert "retimed busy n0001: n0003 rejected" in capsys.readouterr().out
+    # the rejection is a verdict: the kernel is not timed again
+    assert main(["retime", str(ws.root), "busy", "--backend", "cpu"]) == 0
+    assert "no kernel to time again" in capsys.readouterr().out
     assert main(["retime", str(ws.root), "other", "--backend", "cpu"]) == 0
     assert "no kernel to time again" in capsys.readouterr().out
+
+
+def test_retime_times_each_kernel_once_a_call_while_the_machine_stays_busy(tmp_path):
+    """Two kernels timed on a busy machine, and a machine that stays busy: each retime call times
+    each kernel once (2, 2, 2 evaluations, never 2, 4, 8 for the earlier retimes too), each retime a
+    child of the kernel's own node; once a retime gives a kernel a verdict, it is not timed again."""
+    busy = synthetic_card("busy", share=0.3, time_us=100.0, floor_us=10.0)
+    ws = make_workspace(tmp_path / "ws", [busy])
+    pool = FakePool(status=lambda card, src: "noisy")
+    run_search(ws, cfg(max_evals=2, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    counts = []
+    for _ in range(3):
+        search = Search(ws, cfg(), CountingProposer(), pool)
+        counts.append(search.retime().evaluations)
+        assert sorted(p for _, p, _ in search.retimed) == ["n0001", "n0002"]
+        assert all(n.parent == p and n.move == f"retime {p}" for _, p, n in search.retimed)
+    assert counts == [2, 2, 2]
+    verdicts = iter(["rejected", "noisy"])  # n0001 gets a verdict, n0002 stays untimed
+    judged = FakePool(status=lambda card, src: next(verdicts))
+    assert Search(ws, cfg(), CountingProposer(), judged).retime().evaluations == 2
+    last = FakePool(status=lambda card, src: "noisy")
+    search = Search(ws, cfg(), CountingProposer(), last)
+    assert search.retime().evaluations == 1 and [p for _, p, _ in search.retimed] == ["n0002"]
+    for p in (pool, judged, last):
+        p.close()
 
 
 def test_the_best_and_its_promotion_request_are_the_fastest_kernel_by_its_own_time(tmp_path):
@@ -611,3 +637,79 @@ def test_the_apps_node_lines_show_the_speedup_the_card_is_ranked_by(tmp_path):
     assert f"{pooled / 20.0:.2f}x 20.0 µs" in str(node_label(k1, False, card.ranked()[k1.id]))
     assert "8.00x" in str(node_label(k3, False, card.ranked()[k3.id]))
     assert sorted(sp for _, _, sp in points(state)) == pytest.approx(sorted(card.ranked().values()))
+
+
+def test_an_op_card_is_never_skipped_because_of_a_module_card_the_search_leaves_out(tmp_path):
+    """An op card nested in a module card is not searched apart; it says so only where the module
+    card is searched. Where the module card is not among the top cards, the op card says that
+    instead of "(that card is searched)"."""
+    big = [synthetic_card(f"big{i}", share=0.2, time_us=100.0, floor_us=1.0) for i in range(2)]
+    norm = synthetic_card("mod-norm", share=0.01, time_us=100.0, floor_us=1.0)
+    norm.kind, norm.target = "module", "module:Norm"
+    inner = synthetic_card("rsqrt", share=0.005, time_us=50.0, floor_us=1.0)
+    inner.within = ["mod-norm"]
+    ws = make_workspace(tmp_path / "ws", [*big, norm, inner])
+    pool = FakePool()
+    summary, _ = run_search(ws, cfg(max_evals=2, evals_per_card=1, parallel=1, top=2), CountingProposer(), pool)
+    assert summary.skipped["mod-norm"] == "not among the top 2 cards by potential gain"
+    assert summary.skipped["rsqrt"] == ("it runs inside mod-norm, which is not searched either (not among the top 2 "
+                                        "cards by potential gain)")
+    summary, _ = run_search(ws, cfg(max_evals=4, evals_per_card=1, parallel=1, top=3), CountingProposer(), pool,
+                            resume=True)
+    assert "mod-norm" not in summary.skipped
+    assert summary.skipped["rsqrt"] == "it runs inside mod-norm, whose kernel serves it (that card is searched)"
+    pool.close()
+
+
+def test_a_resumed_search_with_a_larger_budget_searches_the_cards_whose_budget_was_spent(tmp_path):
+    """A card that finished because its own evaluation budget was spent is searched again by a
+    resumed search whose budget per card is larger (the app's g after a search ran its course)."""
+    card = synthetic_card("a", share=0.5, time_us=100.0, floor_us=1.0)
+    ws = make_workspace(tmp_path / "ws", [card])
+    pool = FakePool(speedup=lambda card, src: 1.05)
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=2, parallel=1), CountingProposer(), pool)
+    assert summary.evaluations == 2 and summary.finished["a"].startswith("its budget of 2")
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=2, parallel=1), CountingProposer(), pool, resume=True)
+    assert summary.evaluations == 2  # the same budget: nothing more
+    summary, _ = run_search(ws, cfg(max_evals=10, evals_per_card=4, parallel=1), CountingProposer(), pool, resume=True)
+    assert summary.evaluations == 4
+    pool.close()
+
+
+def test_the_search_ranks_an_untrusted_card_by_its_bytes_and_flops(tmp_path):
+    """A card timed on a busy machine at 20 ms a call (90% of the forward) does not take the
+    search's only slot from a card the profile could trust: it competes with the share its bytes
+    and FLOPs give it."""
+    norm = synthetic_card("norm", share=0.2, time_us=200.0, floor_us=1.0)
+    add = synthetic_card("add", share=0.01, time_us=10.0, floor_us=0.05)
+    triu = synthetic_card("triu", share=0.9, time_us=20000.0, floor_us=0.02)
+    triu.flags = ["noisy_timing"]
+    ws = make_workspace(tmp_path / "ws", [norm, add, triu])
+    pool = FakePool()
+    summary, _ = run_search(ws, cfg(max_evals=1, evals_per_card=1, parallel=1, top=1), CountingProposer(), pool)
+    pool.close()
+    assert summary.skipped["triu"] == "not among the top 1 cards by potential gain"
+    assert "norm" not in summary.skipped
+
+
+def test_a_long_noisy_reason_is_cut_at_a_word_and_outside_its_parentheses(tmp_path):
+    """The record keeps 300 characters of a node's reason: the approvals list cuts it at a word,
+    before any parenthesis it would leave open (it once read "... ran 148.0x slower than its ):")."""
+    from forge_tui.promotion import unrequested
+    from forge_tui.search.events import shorten
+
+    long = "correct, but the machine was too busy to trust the timing: " + "; ".join(
+        f"the calibration workload ran {i}.5x slower than its best ({i}00.0 µs against 106.2 µs)" for i in range(2, 9))
+
+    class LongReasons(FakePool):
+        def _run(self, card, source):
+            return super()._run(card, source).model_copy(update={"reason": long})
+
+    ws = make_workspace(tmp_path / "ws", [synthetic_card("busy", share=0.3, time_us=100.0, floor_us=10.0)])
+    pool = LongReasons(status=lambda card, src: "noisy")
+    run_search(ws, cfg(max_evals=1, evals_per_card=1, parallel=1), CountingProposer(), pool)
+    pool.close()
+    why = dict(unrequested(ws))["busy"]
+    inner = why.split("trust its timing (", 1)[1].rsplit("): forge retime", 1)[0]
+    assert inner.endswith(" …") and inner.count("(") == inner.count(")") and len(inner) <= 200
+    assert shorten("a (b c d e f", 8) == "a …" and shorten("short", 8) == "short"

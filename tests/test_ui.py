@@ -409,9 +409,10 @@ def test_op_table_sorts_filters_and_shows_the_card(profiled):
             assert table.row_count == len(cards)
             shares = [c.share or 0 for c in table.cards]
             assert shares == sorted(shares, reverse=True)
-            detail = app.screen.query_one(CardDetail)
+            detail = app.screen.query_one(CardDetail).query_one("#card-text")
             assert table.cards[0].id in text_of(detail)
-            # which offline proposer serves the card, or in one line why none does
+            # which offline proposer serves the card, or in one line why none does (read in a worker)
+            await until(pilot, lambda: "looking it up" not in text_of(detail), 60, "the offline kernel line")
             served = {c.id: text_of(detail) for c in table.cards[:1]}
             assert "offline kernel: " in served[table.cards[0].id]
             await pilot.press("down")

@@ -1,6 +1,7 @@
-"""Snapshots of every screen at 80x24 and at a wide size, on fixed data (tests/ui_fixtures.py):
-no measured time, time stamp or temporary path reaches a screen. Update them, after looking at
-the difference, with ``pytest tests/test_ui_snapshots.py --snapshot-update``."""
+"""Snapshots of every screen at 80x24 and at 120x40, on fixed data (tests/ui_fixtures.py), each
+taken once the profile's rows (and what workers read with them) have arrived: no measured time,
+time stamp or temporary path reaches a screen. Update them, after looking at the difference, with
+``pytest tests/test_ui_snapshots.py --snapshot-update``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ui_fixtures import FixtureBackend, FixtureDescriber
 
 from forge_tui.ui.app import ForgeApp
 
-SIZES = {"small": (80, 24), "wide": (160, 45)}
+SIZES = {"small": (80, 24), "wide": (120, 40)}
 
 
 def make_app(theme: str = "textual-dark") -> ForgeApp:
@@ -21,10 +22,17 @@ def make_app(theme: str = "textual-dark") -> ForgeApp:
 
 
 async def settle(pilot) -> None:
-    """Until the workers have answered and the screen has drawn what they brought."""
+    """Until the workers have answered and the screen has drawn what they brought: the cards
+    (the op table's rows, the card pane's offline-kernel line) first of all."""
+    app = pilot.app
+    for _ in range(400):
+        if app.cards and app.offline:
+            break
+        await pilot.pause(0.05)
+    assert app.cards and app.offline, "the profile's rows never arrived"
     for _ in range(2):
         await pilot.pause()
-        await pilot.app.workers.wait_for_complete()
+        await app.workers.wait_for_complete()
     await pilot.pause()
 
 

@@ -6,15 +6,18 @@ app on this backend draws the same screens."""
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Iterator
 
 from forge_tui.cards import Card, load_cards
 from forge_tui.evaluator.result import BuildReport, Correctness, Diagnostic, EvalResult, InputSetResult, ProfileReport, TimeStats, Timing
 from forge_tui.promotion import Request, evidence_of
 from forge_tui.runtime.manifest import Entry, Evidence, Signature
 from forge_tui.search.events import BestImproved, CardFinished, NodeAdded, ProposerFailed, SearchEvent, SearchStarted, SearchStopped
-from forge_tui.ui.backend import Backend, BenchOutcome, NodeDetail, RewriteOutcome
+from forge_tui.ui.backend import Backend, BenchOutcome, NodeDetail, RewriteOutcome, Variant
 from forge_tui.ui.describe_api import Draft
 
 CARDS_DIR = Path(__file__).parent / "data" / "ui" / "cards"
@@ -82,13 +85,20 @@ def crashed(card: str) -> EvalResult:
 
 
 TRANSCRIPT: list[dict[str, Any]] = [
+    {"type": "start", "conversation": "c0007", "card": SOFTMAX, "parent": "root", "backend": "cpu",
+     "provider": "anthropic", "model": "claude-sonnet-4-6", "limits": {"tool_calls": 40, "tokens": 600000}},
+    {"type": "system", "text": "You write one C++ kernel for one operator card.\nRules: ..."},
     {"type": "message", "step": 0, "message": {"role": "user", "text": "Write a faster kernel for _softmax (2x4x256 fp32)."}},
-    {"type": "query", "step": 1, "model": "scripted", "input_tokens": 1200, "output_tokens": 300, "cost_usd": 0.0042},
+    {"type": "query", "step": 1, "model": "claude-sonnet-4-6", "stop_reason": "tool_use", "cost_usd": 0.0042,
+     "seconds": 3.2, "usage": {"input_tokens": 1200, "output_tokens": 300, "cache_read_tokens": 800,
+                               "cache_write_tokens": 0}},
     {"type": "message", "step": 1, "message": {"role": "assistant", "text": "One pass with an online max.",
                                               "tool_calls": [{"id": "c1", "name": "compile", "arguments": {}}]}},
+    {"type": "tool", "step": 1, "name": "compile", "call_id": "c1", "is_error": False, "seconds": 0.4},
     {"type": "message", "step": 1, "message": {"role": "tool", "results": [{"call_id": "c1", "name": "compile",
                                                                           "content": "ok: built in 0.4 s"}]}},
-    {"type": "end", "step": 2, "reason": "submitted"},
+    {"type": "end", "step": 2, "reason": "submitted", "queries": 1, "cost_usd": 0.0042,
+     "usage": {"input_tokens": 1200, "output_tokens": 300, "cache_read_tokens": 800, "cache_write_tokens": 0}},
 ]
 
 
@@ -120,8 +130,53 @@ def events() -> list[SearchEvent]:
     ]
 
 
+class ScriptedSearch:
+    """A search that publishes scripted events on the app's bus. With a ``gate`` (a semaphore the
+    test releases) it waits for the gate before each event; ``stubborn``: it ignores a stop, as an
+    evaluation in flight does (the app must not wait for it)."""
+
+    def __init__(self, bus: Any, events: list[SearchEvent], gate: threading.Semaphore | None = None,
+                 stubborn: bool = False) -> None:
+        self.bus = bus
+        self.events = list(events)
+        self.gate = gate
+        self.stubborn = stubborn
+        self.stop_reason: str | None = None
+        self.running = threading.Event()
+        self.done = threading.Event()
+        self.abandoned = False
+
+    def run(self, resume: bool = False) -> Any:
+        self.running.set()
+        try:
+            for e in self.events:
+                if self.gate is not None:
+                    while not self.gate.acquire(timeout=0.02):
+                        if self.stop_reason and not self.stubborn:
+                            break
+                if self.stop_reason and not self.stubborn:
+                    break
+                self.bus.publish(e)
+        finally:
+            self.done.set()
+        stop = next((e.reason for e in self.events if isinstance(e, SearchStopped)), "every card is finished")
+        return SimpleNamespace(stopped=self.stop_reason or stop)
+
+    def retime(self) -> Any:
+        return self.run()
+
+    def request_stop(self, reason: str = "stopped by the user") -> None:
+        self.stop_reason = reason
+
+    def abandon(self, timeout: float = 0.5) -> bool:
+        self.request_stop("the app quit")
+        self.abandoned = True
+        return True
+
+
 class FixtureBackend(Backend):
-    """The app's backend with fixed answers (no git, no evaluator, no model run)."""
+    """The app's backend with fixed answers (no git, no evaluator, no model run); a search and the
+    retimes publish scripted events (``script``, ``retime_rounds``)."""
 
     def __init__(self, root: Path = Path("fixture"), *, history: bool = True) -> None:
         super().__init__(root)
@@ -131,6 +186,26 @@ class FixtureBackend(Backend):
         self.rejected: list[str] = []
         self.not_offered: list[tuple[str, str]] = []
         self.retimed: list[str] = []
+        self.script: list[SearchEvent] = []
+        """What a search started in the app publishes."""
+        self.gate: threading.Semaphore | None = None
+        self.stubborn = False
+        self.searches: list[ScriptedSearch] = []
+        self.settings: list[dict[str, Any]] = []
+        """The settings each search was started with."""
+        self.retime_rounds: list[list[SearchEvent]] | None = None
+        """What each retime call publishes, round by round (None: the not_offered cards pass)."""
+        self.requests_open = True
+        """Whether the RMSNorm request is offered; ``offer_after_retime`` opens it after the rounds."""
+        self.offer_after_retime = False
+
+    @contextmanager
+    def search(self, *, settings: dict[str, Any], cards: list[str] | None, bus: Any, proposer: str = "auto",
+               config: Path | None = None) -> Iterator[tuple[Any, bool, str]]:
+        search = ScriptedSearch(bus, self.script, self.gate, self.stubborn)
+        self.searches.append(search)
+        self.settings.append(dict(settings))
+        yield search, True, "proposer: scripted (fixture)"
 
     def title(self) -> str:
         return "tiny_decoder on CPU x86_64 (fixture)"
@@ -157,7 +232,7 @@ class FixtureBackend(Backend):
                           transcript=TRANSCRIPT if card == SOFTMAX else None)
 
     def requests(self) -> list[Request]:
-        if RMS in self.approved or RMS in self.rejected:
+        if RMS in self.approved or RMS in self.rejected or not self.requests_open:
             return []
         r = passed(RMS, 1.87)
         return [Request(self.card(RMS), "n0003", "n0001", "c0ffee", SOURCE, "cpu", r,
@@ -166,12 +241,33 @@ class FixtureBackend(Backend):
     def unrequested(self, pending: list[Request] | None = None) -> list[tuple[str, str]]:
         return list(self.not_offered)
 
-    def retime(self, config: Path | None = None) -> list[str]:
-        """The machine is quiet now: every untimed kernel passes (and its card leaves the list)."""
+    def retime(self, config: Path | None = None, *, settings=None, bus=None, on_search=None) -> list[str]:
+        """A scripted round (``retime_rounds``), or else: the machine is quiet now, every untimed
+        kernel passes (and its card leaves the list)."""
+        if self.retime_rounds is not None:
+            events = self.retime_rounds.pop(0) if self.retime_rounds else []
+            search = ScriptedSearch(bus, events)
+            if on_search is not None:
+                on_search(search)
+            search.run()
+            if not self.retime_rounds and self.offer_after_retime:
+                self.requests_open = True
+            return [e.line() for e in events if isinstance(e, NodeAdded)]
         lines = [f"retimed {card}: n0009 1.500x eager" for card, _ in self.not_offered]
         self.retimed.extend(card for card, _ in self.not_offered)
         self.not_offered = []
         return lines
+
+    def untimed(self) -> int:
+        return len(self.retime_rounds) if self.retime_rounds is not None else len(self.not_offered)
+
+    def budget(self, config: Path | None = None, settings=None) -> tuple[int, int]:
+        return 12, 4
+
+    def retime_cards(self, stop=lambda: False, progress=lambda line: None):
+        from forge_tui.profiler.retime import CardRetime
+
+        return CardRetime()
 
     def approve(self, card: str) -> list[Entry]:
         self.approved.append(card)
@@ -203,8 +299,9 @@ class FixtureBackend(Backend):
                                "experts: fixture.py: the model has no routed mixture-of-experts block"], 0)
 
     def bench(self, repeats: int = 10) -> BenchOutcome:
-        return BenchOutcome("variant  median µs  vs eager\neager        842.8         -\neager+forge  771.0    1.093x",
-                            1.093, {"eager+forge": None})
+        return BenchOutcome([Variant("eager", 842.8, 830.1, 851.0, "-"), Variant("eager+forge", 771.0, 760.2, 780.4)],
+                            paired=(1.088, 1.071, 1.102), bound=1.123,
+                            bound_why=f"{RMS} 17.5% of eager's forward at 1.87x", outputs_agree={"eager+forge": None})
 
 
 class FixtureDescriber:
@@ -224,3 +321,21 @@ class FixtureDescriber:
 
     def discard(self, draft: Draft) -> None:
         pass
+
+
+def screen_text(app: Any) -> str:
+    """The app's screen as text, one line a row (its SVG screenshot's text, placed by column)."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for x, y, t in re.findall(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>', svg):
+        rows.setdefault(float(y), []).append((float(x), html.unescape(t)))
+    out = []
+    for y in sorted(rows):
+        line = ""
+        for x, t in sorted(rows[y]):
+            line = line.ljust(int(round(x / 12.2))) + t.replace("\xa0", " ")
+        out.append(line.rstrip())
+    return "\n".join(out)

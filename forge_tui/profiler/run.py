@@ -131,21 +131,39 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
 
 class QuietTimer:
     """The timer, with the evaluator's quietness checks (``quiet.py``): a measurement taken while
-    the calibration workload ran slow or whose samples spread too far is retried, and reported
-    with its reasons if it stays loud."""
+    the calibration workload ran slow, while more threads were ready to run than there are CPUs
+    (``host_load``), or whose samples spread too far is retried, and reported with its reasons if
+    it stays loud.
+
+    Once ``BUSY_AFTER`` measurements in a row stayed loud after their retries, the machine is busy
+    for a while: later measurements get one attempt each until one comes out quiet, so that a
+    profile on a busy machine takes no longer than on a quiet one (its loud cards are flagged and
+    timed again once the machine is quiet, ``profiler.retime``)."""
+
+    BUSY_AFTER = 2
 
     def __init__(self, timer: Timer, calibration: Calibration, cfg) -> None:
         self.timer = timer
         self.cal = calibration
         self.cfg = cfg
+        self.loud_in_row = 0
         self.cal.measure()
+
+    def busy(self) -> str | None:
+        """Why the machine is too busy to time anything now (the calibration workload slower than
+        its best, or, on the CPU, more threads ready to run than CPUs), or None."""
+        reasons = [self.cal.loaded(self.cal.measure(), self.cfg.max_slowdown)]
+        if self.cal.device == "cpu":
+            reasons.append(oversubscribed_reason(oversubscription(), self.cfg.max_slowdown))
+        return next((r for r in reasons if r), None)
 
     def time(self, name: str, fn: Callable[[], object], host_load: bool = False) -> tuple[Stats, list[str]]:
         """``host_load`` (the CPU): also count the threads ready to run before and after
         (``quiet.oversubscription``), a load the calibration workload can miss."""
         reasons: list[str] = []
         check_host = host_load and self.cal.device == "cpu"
-        for _ in range(1 + self.cfg.noisy_retries):
+        attempts = 1 + (self.cfg.noisy_retries if self.loud_in_row < self.BUSY_AFTER else 0)
+        for _ in range(attempts):
             load = [oversubscription()] if check_host else []
             before = self.cal.measure()
             stats, _, _ = self.timer.time({name: fn})
@@ -158,6 +176,7 @@ class QuietTimer:
                                    spread_reason(name, st, self.cfg.max_spread, self.timer.overhead_iqr_us), *host) if r]
             if not reasons:
                 break
+        self.loud_in_row = self.loud_in_row + 1 if reasons else 0
         return st, reasons
 
 
@@ -196,7 +215,7 @@ def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ce
             if bad is not None:
                 flags.add("reference_mismatch")
                 warnings.append(f"{card.id}: the reference does not reproduce the captured output ({bad})")
-        stats, noisy = quiet.time(card.op_name, bind_program(card.program, ins, device))
+        stats, noisy = quiet.time(card.op_name, bind_program(card.program, ins, device), host_load=True)
         card.time_us = stats.median
         card.time_spread = stats.spread
         if noisy:

@@ -15,6 +15,19 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line, cut at a word with an ellipsis where longer than ``width``, and before
+    any parenthesis the cut would leave open (the node's whole reason is in its result, and in
+    the app's tree)."""
+    line = " ".join(text.split())
+    if len(line) <= width:
+        return line
+    cut = line[: width - 1].rsplit(" ", 1)[0] if " " in line[: width - 1] else line[: width - 1]
+    while cut.count("(") > cut.count(")"):
+        cut = cut[: cut.rfind("(")]
+    return cut.rstrip(" ,;:(") + " …"
+
+
 class SearchEvent(BaseModel):
     """What every event carries: its kind, the search's sequence number, and the card and node it
     concerns (None where it concerns the whole search)."""
@@ -80,7 +93,7 @@ class NodeAdded(SearchEvent):
         sp = f"{self.speedup:.3f}x" if self.speedup else "-"
         if self.time_us and self.status in ("passed", "noisy"):
             sp += f" ({self.time_us:.1f} µs)"
-        why = f"  ({self.reason[:100]})" if self.status != "passed" and self.reason else ""
+        why = f"  ({shorten(self.reason, 100)})" if self.status != "passed" and self.reason else ""
         return f"{head} <- {self.parent}: {self.status} {sp}  {self.move}{why}"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -96,3 +97,16 @@ class LocalEvalPool:
         self._exec.shutdown(wait=True, cancel_futures=True)
         for ev in self._all:
             ev.close()
+
+    def kill(self) -> None:
+        """End every evaluation in flight at once, waiting for none (a process about to exit): the
+        queued ones are cancelled and each judge's process group (the judge and the candidate it
+        runs) is killed."""
+        self._exec.shutdown(wait=False, cancel_futures=True)
+        for ev in self._all:
+            proc = ev.worker.proc
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the judge leads a session of its own
+                except OSError:
+                    pass

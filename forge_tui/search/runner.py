@@ -12,6 +12,7 @@ new node ids never reuse a branch name, damaged or not.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from ..errors import ForgeError, WorkspaceError
 from ..evaluator.result import EvalResult, load_result
 from ..gitrepo import RefConflict, short_ref
 from ..kernel_abi import SOURCE_NAMES
+from ..profiler.trust import distrust, rank_shares
 from ..program import program_source
 from ..promotion import manifest
 from ..workspace import Workspace
@@ -32,14 +34,21 @@ from .history import History
 from .ledger import Ledger
 from .pool import EvalPool, PoolLost
 from .proposer import NodeView, Proposal, ProposalContext, Proposer, ProposerFailure
+from .retime import NO_VERDICT, RETIME, untimed
 from .store import FOLDER, Damage, LogRecord, NodeRecord, SearchStore, node_ref
 from .tree import EXPANDABLE_STATUSES, ROOT, CardTree, Node
 from .uct import select
+
+NOTHING_MORE = "the proposer has nothing more to try"
 
 INELIGIBLE_FLAGS = {"dynamic_shape": "its output shape depends on the data",
                     "replay_failed": "its reference could not be replayed",
                     "reference_mismatch": "its reference does not reproduce the captured output"}
 
+
+BUDGET_SPENT = "its budget of "
+"""How a card's finish begins when its own evaluation budget was spent (``CardBudget.stop_reason``):
+a resumed search with a larger budget reopens it."""
 
 REWRITES = ("fold", "experts", "merge")
 """Promoted cards that replace what runs at their sites (``forge fold``, ``experts``, ``merge``)."""
@@ -133,6 +142,8 @@ class Search:
         """Agent conversations already recorded (on a node or in the log)."""
         self.retimed: list[tuple[str, str, Node]] = []
         """(card, noisy node, its new child) for each kernel ``retime`` timed again."""
+        self._git_lock = threading.Lock()
+        """Held while a record is written (``abandon`` takes it so that none is cut short)."""
 
     # ---- events --------------------------------------------------------------------------------
     def _publish(self, events: list[SearchEvent]) -> None:
@@ -153,10 +164,27 @@ class Search:
         """Thread-safe: the loop stops starting new evaluations and records why."""
         self._stop_requested = reason
 
+    def abandon(self, timeout: float = 0.5) -> bool:
+        """For a process about to end at once (the app quitting): stop, wait up to ``timeout`` s
+        for a record being written and let no other start, then end the evaluations in flight
+        (the pool's judges killed; nothing of them is recorded). Every finished node is already a
+        committed ref. Whether the write lock was taken (False: a write was still going on)."""
+        self.request_stop("the app quit")
+        held = self._git_lock.acquire(timeout=timeout)
+        kill = getattr(self.pool, "kill", None)
+        if kill is not None:
+            kill()
+        return held
+
     # ---- state ---------------------------------------------------------------------------------
     def _eligible(self, all_cards: list[Card]) -> list[Card]:
+        """The cards to search, each other card's reason in ``skipped``. A card whose profiled time
+        is not trusted (timed on a busy machine) takes part with the share the op table ranks it
+        by, from its bytes and FLOPs (``profiler.trust``): the search must not rank on nonsense."""
         out = []
         sites = replaced_sites(self.ws)
+        rank = rank_shares(all_cards)
+        all_cards = [c.model_copy(update={"share": rank[c.id]}) if distrust(c) else c for c in all_cards]
         for card in all_cards:
             if self.card_filter and not any(id_matches(card.id, p) for p in self.card_filter):
                 continue
@@ -175,27 +203,35 @@ class Search:
                 out.append(card)
             else:
                 self.skipped[card.id] = why
-        out = self._drop_nested(out)
+        eligible = {c.id for c in out}
+        nested = [c for c in out if self._nested_in(c, eligible)]
+        out = [c for c in out if c not in nested]
         if self.scfg.top:
             out.sort(key=lambda c: -CardBudget(c).potential)
             for c in out[self.scfg.top:]:
                 self.skipped[c.id] = f"not among the top {self.scfg.top} cards by potential gain"
             out = out[: self.scfg.top]
+        self._skip_nested(nested, {c.id for c in out})
         return out
 
-    def _drop_nested(self, cards: list[Card]) -> list[Card]:
-        """Op cards nested in module cards that this search serves are not searched apart: the
-        module card's kernel runs in their place (an RMSNorm's kernel, not its mul, pow, mean and
-        casts). Named on their own in ``cards``, without their module card, they still are."""
-        ids = {c.id for c in cards}
-        out = []
-        for card in cards:
-            parents = [p for p in card.within if p in ids] if card.kind == "op" else []
-            if parents and len(parents) == len(card.within):
-                self.skipped[card.id] = f"it runs inside {parents[0]}, whose kernel serves it (that card is searched)"
+    @staticmethod
+    def _nested_in(card: Card, ids: set[str]) -> bool:
+        """An op card every call of which runs inside module or chain cards of ``ids``."""
+        return card.kind == "op" and bool(card.within) and all(p in ids for p in card.within)
+
+    def _skip_nested(self, nested: list[Card], searched: set[str]) -> None:
+        """Op cards nested in module cards are not searched apart: the module card's kernel runs in
+        their place (an RMSNorm's kernel, not its mul, pow, mean and casts). Each says whether that
+        card is searched, or why not (named on their own in ``cards``, without their module card,
+        they are searched). Decided once the cards to search are chosen, so that no op card is
+        left out "because" a module card is searched that the same search leaves out."""
+        for card in nested:
+            inside = card.within[0]
+            if inside in searched:
+                self.skipped[card.id] = f"it runs inside {inside}, whose kernel serves it (that card is searched)"
             else:
-                out.append(card)
-        return out
+                why = self.skipped.get(inside, "it is not searched")
+                self.skipped[card.id] = f"it runs inside {inside}, which is not searched either ({why})"
 
     def _apply_node(self, rec: NodeRecord) -> list[SearchEvent]:
         tree = self.trees.setdefault(rec.card, CardTree(rec.card, self.scfg.reward_cap))
@@ -252,6 +288,10 @@ class Search:
                     self._conversations.add(str(rec.data["conversation"]))
                 if rec.kind == "card_finished" and rec.card in self.budgets:
                     self.budgets[rec.card].finished = rec.data.get("reason", "finished")
+        for b in self.budgets.values():
+            # a card that stopped on its own budget, since raised, is searched again
+            if b.finished is not None and b.finished.startswith(BUDGET_SPENT) and b.evals < self.scfg.evals_per_card:
+                b.finished = None
         for cid in list(self.cards):  # a damaged root (or one gone that nodes still name) is never replaced
             tree = self.trees.get(cid)
             if (tree is None or tree.root is None) and ROOT in self.taken.get(cid, ()):
@@ -264,16 +304,18 @@ class Search:
 
     def _log(self, kind: str, card: str | None = None, node: str | None = None, *,
              files: dict[str, bytes] | None = None, **data: Any) -> None:
-        rec = LogRecord(self._next_seq(), kind, card, node, data, "")
-        t0 = time.perf_counter()
-        self._store.write_log(rec, files)
-        self.git_s += time.perf_counter() - t0
+        with self._git_lock:
+            rec = LogRecord(self._next_seq(), kind, card, node, data, "")
+            t0 = time.perf_counter()
+            self._store.write_log(rec, files)
+            self.git_s += time.perf_counter() - t0
         self._publish(self.history.log(rec))
 
     def _commit_node(self, rec: NodeRecord, files: dict[str, bytes], base: str) -> None:
-        t0 = time.perf_counter()
-        self._store.write_node(rec, files, base)
-        self.git_s += time.perf_counter() - t0
+        with self._git_lock:
+            t0 = time.perf_counter()
+            self._store.write_node(rec, files, base)
+            self.git_s += time.perf_counter() - t0
         self._publish(self._apply_node(rec))
 
     def _ensure_root(self, card: Card) -> None:
@@ -516,7 +558,7 @@ class Search:
             node = select(self.trees[b.card.id], self.scfg.c_uct, self.scfg.widen_k, self.scfg.widen_alpha)
             if node is None:
                 if b.in_flight == 0:
-                    self._finish_card(b, "the proposer has nothing more to try")
+                    self._finish_card(b, NOTHING_MORE)
                 tried.add(b.card.id)
                 continue
             return b.card, node
@@ -554,14 +596,16 @@ class Search:
                              damaged=list(self.damaged), git_failure=self.git_failure,
                              pool_failure=self.pool_failure)
 
-    RETIME = "retime "
-    """A retimed node's move: ``retime <the node it times again>``."""
+    RETIME = RETIME
+    """A retimed node's move: ``retime <the node it times again>`` (``search.retime``)."""
 
     def retime(self) -> SearchSummary:
         """Each card's correct kernels that were timed while the machine was busy ("noisy": no
-        speedup claimed, never offered for promotion), evaluated again, each as a child of its
-        node with the same source (move ``retime <node>``). A noisy node with a retimed child that
-        passed is not timed again. Recorded like any search, so replay shows it."""
+        speedup claimed, never offered for promotion), evaluated again, each once a call, as a child
+        of the kernel's own node with the same source (move ``retime <node>``). A kernel that a
+        retime has given a verdict (passed, rejected, crashed) is not timed again; one whose
+        retimes all came back noisy is timed once more, not once for each of them
+        (``search.retime.untimed``). Recorded like any search, so replay shows it."""
         t_start = time.monotonic()
         stopped = "every noisy kernel timed again"
         with self.ws.git() as repo:
@@ -574,10 +618,9 @@ class Search:
             todo = []
             for cid in sorted(set(cards) & set(self.trees)):
                 tree = self.trees[cid]
-                done = {n.move[len(self.RETIME):] for n in tree.nodes.values()
-                        if n.move.startswith(self.RETIME) and n.status == "passed"}
-                todo += [(cards[cid], n) for n in sorted(tree.nodes.values(), key=lambda n: n.seq)
-                         if n.status == "noisy" and n.id not in done and (cid, n.id) not in self._unreadable]
+                nodes = sorted(tree.nodes.values(), key=lambda n: n.seq)
+                targets = untimed((n.id, n.status, n.move) for n in nodes)
+                todo += [(cards[cid], tree.nodes[nid]) for nid in targets if (cid, nid) not in self._unreadable]
             self._log("search_started", resumed=True, cards=sorted({c.id for c, _ in todo}), backend=self.backend,
                       proposer="retime", skipped=self.skipped, config=self.scfg.model_dump(), retime=len(todo))
             for card, node in todo:
@@ -595,13 +638,16 @@ class Search:
                 except Exception as exc:  # noqa: BLE001 - the harness failed; recorded against the node
                     result = EvalResult(status="error", failure="harness", reason=f"{type(exc).__name__}: {exc}",
                                         card=card.id, backend=self.backend)
+                if self._stop_requested and result.status in NO_VERDICT:
+                    stopped = self._stop_requested
+                    break  # stopped while it ran: nothing learnt, nothing recorded
                 new = self._record_result(card, node, Proposal(source=source, move=self.RETIME + node.id,
                                                                proposer="retime"), result)
                 self.retimed.append((card.id, node.id, self.trees[card.id].nodes[new]))
             self._log("search_stopped", reason=stopped, evaluations=self.evals_total, cost_usd=self.cost_total)
         best = {cid: {"node": n.id, "speedup": n.speedup, "move": n.move}
                 for cid, tree in self.trees.items() if (n := tree.best()) is not None}
-        return SearchSummary(evaluations=len(todo), stopped=stopped, best=best, skipped=dict(self.skipped),
+        return SearchSummary(evaluations=len(self.retimed), stopped=stopped, best=best, skipped=dict(self.skipped),
                              wall_s=time.monotonic() - t_start, git_s=self.git_s, cost_usd=self.cost_total,
                              damaged=list(self.damaged), pool_failure=self.pool_failure)
 
@@ -610,7 +656,7 @@ class Search:
         out = []
         for card, parent, node in self.retimed:
             timed = f"{node.speedup:.3f}x eager" if node.status == "passed" and node.speedup else node.status
-            why = f" ({node.reason[:160]})" if node.status != "passed" and node.reason else ""
+            why = f" ({node.reason})" if node.status != "passed" and node.reason else ""
             out.append(f"retimed {card} {parent}: {node.id} {timed}{why}")
         return out or ["no kernel to time again: no correct kernel was timed while the machine was busy"]
 

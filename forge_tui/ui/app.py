@@ -16,11 +16,16 @@ the event log and a notification), never a dead app.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import shlex
 import sys
+import threading
+import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -30,10 +35,22 @@ from textual.signal import Signal
 from textual.worker import Worker, WorkerState
 
 from ..errors import ForgeError
+from ..profiler.trust import distrust
+from ..search.retime import untimed
 from .backend import Backend, BenchOutcome
-from .describe_api import Describer, describer_for
+from .describe_api import Describer
 from .feed import LiveFeed
-from .messages import BenchDone, CardsLoaded, Failed, Progress, RewritesDone, SearchEventPosted, SearchFinished
+from .messages import (
+    BenchDone,
+    CardsLoaded,
+    CardsRetimed,
+    Failed,
+    Progress,
+    RetimeFinished,
+    RewritesDone,
+    SearchEventPosted,
+    SearchFinished,
+)
 from .screens.approvals import ApprovalsScreen
 from .screens.describe import DescribeScreen
 from .screens.fallback import FallbackScreen
@@ -47,6 +64,7 @@ from .workers import ClusterWatch, WorkersScreen
 
 if TYPE_CHECKING:
     from ..cards import Card
+    from ..profiler.retime import CardRetime
     from ..promotion import Request
     from ..runtime.manifest import Entry
     from ..search.runner import Search
@@ -54,6 +72,46 @@ if TYPE_CHECKING:
 DEMO_WORKLOAD = "example:tiny_decoder"
 DEMO_WORKSPACE = Path("workspaces") / "demo"
 DEMO_SEARCH = {"max_evals": 12, "evals_per_card": 4, "parallel": 2, "top": 4}
+RETIME_WAIT_S = (10.0, 20.0, 40.0, 60.0)
+"""Seconds between rounds of timing untimed kernels again, round by round (the last repeats)."""
+CARDS_WAIT_S = (20.0, 60.0)
+"""Seconds between tries at timing the untrusted cards of the profile again (the last repeats)."""
+
+
+class DaemonExecutor(ThreadPoolExecutor):
+    """The event loop's executor for the app's thread workers: each call on a daemon thread of its
+    own, and a shutdown that waits for none of them. With asyncio's default executor the loop's
+    end joins every worker still running (a model run, an evaluation), so ``q`` waited for them;
+    here the app ends at once, and ``finish`` ends the process."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "Future[Any]":
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting worker
+                fut.set_exception(exc)
+
+        threading.Thread(target=run, daemon=True, name="forge-tui-worker").start()
+        return fut
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass
+
+
+def short_reason(reason: str) -> str:
+    """The cause in a noisy verdict's reason, short ("the calibration workload ran 354.9x slower
+    than its best"): what the guide shows while kernels wait for a quieter machine."""
+    text = reason.split("timing: ", 1)[-1] if "timing: " in reason else reason
+    for cut in (" (", "; ", ": the machine"):
+        text = text.split(cut, 1)[0]
+    return text.strip().rstrip(".:;") or "the machine was busy"
 
 
 class ForgeApp(App[None]):
@@ -67,6 +125,11 @@ class ForgeApp(App[None]):
         Binding("q", "quit", "Quit"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", show=False),
         Binding("w", "workers", "Cluster workers", show=False),
+        # the guide names these on every screen: they work on every screen
+        Binding("g", "start_search", "Search", show=False),
+        Binding("p", "pause_search", "Pause", show=False),
+        Binding("x", "stop_search", "Stop", show=False),
+        Binding("t", "retime", "Time again", show=False),
     ]
 
     def __init__(self, workspace: Path, workload: str | None = None, device: str | None = None,
@@ -83,10 +146,13 @@ class ForgeApp(App[None]):
         self.autostart = (search is not None) if autostart is None else autostart
         self.proposer = proposer
         self.backend = backend or Backend(self.workspace_path)
-        self.describer = describer or describer_for(self.workspace_path, config)
+        self.describer: Describer | None = describer
+        """None until the describe screen asks (``describer_for`` imports the LLM SDKs: seconds)."""
         self.live_refresh = live_refresh
         # what the panes show
         self.cards: list[Card] = []
+        self.offline: dict[str, str] = {}
+        """Card id -> which offline kernel serves it, or why none (read with the cards)."""
         self.picks: set[str] = set()
         self.state = SearchState()
         self.log_lines: list[str] = []
@@ -102,11 +168,33 @@ class ForgeApp(App[None]):
         self.rewritten = False
         """Whether they ran in this app: until then the guide suggests them before a search."""
         self.failures: list[Failed] = []
+        self.budget: tuple[int, int] | None = None
+        """(evaluations, evaluations per card) of one search run here (``Backend.budget``)."""
         # the search in progress
         self._search: Search | None = None
         self.search_running = False
         self.paused = False
+        self.user_stopped = False
         self._dirty = False
+        # untimed kernels timed again, round after round (``t``; after a search, by itself)
+        self.retiming = False
+        self.retime_round = 0
+        self.retime_next: float | None = None
+        """When the next round starts (monotonic), while the rounds wait for a quieter machine."""
+        self.retime_auto = True
+        """Whether a search's end starts the rounds by itself (x turns it off until t or g)."""
+        self._retime_cancel = threading.Event()
+        self._retime_wake = threading.Event()
+        """Set by t (or x) during the wait between rounds: the next round starts now."""
+        self.retime_waits = RETIME_WAIT_S
+        self._retime_after_search = False
+        # the profile's untrusted cards, timed again once the machine is quiet
+        self.cards_retiming = False
+        self.cards_busy: str | None = None
+        self.cards_next: float | None = None
+        self._cards_tries = 0
+        self.cards_waits = CARDS_WAIT_S
+        self.stopping = False
         # signals the panes subscribe to
         self.state_changed: Signal[SearchState] = Signal(self, "state-changed")
         self.cards_changed: Signal[list[Card]] = Signal(self, "cards-changed")
@@ -115,12 +203,15 @@ class ForgeApp(App[None]):
         self.bench_changed: Signal[object] = Signal(self, "bench-changed")
         self.requests_stale: Signal[object] = Signal(self, "requests-stale")
         self.cluster = ClusterWatch(self)
+        self.cards_status_changed: Signal[object] = Signal(self, "cards-status-changed")
 
     # ---- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
         from ..workspace import is_workspace
 
+        asyncio.get_running_loop().set_default_executor(DaemonExecutor())
         self.set_interval(0.25, self._publish_state)
+        self.set_interval(1.0, self._tick)
         if self.workload is not None and not is_workspace(self.workspace_path):
             self.profiling = True
             self.note(f"profiling {self.workload} into {self.workspace_path} ...")
@@ -142,7 +233,9 @@ class ForgeApp(App[None]):
         cards = self.backend.cards()
         title = self.backend.title()
         events = self.backend.events() if with_history else None
-        self.post_message(CardsLoaded(cards, title, events))
+        if self.budget is None:
+            self.budget = self.backend.budget(self.config_path, self.search_settings)
+        self.post_message(CardsLoaded(cards, title, events, self.backend.offline_lines(cards)))
         if with_history:
             self.requests_worker()
 
@@ -152,9 +245,11 @@ class ForgeApp(App[None]):
     def on_cards_loaded(self, message: CardsLoaded) -> None:
         self.profiling = False
         self.cards = message.cards
+        self.offline = message.offline
         self.sub_title = message.title
-        if message.events is not None and not self.search_running:
+        if message.events is not None and not self.search_running and not self.retiming:
             self.state = SearchState.of(message.events)
+            self.state.interrupted()
             if self.state.started is not None:
                 self.note(f"recorded search: {self.state.summary()}")
         self.note(f"{len(self.cards)} cards in {self.backend.root}")
@@ -164,6 +259,8 @@ class ForgeApp(App[None]):
         if self.autostart and not self.search_running and self.state.runs == 0:
             self.autostart = False
             self.action_start_search()
+        self.cards_status_changed.publish(None)
+        self._maybe_retime_cards()
 
     def on_progress(self, message: Progress) -> None:
         self.progress_line = message.line
@@ -197,44 +294,85 @@ class ForgeApp(App[None]):
             text = str(err) if isinstance(err, ForgeError) else f"{type(err).__name__}: {err}"
             detail = "" if isinstance(err, ForgeError) else "".join(traceback.format_exception(err))
             self.post_message(Failed(worker.name or "work", text, detail))
-        if worker.group == "search" and state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+        ended = state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED)
+        if worker.group == "search" and ended:
             self.search_running = False
+            self._search = None
+            # a search that ran its course (not paused, not stopped) leaves its untimed kernels to
+            # be timed again once the requests are read
+            self._retime_after_search = state == WorkerState.SUCCESS and not self.paused and not self.user_stopped
+            self.requests_worker()
+            self._guide()
+        if worker.group == "retime" and ended:
+            self.retiming = False
+            self.retime_next = None
             self._search = None
             self.requests_worker()
             self._guide()
-        if worker.group == "bench" and state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+        if worker.group == "bench" and ended:
             self.bench_running = False
             self.bench_changed.publish(None)
             self._guide()
-        if worker.group == "rewrites" and state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+        if worker.group == "rewrites" and ended:
             self.rewriting = False
             self.requests_worker()
             self._guide()
+        if worker.group == "cards-retime" and ended:
+            self.cards_retiming = False
+            self.cards_status_changed.publish(None)
+            if state != WorkerState.SUCCESS:
+                self._cards_later()
+
+    # ---- what the guide says ------------------------------------------------------------------------
+    def untimed_kernels(self) -> dict[str, list[str]]:
+        """Per card, the kernels a busy machine left untimed that no retime has judged yet."""
+        out = {}
+        for cid, c in self.state.cards.items():
+            nodes = sorted(c.nodes.values(), key=lambda n: n.seq)
+            left = untimed((n.id, n.status, n.move) for n in nodes)
+            if left:
+                out[cid] = left
+        return out
+
+    def busy_reason(self) -> str:
+        """Why the latest kernel timed on a busy machine was not trusted, short."""
+        noisy = [n for c in self.state.cards.values() for n in c.nodes.values() if n.status == "noisy" and n.reason]
+        return short_reason(max(noisy, key=lambda n: n.seq).reason) if noisy else "the machine was busy"
+
+    def more_evals(self) -> int:
+        """Evaluations that g adds to a search whose budget is spent (a run's own budget)."""
+        return self.budget[0] if self.budget else 0
 
     def guide_text(self) -> str:
+        """What to do next, from where the session stands; it always names a key that does
+        something now (plain text: the guide shows it as it is, brackets and all)."""
         s = self.state
         if self.error:
             return f"error: {self.error[:200]} (q quits)"
         if self.profiling:
-            return f"profiling {self.workload}: every operator call becomes a card ... {self.progress_line[:80]}"
+            return (f"profiling {self.workload}: every operator call becomes a card ... {self.progress_line[:80]} "
+                    "(q quits)")
         if not self.cards:
-            return "opening the workspace ..."
+            return "opening the workspace ... (q quits)"
         if self.search_running:
             return (f"searching ({s.evaluations} of {s.max_evals or '?'} evaluations): 2 shows the live tree, "
                     "p pauses, x stops")
+        if self.retiming:
+            n = sum(len(v) for v in self.untimed_kernels().values())
+            what = f"{n} correct kernel(s)" if n else "the correct kernels"
+            if self.retime_next is not None:
+                left = max(0, round(self.retime_next - time.monotonic()))
+                return (f"{what} timed on a busy machine ({self.busy_reason()}): timed again in {left} s "
+                        f"(round {self.retime_round + 1}; t: now), x stops")
+            return (f"timing {what} again, round {self.retime_round} (the machine was busy: {self.busy_reason()}); "
+                    "2 shows them, x stops")
         if self.bench_running:
-            return "running the whole model: eager, then eager + forge, outputs compared ..."
+            return "running the whole model: eager, then eager + forge, outputs compared ... (q quits)"
         if self.rewriting:
             return ("folding batch norms, grouping routed experts and merging sibling linears: each checked against the "
-                    "model, then timed ...")
+                    "model, then timed ... (q quits)")
         if self.bench_outcome is not None:
-            sp = self.bench_outcome.speedup
-            bad = [k for k, v in self.bench_outcome.outputs_agree.items() if v and "forge" in k]
-            got = f"{sp:.2f}x eager" if sp else "measured"
-            off = self.bench_outcome.switched_off
-            offs = f"; {len(off)} kernel(s) switched off, slower end to end (3 says why)" if off else ""
-            return (f"end to end: eager + forge {got}, outputs " + ("DIFFER" if bad else "agree") + offs +
-                    ". 5 replays the search, 6 plots it, q quits")
+            return self.bench_outcome.guide() + ". 5 replays the search, 6 plots it, q quits"
         if self.paused:
             return "paused: g resumes the search where it stopped (every finished node is kept)"
         if s.runs == 0:
@@ -246,15 +384,20 @@ class ForgeApp(App[None]):
                      "first 3 then m folds batch norms, groups experts, merges linears (the search skips what they "
                      "replace); ")
             return f"{first}g searches kernels for {chosen} (space chooses cards, Enter shows a card's tree)"
-        more = f" (4: {self.requests_pending} more request(s))" if self.requests_pending else ""
-        if self.promoted_count:
-            return "kernel(s) promoted: 3 then b runs the whole model with them, end to end" + more
+        run = "3 then b runs the whole model with the promoted kernel(s)"
         if self.requests_pending:
-            return (f"{self.requests_pending} kernel(s) beat eager: 4 shows the evidence, y approves one "
-                    "(g searches on)")
+            return (f"{self.requests_pending} kernel(s) beat eager: 4 shows the evidence, y approves one"
+                    + (f"; {run}" if self.promoted_count else " (g searches on)"))
+        further = f"g searches {self.more_evals()} more evaluations" if self.more_evals() else "g searches further"
+        waiting = sum(len(v) for v in self.untimed_kernels().values())
+        if waiting:
+            return (f"{waiting} correct kernel(s) timed on a busy machine ({self.busy_reason()}): t times them again, "
+                    f"{further}" + (f"; {run}" if self.promoted_count else ""))
+        if self.promoted_count:
+            return f"kernel(s) promoted: {run}, end to end"
         if self.requests_pending == 0:
-            return "no kernel beat eager yet: g searches further (budgets: forge.toml [search])"
-        return s.summary()
+            return f"no kernel beat eager yet: {further} (budgets: forge.toml [search])"
+        return s.summary() + f"; {further}"
 
     def _guide(self) -> None:
         self.guide_changed.publish(self.guide_text())
@@ -274,31 +417,58 @@ class ForgeApp(App[None]):
             self.state_changed.publish(self.state)
             self._guide()
 
+    def _tick(self) -> None:
+        """Once a second: the countdowns the guide and the table's note show."""
+        if self.retime_next is not None:
+            self._guide()
+        if self.cards_next is not None:
+            self.cards_status_changed.publish(None)
+
     def set_picks(self, picks: set[str]) -> None:
         self.picks = set(picks)
         self._guide()
+
+    def _search_settings(self) -> dict[str, Any]:
+        """The settings of the next run: the app's own, and where the recorded evaluations have
+        spent a budget, that budget raised by one run's worth (g searches further, always)."""
+        settings = dict(self.search_settings)
+        if self.state.runs and self.budget:
+            evals, per_card = self.budget
+            done = self.state.evaluations
+            most = max((c.evals for c in self.state.cards.values()), default=0)
+            settings["max_evals"] = max(int(settings.get("max_evals") or evals), done + evals)
+            settings["evals_per_card"] = max(int(settings.get("evals_per_card") or per_card), most + per_card)
+        return settings
 
     def action_start_search(self) -> None:
         if self.search_running:
             self.notify("a search is already running (p pauses, x stops)", severity="warning")
             return
+        if self.retiming:
+            self.notify("kernels are being timed again (x stops that first)", severity="warning")
+            return
         if not self.cards:
             self.notify("no cards yet", severity="warning")
             return
         self.search_running = True
-        self.paused = False
+        self.paused = self.user_stopped = False
+        self.retime_auto = True
         cards = sorted(self.picks) or None
-        self.note("starting a search" + (f" on {', '.join(cards)}" if cards else " on every card") + " ...")
-        self.search_worker(cards)
+        settings = self._search_settings()
+        self.note("starting a search" + (f" on {', '.join(cards)}" if cards else " on every card") +
+                  (f" (up to {settings['max_evals']} evaluations in all)" if "max_evals" in settings else "") + " ...")
+        self.search_worker(cards, settings)
         self._guide()
 
     @work(thread=True, exclusive=True, group="search", exit_on_error=False, name="the search")
-    def search_worker(self, cards: list[str] | None) -> None:
+    def search_worker(self, cards: list[str] | None, settings: dict[str, Any]) -> None:
         feed = LiveFeed(self)
         try:
-            with self.backend.search(settings=self.search_settings, cards=cards, bus=feed.bus,
+            with self.backend.search(settings=settings, cards=cards, bus=feed.bus,
                                      proposer=self.proposer, config=self.config_path) as (search, resume, why):
                 self._search = search
+                if self.stopping:
+                    search.request_stop("the app quit")
                 self.call_from_thread(self.note, why)
                 summary = search.run(resume=resume)
         finally:
@@ -310,7 +480,7 @@ class ForgeApp(App[None]):
         self.note(f"search {'paused' if message.paused else 'stopped'}: {message.stopped}")
 
     def action_pause_search(self) -> None:
-        if self._search is None:
+        if self._search is None or not self.search_running:
             self.notify("no search is running (g starts one)", severity="warning")
             return
         self.paused = True
@@ -318,12 +488,163 @@ class ForgeApp(App[None]):
         self.note("pausing: the evaluations in flight finish and are kept ...")
 
     def action_stop_search(self) -> None:
-        if self._search is None:
+        if self.retiming:
+            self._retime_cancel.set()
+            self._retime_wake.set()
+            self.retime_auto = False
+            self.retime_next = None
+            if self._search is not None:
+                self._search.request_stop("stopped from the app")
+            self.note("stopping the timing: the kernel being timed finishes and is kept (t times them again) ...")
+            self._guide()
+            return
+        if self._search is None or not self.search_running:
             self.notify("no search is running", severity="warning")
             return
         self.paused = False
+        self.user_stopped = True
         self._search.request_stop("stopped from the app")
         self.note("stopping: the evaluations in flight finish and are kept ...")
+
+    # ---- untimed kernels, timed again ---------------------------------------------------------------
+    def action_retime(self) -> None:
+        """t: time again the kernels a busy machine left untimed, round after round, until each
+        has a verdict, a kernel beats eager, or x stops it."""
+        if self.retiming:
+            if self.retime_next is not None:
+                self._retime_wake.set()  # waiting between rounds: the next one now
+            else:
+                self.notify("already timing them again (x stops)", severity="warning")
+            return
+        if self.search_running or self.bench_running or self.rewriting:
+            self.notify("the model or a search is running: t waits for it (x stops a search)", severity="warning")
+            return
+        self.retime_auto = True
+        self.start_retime()
+
+    def start_retime(self) -> None:
+        self.retiming = True
+        self.retime_round = 0
+        self.retime_next = None
+        self._retime_cancel = threading.Event()
+        self._retime_wake = threading.Event()
+        self.note("timing again the correct kernels a busy machine left untimed (forge retime), until each has a "
+                  "verdict; x stops")
+        self.retime_worker(self._retime_cancel, self._retime_wake)
+        self._guide()
+
+    def _set_search(self, search: "Search") -> None:
+        self._search = search
+        if self._retime_cancel.is_set() or self.stopping:
+            search.request_stop("stopped from the app")
+
+    def _retime_round(self, k: int) -> None:
+        self.retime_round = k
+        self.retime_next = None
+        self._guide()
+
+    def _retime_wait(self, until: float) -> None:
+        self.retime_next = until
+        self._guide()
+
+    @work(thread=True, exclusive=True, group="retime", exit_on_error=False, name="timing kernels again")
+    def retime_worker(self, cancel: threading.Event, wake: threading.Event) -> None:
+        feed = LiveFeed(self)
+        why = "stopped from the app"
+        try:
+            k = 0
+            while not cancel.is_set():
+                k += 1
+                self.call_from_thread(self._retime_round, k)
+                lines = self.backend.retime(self.config_path, settings=self.search_settings, bus=feed.bus,
+                                            on_search=lambda search: self.call_from_thread(self._set_search, search))
+                for line in lines:
+                    self.call_from_thread(self.note, line)
+                if self.backend.requests():
+                    why = "a kernel beat eager"
+                    break
+                if not self.backend.untimed():
+                    why = "every kernel timed again has a verdict"
+                    break
+                if cancel.is_set():
+                    break
+                wait = self.retime_waits[min(k, len(self.retime_waits)) - 1]
+                self.call_from_thread(self._retime_wait, time.monotonic() + wait)
+                wake.wait(wait)
+                wake.clear()
+        finally:
+            feed.close()
+        self.post_message(RetimeFinished(why))
+
+    def on_retime_finished(self, message: RetimeFinished) -> None:
+        self._publish_state()
+        self.note(f"timing again stopped: {message.why}")
+        self.requests_stale.publish(None)
+
+    # ---- the profile's untrusted cards, timed again ---------------------------------------------------
+    def _busy_with_work(self) -> bool:
+        return (self.profiling or self.search_running or self.retiming or self.bench_running or self.rewriting
+                or self.stopping)
+
+    def _maybe_retime_cards(self, scheduled: bool = False) -> None:
+        """Time the untrusted cards again once nothing else runs (a search or a model run is load
+        of its own); otherwise, or while the machine is busy, try again later (``scheduled``: the
+        timer of such a later try; until it fires, nothing else starts a try)."""
+        if self.cards_retiming or not any(distrust(c) for c in self.cards):
+            return
+        if self.cards_next is not None and not scheduled:
+            return
+        if self._busy_with_work():
+            self._cards_later()
+            return
+        self.cards_retiming = True
+        self.cards_next = None
+        self.cards_status_changed.publish(None)
+        self.cards_retime_worker()
+
+    def _cards_later(self) -> None:
+        if self.stopping or not any(distrust(c) for c in self.cards):
+            self.cards_next = None
+            return
+        wait = self.cards_waits[min(self._cards_tries, len(self.cards_waits) - 1)]
+        self._cards_tries += 1
+        self.cards_next = time.monotonic() + wait
+        self.cards_status_changed.publish(None)
+        self.set_timer(wait, lambda: self._maybe_retime_cards(scheduled=True))
+
+    @work(thread=True, exclusive=True, group="cards-retime", exit_on_error=False, name="timing cards again")
+    def cards_retime_worker(self) -> None:
+        outcome = self.backend.retime_cards(stop=self._busy_with_work)
+        self.post_message(CardsRetimed(outcome))
+
+    def on_cards_retimed(self, message: CardsRetimed) -> None:
+        outcome: CardRetime = message.outcome
+        self.cards_retiming = False
+        self.cards_busy = outcome.busy
+        if outcome.retimed or outcome.forward_us is not None:
+            self.note(outcome.line())
+            self.reload_cards()
+        if outcome.waiting:
+            self._cards_later()
+        else:
+            self.cards_next = None
+        self.cards_status_changed.publish(None)
+
+    @property
+    def cards_status(self) -> str:
+        """The op table's note on its untrusted cards: what they rank by, and whether they are
+        being timed again or when they will be (and why not now), in one sentence."""
+        n = sum(1 for c in self.cards if distrust(c))
+        if not n:
+            return ""
+        head = f"{n} card(s) marked ? were timed on a busy machine: they rank by bytes and FLOPs"
+        if self.cards_retiming:
+            return f"{head}; timing them again if the machine is quiet now ..."
+        if self.cards_next is not None:
+            left = max(0, round(self.cards_next - time.monotonic()))
+            why = f"; now {short_reason(self.cards_busy)}" if self.cards_busy else ""
+            return f"{head}, timed again when it is quiet (next try in {left} s{why})"
+        return f"{head} until timed again on a quiet machine"
 
     # ---- promotion and the model run ---------------------------------------------------------------
     @work(thread=True, exclusive=True, group="requests", exit_on_error=False, name="reading the promotion requests")
@@ -334,7 +655,12 @@ class ForgeApp(App[None]):
     def note_requests(self, requests: "list[Request]", promoted: "list[Entry]") -> None:
         self.requests_pending = len(requests)
         self.promoted_count = len(promoted)
+        after, self._retime_after_search = self._retime_after_search, False
+        if after and not requests and self.retime_auto and not self._busy_with_work() and self.untimed_kernels():
+            # noise costs time, not the outcome: the correct kernels are timed again until a verdict
+            self.start_retime()
         self._guide()
+        self._maybe_retime_cards()
 
     def action_bench(self) -> None:
         if self.bench_running:
@@ -415,9 +741,37 @@ class ForgeApp(App[None]):
         yield SystemCommand("Toggle light/dark theme", "ctrl+t", self.action_toggle_theme)
 
     async def action_quit(self) -> None:
+        """Quit at once: nothing is waited for here (the thread workers are daemons); the search
+        in progress is told to stop, and ``finish`` ends what still runs once the app is gone."""
+        self.stopping = True
+        self._retime_cancel.set()
+        self._retime_wake.set()
         if self._search is not None:
-            self._search.request_stop("stopped from the app")
+            self._search.request_stop("the app quit")
         self.exit()
+
+    def release(self, timeout: float = 0.5) -> None:
+        """After the app's end: the search in progress (or the kernels being timed again) abandoned,
+        its last record written or never begun and its evaluations ended (``Search.abandon``)."""
+        search = self._search
+        if search is not None:
+            search.abandon(timeout)
+
+
+def finish(app: ForgeApp) -> int:
+    """The process's end once the app has ended: its exit status, without waiting for the work
+    still running in threads (a search's evaluations, a model run). Every finished node is already
+    committed to git; what was in flight is lost, as after ``kill -9``, which the store is made for."""
+    code = 0
+    if app.error:
+        print(f"forge-tui: error: {app.error}", file=sys.stderr)
+        code = 2
+    app.release()
+    if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # threads at work: the interpreter's exit would join them
+    return code
 
 
 def serve_command(argv: list[str]) -> str:
@@ -475,10 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     app = ForgeApp(workspace, workload, args.device, args.dtype, args.config, search=search, autostart=args.search,
                    proposer=args.proposer)
     app.run()
-    if app.error:
-        print(f"forge-tui: error: {app.error}", file=sys.stderr)
-        return 2
-    return 0
+    return finish(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ from ..search.events import SearchEvent
 
 if TYPE_CHECKING:
     from ..cards import Card
+    from ..profiler.retime import CardRetime
     from ..promotion import Request
     from ..runtime.manifest import Entry
     from .backend import BenchOutcome, NodeDetail, RewriteOutcome
@@ -47,11 +48,14 @@ class Failed(Message):
 class CardsLoaded(Message):
     """A workspace's cards, and its recorded search (None: keep the state the app has)."""
 
-    def __init__(self, cards: "list[Card]", title: str, events: list[SearchEvent] | None = None) -> None:
+    def __init__(self, cards: "list[Card]", title: str, events: list[SearchEvent] | None = None,
+                 offline: dict[str, str] | None = None) -> None:
         super().__init__()
         self.cards = cards
         self.title = title
         self.events = events
+        self.offline = offline or {}
+        """Card id -> which offline kernel serves it, or why none (the card pane's line)."""
 
 
 class SearchFinished(Message):
@@ -94,5 +98,21 @@ class RewritesDone(Message):
 
 class BenchDone(Message):
     def __init__(self, outcome: "BenchOutcome") -> None:
+        super().__init__()
+        self.outcome = outcome
+
+
+class RetimeFinished(Message):
+    """The rounds of timing untimed kernels again ended, and why."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self.why = why
+
+
+class CardsRetimed(Message):
+    """A try at timing the profile's untrusted cards again (``profiler.retime``)."""
+
+    def __init__(self, outcome: "CardRetime") -> None:
         super().__init__()
         self.outcome = outcome

@@ -100,6 +100,8 @@ class SearchState:
     stopped: SearchStopped | None = None
     runs: int = 0
     evaluations: int = 0
+    retimes: int = 0
+    """Of the evaluations, those that timed a kernel again (``forge retime``)."""
     max_evals: int = 0
     max_wall_s: float = 0.0
     max_cost_usd: float = 0.0
@@ -150,6 +152,7 @@ class SearchState:
                 c.nodes[e.parent].children.append(e.node)
             if e.parent is not None:
                 self.evaluations += 1
+                self.retimes += e.move.startswith("retime ")
                 c.in_flight = max(0, c.in_flight - 1)
                 c.cost_usd += e.cost_usd
                 self.cost_usd += e.cost_usd
@@ -194,6 +197,13 @@ class SearchState:
         elif isinstance(e, AgentStep):
             pass  # the transcript pane reads the committed transcript; the log shows a step
 
+    def interrupted(self) -> None:
+        """A recorded history whose last run has no stop (the app quit, or the process was killed,
+        during it): that run is shown stopped, not as still searching."""
+        if self.running:
+            self.apply(SearchStopped(seq=self.events, reason="interrupted: the run ended without recording a stop",
+                                     evaluations=self.evaluations, cost_usd=self.cost_usd))
+
     @classmethod
     def of(cls, events: list[SearchEvent]) -> "SearchState":
         s = cls()
@@ -203,8 +213,9 @@ class SearchState:
 
     def budgets(self) -> list[tuple[str, float, float, str]]:
         """(name, spent, limit, text) for evaluations, wall time and money."""
+        retimes = f" ({self.retimes} of them retimes)" if self.retimes else ""
         out = [("evaluations", float(self.evaluations), float(self.max_evals or 0),
-                f"{self.evaluations} of {self.max_evals or '-'}")]
+                f"{self.evaluations} of {self.max_evals or '-'}{retimes}")]
         if self.max_wall_s:
             out.append(("wall time", self.wall_s, self.max_wall_s, f"{self.wall_s:.0f} of {self.max_wall_s:.0f} s"))
         out.append(("money", self.cost_usd, self.max_cost_usd, f"${self.cost_usd:.2f} of ${self.max_cost_usd:.2f}"))
@@ -213,7 +224,7 @@ class SearchState:
     def summary(self) -> str:
         if self.started is None:
             return "no search yet"
-        best = [f"{cid[:18]} {sp:.2f}x" for cid, (_, sp) in self.best().items()]
+        best = [f"{cid} {sp:.2f}x" for cid, (_, sp) in self.best().items()]
         head = "searching" if self.running else f"stopped: {self.stopped.reason if self.stopped else ''}"
         return f"{head}; {self.evaluations} evaluations; best " + (", ".join(best) or "eager everywhere")
 

@@ -24,7 +24,7 @@ class ApprovalsScreen(ForgeScreen):
         Binding("y", "decide(True)", "Approve"),
         Binding("n", "decide(False)", "Reject"),
         Binding("r", "reload", "Refresh"),
-        Binding("t", "retime", "Time again"),
+        Binding("t", "app.retime", "Time again"),
     ]
 
     def __init__(self) -> None:
@@ -95,22 +95,6 @@ class ApprovalsScreen(ForgeScreen):
                 self.forge.backend.reject(card)
                 line = f"rejected {card}"
             self.app.call_from_thread(self.forge.note, line)
-        finally:
-            self.app.call_from_thread(self._decided)
-
-    def action_retime(self) -> None:
-        if self.busy is not None:
-            self.notify(f"still {self.busy}", severity="warning")
-            return
-        self.busy = "timing again the kernels a busy machine left untimed"
-        self.query_one(EvidenceView).show(None, f"{self.busy} (forge retime) ...")
-        self.retime()
-
-    @work(thread=True, exclusive=True, group="decide", exit_on_error=False, name="timing kernels again")
-    def retime(self) -> None:
-        try:
-            for line in self.forge.backend.retime(self.forge.config_path):
-                self.app.call_from_thread(self.forge.note, line)
         finally:
             self.app.call_from_thread(self._decided)
 

@@ -9,13 +9,14 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer
 
+from ...table import display_name
 from ..backend import NodeDetail
 from ..messages import NodeDetailLoaded
 from ..state import SearchState
 from ..widgets.common.guide import Guide
 from ..widgets.common.nav import NavBar
 from ..widgets.search.node_panes import NodePanes
-from ..widgets.search.tree import SearchTree
+from ..widgets.search.tree import SearchTree, TreePane
 from .base import ForgeScreen
 
 
@@ -38,6 +39,8 @@ class TreeScreen(ForgeScreen):
         super().__init__()
         self._details: dict[tuple[str, str], NodeDetail] = {}
         self._wanted: tuple[str, str] | None = None
+        self._jump: tuple[str, str] | None = None
+        """A build failure whose first error the source pane shows once its node is read."""
         self.only: str | None = None
         self.shown_state: SearchState = SearchState()
 
@@ -49,16 +52,21 @@ class TreeScreen(ForgeScreen):
         yield Guide()
         yield from self.compose_top()
         with Horizontal(id="tree-main"):
-            yield SearchTree(id="search-tree")
+            yield TreePane(id="tree-pane")
             yield NodePanes(id="node-panes")
         yield Footer()
 
     def show_state(self, state: SearchState) -> None:
         self.shown_state = state
-        self.query_one(SearchTree).show_state(state, self.only)
+        tree = self.query_one(SearchTree)
+        tree.names = {c.id: display_name(c) for c in self.forge.cards}
+        tree.show_state(state, self.only)
 
     def action_tab(self, tab: str) -> None:
-        self.query_one(NodePanes).active = tab
+        panes = self.query_one(NodePanes)
+        panes.active = tab
+        if tab == "errors":
+            panes.focus_errors()  # Enter on the first diagnostic shows it in the source at once
 
     def action_focus_tree(self) -> None:
         self.query_one(SearchTree).focus()
@@ -75,7 +83,20 @@ class TreeScreen(ForgeScreen):
         self.show_state(self.shown_state)
         tree = self.query_one(SearchTree)
         tree.focus()
-        tree.move_cursor_to_line(0)
+        self.call_after_refresh(lambda: tree.move_cursor_to_line(0) if tree.last_line >= 0 else None)
+
+    def on_tree_node_selected(self, event: SearchTree.NodeSelected[tuple[str, str | None]]) -> None:
+        """Enter on a node that failed to build: its source, at the first error's line."""
+        data = event.node.data
+        if data is None or data[1] is None:
+            return
+        n = self.shown_state.node(data[0], data[1])
+        if n is not None and n.status == "build_failed":
+            self._jump = (data[0], data[1])
+            detail = self._details.get(self._jump)
+            if detail is not None:
+                self._jump = None
+                self.query_one(NodePanes).show_first_error()
 
     # ---- node details, read from git in a worker -----------------------------------------------
     def on_search_tree_node_chosen(self, event: SearchTree.NodeChosen) -> None:
@@ -96,6 +117,9 @@ class TreeScreen(ForgeScreen):
         self._details[(d.card, d.node)] = d
         if self._wanted == (d.card, d.node):
             self.query_one(NodePanes).show(d)
+            if self._jump == (d.card, d.node):
+                self._jump = None
+                self.query_one(NodePanes).show_first_error()
 
 
 class SearchScreen(TreeScreen):

@@ -6,8 +6,10 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Input
+from textual.widgets import Footer, Input, Static
 
+from ...profiler.trust import shares_note
+from ...table import ordered
 from ..state import SearchState
 from ..widgets.common.event_log import EventLog
 from ..widgets.common.guide import Guide
@@ -37,6 +39,7 @@ class WorkloadScreen(ForgeScreen):
         with Vertical(id="workload-main"):
             yield Input(placeholder="filter cards (Enter keeps it, Escape clears)", id="card-filter")
             yield OpTable(id="optable")
+            yield Static("", id="table-note")
             yield BudgetPanel()
             with Horizontal(id="workload-bottom"):
                 yield CardDetail(id="detail")
@@ -48,6 +51,7 @@ class WorkloadScreen(ForgeScreen):
         self.query_one("#card-filter", Input).display = False
         app.cards_changed.subscribe(self, self._cards)
         app.state_changed.subscribe(self, self._state)
+        app.cards_status_changed.subscribe(self, lambda _: self._note())
         self._cards(app.cards)
         self._state(app.state)
         self.query_one(OpTable).focus()
@@ -55,7 +59,25 @@ class WorkloadScreen(ForgeScreen):
     def _cards(self, cards: list) -> None:  # type: ignore[type-arg]
         table = self.query_one(OpTable)
         table.picks = set(self.forge.picks)
+        self.query_one(CardDetail).set_cards(cards, self.forge.offline)
         table.show_cards(cards)
+        self._note()
+
+    def _note(self) -> None:
+        """At most three lines under the table: why the shares add up past the forward, which
+        cards are not trusted, and when they are timed again."""
+        cards = self.forge.cards
+        nested = {c.id for c, inside in ordered(cards) if inside}
+        total = sum(c.share or 0.0 for c in cards if c.id not in nested and c.share)
+        status = self.forge.cards_status
+        parts = [f"shares add up to {100 * total:.1f}% of the forward" if total > 1.0 else "", status]
+        if total > 1.0 and not status:
+            parts[1] = shares_note(cards, nested) or ""
+            parts[0] = ""
+        text = ": ".join(p for p in parts if p)
+        note = self.query_one("#table-note", Static)
+        note.update(text)
+        note.display = bool(text)
 
     def _state(self, state: "SearchState") -> None:
         self.query_one(OpTable).show_state(state)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ....promotion import Request
 
 
-def spread_bar(q1: float, median: float, q3: float, width: int = 30, top: float | None = None) -> Text:
+def spread_bar(q1: float, median: float, q3: float, width: int = 20, top: float | None = None) -> Text:
     """The speedup's interquartile range and median on a scale from 0 to ``top``; 1.0 (eager) marked."""
     top = top or max(2.0, q3 * 1.1)
     cells = [" "] * width

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 from textual.widgets import DataTable
 
+from ....table import display_name
+
 if TYPE_CHECKING:
     from ....promotion import Request
 
@@ -29,19 +31,17 @@ class RequestQueue(DataTable[str]):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.requests: list[Request] = []
 
-    def on_mount(self) -> None:
-        self.add_column("card", width=24)  # fixed: the first rows otherwise come in at the header's width
-        self.add_column("node", width=5)
-        self.add_columns("vs eager", "spread", "vs compile", "sets")
-
     def show(self, requests: "list[Request]") -> None:
+        """The requests, every column sized to what it holds (the evidence pane has the rest:
+        torch.compile, the input sets)."""
         self.requests = list(requests)
-        self.clear()
-        for r in self.requests:
-            ev = r.evidence
-            spread = "-" if ev.spread is None else f"{100 * ev.spread:.0f}%"
-            self.add_row(r.card.id, r.node, _x(ev.speedup_vs_eager), spread, _x(ev.speedup_vs_compile),
-                         str(len(ev.input_sets)), key=r.card.id)
+        rows = [(display_name(r.card), r.node, _x(r.evidence.speedup_vs_eager),
+                 "-" if r.evidence.spread is None else f"{100 * r.evidence.spread:.0f}%") for r in self.requests]
+        self.clear(columns=True)
+        for i, label in enumerate(("card", "node", "vs eager", "spread")):
+            self.add_column(label, width=max([len(label), *(len(row[i]) for row in rows)]), key=label)
+        for r, row in zip(self.requests, rows):
+            self.add_row(*row, key=r.card.id)
         self.post_message(self.RequestHighlighted(self.requests[0] if self.requests else None))
 
     @property

@@ -1,4 +1,5 @@
-"""The event log: the search's events, one line each, and every failure of the app's work."""
+"""The event log: the search's events, one line each (wrapped to the pane's width), and every
+failure of the app's work."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ class EventLog(RichLog):
     """
 
     def __init__(self, **kwargs: object) -> None:
-        super().__init__(wrap=False, markup=False, highlight=False, max_lines=2000, **kwargs)  # type: ignore[arg-type]
+        super().__init__(wrap=True, min_width=20, markup=False, highlight=False, max_lines=2000, **kwargs)  # type: ignore[arg-type]
 
     def on_mount(self) -> None:
         app = self.app

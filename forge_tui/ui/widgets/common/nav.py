@@ -16,13 +16,14 @@ class NavBar(Static):
     """
 
     def __init__(self, current: str, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(strip(current), **kwargs)  # type: ignore[arg-type]
         self.current = current
 
-    def on_mount(self) -> None:
-        t = Text.assemble(("forge ", "bold"))
-        for key, mode, name in SCREENS:
-            style = "bold reverse" if mode == self.current else ""
-            t.append(f" {key} ", style="bold")
-            t.append(name, style=style)
-        self.update(t)
+
+def strip(current: str) -> Text:
+    t = Text.assemble(("forge ", "bold"))
+    for key, mode, name in SCREENS:
+        style = "bold reverse" if mode == current else ""
+        t.append(f" {key} ", style="bold")
+        t.append(name, style=style)
+    return t

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Input, Static, TextArea
 
 from ...describe_api import Draft
+
+
+class DescribeInput(Input):
+    """The description box, its keys in the footer while it has the focus (the screen's keys
+    type into it then)."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "Ask the agent"),
+        Binding("escape", "screen.leave_box", "Leave the box"),
+    ]
 
 
 class DescribeForm(Vertical):
@@ -18,11 +29,11 @@ class DescribeForm(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder='describe an op, e.g. "fused LayerNorm + GELU for (8192, 4096) bf16"',
-                    id="describe-input")
+        yield DescribeInput(placeholder='describe an op, e.g. "fused LayerNorm + GELU for (8192, 4096) bf16"',
+                            id="describe-input")
         yield Static("", id="describe-status")
         yield Static("", id="describe-inputs")
-        yield TextArea("", read_only=True, show_line_numbers=True, id="describe-reference")
+        yield TextArea("", read_only=True, show_line_numbers=False, id="describe-reference")
 
     def status(self, text: str) -> None:
         self.query_one("#describe-status", Static).update(text)
@@ -30,4 +41,6 @@ class DescribeForm(Vertical):
     def show(self, draft: Draft | None) -> None:
         self.query_one("#describe-inputs", Static).update(
             "" if draft is None else f"inputs: {draft.inputs}" + (f"\n{draft.notes}" if draft.notes else ""))
-        self.query_one("#describe-reference", TextArea).load_text("" if draft is None else draft.reference)
+        area = self.query_one("#describe-reference", TextArea)
+        area.show_line_numbers = draft is not None and bool(draft.reference.strip())
+        area.load_text("" if draft is None else draft.reference)

@@ -13,28 +13,31 @@ if TYPE_CHECKING:
     from ....runtime.manifest import Entry
 
 
-def rows(status: dict[str, Any] | None, promoted: "list[Entry]") -> list[tuple[str, str, str, str, str]]:
-    """(card, kernel, served, fell back, dispatch) per card promoted or seen by the runtime."""
+def rows(status: dict[str, Any] | None, promoted: "list[Entry]") -> list[tuple[str, str, str, str, str, str]]:
+    """(card, kernel, served, fell back, dispatch, why) per card promoted or seen by the runtime:
+    the table's cells short enough for 80 columns (kernel "active 1.87x", "off", "DISABLED";
+    fell back a count), ``why`` the whole story for the line under the table."""
     live = {c["card"]: c for c in (status or {}).get("cards", [])}
     out = []
     for card in list(dict.fromkeys([e.card for e in promoted] + list(live))):
         entry = next((e for e in promoted if e.card == card), None)
         c = live.get(card)
+        sp = entry.evidence.speedup_vs_eager if entry is not None else None
         if entry is not None and not entry.enabled:
-            state = f"off: {entry.disabled_reason}"
+            state, why = "off", f"switched off: {entry.disabled_reason}"
         elif c is not None and not c.get("active", True):
-            state = f"DISABLED: {c.get('disabled_reason', '')}"
+            state, why = "DISABLED", f"disabled: {c.get('disabled_reason', '')}"
         else:
-            sp = entry.evidence.speedup_vs_eager if entry is not None else None
-            state = "active" + (f" ({sp:.2f}x)" if sp else "")
+            state, why = "active" + (f" {sp:.2f}x" if sp else ""), "active" + (f", {sp:.3f}x eager alone" if sp else "")
         served = str(c.get("served", 0)) if c else "-"
         fb = c.get("fallbacks", {}) if c else {}
         fell = ", ".join(f"{n} {why}" for why, n in sorted(fb.items(), key=lambda x: -x[1])) or ("none" if c else "-")
         traced = c.get("traced_fallbacks", {}) if c else {}
         if traced:  # compiled graphs decide at their trace: graphs, not calls
             fell += "; compiled graphs: " + ", ".join(f"{n} ({why})" for why, n in sorted(traced.items(), key=lambda x: -x[1]))
+        count = str(sum(fb.values())) if c else "-"
         disp = f"{c['dispatch_us']:.1f} µs" if c and c.get("dispatch_us") else "-"
-        out.append((card, state, served, fell, disp))
+        out.append((card, state, served, count, disp, f"{card}: {why}; served {served}; fell back: {fell}"))
     return out
 
 
@@ -43,7 +46,7 @@ class RuntimeStatus(Vertical):
     RuntimeStatus { height: 1fr; }
     RuntimeStatus > #runtime-head { height: auto; padding: 0 1; color: $text-muted; }
     RuntimeStatus > DataTable { height: 1fr; }
-    RuntimeStatus > #runtime-why { height: auto; max-height: 4; padding: 0 1; }
+    RuntimeStatus > #runtime-why { height: auto; max-height: 5; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:
@@ -52,9 +55,9 @@ class RuntimeStatus(Vertical):
         yield Static("", id="runtime-why")
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("card", "kernel", "served", "fell back (why)", "dispatch")
+        self.query_one(DataTable).add_columns("card", "kernel", "served", "fell back", "dispatch")
         self._last: tuple[object, ...] = ()
-        self._rows: list[tuple[str, str, str, str, str]] = []
+        self._rows: list[tuple[str, str, str, str, str, str]] = []
 
     def show(self, status: dict[str, Any] | None, promoted: "list[Entry]") -> None:
         data = rows(status, promoted)
@@ -74,7 +77,7 @@ class RuntimeStatus(Vertical):
         row_at = table.cursor_row
         table.clear()
         for row in data:
-            table.add_row(*row, key=row[0])
+            table.add_row(*row[:5], key=row[0])
         if data:
             table.move_cursor(row=min(max(row_at, 0), len(data) - 1))
         self._why(table.cursor_row)
@@ -82,11 +85,7 @@ class RuntimeStatus(Vertical):
     def _why(self, row: int) -> None:
         """The highlighted card in full (the table's cells are cut at narrow widths)."""
         why = self.query_one("#runtime-why", Static)
-        if 0 <= row < len(self._rows):
-            card, state, served, fell, _ = self._rows[row]
-            why.update(f"{card}: {state}; served {served}; fell back: {fell}")
-        else:
-            why.update("")
+        why.update(self._rows[row][5] if 0 <= row < len(self._rows) else "")
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()

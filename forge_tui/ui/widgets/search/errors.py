@@ -71,6 +71,23 @@ class BuildErrors(Vertical):
             for i, raw in enumerate(b.log.splitlines()[-40:]):
                 options.add_option(Option(Text(raw), id=f"log{i}-0"))
 
+    def first_line(self) -> int | None:
+        """The first diagnostic's line, where one has a line."""
+        options = self.query_one(OptionList)
+        for i in range(options.option_count):
+            line = int(str(options.get_option_at_index(i).id).rsplit("-", 1)[1])
+            if line:
+                return line
+        return None
+
+    def focus_first(self) -> None:
+        options = self.query_one(OptionList)
+        if options.option_count:
+            first = next((i for i in range(options.option_count)
+                          if int(str(options.get_option_at_index(i).id).rsplit("-", 1)[1])), 0)
+            options.highlighted = first
+            options.focus()
+
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         line = int(str(event.option.id).rsplit("-", 1)[1])

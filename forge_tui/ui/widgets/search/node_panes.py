@@ -23,7 +23,7 @@ class NodePanes(Vertical):
     NodePanes { height: 1fr; }
     NodePanes > TabbedContent { height: 1fr; }
     NodePanes > TabbedContent > ContentSwitcher { height: 1fr; }
-    NodePanes #node-title { height: 1; padding: 0 1; background: $boost; }
+    NodePanes #node-title { height: auto; max-height: 2; padding: 0 1; background: $boost; }
     """
 
     def __init__(self, **kwargs: object) -> None:
@@ -68,7 +68,25 @@ class NodePanes(Vertical):
 
     def on_build_errors_jump_to(self, event: BuildErrors.JumpTo) -> None:
         event.stop()
+        self.goto(event.line)
+
+    def goto(self, line: int) -> None:
+        """The source tab, at this 1-based line (its start in sight), focused."""
         self.active = "source"
         view = self.query_one(SourceView)
-        view.goto(event.line)
+        view.goto(line)
         view.focus()
+
+    def focus_errors(self) -> None:
+        """The errors list focused, its first diagnostic with a line highlighted: Enter shows it."""
+        self.query_one(BuildErrors).focus_first()
+
+    def show_first_error(self) -> bool:
+        """The source at the first diagnostic's line (a build failure); False where none has one."""
+        line = self.query_one(BuildErrors).first_line()
+        if line is None:
+            self.active = "errors"
+            self.focus_errors()
+            return False
+        self.goto(line)
+        return True

@@ -4,6 +4,7 @@ static checks parse with), read-only; the errors pane moves its cursor to a diag
 from __future__ import annotations
 
 from textual.widgets import TextArea
+from textual.widgets.text_area import Selection
 
 # captures Textual's highlight themes know (keyword, type, string, comment, number, function, ...)
 CUDA_HIGHLIGHTS = r"""
@@ -46,7 +47,7 @@ class SourceView(TextArea):
     """
 
     def __init__(self, **kwargs: object) -> None:
-        super().__init__("", read_only=True, show_line_numbers=True, soft_wrap=False, **kwargs)  # type: ignore[arg-type]
+        super().__init__("", read_only=True, show_line_numbers=False, soft_wrap=False, **kwargs)  # type: ignore[arg-type]
         self._cuda = _register(self)
 
     def show(self, source: str, language: str = "cuda") -> None:
@@ -55,10 +56,15 @@ class SourceView(TextArea):
             self.language = lang
         except Exception:  # noqa: BLE001 - no highlighting for this language here
             self.language = None
+        self.show_line_numbers = bool(source.strip())  # an empty pane shows no stray "1"
         self.load_text(source)
         self.move_cursor((0, 0))
 
     def goto(self, line: int) -> None:
+        """Select a 1-based line, the cursor at its start: the view scrolls to show the line from
+        its first column, not to the end of a long line."""
         row = max(0, min(line - 1, self.document.line_count - 1))
-        self.select_line(row)
+        end = len(self.document.get_line(row))
+        self.selection = Selection((row, end), (row, 0))
         self.scroll_cursor_visible(center=True)
+        self.scroll_to(x=0, animate=False)
