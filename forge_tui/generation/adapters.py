@@ -75,6 +75,10 @@ class ExampleAdapter:
     def reset(self, cache: StaticKV) -> None:
         cache.reset()
 
+    def rewind(self, cache: StaticKV, at: int) -> None:
+        """The next step writes slot ``at``: the example's cache writes where the step's positions
+        say, so there is nothing to move."""
+
     def why_not_static(self) -> str | None:
         return None
 
@@ -173,11 +177,21 @@ class HFAdapter:
         from transformers import StaticCache
 
         cache = StaticCache(config=self.config, max_cache_len=max_len)
-        cache.forge_max_len = max_len  # its slots, which the decode step's mask covers (no API of it across 5.x)
+        setattr(cache, "forge_max_len", max_len)  # its slots, which the step's mask covers (no API of it across 5.x)
         return cache
 
     def reset(self, cache: Any) -> None:
         cache.reset()  # in place: the buffers stay where a captured graph reads them
+
+    def rewind(self, cache: Any, at: int) -> None:
+        """The next step writes slot ``at``: a transformers static cache keeps its own write
+        position per layer (``cumulative_length``, a tensor once the layer has been written)."""
+        for layer in getattr(cache, "layers", ()):
+            length = getattr(layer, "cumulative_length", None)
+            if isinstance(length, torch.Tensor):
+                length.fill_(at)
+            elif length is not None:
+                layer.cumulative_length = at
 
     def prefill(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.call(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
@@ -194,7 +208,7 @@ class HFAdapter:
 
     def decode(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         batch = ids.shape[0]
-        mask = self._mask(pos, batch, cache.forge_max_len)
+        mask = self._mask(pos, batch, getattr(cache, "forge_max_len"))
         out = self.call(input_ids=ids, use_cache=True, logits_to_keep=1, position_ids=pos[None, :].expand(batch, 1),
                         attention_mask=mask, **{self.cache_kw: cache})
         return out.logits[:, -1, :]

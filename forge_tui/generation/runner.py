@@ -164,11 +164,24 @@ class GreedyRunner:
         """Capture the slot's step, or say why the step cannot be captured (then no bucket's is)."""
         assert self.capture is not None
         self._prefill(slot, prompt)
-        for _ in range(self.warmup):  # first calls (forge's trials, compiles, checks) before the scan and capture
+        at = prompt.shape[1]
+
+        def step_at_prompt_end() -> None:
+            # every warm-up, scanned and captured step writes the slot right after the prompt, so
+            # that however many there are, none writes past the cache's end
+            slot.pos.fill_(at)
+            slot.count.fill_(1)
+            self.adapter.rewind(slot.cache, at)
             self._step(slot)
-        why = host_syncs(lambda: self._step(slot))
+
+        for _ in range(self.warmup):  # first calls (forge's trials, compiles, checks) before the scan and capture
+            step_at_prompt_end()
+        why = host_syncs(step_at_prompt_end)
         if why is None:
             try:
+                slot.pos.fill_(at)  # the capture's own warm-up call, then the graph of one plain step
+                slot.count.fill_(1)
+                self.adapter.rewind(slot.cache, at)
                 slot.replay = self.capture.capture(lambda: self._step(slot), 1)
             except Exception as exc:  # noqa: BLE001 - any capture failure means op by op, with its reason
                 first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
@@ -199,7 +212,7 @@ class GreedyRunner:
             if size > batch:  # pad rows: copies of the first prompt, dropped from the result
                 prompt = torch.cat([prompt, prompt[:1].expand(size - batch, -1)])
             slot = self._slot(size)
-            if bucket is not None and self.capture is not None and slot.replay is None:
+            if bucket is not None and self.capture is not None and slot.replay is None and new_tokens > 1:
                 self._try_capture(slot, prompt)
             if bucket is None:
                 why = f"batch {batch} above every bucket ({', '.join(map(str, self.buckets))})"
