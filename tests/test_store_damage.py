@@ -423,7 +423,7 @@ def test_cli_search_resume_prints_skips_and_goes_on(tmp_path, capsys, monkeypatc
 
     ws = chain_workspace(tmp_path, evals=3)
     bad = rewrite(ws, "search/a/n0003", replace_line(message(ws, "search/a/n0003"), "Forge-Seq", "3x"))
-    monkeypatch.setattr(Session, "pool", lambda self, backend=None: FakePool())
+    monkeypatch.setattr(Session, "pool", lambda self, backend=None, **_: FakePool())
     monkeypatch.setattr(Session, "proposer", lambda self, spec="auto": ProposerChoice(ChainProposer(), "test"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "forge.toml").write_text("[search]\nmin_gain = 0.0\n")
