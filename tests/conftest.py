@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from pathlib import Path
@@ -44,12 +45,35 @@ def won_request(ws_root) -> bool:
     return bool(requests(Workspace.open(ws_root)))
 
 
+FIXED_CPU_CEILINGS = {
+    # above what a 2-core CI machine reaches, so that no floor is too high for a correct candidate
+    # however loaded the machine was: tests never depend on the machine's measured speed, and the
+    # tests of the measurement itself call it directly (test_roofline_cpu)
+    "bandwidth_curve": [[(16 << 10) << (2 * k), bw] for k, bw in
+                        enumerate((100e9, 80e9, 60e9, 50e9, 40e9, 30e9, 25e9, 25e9))],
+    "bandwidth_Bps": 25e9,
+    "peak_flops": {"float32": 1e12, "float16": 2e11, "bfloat16": 5e11},
+    "device_name": "CPU (the tests' fixed ceilings)",
+    "measured_at": "fixed",
+    "method": {"fixed": True},
+}
+
+
+def _write_fixed_cpu_ceilings(cache) -> None:
+    """The CPU's ceilings, fixed (``FIXED_CPU_CEILINGS``), where ``roofline.ceilings`` reads them."""
+    from forge_tui import roofline
+
+    data = {"version": roofline.CACHE_VERSION, "devices": {roofline.device_key("cpu"): FIXED_CPU_CEILINGS}}
+    (cache / "ceilings.json").write_text(json.dumps(data))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Device ceilings and other caches go to a per-session folder, never the user's home."""
     cache = tmp_path_factory.mktemp("forge-cache")
     old = os.environ.get("FORGE_CACHE_DIR")
     os.environ["FORGE_CACHE_DIR"] = str(cache)
+    _write_fixed_cpu_ceilings(cache)
     yield cache
     if old is None:
         os.environ.pop("FORGE_CACHE_DIR", None)
