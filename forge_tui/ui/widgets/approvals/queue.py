@@ -8,6 +8,9 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from ....table import display_name
+from ..workload.op_table import fit
+
+NAME_WIDTH = 22
 
 if TYPE_CHECKING:
     from ....promotion import Request
@@ -32,13 +35,14 @@ class RequestQueue(DataTable[str]):
         self.requests: list[Request] = []
 
     def show(self, requests: "list[Request]") -> None:
-        """The requests, every column sized to what it holds (the evidence pane has the rest:
-        torch.compile, the input sets)."""
+        """The requests, every column sized to what it holds, the card's name cut at
+        ``NAME_WIDTH`` so that its speedup stays in sight at 80 columns (the evidence pane has the
+        rest: the card's id, torch.compile, the input sets)."""
         self.requests = list(requests)
-        rows = [(display_name(r.card), r.node, _x(r.evidence.speedup_vs_eager),
-                 "-" if r.evidence.spread is None else f"{100 * r.evidence.spread:.0f}%") for r in self.requests]
+        rows = [(fit(display_name(r.card), NAME_WIDTH), _x(r.evidence.speedup_vs_eager),
+                 "-" if r.evidence.spread is None else f"{100 * r.evidence.spread:.0f}%", r.node) for r in self.requests]
         self.clear(columns=True)
-        for i, label in enumerate(("card", "node", "vs eager", "spread")):
+        for i, label in enumerate(("card", "vs eager", "spread", "node")):
             self.add_column(label, width=max([len(label), *(len(row[i]) for row in rows)]), key=label)
         for r, row in zip(self.requests, rows):
             self.add_row(*row, key=r.card.id)
