@@ -494,6 +494,7 @@ def test_the_app_shows_the_workers_and_the_evaluations_in_flight():
 
 # ---- the bench ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.timeout(1800)  # a hang guard: four searches and two clusters, on a loaded 2-core machine
 def test_the_cluster_bench_runs_on_cpu_workers(tmp_path):
     """bench/cluster_bench.py's smoke run: a scheduler and two worker processes started as a user
