@@ -167,14 +167,24 @@ class _ClusterLines:
 
 
 def cmd_retime(args) -> int:
+    from .search.events import EventBus
     from .session import Session
 
     session = Session.open(args.workspace, args.config)
-    with session.search(proposer="templates", backend=args.backend, cards=args.cards) as search:
+    bus = EventBus()
+    cluster = _ClusterLines(quiet=True)
+    bus.subscribe(cluster)
+    with session.search(proposer="templates", backend=args.backend, cards=args.cards, bus=bus,
+                        cluster=args.cluster) as search:
         summary = search.retime()
     for line in search.retime_lines():
         print(line)
+    for line in cluster.summary():
+        print(line)
     print(f"{summary.evaluations} evaluations, {summary.wall_s:.1f} s; {summary.stopped}")
+    if summary.pool_failure:
+        print(f"forge: error: {summary.pool_failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -472,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("workspace", type=Path)
     sp.add_argument("cards", nargs="*", metavar="CARD", help="only these cards (ids or prefixes)")
     sp.add_argument("--backend", choices=["auto", "cuda", "cpu"], default=None)
+    sp.add_argument("--cluster", metavar="tcp://HOST:8786", help="time them on the workers of this Dask scheduler "
+                    "(default: [pool] scheduler, else this machine)")
     sp.set_defaults(func=cmd_retime)
 
     sp = sub.add_parser("replay", help="rebuild a search from git history and print it in the order it grew")
