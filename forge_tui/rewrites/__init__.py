@@ -18,13 +18,8 @@ from __future__ import annotations
 from . import experts, fold, merge
 from .base import Rewrite, RewriteCard
 
-__all__ = ["REWRITES", "Rewrite", "RewriteCard", "by_kind"]
+__all__ = ["REWRITES", "Rewrite", "RewriteCard"]
 
 REWRITES: dict[str, Rewrite] = {r.name: r for r in (fold.REWRITE, experts.REWRITE, merge.REWRITE)}
 """Every rewrite by name, in the order the app and the bench run them: the folds first, then the
 experts, then the merges (which leave the linears inside experts blocks to ``experts``)."""
-
-
-def by_kind(kind: str) -> Rewrite | None:
-    """The rewrite whose cards are of this kind, or None (a kernel's card: op, module, chain)."""
-    return next((r for r in REWRITES.values() if r.kind == kind), None)
