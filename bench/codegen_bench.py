@@ -406,6 +406,7 @@ def copy_as_candidate_us(nbytes: int, dtype: str, tmp: Path, cfg_path: Path, con
     round trip that the copy does not. Not a floor either (the round trip varies with the host), so
     the 85% target reads device time (``device_times_us``) where that is measured; the figures are
     in docs/benchmarks.md."""
+    from forge_tui.cards import CardKind
     from forge_tui.evaluator import Evaluator
     from forge_tui.kernel_abi import ITEMSIZE
     from forge_tui.workspace import profile_into_workspace
@@ -415,7 +416,7 @@ def copy_as_candidate_us(nbytes: int, dtype: str, tmp: Path, cfg_path: Path, con
     spec = tmp / f"copy_{dtype}_{n}.py"
     spec.write_text(COPY_WORKLOAD.format(n=n, dtype=dtype))
     ws, _ = profile_into_workspace(spec, tmp / f"ws_copy_{dtype}_{n}", device="cuda", config_path=cfg_path)
-    card = next(c for c in ws.cards() if c.kind == "module")
+    card = next(c for c in ws.cards() if c.kind == CardKind.MODULE)
     with Evaluator(ws.store, ws.cache, config, backend="cuda") as ev:
         r = ev.evaluate(card, COPY_KERNEL.replace("{itemsize}", str(size)))
     return r.time_us if r.status == "passed" else None
@@ -654,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.dump_traceback_later(budget + 30, repeat=True)  # a run stuck past its budget shows where
 
+    from forge_tui.cards import CardKind
     from forge_tui.codegen import kernel_or_reason
     from forge_tui.config import parse_config
     from forge_tui.search.events import EventBus, NodeAdded
@@ -738,12 +740,12 @@ def main(argv: list[str] | None = None) -> int:
         served, refused = [], {}
         op_refused = 0
         for card in ws.cards():
-            if card.kind != "module" and not (args.op_cards and not card.within):
+            if card.kind != CardKind.MODULE and not (args.op_cards and not card.within):
                 continue
             k = kernel_or_reason(card)
             if not isinstance(k, str):
                 served.append(card)
-            elif card.kind == "module":
+            elif card.kind == CardKind.MODULE:
                 refused[f"{card.op_name} {card.shapes()} ({card.id})"] = k
             else:
                 op_refused += 1

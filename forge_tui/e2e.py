@@ -15,10 +15,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .cards import CardKind
 from .compare import compare
 from .errors import ForgeError
 from .program import tensor_leaves
 from .promotion import commit_manifest, kernels, kernels_dir
+from .rewrites import REWRITES
 from .runtime.apply import Mode, apply
 from .runtime.fold import Pair
 from .runtime.manifest import Manifest
@@ -733,14 +735,14 @@ def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, flo
     """The op cards profiled in a module: its share where it has no module card of its own."""
     for c in ws.cards():
         if c.module_paths and c.share:
-            into = per_site if c.kind == "module" else ops_at
+            into = per_site if c.kind == CardKind.MODULE else ops_at
             for p in c.module_paths:
                 into[p] = into.get(p, 0.0) + c.share / len(c.module_paths)
     for p, share in ops_at.items():
         per_site.setdefault(p, share)
     out: dict[str, float] = {}
     for card, e in man.entries.items():
-        if e.signature.kind != "fold" or not served.get(card):
+        if e.signature.kind != CardKind.FOLD or not served.get(card):
             continue
         try:
             pairs = json.loads((kernels_dir(ws) / e.source).read_text())["pairs"]
@@ -753,12 +755,13 @@ def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, flo
 
 
 def config_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
-    """Per served experts or merge card, its sites' share of the forward in eager, as ``forge
-    experts`` and ``forge merge`` measured it (the sites' calls times their own time, over the
-    forward's), from the card's configuration."""
+    """Per served card of a rewrite whose configuration records its share (``Rewrite.share_in_config``:
+    experts, merge), its sites' share of the forward in eager, as ``forge experts`` and ``forge
+    merge`` measured it (the sites' calls times their own time, over the forward's)."""
+    kinds = {r.kind for r in REWRITES.values() if r.share_in_config}
     out: dict[str, float] = {}
     for card, e in man.entries.items():
-        if e.signature.kind not in ("experts", "merge") or not served.get(card):
+        if e.signature.kind not in kinds or not served.get(card):
             continue
         try:
             share = json.loads((kernels_dir(ws) / e.source).read_text()).get("share")
@@ -896,23 +899,25 @@ def not_faster(ratio: Stats) -> bool:
 
 
 def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
-    """The served cards grouped into what can be left out on its own: a module card alone; op
+    """The served cards grouped into what can be left out on its own: a module card or a rewrite's
+    alone, or all of a rewrite's cards together where it is ``switched_off_together``; op
     cards that share an interceptor scope together (while one of them is served the scope is
     intercepted, and that costs every op in it, so leaving one out alone shows nothing)."""
     units: list[list[str]] = []
     scopes: list[set[str]] = []
-    for kind in ("fold", "merge"):
-        # one unit each: a model's folds are many (ResNet-50: 52 pairs in 22 cards), and its merges
-        # (a few per layer), each saving a little
+    together = [r.kind for r in REWRITES.values() if r.switched_off_together]
+    for kind in together:
+        # one unit each (``Rewrite.switched_off_together``): a model's folds are many, and its
+        # merges (a few per layer), each saving a little
         same = [c for c in served if man.entries[c].signature.kind == kind]
         if same:
             units.append(same)
             scopes.append(set())
     for card in served:
         sig = man.entries[card].signature
-        if sig.kind in ("fold", "merge"):
+        if sig.kind in together:
             continue
-        if sig.kind in ("module", "experts"):
+        if sig.kind not in (CardKind.OP, CardKind.CHAIN):  # a module card or a rewrite's: alone
             units.append([card])
             scopes.append(set())
             continue
