@@ -134,9 +134,9 @@ def random_like(x: Any) -> Any:
 def speed_refusal(speedup: Stats, min_speedup: float | None, own: str) -> str:
     """Why a rewrite card with this isolated speedup over the model's own calls (``own``) is not
     promoted: by default, not faster, or not faster beyond its spread (a quarter of the paired
-    runs or more as slow as the model's own or slower: on the H200 a merge of the diffusion's VAE
-    q/k/v at 1.03x [0.96, 1.08] was promoted, and kept its scope from running as one compiled
-    graph); with ``min_speedup``, below it; "" if it is promoted."""
+    runs or more as slow as the model's own or slower: a card whose median alone is above 1 can
+    cost more than it saves, a merge by keeping its scope from running as one compiled graph);
+    with ``min_speedup``, below it; "" if it is promoted."""
     if min_speedup is None and speedup.median <= 1.0:
         return f"not faster than {own} ({speedup.median:.3f}x)"
     if min_speedup is None and speedup.q1 <= 1.0:
