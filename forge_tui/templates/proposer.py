@@ -76,8 +76,8 @@ class TemplateProposer:
         """The family's distinct kernels for the card: of its valid configurations, the first (in
         the axes' product order) for each set of the parameters that change the kernel
         (``Family.relevant``). Found once a card and kept: the softmax family's axes make 450,000
-        configurations, 95,000 of them valid but 221 distinct kernels, and going through them took
-        the development machine 1.3 s, several times a proposal (6.5 s a softmax card's first)."""
+        configurations, 95,000 of them valid but 221 distinct kernels, and going through them takes
+        over a second, too long to repeat at every proposal."""
         key = (fam.name, m.card.id, backend, self.device)
         got = self._kernels.get(key)
         if got is None:
