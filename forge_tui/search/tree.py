@@ -34,7 +34,8 @@ def pooled_speedups(nodes: Iterable[tuple[str, str, float | None, float | None, 
     eager's many launches make that sample the noisier one: its spread across one search's
     evaluations can exceed the candidates' differences, and then the largest ratio is not the
     fastest kernel (docs/benchmarks.md has the norm cards that promoted a slower kernel so).
-    Pooled, eager is one number a card and the ranking is the candidates' own times. A node without its times (recorded before nodes carried them) keeps its ratio."""
+    Pooled, eager is one number a card and the ranking is the candidates' own times. A node
+    without its times (recorded before nodes carried them) keeps its ratio."""
     rows = list(nodes)
     eagers = sorted(e for _, status, _, _, e in rows if status == "passed" and e)
     pooled = eagers[len(eagers) // 2] if eagers else None
