@@ -80,6 +80,22 @@ class Sample(BaseModel):
     outputs: list[str]
 
 
+class Coverage(BaseModel):
+    """Which proposer covers a card, worked out once where the card is made
+    (``templates.coverage.cover``) and stored on it, so that whatever shows the card only reads it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposer: Literal["template", "generator", "agent"]
+    """The first proposer with a kernel for the card: a hand-written template family, the code
+    generator, or the LLM agent alone."""
+    family: str | None = None
+    """The family whose kernels serve the card (``generated`` for the generator); None for the agent."""
+    why_not: str | None = None
+    """Where only the agent covers the card: why neither a template family nor the generator does
+    (the op, the access pattern, or no valid configuration for the shape)."""
+
+
 class Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -122,6 +138,9 @@ class Card(BaseModel):
     samples: list[Sample] = []
     device: str = "cpu"
     dtype: str = "float32"
+    coverage: Coverage | None = None
+    """Which proposer covers the card (None: not worked out, a card from before the field; the
+    workspace works it out when it loads such a card)."""
 
     @property
     def total_us(self) -> float:

@@ -1,13 +1,11 @@
 """torch.compile and torch.compile + forge timed against each other in a process of their own.
 
 ``forge bench`` times its four variants in one process. For torch.compile that process is not a
-sound baseline: on the H100 machine (2026-12-06, bench/lab/compile_in_bench.py) the bench measured
-ResNet-50's torch.compile + forge 1.25-1.39x faster than torch.compile in four of seven runs (the
-others 0.89-0.95x), where processes of their own measured it 0.64-0.93x in all five. Its compiled
-forward is bound by its host (1.74 ms on the device, 2.6-5.9 ms on the host), and inside the bench
-it ran 1.35-1.5x slower than in the same process before and after, with the same kernels, the same
-Dynamo graph and no recompile; the cause is not found. The bench's verdict to keep forge's kernels
-in compiled models is therefore confirmed here (``e2e.fresh_compile_pair``): the model built afresh,
+sound baseline: a compiled forward bound by its host can run far slower inside the bench's process
+than in a fresh one, with the same kernels, the same Dynamo graph and no recompile, and then
+torch.compile + forge looks faster than torch.compile where a process of its own finds it slower
+(docs/benchmarks.md, "torch.compile's baseline"). The bench's verdict to keep forge's kernels in
+compiled models is therefore confirmed here (``e2e.fresh_compile_pair``): the model built afresh,
 the kernels applied as ``Mode.TORCH_COMPILE`` gives them, both variants compiled and timed
 interleaved by the bench's protocol. The last line of stdout is a JSON object: the samples (µs)
 per variant and the calls served per card.

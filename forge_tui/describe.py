@@ -490,7 +490,8 @@ def _profile_child(raw: str) -> None:
             flt.load()
         cfg = ForgeConfig.model_validate(spec["config"])
         res = profile_workload(load_workload(spec["workload"]), spec["device"], None, cfg,
-                               TensorStore(Path(spec["write"][0])), lambda msg: say("P", msg))
+                               TensorStore(Path(spec["write"][0])), lambda msg: say("P", msg),
+                               coverage=False)  # the parent works it out (funcards.profile_to_card)
         say("R", json.dumps({"cards": [c.model_dump(mode="json") for c in res.cards],
                              "forward": dataclasses.asdict(res.forward), "device": res.device,
                              "device_name": res.device_name, "dtype": res.dtype, "ceilings": res.ceilings,

@@ -505,9 +505,8 @@ def bench(workload_spec: Any, workspace: Any, *, device: str | None = None, dtyp
         notes.extend(scope_notes(applied))
         # the compiled variants are done with (their verdict reads the timings, not the models):
         # their memory (inductor's buffers, the outputs they keep) goes back before the switch-off
-        # times fresh copies and the graphs are captured (on the H200 the decoder's graphs once
-        # failed out of memory behind them, 139.8 GiB in use, and a switch-off's copy of its
-        # forward ran 18.3 ms where the bench's had run 14.6)
+        # times fresh copies and the graphs are captured: kept, it can leave the graphs' capture
+        # out of memory and slow the switch-off's copies of the forward
         _release(variants, fns, ("compile", "compile+forge"))
         switched: dict[str, str] = {}
         after: Stats | None = None
@@ -586,10 +585,9 @@ def shares_note(ws: Any) -> str | None:
     """What the bound's shares are, where the profile's op cards, each timed alone, sum past the
     forward (a host that holds the forward back: each op alone pays its launch and its wait, which
     the forward overlaps): the bound from them then promises more than the forward holds. None
-    where they do not. They are not scaled down to the forward: on the H100 (2026-12-06) shares so
-    scaled set bounds that the decoder and ResNet-50 passed by 6-14%, where unscaled ones erred
-    the other way (ResNet-50's 1.977x on the H200 against 1.534x in CUDA graphs); a bound that errs
-    high is the one a verdict can trust."""
+    where they do not. They are not scaled down to the forward: shares so scaled set bounds that
+    the bundled workloads pass, where unscaled ones err high, and a bound that errs high is the one
+    a verdict can trust (docs/runtime.md)."""
     cov = (ws.profile_summary().get("coverage") or {}).get("op")
     if not isinstance(cov, (int, float)) or cov <= 1.0:
         return None
@@ -802,8 +800,8 @@ FRESH_COMPILE = "compile+forge/compile (own process)"
 (``fresh_compile_pair``), where the bench's process kept forge's kernels in compiled models."""
 
 FRESH_TIMEOUT_S = 900.0
-"""The process of its own: two compiles of the model (a cold inductor cache: ResNet-50 took 14-24 s
-a compile on the H100 machine) and the timing."""
+"""The process of its own: two compiles of the model with a cold inductor cache (tens of seconds
+each for a ResNet-50) and the timing."""
 FRESH_MIN_S = 10.0
 """Less time than this before the deadline: the process of its own is not started (the kernels go
 off in compiled models, unconfirmed)."""
@@ -893,8 +891,8 @@ def _switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, sta
 def not_faster(ratio: Stats) -> bool:
     """Whether kernels failed to pay in the whole forward: the paired ratio (without / with) has a
     median below 1. Kernels are used only where they measured faster in the model, so a ratio
-    whose median misses 1 switches them off even while its upper quartile reaches it (a
-    ResNet-50 at 0.968x [0.93, 1.01] once kept six batch norms on)."""
+    whose median misses 1 switches them off even while its upper quartile reaches it: a ratio
+    that straddles 1 is no evidence that they pay."""
     return ratio.median < 1.0
 
 
@@ -940,8 +938,8 @@ def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_fa
     applied = apply(other, ws, device=dev, cards=cards, only_faster=only_faster, trial_calls=0)
     try:
         # as the bench times its variants: the collector's scans kept off what exists before (each
-        # trial adds a copy of the model; without this the diffusion's trials on the H200 grew
-        # from 4.7 to 8.8 ms a forward, unit by unit, where the bench's own took 4.1-4.9)
+        # trial adds a copy of the model, and without this every later trial pays for scanning the
+        # earlier ones' copies, slowing its forward unit by unit)
         with GcPauses():
             stats, raw, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
                                         names[1]: functools.partial(wl.run, other, inputs)})
@@ -953,10 +951,9 @@ def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_fa
 def _unit_times(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_faster: bool, model: Any,
                 served: list[str], unit: list[str]) -> tuple[Stats, Stats]:
     """The forward with every served kernel and without ``unit``'s, timed interleaved, both sides
-    fresh copies of ``model`` applied alike (no copy carries what earlier units ran on it: on the
-    H200 one copy with every kernel, kept for every unit, ran 200-460 µs a forward slower than the
-    bench's own copy with the same kernels, and every unit of the diffusion but its group norms was
-    switched off; docs/runs/issue-15-17-h200.md, 2026-12-04 call 6)."""
+    fresh copies of ``model`` applied alike (no copy carries what earlier units ran on it: one
+    copy with every kernel, kept for every unit, runs slower than the bench's own copy with the
+    same kernels, and its slowness would switch off units that pay)."""
     with_all = copy.deepcopy(model)
     a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
     try:
@@ -998,10 +995,9 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
             if units_log is not None:
                 units_log.append({"cards": list(unit), "with_us": w.median, "without_us": wo.median})
             if wo.q3 < w.q1:  # faster without it, beyond the spread of both
-                # once more, on another pair of fresh copies: on the H100 (2026-12-06) one pair ran
-                # the diffusion 4674 µs a forward with its transformer group norm and 4174 without,
-                # where the bench's own copies with every kernel had run 4069 and 4184, and the
-                # model left without it measured 1.151x against 1.176x with it
+                # once more, on another pair of fresh copies: one pair alone can run far slower
+                # than the bench's own copies with the same kernels, and switch off a kernel that
+                # pays
                 w2, wo2 = _unit_times(wl, inputs, ws, dev, timer, only_faster, model, served, unit)
                 if not wo2.q3 < w2.q1:
                     continue
@@ -1021,9 +1017,9 @@ def _switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest,
             e, f, ratio = stats["eager"], stats["eager+forge"], paired_ratio(raw["eager"], raw["eager+forge"])
         again = ""
         if not_faster(ratio) and ratio.q3 > 1.0:
-            # the quartiles straddle 1 (a noisy host: the H200 machine's diffusion once measured
-            # 0.983x with eager's own forwards spread 7.2-7.7 ms, and every kernel went off): one
-            # more measurement, twice as long, decides
+            # the quartiles straddle 1 (a noisy host, where eager's own forwards spread wide and
+            # one short measurement would switch every kernel off): one more measurement, twice
+            # as long, decides
             first = ratio
             longer = Timer(timer.device, warmup=timer.warmup, repeats=2 * timer.repeats, cold_l2=timer.cold_l2)
             e, f, ratio = _time_against(wl, inputs, ws, dev, longer, only_faster, model, model, left,
@@ -1049,8 +1045,8 @@ class GcPauses:
     """The garbage collector's pauses during timed forwards, by variant (``gc.callbacks``); while
     active, what the process had built before (models, compiled graphs) is frozen out of the
     collector's scans (``gc.freeze``, as a server does once it has loaded), so that no variant pays
-    for scanning another's objects. On the H200 no collection ran in any timed forward of the
-    decoder or the diffusion (2026-12-01): the notes say so where one does."""
+    for scanning another's objects. A collection during a timed forward is rare; the notes say so
+    where one runs."""
 
     def __init__(self) -> None:
         self.current: str | None = None

@@ -185,6 +185,7 @@ def profile_to_card(workload: "Workload", target: Path, name: str, *, device: st
     Raises ForgeError having written nothing."""
     from .config import discover_config
     from .profiler.run import profile_workload
+    from .templates.coverage import cover
     from .tensorstore import TensorStore
     from .workload import resolve_device
 
@@ -203,6 +204,9 @@ def profile_to_card(workload: "Workload", target: Path, name: str, *, device: st
         store = TensorStore(staging / ".forge" / "cache" / "tensors")
         result = (profile or profile_workload)(workload, dev, None, cfg, store, progress)
         card = function_card(result.cards, name)
+        # which proposer covers the card, worked out here: a confined child's answer (forge new)
+        # carries none, and nothing it sends decides it
+        cover([card], again=True)
         if ws is not None:
             have = {c.id: c for c in ws.cards()}
             if card.id in have:

@@ -227,7 +227,7 @@ WORKSPACE_ALIGN = 256
 
 
 def default_cuda_arch() -> str:
-    """sm_XY of the visible GPU; sm_90 (the H200) when there is none, e.g. for compile-only CI."""
+    """sm_XY of the visible GPU; sm_90 (Hopper) when there is none, e.g. for compile-only CI."""
     try:
         import torch
 

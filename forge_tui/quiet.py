@@ -138,8 +138,9 @@ def oversubscription() -> float | None:
     own included); None where it cannot be read. Above 1, some of them wait for a CPU.
 
     A CPU-bound process beside the timed one hides from the calibration workload on some machines
-    (on a 2-core VM here, two busy-looping processes made it run faster, while a profiled forward
-    ran 1.65x slower and was trusted): the count of runnable threads sees it."""
+    (on a small VM, busy-looping processes beside it can leave the calibration as fast as ever
+    while a profiled forward runs far slower and would be trusted): the count of runnable threads
+    sees it."""
     try:
         with open("/proc/loadavg") as f:
             running = int(f.read().split()[3].split("/")[0])

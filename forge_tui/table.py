@@ -1,12 +1,13 @@
 """The op table: cards by share of the forward, each op card nested in a module card shown under
 it, the offline kernel (template family or generator) that serves each card, and the share of the
-forward those kernels serve."""
+forward those kernels serve. It only renders what the cards carry: which proposer covers a card is
+worked out where the card is made and stored on it (``Card.coverage``)."""
 
 from __future__ import annotations
 
 import io
 
-from .cards import DTYPE_SHORT, Card, CardKind
+from .cards import DTYPE_SHORT, Card, CardKind, not_served
 from .profiler.trust import distrust, ranked, shares_note
 
 COLUMNS = ("#", "card", "kind", "target", "shapes", "dtype", "calls", "µs/call", "share", "floor µs", "headroom", "kernel")
@@ -93,13 +94,12 @@ def offline_share(cards: list[Card], served: dict[str, str]) -> dict[str, float]
 
 
 def served_by(cards: list[Card]) -> dict[str, str]:
-    """Which offline kernel serves each card (empty when that cannot be worked out here)."""
-    try:
-        from .templates.coverage import offline_kernels
-
-        return offline_kernels(cards)
-    except Exception:  # noqa: BLE001 - the table is shown without that column rather than not at all
-        return {}
+    """card id -> the family whose offline kernels serve it (``generated`` for the generator), as
+    the card's coverage says, for the cards the runtime serves (``cards.not_served``). A card
+    without coverage (made outside a workspace or a profile) is shown unserved."""
+    return {c.id: c.coverage.family for c in cards
+            if c.coverage is not None and c.coverage.family is not None and c.coverage.proposer != "agent"
+            and not_served(c.kind, c.flags) is None}
 
 
 def rows(cards: list[Card], served: dict[str, str] | None = None) -> list[dict]:
@@ -132,7 +132,7 @@ def render(cards: list[Card], title: str = "", width: int = 200, limit: int | No
            served: dict[str, str] | None = None) -> str:
     """Plain-text table (rich does the layout), the cards ranked by their share of the forward, a
     card whose time is not trusted by its bytes and FLOPs (``profiler.trust``). ``served``: card id
-    -> the offline kernel's family (worked out from the templates and the generator when not given)."""
+    -> the offline kernel's family (by default the cards' own coverage, ``served_by``)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table

@@ -139,8 +139,8 @@ ORDER_SEED = 0x5EED
 
 
 SLEEP_CYCLES = 2_000_000
-"""``torch.cuda._sleep``'s cycles before a call timed on the device alone (about 1 ms at the H200's
-clock, longer than one call's host): the device waits while the host enqueues the call. Where
+"""``torch.cuda._sleep``'s cycles before a call timed on the device alone (about 1 ms at a
+data-centre GPU's clock of about 2 GHz, longer than one call's host): the device waits while the host enqueues the call. Where
 the host enqueues more (a sample of many calls), the caller asks for longer: a sleep that ends
 before the host does leaves the device idle between the calls, and that idle time is counted."""
 
@@ -236,9 +236,8 @@ class Timer:
         # rounds in pairs: an order drawn from a fixed seed, then the same order reversed, so that
         # over every two rounds each variant runs before and after each other one equally often and
         # first as often as last. In a fixed order (or one rotated a place a round) a variant nearly
-        # always followed the same one: on the H200, two copies of the same ResNet-50 forward timed
-        # first and second measured 1.057x apart, and "nothing promoted" up to 3.4% faster than
-        # the eager it followed.
+        # always follows the same one, and the place alone sets two copies of the same forward
+        # apart by more than the differences being measured (docs/evaluator.md).
         order = random.Random(ORDER_SEED)
         for i in range(self.repeats):
             if i % 2 == 0:

@@ -92,7 +92,7 @@ class Workspace:
         return self.root / "cards"
 
     def cards(self) -> list[Card]:
-        return load_cards(self.cards_dir)
+        return _covered(load_cards(self.cards_dir))
 
     def card(self, card_id: str) -> Card:
         path = self.cards_dir / f"{card_id}.json"
@@ -102,7 +102,7 @@ class Workspace:
                 raise WorkspaceError(f"no card '{card_id}' in {self.root}" if not matches else
                                      f"card '{card_id}' is ambiguous in {self.root}: {len(matches)} match")
             path = matches[0]
-        return Card.model_validate_json(path.read_text())
+        return _covered([Card.model_validate_json(path.read_text())])[0]
 
     def profile_summary(self) -> dict:
         p = self.root / "profile.json"
@@ -112,6 +112,17 @@ class Workspace:
     def git(self) -> Iterator[GitRepo]:
         with GitRepo.open(self.root) as repo:
             yield repo
+
+
+def _covered(cards: list[Card]) -> list[Card]:
+    """The cards, each with which proposer covers it: cards saved before the fact was stored get it
+    worked out here, in memory (the workspace's files are not changed), so that the op table, the
+    card pane and the share served offline read it the same for every workspace."""
+    if all(c.coverage is not None for c in cards):
+        return cards
+    from .templates.coverage import cover
+
+    return cover(cards)
 
 
 def _write_profile_files(root: Path, result, workload, cfg: ForgeConfig) -> None:

@@ -878,18 +878,19 @@ def get_inputs():
 def test_an_in_place_op_is_neither_searched_nor_counted_as_served(tmp_path):
     """The runtime never serves an op that changes its input in place (the model reads the input
     it changed; a kernel writes new outputs): the search does not spend evaluations on its card
-    (ResNet-50's relu_ got some on the H200, 2026-12-06, then "not used") and the op table does not
-    count it in the share of the forward that offline kernels serve."""
+    (ResNet-50's relu_ would get some, then "not used") and the op table does not count it in the
+    share of the forward that offline kernels serve."""
     from forge_tui.search.pool import LocalEvalPool
     from forge_tui.search.runner import Search
-    from forge_tui.templates.coverage import offline_kernels
+    from forge_tui.table import served_by
 
     ws = _profiled(tmp_path, IN_PLACE_MODEL)
     cards = ws.cards()
     relu = next(c for c in cards if c.op_name == "relu_")
     total = next(c for c in cards if c.op_name == "sum")
     assert "mutates" in relu.flags and match(relu)[0] is not None  # a family has a kernel for its program
-    served = offline_kernels(cards)
+    served = served_by(cards)
+    assert relu.coverage is not None and relu.coverage.proposer != "agent"  # covered, but never served
     assert relu.id not in served and total.id in served
     pool = LocalEvalPool(ws.store, ws.cache, CFG, backend="cpu")
     try:

@@ -64,9 +64,9 @@ def math_modes(kern: Kernel, backend: str) -> list[str]:
     Qwen-3 RMSNorm's ``.to(bf16)`` before its weight is one conversion an element); ``fast``
     (cuda) is ``fp32`` with approximate tanh, exp and sigmoid. Only the modes that differ from
     ``eager`` for this program are listed after it, nearest eager's results first (the order the
-    search tries them in: ``fast`` last, since on the bundled decoder's largest chain card, a
-    quarter of its forward, it was rejected in each of seven end-to-end runs on H100s and an H200,
-    2026-12-05, a move lost of the card's two); the evaluator judges each against eager."""
+    search tries them in: ``fast`` last, since its approximate functions miss eager's tolerance on
+    large chain cards such as the bundled decoder's, and a move spent on it is a move lost to the
+    card); the evaluator judges each against eager."""
     key = "math_" + backend
     hit = kern.memo.get(key)
     if hit is None:

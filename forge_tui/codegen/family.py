@@ -269,8 +269,8 @@ class Generated(Family):
             return p
         vec = self._vecs(k)[0]
         if not k.reductions:
-            # folded where that reads each element once (rotate-half: 76% of a copy's device time
-            # unfolded, 95% folded in two on the H200, bench/lab/pointwise_probe.cu)
+            # folded where that reads each element once: rotate-half unfolded reads its input
+            # three times a column, folded in two once (docs/benchmarks.md)
             fold = next((f for f in self._folds(k) if f > 1 and any(fold_gains(d, f, vec) for d in k.domains)), 1)
             return {"threads": 256, "vec": vec, "grid": "full", "fold": fold, "launch": "each"}
         tpr = max(4, min(1024, _pow2_ceil(-(-k.cols // (2 * vec)))))
@@ -278,9 +278,9 @@ class Generated(Family):
         if tile_layout(k) is not None:
             base["bps"] = 1
             if k.rows < device.sms:
-                # few rows interleaved in memory: the whole GPU walks the tensor in memory order
-                # (the diffusion's group norm on the H200: 1024 threads twice an SM 4.8-4.9x
-                # eager, 512 threads 4.3-4.4x; 31-35 µs against 40-41 under Nsight Compute)
+                # few rows interleaved in memory: the whole GPU walks the tensor in memory order,
+                # the largest blocks first (on the diffusion's group norm 1024 threads twice an SM
+                # run faster than 512)
                 for cache in ("regs", "smem", "none"):
                     for t, bps in ((1024, 2), (512, 2), (1024, 1), (256, 4)):
                         p = {**base, "grid": "tiles", "tpr": t, "rpb": 1, "cache": cache, "bps": bps}

@@ -164,7 +164,7 @@ class Accused:
             raise ValueError(f"sets must be between 1 and {MAX_SETS}")
         self.sets = sets
         # Both sides poll the pipe for a while before sleeping on it (a woken process on a virtual
-        # machine can take 50-100 µs to run); on the cpu backend the cores are the candidate's.
+        # machine can take tens of µs to run); on the cpu backend the cores are the candidate's.
         self.spin_us = (2000 if device == "cuda" else 0) if spin_us is None else spin_us
         self.in_slots: list[list[Slot]] = []
         self.out_slots: list[list[Slot]] = []

@@ -380,17 +380,17 @@ class Evaluation:
         number of elements where the candidate misses eager when, at every one of them, the
         candidate, eager and the truth are finite, and the candidate is within tolerance of the program's float64 truth (each op exact,
         rounded to its eager dtype: ``run_program_float64``) and closer to it than eager is;
-        0 otherwise (any other miss, or no truth). The H200 showed why: eager's fp16 group norm of a
-        channels-last input of magnitude 1e-4 is off the float64 truth by 0.0043 in tens of its
-        8.4M elements, where float32 formulas stay within 0.0003, and every correct kernel for the
-        card was rejected (eager's own error there is spread: a candidate near the truth misses eager
+        0 otherwise (any other miss, or no truth). Why: eager's fp16 group norm of a small-magnitude
+        channels-last input is off the float64 truth by far more than the tolerance in tens of its
+        millions of elements, where float32 formulas stay well within it, and without this every
+        correct kernel for such a card is rejected (eager's own error there is spread: a candidate near the truth misses eager
         also where eager is just inside the tolerance, on the other side). A candidate gains nothing
         here unless it is closer to the exact result than eager, element by element.
 
         Two truths are tried, in turn: each op rounded to its eager dtype, then only the model's
         own casts rounded (``rounding="casts"``), the truth of a kernel that keeps a chain in fp32
-        and rounds its outputs once (the ``math`` modes; the decoder's rotary chain, on the H100,
-        missed eager by 8 where eager's rounding of two products of about 1000 cancelled)."""
+        and rounds its outputs once (the ``math`` modes: the decoder's rotary chain misses eager
+        where eager's rounding of two large products cancels)."""
         return self._eager_is_off(k, ins, o, e, expected, nonfinite, "ops") or \
             self._eager_is_off(k, ins, o, e, expected, nonfinite, "casts")
 
@@ -440,9 +440,8 @@ class Evaluation:
         the generator's state before that call's draw, into fresh tensors of the same layouts):
         the evaluator's own copy, where the buffers the candidate ran on could have been written.
         A kernel that keeps a chain in fp32 (the ``math`` modes) misses eager at a few elements
-        of millions where eager's roundings are off (the decoder's rotary on the H100, 3 of 6.3M
-        in a timed call, after its input sets had passed by the arbiter); it is judged there as
-        on its input sets."""
+        of millions where eager's roundings are off (the decoder's rotary, in a timed call after
+        its input sets had passed by the arbiter); it is judged there as on its input sets."""
         import torch
 
         gen = torch.Generator(self.device)

@@ -80,7 +80,10 @@ def _main_dtype(bucket: Bucket) -> str:
 
 
 def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, store: TensorStore,
-                     progress: Callable[[str], None] = lambda msg: None) -> ProfileResult:
+                     progress: Callable[[str], None] = lambda msg: None, coverage: bool = True) -> ProfileResult:
+    """Profile the workload into cards. ``coverage``: store on each card which proposer covers it
+    (``templates.coverage``); off where the caller works it out itself (a confined child's cards
+    get it from the parent, ``describe.profile_confined``)."""
     import torch
 
     threads = cfg.timing.threads or len(os.sched_getaffinity(0))
@@ -119,6 +122,10 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
                             f"time ({card.time_us:.1f} µs x {card.calls} calls) or the forward's "
                             f"({fwd_stats.median:.1f} µs) was disturbed; profile again on a quiet machine")
     cards.sort(key=lambda c: (-(c.share or 0.0), c.id))
+    if coverage:
+        from ..templates.coverage import cover
+
+        cover(cards)  # which proposer covers each card, stored on it: what the op table shows
     return ProfileResult(
         cards=cards, forward=fwd_stats, device=device, device_name=ceil["device_name"],
         dtype=str(dtype).removeprefix("torch.") if dtype is not None else (

@@ -3,12 +3,9 @@
 Dynamo runs a compiled function by installing its frame-evaluation callback, checking the guards
 of its cache entries against the frame's locals, and running the code object it made for the
 frame: the forward's bytecode rewritten to call the graph and to rebuild what the forward returns,
-side effects included. On the H200 machine's host a compiled scope of ours cost more than the
-eager forward it stands for: the diffusion's VAE attention 432 µs a call against 324, the
-decoder's attention layers 645-880 against 540-719 (docs/runs/issue-15-17-h200.md, 2026-12-04,
-second session, call 2). On this CPU the VAE attention at 32 channels took 91-93 µs compiled and
-69-71 in eager; its guards took 3.2-3.8 µs of that, and the guards then Dynamo's code, called
-directly, 61.
+side effects included. That machinery, not the guards, is most of what a compiled scope costs the
+host: through it a compiled scope can cost more than the eager forward it stands for, where its
+guards and then its code, called directly, cost less (docs/runtime.md, "What the design rests on").
 
 ``DirectCall`` does just that for the variant Dynamo compiled first: the cache entry's own guard
 manager checks the call (the arguments' tensors, the modules' attributes and parameters, the
@@ -181,9 +178,8 @@ _NO_RANGE = _NoRange()
 
 def _lean_globals(scope: dict[str, Any], code: Any) -> dict[str, Any]:
     """A copy of the module globals ``scope`` for Dynamo's ``code`` run directly: its compiled
-    graphs without the wrapper that switches Dynamo off around them (``torch._dynamo.disable``:
-    about 5 µs a call on the development machine's CPU, three a call with the profiler's range),
-    which a direct call does not need: it runs only where no Dynamo callback is set
+    graphs without the wrapper that switches Dynamo off around them (``torch._dynamo.disable``,
+    a few µs of host a call), which a direct call does not need: it runs only where no Dynamo callback is set
     (``DirectCall.__call__``)."""
     try:
         from torch._dynamo.eval_frame import innermost_fn
@@ -323,8 +319,8 @@ class DirectCall:
         the call the variant was picked for: compared before the frame is built. The variants
         are compiled for static shapes, so Dynamo's guards refuse a call whose tensor has another
         shape, and a generation step (a call at a shape nothing serves) is refused for the cost
-        of one comparison, not of the frame and the guards (about 14 µs a call of a tiny Llama's
-        attention under cProfile on the development machine's CPU)."""
+        of one comparison, not of the frame and the guards (which cost more than a small
+        attention layer's own eager call)."""
 
     @classmethod
     def build(cls, function: Any, module: Any, device: str, hooks: bool = True,

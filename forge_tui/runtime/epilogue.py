@@ -1,8 +1,8 @@
 """What follows a folded convolution, in one pass: its bias, then a residual if any, then the ReLU.
 
-PyTorch adds a convolution's bias in an elementwise kernel of its own after cuDNN's: on the H200 a
-ResNet-50 with its batch norms folded spent 976 µs of its 3.3 ms of GPU time a forward adding
-biases, then passed over the same tensors again for the residual adds and the ReLUs. Where the
+PyTorch adds a convolution's bias in an elementwise kernel of its own after cuDNN's, a large part
+of a folded ResNet's GPU time, then passes over the same tensors again for the residual adds and
+the ReLUs. Where the
 traced forward applies a ReLU to the folded output (``relu(bn(conv(x)))``) or to its sum with
 another tensor (``relu(bn(conv(x)) + z)``), the fold computes the convolution without its bias
 and this module finishes the output in place: one read and one write of it. Values are added in
@@ -13,9 +13,8 @@ Three ways to run it, the first this machine has:
   cache (``FORGE_CACHE_DIR``), called through ctypes: a few microseconds of host a call, so it
   pays op by op as well as in CUDA graphs;
 - a Triton kernel, CUDA graphs only (``Mode.CUDA_GRAPH``): its launch from Python costs the host
-  20-30 µs, more than the ops it replaces, and op by op ResNet-50 ran slower with it (1.121x
-  eager, against 1.289x with plain folds; bench/lab/fold_epilogue_ab.py), where in graphs it took
-  1.1 ms of GPU time off a 3.3 ms forward (1.454x against 1.100x);
+  more than the ops it replaces, so op by op a folded ResNet runs slower with it than with plain
+  folds, where in graphs it takes a third of the GPU time off the forward;
 - PyTorch's in-place ops, each a pass of its own (any device, any layout).
 """
 

@@ -3,9 +3,9 @@
 Hugging Face's eager mixture-of-experts blocks (Qwen-MoE, Mixtral, OLMoE and the bundled ``moe``
 example) route each token to its top-k experts and then loop over the experts in Python: per
 expert hit, a ``torch.where``, a gather, three linears, an activation, a scaling and an
-``index_add_``, after a ``nonzero().tolist()`` that makes the host wait for the device. On the
-H200 the bundled ``moe`` example spent 70% of its 85 ms forward in that Python (the ninth
-session's timeline), and no kernel for a leaf module or op can remove it.
+``index_add_``, after a ``nonzero().tolist()`` that makes the host wait for the device. That
+Python is most of such a model's forward (the bundled ``moe`` example's, docs/runtime.md), and no
+kernel for a leaf module or op can remove it.
 
 Here the block's forward is computed in a fixed number of launches that never wait for the
 device: the router's linear, softmax and top-k as the block does them; the (token, slot) pairs

@@ -4,10 +4,9 @@ In inference a batch norm is a per-channel affine map, ``y = (x - mean) / sqrt(v
 b``, and where its input is a convolution's output and nothing else reads that output, the map
 folds into the convolution's weight and bias (``torch.nn.utils.fusion.fuse_conv_bn_weights``):
 the convolution then computes the batch norm's output itself, and the batch norm's pass over the
-activations, its launch and its module call are gone. On the H200, a ResNet-50 fp16 forward
-(batch 32) ran 1.51x faster in eager with its 53 batch norms folded (``bench/lab/
-resnet_fold_probe.py``), where serving each batch norm with a faster kernel had reached 1.13x at
-best, since the forward is bound by the host's calls.
+activations, its launch and its module call are gone. In a forward bound by the host's calls
+(ResNet-style models on a fast GPU) that gains far more than serving each batch norm with a
+faster kernel, which leaves every call in place (docs/runtime.md, "What the design rests on").
 
 Where they fold is read from the code, never guessed: the forward of the module that calls both
 (the parent) is traced by ``torch.fx`` with every child a leaf, and a pair folds only where the
@@ -384,9 +383,8 @@ def rewrite(parent: "torch.nn.Module", graph: Any, folds: dict[str, Fold], epilo
     """``parent``'s forward as its traced graph with each pair (by its convolution's node name,
     ``folds``) replaced by its Fold: a callable with the forward's arguments. ``epilogues``: a
     ReLU after the pair, and a sum before it, go into the Fold too (``epilogue.py``; where,
-    ``epilogue.used``): on the H200 a ResNet-50 forward ran 1.454x eager in graphs with them and
-    1.100x without, but op by op with the Triton kernel 1.121x, against 1.289x without, its launch
-    costing the host more than the ops it replaces (bench/lab/fold_epilogue_ab.py)."""
+    ``epilogue.used``): one pass over the folded output instead of three, where the kernel that
+    makes it pays (op by op a Triton launch costs the host more than the ops it replaces)."""
     import torch.fx
 
     g = torch.fx.Graph()

@@ -87,8 +87,9 @@ class Evidence(BaseModel):
     speedup_vs_eager_q3: float | None = None
     speedup_vs_compile: float | None = None
     compile_basis: str | None = None
-    """"device": ``speedup_vs_compile`` divides torch.compile's kernels' device time (the
-    evaluator's since 2026-12-05, on cuda); "latency" or none: its call's, guards included."""
+    """"device": ``speedup_vs_compile`` divides torch.compile's kernels' device time (what the
+    evaluator measures on cuda); "latency" or none (entries from before the evaluator measured
+    device time, and the cpu backend): its call's, guards included."""
     spread: float | None = None
     time_us: float | None = None
     eager_us: float | None = None

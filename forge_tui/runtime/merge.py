@@ -2,15 +2,14 @@
 
 Most models call several linears on one input one after another (``q = to_q(x); k = to_k(x); v =
 to_v(x)``). Each call is a module call, a dispatch and a matrix product that reads ``x`` again; in
-a forward bound by the host (the bundled diffusion's, 57 µs of host a ``Linear`` call on the H200
-machine in the tenth session), the calls cost more than the products. Here the first of the
+a forward bound by the host (the bundled diffusion's), the calls cost more than the products.
+Here the first of the
 siblings to be called computes all of them in one ``bmm`` (``baddbmm`` with biases) over ``x``
 expanded to ``[siblings, rows, in]`` (a stride-0 view: no copy), each output a contiguous slice
 of one ``[siblings, rows, out]`` tensor; the others, called next on the same ``x``, return their
-slice. On the H200 (``bench/lab/merge_linear_probe.py``, 2026-12-03) the outputs were bit for bit
-the separate linears', and the bare product of the diffusion's q/k/v took 50 µs against 101; as
-served (guards, stored slices, module calls) only some sets gain: ``forge merge`` times each card
-that way and promotes only those faster (docs/benchmarks.md, 2026-12-03 evening).
+slice. The outputs are bit for bit the separate linears', and the bare product takes about half
+the separate linears' time; as served (guards, stored slices, module calls) only some sets gain,
+so ``forge merge`` times each card that way and promotes only those faster (docs/benchmarks.md).
 
 Which linears are siblings is read from a run of the model (``forge_tui/rewrites/merge.py``: ``forge merge``): the
 ``nn.Linear`` modules called on the same tensor object, unchanged between the calls, in every

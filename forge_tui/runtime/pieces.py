@@ -1,7 +1,7 @@
 """A model's forward replayed from CUDA graphs piece by piece, where it cannot be captured whole.
 
-On the H200 machine a bundled forward is bound by the host (10.8 µs of Python and dispatch an
-eager op), so device time that forge's kernels save is hidden op by op; in a CUDA graph the host's
+On a fast GPU a bundled forward is bound by the host (Python and dispatch for every eager op), so
+device time that forge's kernels save is hidden op by op; in a CUDA graph the host's
 work is paid once, at capture. Most real models cannot be captured whole: the bundled decoder
 copies a CPU scalar to the GPU at the top of its forward, Hugging Face's mask code synchronises,
 the MoE's routing reads counts back. ``capture_pieces(model)`` tries the model first; a module

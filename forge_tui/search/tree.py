@@ -31,12 +31,11 @@ def pooled_speedups(nodes: Iterable[tuple[str, str, float | None, float | None, 
     status, paired speedup, time µs, eager µs) of one card's nodes.
 
     What ranks a card's kernels. Each evaluation's ratio divides by its own sample of eager, and
-    eager's many launches make that sample the noisier one: on the H200 eager's time for a norm
-    card varied 10-27% (coefficient of variation) across one search's evaluations while the
-    candidates' own times spanned 15-20%, so the largest ratio was often not the fastest kernel
-    (the Qwen-3 per-head norm promoted a kernel 1.12x slower by device time than one it had
-    timed, 2026-12-05). Pooled, eager is one number a card and the ranking is the candidates'
-    own times. A node without its times (recorded before nodes carried them) keeps its ratio."""
+    eager's many launches make that sample the noisier one: its spread across one search's
+    evaluations can exceed the candidates' differences, and then the largest ratio is not the
+    fastest kernel (docs/benchmarks.md has the norm cards that promoted a slower kernel so).
+    Pooled, eager is one number a card and the ranking is the candidates' own times. A node
+    without its times (recorded before nodes carried them) keeps its ratio."""
     rows = list(nodes)
     eagers = sorted(e for _, status, _, _, e in rows if status == "passed" and e)
     pooled = eagers[len(eagers) // 2] if eagers else None

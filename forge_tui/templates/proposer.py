@@ -5,14 +5,13 @@ through one DeviceProps, the proposer's."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 from ..cards import Card
-from ..codegen import kernel_or_reason
 from ..kernels.device import DeviceProps, detect_device
 from ..kernels.family import Family, Match, describe, parse_header
 from ..search.proposer import Proposal, ProposalContext
+from .coverage import has_point, valid_points, why_none
 from .registry import match, matches
 
 AXIS_ORDER = ("mode", "launch", "math", "vec", "owv", "tpr", "rpb", "rpt", "cache", "threads", "bps", "load", "rows", "cl", "segs", "chunk", "cblock",
@@ -38,13 +37,7 @@ class TemplateProposer:
 
     def supports(self, card: Card, backend: str) -> str | None:
         fam, m = match(card)
-        if fam is None or m is None:
-            why = kernel_or_reason(card)
-            return (f"no template family serves {card.target}, nor the generator: {why} (left to the LLM agent)"
-                    if isinstance(why, str) else f"no template family serves {card.target} (left to the LLM agent)")
-        if not self.has_point(fam, m, backend):
-            return f"the {fam.name} templates have no valid configuration for this shape"
-        return None
+        return why_none(card, fam, m, backend, self.device)
 
     def first_kernel(self, card: Card, backend: str) -> str | None:
         """The source of the family's first choice for the card (what the root's first template child
@@ -57,33 +50,20 @@ class TemplateProposer:
 
     def has_point(self, fam: Family, m: Match, backend: str) -> bool:
         """Whether the family has a valid configuration for the matched card on this backend."""
-        return bool(self._valid_points(fam, m, backend, self.device, limit=1))
-
-    @staticmethod
-    def _valid_points(fam: Family, m: Match, backend: str, device: DeviceProps, limit: int | None = None) -> list[dict]:
-        axes = fam.axes(m, backend, device)
-        keys = sorted(axes)
-        out = []
-        for values in itertools.product(*(axes[k] for k in keys)):
-            p = dict(zip(keys, values))
-            if fam.valid(m, p, backend, device):
-                out.append(p)
-                if limit and len(out) >= limit:
-                    break
-        return out
+        return has_point(fam, m, backend, self.device)
 
     def _kernel_points(self, fam: Family, m: Match, backend: str) -> list[dict]:
         """The family's distinct kernels for the card: of its valid configurations, the first (in
         the axes' product order) for each set of the parameters that change the kernel
         (``Family.relevant``). Found once a card and kept: the softmax family's axes make 450,000
-        configurations, 95,000 of them valid but 221 distinct kernels, and going through them took
-        the development machine 1.3 s, several times a proposal (6.5 s a softmax card's first)."""
+        configurations, 95,000 of them valid but 221 distinct kernels, and going through them takes
+        over a second, too long to repeat at every proposal."""
         key = (fam.name, m.card.id, backend, self.device)
         got = self._kernels.get(key)
         if got is None:
             seen: set[tuple] = set()
             got = []
-            for p in self._valid_points(fam, m, backend, self.device):
+            for p in valid_points(fam, m, backend, self.device):
                 k = tuple(sorted(fam.relevant(p).items()))
                 if k not in seen:
                     seen.add(k)

@@ -17,12 +17,12 @@ whole waves walking the row groups. ``split`` > 1 (sm_90 and later): a row over 
 blocks (one row a cluster), each walking every SPLIT-th run of TPR x VEC columns; a reduction
 level combines the blocks' partial results through distributed shared memory, in rank order, so
 every block of the row gets the same value. Few long rows (a group norm's 32 groups of 262144
-elements) then fill the GPU: one block a row used 32 of the H200's 132 SMs. ``tiles``: rows
+elements) then fill the GPU, where one block a row would leave most SMs idle. ``tiles``: rows
 interleaved in memory (a channels-last group norm's groups, runs of a group's channels side by
 side) walked in memory order by a cooperative grid of ``bps`` blocks an SM, each thread one row's
 elements, the blocks' partial results combined behind a grid barrier (see ``emit_tiles``). On the
-H200 (the diffusion's group norm) it is level with a cluster a row in the evaluator, at 36% of a
-copy, and takes 20-25% less GPU time under Nsight Compute; neither is bound by memory.
+diffusion's group norm it is level with a cluster a row in the evaluator and takes less GPU time
+under Nsight Compute; neither is bound by memory (docs/benchmarks.md).
 """
 
 from __future__ import annotations

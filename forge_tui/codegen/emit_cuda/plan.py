@@ -45,8 +45,8 @@ def _phase_roots(kern: Kernel) -> list[list[int]]:
 class Carry:
     """How the register cache carries a row from loop to loop. Without it (``recompute``), a
     later loop recomputes every value it needs from the cached loads: the attention chain's
-    scale, mask and rounding three times and its exponential twice (on the H200 that kept the
-    kernel at a third of its memory floor, bound by instructions). With it, a loop keeps in
+    scale, mask and rounding three times and its exponential twice, which leaves the kernel bound
+    by instructions far from its memory floor. With it, a loop keeps in
     registers the values a later loop reads (``keep``: node ids), and the later loop starts from
     them; arithmetic and rounding are the same, done once."""
 

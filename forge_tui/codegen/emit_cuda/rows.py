@@ -164,10 +164,10 @@ def emit_rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     if rpt == 1 or kern.rows % (rpb * rpt):
         head += ["const bool live = rr < ROWS;", "const int64_t r = live ? rr : ROWS - 1;", "(void)live;"]
     else:
-        # several rows a thread, every group whole: every row is live, no row clamped. ptxas gives
-        # the Qwen-3 per-head norm's kernel 48 registers at 8 rows a thread so, 120 with each row's
-        # liveness and clamp (timed on an H100: no faster, bench/lab/row_configs.py); at one row a
-        # thread it gave 48 against 38, so one row a thread keeps them
+        # several rows a thread, every group whole: every row is live, no row clamped, which
+        # keeps ptxas's register count at several rows a thread near one row's (a per-row
+        # liveness flag and clamp more than double it); at one row a thread the flag and clamp
+        # cost few registers, so that case keeps them
         head += ["const bool live = ROWS > 0;  // every group is whole", "const int64_t r = rr;", "(void)live;"]
     stages = [[ind + x for x in head] + [ind + d for d in w.row_decls()] + body[:cuts[0]]]
     stages += [body[a:b] for a, b in zip(cuts, cuts[1:] + [len(body)])]

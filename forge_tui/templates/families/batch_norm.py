@@ -73,8 +73,8 @@ class BatchNorm(Family):
 
     def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         """On the GPU the flat mode first: a block a plane leaves most threads idle and runs
-        many short waves where planes are small (ResNet's 14x14 and 7x7: on the H200, 18-30 µs a
-        call in place for 6-26 MB, where a copy of the same bytes takes 2-6)."""
+        many short waves where planes are small (ResNet's 14x14 and 7x7 planes, where that mode
+        runs several times slower than a copy of the same bytes)."""
         if backend == "cpu":
             return {"chunk": 4}
         return {"mode": "flat", "threads": 256, "vec": self._vecs(m, "flat")[0], "unroll": 2}
