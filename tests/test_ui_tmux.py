@@ -41,8 +41,11 @@ class Tmux:
     def wait_for(self, *texts: str, timeout: float = 60.0, every: bool = False) -> str:
         """The screen once one of ``texts`` is on it (all of them with ``every``: a screen is
         drawn in pieces, and a loaded machine can be caught between two)."""
-        return self.wait_until(lambda screen: (all if every else any)(t in screen for t in texts),
-                               f"{'all' if every else 'one'} of {texts}", timeout)
+        def on(screen: str) -> bool:
+            flat = " ".join(screen.split())  # a line the terminal wrapped reads as one
+            return (all if every else any)(t in screen or t in flat for t in texts)
+
+        return self.wait_until(on, f"{'all' if every else 'one'} of {texts}", timeout)
 
     def wait_until(self, ok: Callable[[str], bool], what: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
