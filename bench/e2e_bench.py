@@ -290,7 +290,7 @@ def leaf_call_us(mod: Any, leaf: Any, x: Any, dev: str, n: int) -> dict[str, Any
 
 
 def bench_json(r: Any, ws: Any) -> dict[str, Any]:
-    from forge_tui.e2e import config_shares, fold_shares
+    from forge_tui.e2e.bounds import config_shares, fold_shares
     from forge_tui.promotion import manifest
 
     out = r.to_json()
@@ -358,7 +358,7 @@ def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: 
 def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record, tmp: Path) -> int:
     import torch
 
-    from forge_tui.e2e import bench
+    from forge_tui.e2e import BenchOptions, bench
     from forge_tui.promotion import AutoRule, approve, manifest
     from forge_tui.search.budget import CardBudget
     from forge_tui.search.events import EventBus
@@ -535,8 +535,9 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         nonlocal served
         rec.log("bench: eager and eager + forge" + (" and their CUDA graphs" if opts.get("graphs") else "") +
                 (" (switching off kernels slower in the model)" if opts["switch_off"] else ""))
-        r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=False, switch_off=opts["switch_off"],
-                  only_faster=opts["only_faster"], graphs=opts.get("graphs", False))
+        r = bench(spec, ws, BenchOptions(device=dev, repeats=opts["repeats"], with_compile=False,
+                                         switch_off=opts["switch_off"], only_faster=opts["only_faster"],
+                                         graphs=opts.get("graphs", False)))
         d["bench_first"] = d["bench"] = bench_json(r, ws)
         d["bench_kind"] = "eager only, before the switch-off"
         served = [c for c, n in r.served.items() if n and c not in r.switched_off]
@@ -588,9 +589,10 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             # 0.933x here, on a slow host, and kept its kernels)
             # a verdict to keep kernels under torch.compile is timed again in a process of its own,
             # within the workload's share (what comes after it: the CUDA graphs, the cards' own times)
-            r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=with_compile,
-                      switch_off=opts["switch_off"], only_faster=opts["only_faster"], graphs=opts.get("graphs", False),
-                      own_process_deadline=deadline - (20.0 if opts.get("graphs") else 5.0))
+            r = bench(spec, ws, BenchOptions(device=dev, repeats=opts["repeats"], with_compile=with_compile,
+                                             switch_off=opts["switch_off"], only_faster=opts["only_faster"],
+                                             graphs=opts.get("graphs", False),
+                                             own_process_deadline=deadline - (20.0 if opts.get("graphs") else 5.0)))
             d["bench"] = bench_json(r, ws)
             d["bench_kind"] = "four ways" if with_compile else "eager only, after the switch-off"
             show(r)

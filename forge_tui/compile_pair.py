@@ -7,7 +7,7 @@ others 0.89-0.95x), where processes of their own measured it 0.64-0.93x in all f
 forward is bound by its host (1.74 ms on the device, 2.6-5.9 ms on the host), and inside the bench
 it ran 1.35-1.5x slower than in the same process before and after, with the same kernels, the same
 Dynamo graph and no recompile; the cause is not found. The bench's verdict to keep forge's kernels
-in compiled models is therefore confirmed here (``e2e.fresh_compile_pair``): the model built afresh,
+in compiled models is therefore confirmed here (``e2e.own_process.fresh_compile_pair``): the model built afresh,
 the kernels applied as ``Mode.TORCH_COMPILE`` gives them, both variants compiled and timed
 interleaved by the bench's protocol. The last line of stdout is a JSON object: the samples (µs)
 per variant and the calls served per card.
@@ -31,7 +31,7 @@ def time_pair(spec: str, workspace: str, *, device: str | None = None, dtype: st
     served per card in the compiled forwards."""
     import torch
 
-    from .e2e import GcPauses
+    from .e2e.memory import GcPauses
     from .runtime.apply import Mode, apply
     from .timing import Timer
     from .workload import load_workload, parse_dtype, resolve_device

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import timed_win
 
+from forge_tui.e2e import accuracy, bounds
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -142,7 +144,7 @@ def test_the_compile_bound_weighs_each_served_card_by_torch_compiles_own_time():
     import importlib.util
     from types import SimpleNamespace as NS
 
-    from forge_tui.e2e import compile_bound
+    from forge_tui.e2e.bounds import compile_bound
 
     def entry(sp, basis, device_us, us):
         return NS(evidence=NS(speedup_vs_compile=sp, compile_basis=basis, compile_device_us=device_us, compile_us=us))
@@ -211,7 +213,7 @@ def test_a_routing_flip_that_eager_shares_in_kind_agrees_against_fp32():
     when it is as accurate as eager against the model in fp32; a variant that is wrong does not."""
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     g = torch.Generator().manual_seed(0)
     x32 = torch.randn(4096, 8, generator=g)
@@ -246,7 +248,7 @@ def test_a_routing_flip_that_eager_shares_in_kind_agrees_against_fp32():
 def test_compile_plus_forge_is_held_to_compile_not_eager():
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     eager = torch.randn(1000)
     compiled = eager + 0.5  # torch.compile's own difference: not forge's
@@ -261,7 +263,7 @@ def test_compile_plus_forge_less_accurate_than_compile_but_not_than_eager_agrees
     never worse than eager, which is the bar a user's model already meets."""
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     g = torch.Generator().manual_seed(1)
     truth = torch.randn(20000, generator=g)
@@ -283,7 +285,7 @@ def test_the_fp32_judgement_never_excuses_wrong_indices_or_an_overflowed_baselin
     whose own error is not finite (an overflow) vouches for nothing."""
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     ids = torch.tensor([1, 2, 3, 4])
     agree, _ = _judge_outputs({"eager+forge": torch.tensor([4, 3, 2, 1])}, ids, lambda: ids)
@@ -336,7 +338,6 @@ def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
     same answers as at once."""
     import torch
 
-    from forge_tui import e2e
 
     g = torch.Generator().manual_seed(0)
     y = torch.randn(30, 10, generator=g).to(torch.bfloat16).t()  # not contiguous: 300 elements
@@ -344,13 +345,13 @@ def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
     x[5, 25] += 1.0  # flat index 5 * 30 + 25 = 175
     nan = y.clone()
     nan[9, 29] = float("nan")  # the last element
-    whole = (e2e._agree(x, y), e2e.relative_error(x, y), e2e._agree(y.clone(), y), e2e.relative_error(nan, y))
+    whole = (accuracy._agree(x, y), accuracy.relative_error(x, y), accuracy._agree(y.clone(), y), accuracy.relative_error(nan, y))
     assert whole[0] is not None and whole[2] is None and whole[1] > 0 and whole[3] == float("inf")
     sizes = []
-    real = e2e.compare
-    monkeypatch.setattr(e2e, "compare", lambda a, b, *args, **kw: sizes.append(b.numel()) or real(a, b, *args, **kw))
-    monkeypatch.setattr(e2e, "CHUNK", 64)
-    sliced = (e2e._agree(x, y), e2e.relative_error(x, y), e2e._agree(y.clone(), y), e2e.relative_error(nan, y))
+    real = accuracy.compare
+    monkeypatch.setattr(accuracy, "compare", lambda a, b, *args, **kw: sizes.append(b.numel()) or real(a, b, *args, **kw))
+    monkeypatch.setattr(accuracy, "CHUNK", 64)
+    sliced = (accuracy._agree(x, y), accuracy.relative_error(x, y), accuracy._agree(y.clone(), y), accuracy.relative_error(nan, y))
     assert max(sizes) == 64 and len(sizes) == 3 + 5  # up to the bad slice; every slice of the good one
     assert "elements 128 to 191" in sliced[0]
     assert sliced[1] == pytest.approx(whole[1], rel=1e-12) and sliced[2] is None and sliced[3] == float("inf")
@@ -389,7 +390,6 @@ def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_t
     import importlib.util
     from types import SimpleNamespace as NS
 
-    from forge_tui import e2e
     from forge_tui.timing import Stats
 
     ws = NS(cards=lambda: [NS(id="rms", calls=17, share=17 * 152 / 20000, kind="module", module_paths=["n"]),
@@ -401,17 +401,17 @@ def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_t
     man = NS(entries={"rms": entry(152 / 14), "gelu": entry(2.0), "idle": entry(3.0)})
     served = {"rms": 17, "gelu": 1, "idle": 0}
     own = {"rms": (100.0, 14.0)}
-    saved = e2e.own_saved_us(ws, man, served, 20000.0, own)
+    saved = bounds.own_saved_us(ws, man, served, 20000.0, own)
     assert saved == {"rms": pytest.approx(17 * 86.0), "gelu": pytest.approx(0.1 * 0.5 * 20000.0)}
-    assert e2e.own_bound(ws, man, served, 20000.0, own) == pytest.approx(20000.0 / (20000.0 - 17 * 86.0 - 1000.0))
-    assert e2e.own_bound(ws, man, served, 20000.0, {}) is None
+    assert bounds.own_bound(ws, man, served, 20000.0, own) == pytest.approx(20000.0 / (20000.0 - 17 * 86.0 - 1000.0))
+    assert bounds.own_bound(ws, man, served, 20000.0, {}) is None
 
     def st(x):
         return Stats.from_samples([x])
 
-    assert e2e.bound_basis({"eager": st(20000.0), "eager (graph)": st(19000.0)}) == "own times"
-    assert e2e.bound_basis({"eager": st(8000.0), "eager (graph)": st(4000.0)}) == "isolation"
-    assert e2e.bound_basis({"eager": st(20000.0)}) == "isolation"
+    assert bounds.bound_basis({"eager": st(20000.0), "eager (graph)": st(19000.0)}) == "own times"
+    assert bounds.bound_basis({"eager": st(8000.0), "eager (graph)": st(4000.0)}) == "isolation"
+    assert bounds.bound_basis({"eager": st(20000.0)}) == "isolation"
 
     spec = importlib.util.spec_from_file_location("e2e_bench_own", ROOT / "bench" / "e2e_bench.py")
     bench = importlib.util.module_from_spec(spec)
@@ -449,12 +449,32 @@ def test_the_bench_says_when_the_shares_it_bounds_by_sum_past_the_forward():
     shares are kept as profiled (a bound that errs high), and the bench says so."""
     from types import SimpleNamespace as NS
 
-    from forge_tui import e2e
 
     def ws_with(summary):
         return NS(profile_summary=lambda: summary)
 
-    note = e2e.shares_note(ws_with({"coverage": {"op": 1.934, "module": 0.6}}))
+    note = bounds.shares_note(ws_with({"coverage": {"op": 1.934, "module": 0.6}}))
     assert note is not None and "sum to 193% of the forward" in note
-    assert e2e.shares_note(ws_with({"coverage": {"op": 0.98, "module": 0.6}})) is None
-    assert e2e.shares_note(ws_with({})) is None
+    assert bounds.shares_note(ws_with({"coverage": {"op": 0.98, "module": 0.6}})) is None
+    assert bounds.shares_note(ws_with({})) is None
+
+
+def test_bench_options_refuse_what_cannot_be_measured_and_say_which_verdicts_run(tmp_path, capsys):
+    """``BenchOptions``: no repeats or a negative warm-up is refused by name, before anything is
+    built (``forge bench --repeats 0`` exits non-zero with one line); the torch.compile verdict
+    follows ``switch_off`` unless ``switch_off_compile`` says otherwise."""
+    from forge_tui.cli import main
+    from forge_tui.e2e import BenchOptions
+    from forge_tui.errors import ForgeError
+
+    with pytest.raises(ForgeError, match="repeats must be at least 1, got 0"):
+        BenchOptions(repeats=0)
+    with pytest.raises(ForgeError, match="warmup must be 0 or more, got -1"):
+        BenchOptions(warmup=-1)
+    assert main(["bench", "example:tiny_mlp", "-w", str(tmp_path / "ws"), "--repeats", "0"]) != 0
+    assert "forge: error: repeats must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
+    assert BenchOptions().compile_verdict() is True
+    assert BenchOptions(switch_off=False).compile_verdict() is False
+    assert BenchOptions(switch_off=False, switch_off_compile=True).compile_verdict() is True
+    assert BenchOptions(switch_off_compile=False).compile_verdict() is False

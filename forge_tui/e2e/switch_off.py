@@ -1,0 +1,167 @@
+"""The switch-off in eager models: units of served kernels left out in turn, each switched off
+where the forward runs faster without it, then the kernels left against eager."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from ..promotion import commit_manifest, kernels
+from ..runtime.apply import apply
+from ..runtime.manifest import Manifest
+from ..timing import Stats, Timer, paired_ratio
+from .memory import GcPauses, free_memory
+
+
+def not_faster(ratio: Stats) -> bool:
+    """Whether kernels failed to pay in the whole forward: the paired ratio (without / with) has a
+    median below 1. Kernels are used only where they measured faster in the model, so a ratio
+    whose median misses 1 switches them off even while its upper quartile reaches it (a
+    ResNet-50 at 0.968x [0.93, 1.01] once kept six batch norms on)."""
+    return ratio.median < 1.0
+
+
+def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
+    """The served cards grouped into what can be left out on its own: a module card alone; op
+    cards that share an interceptor scope together (while one of them is served the scope is
+    intercepted, and that costs every op in it, so leaving one out alone shows nothing)."""
+    units: list[list[str]] = []
+    scopes: list[set[str]] = []
+    for kind in ("fold", "merge"):
+        # one unit each: a model's folds are many (ResNet-50: 52 pairs in 22 cards), and its merges
+        # (a few per layer), each saving a little
+        same = [c for c in served if man.entries[c].signature.kind == kind]
+        if same:
+            units.append(same)
+            scopes.append(set())
+    for card in served:
+        sig = man.entries[card].signature
+        if sig.kind in ("fold", "merge"):
+            continue
+        if sig.kind in ("module", "experts"):
+            units.append([card])
+            scopes.append(set())
+            continue
+        mine = set(sig.module_paths or [""])
+        merged, merged_scopes = [card], set(mine)
+        for i in reversed(range(len(units))):
+            if scopes[i] & merged_scopes:
+                merged = units.pop(i) + merged
+                merged_scopes |= scopes.pop(i)
+        units.append(merged)
+        scopes.append(merged_scopes)
+    return units
+
+
+def _time_against(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_faster: bool, base: Any, model: Any,
+                  cards: list[str], names: tuple[str, str]) -> tuple[Stats, Stats, Stats]:
+    """``base``'s forward and that of a copy of ``model`` serving ``cards``, timed interleaved
+    (named ``names`` to the timer), and their paired ratio base / other."""
+    other = copy.deepcopy(model)
+    applied = apply(other, ws, device=dev, cards=cards, only_faster=only_faster, trial_calls=0)
+    try:
+        # as the bench times its variants: the collector's scans kept off what exists before (each
+        # trial adds a copy of the model; without this the diffusion's trials on the H200 grew
+        # from 4.7 to 8.8 ms a forward, unit by unit, where the bench's own took 4.1-4.9)
+        with GcPauses():
+            stats, raw, _ = timer.time({names[0]: functools.partial(wl.run, base, inputs),
+                                        names[1]: functools.partial(wl.run, other, inputs)})
+    finally:
+        applied.undo()
+    return stats[names[0]], stats[names[1]], paired_ratio(raw[names[0]], raw[names[1]])
+
+
+def _unit_times(wl: Any, inputs: Any, ws: Any, dev: str, timer: Timer, only_faster: bool, model: Any,
+                served: list[str], unit: list[str]) -> tuple[Stats, Stats]:
+    """The forward with every served kernel and without ``unit``'s, timed interleaved, both sides
+    fresh copies of ``model`` applied alike (no copy carries what earlier units ran on it: on the
+    H200 one copy with every kernel, kept for every unit, ran 200-460 µs a forward slower than the
+    bench's own copy with the same kernels, and every unit of the diffusion but its group norms was
+    switched off; docs/runs/issue-15-17-h200.md, 2026-12-04 call 6)."""
+    with_all = copy.deepcopy(model)
+    a = apply(with_all, ws, device=dev, cards=served, only_faster=only_faster, trial_calls=0)
+    try:
+        w, wo, _ = _time_against(wl, inputs, ws, dev, timer, only_faster, with_all, model,
+                                 [c for c in served if c not in unit], ("with", "without"))
+    finally:
+        a.undo()
+        del with_all
+        free_memory()  # the copies' memory back before the next unit's
+    return w, wo
+
+
+def switch_off_slower(wl: Any, model: Any, inputs: Any, ws: Any, man: Manifest, applied: Any, dev: str,
+                       timer: Timer, only_faster: bool, stats: dict[str, Stats],
+                       raw: dict[str, list[float]], units_log: list[dict[str, Any]] | None = None,
+                       ) -> tuple[dict[str, str], Stats | None]:
+    """Leave each unit of served kernels (``switch_off_units``) out in turn; one whose absence
+    makes the forward faster (by more than the spread of the measurement), twice on fresh copies,
+    is switched off in the manifest, with the numbers. Then the kernels left, together, against eager: unless the forward
+    is faster with them (``not_faster``), they are all switched off. ``stats`` and ``raw``: the bench's timing of "eager" and
+    "eager+forge", which stands for that check when no unit was switched off. ``units_log``, where
+    given, gets each unit's first measurement (its cards, the forward's medians with and without).
+
+    Where that check's paired ratio has a median below 1 but an upper quartile above it, the
+    forward is timed again, twice as long, and that measurement decides.
+
+    Returns what was switched off and why, and, where some kernels were switched off and others
+    stay (or the check was measured again), the paired ratio eager / eager + forge measured with
+    those left (what the model runs from now on; where all are off it runs eager's own code:
+    ``apply`` installs nothing)."""
+    served = [c["card"] for c in applied.status()["cards"] if c["served"]]
+    if not served:
+        return {}, None
+    out: dict[str, str] = {}
+    units = switch_off_units(man, served)
+    if len(units) > 1:
+        for unit in units:
+            w, wo = _unit_times(wl, inputs, ws, dev, timer, only_faster, model, served, unit)
+            if units_log is not None:
+                units_log.append({"cards": list(unit), "with_us": w.median, "without_us": wo.median})
+            if wo.q3 < w.q1:  # faster without it, beyond the spread of both
+                # once more, on another pair of fresh copies: on the H100 (2026-12-06) one pair ran
+                # the diffusion 4674 µs a forward with its transformer group norm and 4174 without,
+                # where the bench's own copies with every kernel had run 4069 and 4184, and the
+                # model left without it measured 1.151x against 1.176x with it
+                w2, wo2 = _unit_times(wl, inputs, ws, dev, timer, only_faster, model, served, unit)
+                if not wo2.q3 < w2.q1:
+                    continue
+                together = (f" (with {', '.join(c for c in unit)}: they share a scope, served together)"
+                            if len(unit) > 1 else "")
+                for card in unit:
+                    out[card] = (f"the forward ran {w.median:.1f} µs with it and {wo.median:.1f} µs without, "
+                                 f"then {w2.median:.1f} and {wo2.median:.1f} on fresh copies{together} "
+                                 f"(forge bench, {dev})")
+    left = [c for c in served if c not in out]
+    after: Stats | None = None
+    if left:
+        if out:
+            e, f, ratio = _time_against(wl, inputs, ws, dev, timer, only_faster, model, model, left,
+                                        ("eager", "forge"))
+        else:  # the bench timed exactly these already
+            e, f, ratio = stats["eager"], stats["eager+forge"], paired_ratio(raw["eager"], raw["eager+forge"])
+        again = ""
+        if not_faster(ratio) and ratio.q3 > 1.0:
+            # the quartiles straddle 1 (a noisy host: the H200 machine's diffusion once measured
+            # 0.983x with eager's own forwards spread 7.2-7.7 ms, and every kernel went off): one
+            # more measurement, twice as long, decides
+            first = ratio
+            longer = Timer(timer.device, warmup=timer.warmup, repeats=2 * timer.repeats, cold_l2=timer.cold_l2)
+            e, f, ratio = _time_against(wl, inputs, ws, dev, longer, only_faster, model, model, left,
+                                        ("eager", "forge"))
+            again = (f"; measured again, {2 * timer.repeats} forwards, after {first.median:.3f}x "
+                     f"[{first.q1:.3f}, {first.q3:.3f}]")
+        if not_faster(ratio):  # the kernels left, together, do not make the forward faster
+            for card in left:
+                out[card] = (f"the forward ran {f.median:.1f} µs with the {len(left)} kernels left and "
+                             f"{e.median:.1f} µs in eager (forge bench, {dev}{again})")
+        elif out or again:
+            after = ratio  # what the model runs with from now on, measured
+    if out:
+        for card, why in out.items():
+            man.entries[card].enabled = False
+            man.entries[card].disabled_reason = why
+        commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(out))} slower end to end",
+                        [f"{c}: {w}" for c, w in out.items()], list(out))
+    return out, after
