@@ -545,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.dump_traceback_later(budget + 30, repeat=True)  # a run stuck past its budget shows where
 
+    from forge_tui.cards import CardKind
     from forge_tui.codegen import kernel_or_reason
     from forge_tui.config import parse_config
     from forge_tui.search.events import EventBus, NodeAdded
@@ -629,12 +630,12 @@ def main(argv: list[str] | None = None) -> int:
         served, refused = [], {}
         op_refused = 0
         for card in ws.cards():
-            if card.kind != "module" and not (args.op_cards and not card.within):
+            if card.kind != CardKind.MODULE and not (args.op_cards and not card.within):
                 continue
             k = kernel_or_reason(card)
             if not isinstance(k, str):
                 served.append(card)
-            elif card.kind == "module":
+            elif card.kind == CardKind.MODULE:
                 refused[f"{card.op_name} {card.shapes()} ({card.id})"] = k
             else:
                 op_refused += 1

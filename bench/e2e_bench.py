@@ -196,37 +196,25 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             (", NOISY: the machine was busy (shares are off)" if result.forward_noisy else ""))
     rec.phase("profile", t0)
 
-    # what `forge fold`, `forge experts` and `forge merge` run: batch norms folded into the
-    # convolutions before them, routed experts in one grouped pass, sibling linears in one product;
-    # before the search, which then leaves out the cards whose calls they replace (on the H200 the
-    # search once spent all of ResNet-50's evaluations on batch norms the folds then served)
+    # every rewrite in the registry (`forge fold`, `forge experts`, `forge merge`), in its order:
+    # batch norms folded into the convolutions before them, routed experts in one grouped pass,
+    # sibling linears in one product; before the search, which then leaves out the cards whose
+    # calls they replace rather than spend its evaluations on them
     from forge_tui.errors import ForgeError
-    from forge_tui.experts import experts_workload
-    from forge_tui.folding import fold_workload
-    from forge_tui.merging import merge_workload
+    from forge_tui.rewrites import REWRITES
 
-    def times(c: Any, before: str, after: str) -> dict:
-        own, new = (c.eager, getattr(c, after.removesuffix("_us")))
-        return {"speedup": c.speedup.to_json() if c.speedup else None, before: own.median if own else None,
-                after: new.median if new else None}
-
-    for key, run, sites, cards_json, why_key in (
-            ("fold", fold_workload, "batch norms",
-             lambda c: {"pairs": [p.bn_path for p in c.pairs]} | times(c, "pair_us", "folded_us"), "not_folded"),
-            ("experts", experts_workload, "blocks",
-             lambda c: {"blocks": c.blocks, "share": c.share} | times(c, "block_us", "grouped_us"), "not_served"),
-            ("merge", merge_workload, "linears",
-             lambda c: {"groups": c.groups, "share": c.share} | times(c, "separate_us", "merged_us"), "not_merged")):
+    for key, rewrite in REWRITES.items():
         if not opts.get(key, True):
             continue
+        sites = rewrite.unit
         t0 = time.time()
         try:
-            rcards, rwhy, rentries = run(spec, ws, device=dev)
+            rcards, rwhy, rentries = rewrite.run(spec, ws, device=dev)
         except ForgeError as exc:
             d[key] = {"none": str(exc)}
             rec.log(f"{key}: {exc}")
         else:
-            d[key] = {"cards": {c.card: {"refused": c.refused} | cards_json(c) for c in rcards}, why_key: rwhy,
+            d[key] = {"cards": {c.card: c.to_json() for c in rcards}, rewrite.report_key: rwhy,
                       "promoted": [e.card for e in rentries]}
             rec.log(f"{key}: {sum(len(e.signature.module_paths) for e in rentries)} {sites} in {len(rentries)} "
                     f"cards ({sum(bool(c.refused) for c in rcards)} refused, {len(rwhy)} look-alikes not served)")
@@ -462,12 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "replaces, eager and with every promoted kernel served; on cuda after the bench, eager and eager + "
                     "forge under torch.profiler: wall, GPU busy time and the kernels forge removed and added, per "
                     "forward (bench/e2e_timeline.py)")
-    ap.add_argument("--no-experts", action="store_true", help="do not serve routed experts in one grouped pass "
-                    "(what forge experts does, after the folds)")
-    ap.add_argument("--no-merge", action="store_true", help="do not compute sibling linears in one batched product "
-                    "(what forge merge does, after the experts)")
-    ap.add_argument("--no-fold", action="store_true", help="do not fold batch norms into their convolutions "
-                    "(what forge fold does, after the approvals)")
+    from forge_tui.rewrites import REWRITES
+
+    for name, rewrite in REWRITES.items():
+        ap.add_argument(f"--no-{name}", action="store_true", help=f"skip forge {name} ({rewrite.doing})")
     ap.add_argument("--keep-workspace", metavar="DIR", help="copy each workload's workspace, as the run left it "
                     "(kernels approved, slower ones switched off), to DIR/NAME (for bench/e2e_timeline.py)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -475,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
+    from forge_tui.rewrites import REWRITES
+
     small = args.small
 
     def pick(v: Any, gpu: Any, cpu: Any) -> Any:
@@ -491,8 +479,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             # 0.30 leans on the switch-off to guard the forward: without it, forge approve's 0.10
             "max_spread": pick(args.max_spread, 0.10 if args.keep_slower else 0.30, 10.0), "run_timeout": pick(args.run_timeout, 30.0, 60.0),
             "switch_off": not args.keep_slower, "only_faster": not args.all_kernels, "per_call_n": 50,
-            "timeline": args.timeline, "graphs": args.graphs, "fold": not args.no_fold, "cards": args.cards,
-            "experts": not args.no_experts, "merge": not args.no_merge, "keep_workspace": args.keep_workspace}
+            "timeline": args.timeline, "graphs": args.graphs, "cards": args.cards,
+            "keep_workspace": args.keep_workspace} | {name: not getattr(args, f"no_{name}") for name in REWRITES}
 
 
 def main(argv: list[str] | None = None) -> int:

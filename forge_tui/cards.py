@@ -8,6 +8,7 @@ inputs and outputs, stored by hash outside git (tensorstore.py).
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,29 @@ from pydantic import BaseModel, ConfigDict
 
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
                "int64": "i64", "int32": "i32", "bool": "bool", "uint8": "u8", "int8": "i8"}
+
+
+class CardKind(StrEnum):
+    """What a card is, as the workspace's cards and the manifest spell it: a kernel's card (``OP``,
+    ``MODULE``, ``CHAIN``) or a rewrite's (``FOLD``, ``EXPERTS``, ``MERGE``: ``forge_tui.rewrites``).
+    A ``str`` enum: it equals, hashes and prints as its value, so JSON stays as it was."""
+
+    OP = "op"
+    """One aten call."""
+    MODULE = "module"
+    """A leaf module's forward."""
+    CHAIN = "chain"
+    """Ops a module's own forward calls one after another."""
+    FOLD = "fold"
+    """A batch norm folded into the convolution before it."""
+    EXPERTS = "experts"
+    """A routed mixture-of-experts block in one grouped pass."""
+    MERGE = "merge"
+    """Sibling linears on one input in one batched product."""
+
+
+KERNEL_KINDS = (CardKind.OP, CardKind.MODULE, CardKind.CHAIN)
+"""The kinds of card the profile makes and a kernel serves."""
 
 
 class TensorSpec(BaseModel):
@@ -60,7 +84,7 @@ class Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str
-    kind: Literal["op", "module", "chain"]
+    kind: Literal[CardKind.OP, CardKind.MODULE, CardKind.CHAIN]
     target: str
     """'aten._softmax.default' for ops; 'module:RMSNorm' for leaf modules; 'chain:mul+add+_softmax'
     for a chain of ops a module's own forward calls one after another."""
@@ -106,7 +130,7 @@ class Card(BaseModel):
     @property
     def op_name(self) -> str:
         """'_softmax' for 'aten._softmax.default'; 'RMSNorm' for 'module:RMSNorm'."""
-        if self.kind in ("module", "chain"):
+        if self.kind in (CardKind.MODULE, CardKind.CHAIN):
             return self.target.split(":", 1)[1]
         parts = self.target.split(".")
         return parts[1] if len(parts) > 1 else self.target
@@ -123,7 +147,7 @@ def not_served(kind: str, flags: list[str]) -> str | None:
     or a chain that changes its inputs in place (its kernel writes new outputs; the model reads
     the input it changed). The one rule for the runtime, the search (which does not search such a
     card) and the op table's share of the forward served."""
-    if kind != "module" and "mutates" in flags:
+    if kind != CardKind.MODULE and "mutates" in flags:
         return IN_PLACE
     return None
 

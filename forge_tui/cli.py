@@ -25,6 +25,7 @@ def _progress(quiet: bool):
 
 
 def cmd_profile(args) -> int:
+    from .cards import KERNEL_KINDS
     from .session import Session
     from .table import render
     from .workload import resolve_path
@@ -38,8 +39,8 @@ def cmd_profile(args) -> int:
             (", NOT TRUSTWORTHY: the machine was busy)" if result.forward_noisy else ")")
     print(render(result.cards, title=title, limit=args.limit), end="")
     cov = result.coverage
-    kinds = {k: sum(c.kind == k for c in result.cards) for k in ("op", "module", "chain")}
-    print(f"{len(result.cards)} cards ({kinds['op']} op, {kinds['module']} module, {kinds['chain']} chain); "
+    kinds = {k: sum(c.kind == k for c in result.cards) for k in KERNEL_KINDS}
+    print(f"{len(result.cards)} cards (" + ", ".join(f"{n} {k}" for k, n in kinds.items()) + "); "
           f"op cards cover {100 * cov['op']:.0f}% "
           f"of the forward; skipped calls: " + ", ".join(f"{k} {v}" for k, v in result.skipped.items() if v))
     for w in result.warnings:
@@ -167,14 +168,24 @@ class _ClusterLines:
 
 
 def cmd_retime(args) -> int:
+    from .search.events import EventBus
     from .session import Session
 
     session = Session.open(args.workspace, args.config)
-    with session.search(proposer="templates", backend=args.backend, cards=args.cards) as search:
+    bus = EventBus()
+    cluster = _ClusterLines(quiet=True)
+    bus.subscribe(cluster)
+    with session.search(proposer="templates", backend=args.backend, cards=args.cards, bus=bus,
+                        cluster=args.cluster) as search:
         summary = search.retime()
     for line in search.retime_lines():
         print(line)
+    for line in cluster.summary():
+        print(line)
     print(f"{summary.evaluations} evaluations, {summary.wall_s:.1f} s; {summary.stopped}")
+    if summary.pool_failure:
+        print(f"forge: error: {summary.pool_failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -364,17 +375,21 @@ def cmd_bench(args) -> int:
     return 1 if bad else 0
 
 
-def _cmd_rewrite(args, run, name: str, unit: str, no: str) -> int:
-    """``forge fold``, ``forge experts`` and ``forge merge``: propose the workload's cards of one kind of rewrite,
-    print them and why the look-alikes are not served, and promote them unless ``--dry-run``."""
+def cmd_rewrite(args) -> int:
+    """``forge NAME`` for each rewrite in the registry (``forge fold``, ``forge experts``, ``forge merge``):
+    propose the workload's cards of that rewrite, print them and why the look-alikes are not
+    served, and promote them unless ``--dry-run``."""
+    from .rewrites import REWRITES
     from .workload import parse_dtype
     from .workspace import Workspace
 
     if args.min_speedup is not None and not args.min_speedup >= 0:
         raise ForgeError(f"--min-speedup must be 0 or more, not {args.min_speedup}")
+    rewrite = REWRITES[args.rewrite]
+    name, unit, no = rewrite.name, rewrite.unit, rewrite.not_served
     ws = Workspace.open(args.workspace)
-    cards, why, entries = run(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
-                              dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
+    cards, why, entries = rewrite.run(args.workload, ws, device=args.device, dtype=parse_dtype(args.dtype),
+                                      dry_run=args.dry_run, repeats=args.repeats, min_speedup=args.min_speedup)
     for c in cards:
         print(c.line())
     for path, reason in sorted(why.items()):
@@ -385,24 +400,6 @@ def _cmd_rewrite(args, run, name: str, unit: str, no: str) -> int:
         print(f"promoted {len(entries)} {name} cards ({sum(len(e.signature.module_paths) for e in entries)} {unit}) "
               f"to {ws.root}" if entries else "nothing promoted")
     return 0
-
-
-def cmd_fold(args) -> int:
-    from .folding import fold_workload
-
-    return _cmd_rewrite(args, fold_workload, "fold", "batch norms", "no fold")
-
-
-def cmd_experts(args) -> int:
-    from .experts import experts_workload
-
-    return _cmd_rewrite(args, experts_workload, "experts", "blocks", "not served")
-
-
-def cmd_merge(args) -> int:
-    from .merging import merge_workload
-
-    return _cmd_rewrite(args, merge_workload, "merge", "linears", "not merged")
 
 
 def cmd_export(args) -> int:
@@ -417,6 +414,7 @@ def cmd_export(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .cards import KERNEL_KINDS
 
     p = argparse.ArgumentParser(prog="forge", description="forge-tui, headless: profile a PyTorch workload into "
                                 "operator cards, search for faster kernels, evaluate and promote them.")
@@ -435,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("cards", help="print a workspace's op table")
     sp.add_argument("workspace", type=Path)
-    sp.add_argument("--kind", choices=["op", "module", "chain"])
+    sp.add_argument("--kind", choices=[str(k) for k in KERNEL_KINDS])
     sp.add_argument("--limit", type=int, default=None)
     sp.set_defaults(func=cmd_cards)
 
@@ -473,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("workspace", type=Path)
     sp.add_argument("cards", nargs="*", metavar="CARD", help="only these cards (ids or prefixes)")
     sp.add_argument("--backend", choices=["auto", "cuda", "cpu"], default=None)
+    sp.add_argument("--cluster", metavar="tcp://HOST:8786", help="time them on the workers of this Dask scheduler "
+                    "(default: [pool] scheduler, else this machine)")
     sp.set_defaults(func=cmd_retime)
 
     sp = sub.add_parser("replay", help="rebuild a search from git history and print it in the order it grew")
@@ -523,22 +523,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_bench)
 
-    for name, func, what, own in (
-            ("fold", cmd_fold, "fold the workload's batch norms into their convolutions", "the pair's own calls"),
-            ("experts", cmd_experts, "compute the workload's routed mixture-of-experts blocks in one grouped pass "
-             "each, without their Python loop", "the block's own forward"),
-            ("merge", cmd_merge, "compute the workload's sibling linears (called one after another on one input: "
-             "q/k/v, gate and up) in one batched product", "the separate linears")):
-        sp = sub.add_parser(name, help=f"{what} (checked, timed, promoted as {name} cards: running it approves them)")
+    from .rewrites import REWRITES
+
+    for name, rewrite in REWRITES.items():
+        sp = sub.add_parser(name, help=f"{rewrite.help} (checked, timed, promoted as {name} cards: running it "
+                            "approves them)")
         sp.add_argument("workload", help="a workload .py file, or example:NAME")
         sp.add_argument("-w", "--workspace", type=Path, required=True)
         sp.add_argument("--device", choices=["cuda", "cpu"])
         sp.add_argument("--dtype")
         sp.add_argument("--repeats", type=int, default=20)
-        sp.add_argument("--min-speedup", type=float, help=f"promote cards at least this much faster than {own}, "
+        sp.add_argument("--min-speedup", type=float, help=f"promote cards at least this much faster than {rewrite.own}, "
                         "alone (default: any faster; 0: every card that matches)")
         sp.add_argument("--dry-run", action="store_true", help="check and time them, promote nothing")
-        sp.set_defaults(func=func)
+        sp.set_defaults(func=cmd_rewrite, rewrite=name)
 
     sp = sub.add_parser("export", help="write the promoted kernels as a self-contained, checksummed folder")
     sp.add_argument("workspace", type=Path)

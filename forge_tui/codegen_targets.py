@@ -66,6 +66,7 @@ def copy_as_candidate_us(nbytes: int, dtype: str, tmp: Path, cfg_path: Path, con
     round trip that the copy does not. Not a floor either (the round trip varies with the host), so
     the 85% target reads device time (``device_times_us``) where that is measured; the figures are
     in docs/benchmarks.md."""
+    from .cards import CardKind
     from .evaluator import Evaluator
     from .kernel_abi import ITEMSIZE
     from .workspace import profile_into_workspace
@@ -75,7 +76,7 @@ def copy_as_candidate_us(nbytes: int, dtype: str, tmp: Path, cfg_path: Path, con
     spec = tmp / f"copy_{dtype}_{n}.py"
     spec.write_text(COPY_WORKLOAD.format(n=n, dtype=dtype))
     ws, _ = profile_into_workspace(spec, tmp / f"ws_copy_{dtype}_{n}", device="cuda", config_path=cfg_path)
-    card = next(c for c in ws.cards() if c.kind == "module")
+    card = next(c for c in ws.cards() if c.kind == CardKind.MODULE)
     with Evaluator(ws.store, ws.cache, config, backend="cuda") as ev:
         r = ev.evaluate(card, COPY_KERNEL.replace("{itemsize}", str(size)))
     return r.time_us if r.status == "passed" else None

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
-from .cards import Card, save_cards
+from .cards import Card, CardKind, save_cards
 from .errors import ForgeError, WorkspaceError
 from .gitrepo import GitRepo
 from .workspace import Workspace, check_target, commit_profile, staging_dir
@@ -133,7 +133,7 @@ def _same_computation(op: Card, mod: Card) -> bool:
     from .profiler.capture import _drops_outputs
 
     nodes = mod.program["nodes"]
-    if op.kind != "op" or len(nodes) != 1:
+    if op.kind != CardKind.OP or len(nodes) != 1:
         return False
     a, b = op.program["nodes"][0], nodes[0]
     if (a["op"], a["args"], a.get("kwargs", {})) != (b["op"], b["args"], b.get("kwargs", {})):
@@ -152,7 +152,7 @@ def function_card(cards: list[Card], name: str) -> Card:
     """The card of the wrapped function among a profile's cards (see the module's docstring); a
     ForgeError saying why when the profile made none."""
     target = f"module:{name}"
-    mods = [c for c in cards if c.kind == "module" and c.target == target]
+    mods = [c for c in cards if c.kind == CardKind.MODULE and c.target == target]
     if not mods:
         raise ForgeError(f"profiling the reference made no card for {name}: it must compute something on its "
                          "tensor inputs (not only views or copies), without random numbers, with arguments that "

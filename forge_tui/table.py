@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from .cards import DTYPE_SHORT, Card
+from .cards import DTYPE_SHORT, Card, CardKind
 from .profiler.trust import distrust, ranked, shares_note
 
 COLUMNS = ("#", "card", "kind", "target", "shapes", "dtype", "calls", "µs/call", "share", "floor µs", "headroom", "kernel")
@@ -22,7 +22,7 @@ def display_name(card: Card) -> str:
     where they are short) and its dtype ("RMSNorm 2x16x64 fp32", "mm 32x64·64x128 fp32"); a chain
     of more than three ops by its first two and its last ("mul+slice+…+add 2x4x16x8 fp32")."""
     name = card.op_name
-    if card.kind == "chain":
+    if card.kind == CardKind.CHAIN:
         ops = name.split("+")
         if len(ops) > 3:
             name = "+".join(ops[:2]) + "+…+" + ops[-1]
@@ -31,7 +31,7 @@ def display_name(card: Card) -> str:
 
     first = next((s for s in card.inputs if s.role == "input"), None) or next(iter(card.inputs), None)
     shape = dims(first) if first is not None else ""
-    if card.kind == "op":  # an op's operands tell its cards apart (mm 32x64·64x128, mm 32x64·64x64)
+    if card.kind == CardKind.OP:  # an op's operands tell its cards apart (mm 32x64·64x128, mm 32x64·64x64)
         both = "·".join(dims(s) for s in card.inputs if s.role in ("input", "param"))
         if len(both) <= 24:
             shape = both
@@ -61,7 +61,7 @@ def ordered(cards: list[Card]) -> list[tuple[Card, bool]]:
     present = {c.id for c in cards}
     children: dict[str, list[Card]] = {}
     for c in cards:
-        parent = next((p for p in c.within if p in present), None) if c.kind == "op" else None
+        parent = next((p for p in c.within if p in present), None) if c.kind == CardKind.OP else None
         if parent is not None:
             children.setdefault(parent, []).append(c)
     nested = {c.id for kids in children.values() for c in kids}
@@ -79,11 +79,11 @@ def offline_share(cards: list[Card], served: dict[str, str]) -> dict[str, float]
     op cards with one that are not nested in a served module or chain card (nested ones are
     counted through it)."""
     by_id = {c.id: c for c in cards}
-    module = sum(c.share or 0.0 for c in cards if c.kind == "module" and c.id in served)
-    chain = sum(c.share or 0.0 for c in cards if c.kind == "chain" and c.id in served)
+    module = sum(c.share or 0.0 for c in cards if c.kind == CardKind.MODULE and c.id in served)
+    chain = sum(c.share or 0.0 for c in cards if c.kind == CardKind.CHAIN and c.id in served)
     op = 0.0
     for c in cards:
-        if c.kind != "op" or c.id not in served:
+        if c.kind != CardKind.OP or c.id not in served:
             continue
         parents = [by_id[p] for p in c.within if p in by_id]
         if parents and all(p.id in served for p in parents):

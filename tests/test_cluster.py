@@ -375,10 +375,11 @@ def test_a_cluster_address_at_nothing_is_one_line_and_exit_2(base_ws, tmp_path, 
         port = s.getsockname()[1]
     for address, why in ((f"tcp://127.0.0.1:{port}", f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}"),
                          ("nothing", "not a Dask scheduler address: 'nothing'")):
-        rc = main(["--config", str(tmp_path / "forge.toml"), "search", str(ws.root), "--cluster", address,
-                   "--proposer", "templates", "--backend", "cpu"])
-        err = capsys.readouterr().err
-        assert rc == 2 and err.startswith(f"forge: error: {why}") and err.count("\n") == 1, err
+        for cmd in (["search", str(ws.root), "--cluster", address, "--proposer", "templates", "--backend", "cpu"],
+                    ["retime", str(ws.root), "--cluster", address, "--backend", "cpu"]):
+            rc = main(["--config", str(tmp_path / "forge.toml"), *cmd])
+            err = capsys.readouterr().err
+            assert rc == 2 and err.startswith(f"forge: error: {why}") and err.count("\n") == 1, (cmd[0], err)
     assert node_commits(ws) == {}  # nothing written
 
 
@@ -494,6 +495,7 @@ def test_the_app_shows_the_workers_and_the_evaluations_in_flight():
 
 # ---- the bench ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.timeout(1800)  # a hang guard: four searches and two clusters, on a loaded 2-core machine
 def test_the_cluster_bench_runs_on_cpu_workers(tmp_path):
     """bench/cluster_bench.py's smoke run: a scheduler and two worker processes started as a user

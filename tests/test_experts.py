@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forge_tui import experts as experts_workspace_mod
 from forge_tui.cli import main
 from forge_tui.e2e.bounds import config_shares
 from forge_tui.e2e.bounds import isolation_bound as _bound
@@ -22,6 +21,7 @@ from forge_tui.e2e.switch_off import switch_off_units
 from forge_tui.examples import tiny_moe
 from forge_tui.examples._decoder_parts import SparseMoE, init_random
 from forge_tui.promotion import kernels_dir, manifest
+from forge_tui.rewrites import experts as experts_workspace_mod
 from forge_tui.runtime import experts as experts_mod
 from forge_tui.runtime.apply import Mode, apply
 from forge_tui.runtime.experts import Stacked, check, find_blocks, routed

@@ -394,7 +394,7 @@ def test_a_rewrite_is_promoted_by_default_only_when_faster_beyond_its_spread():
     """Fold, merge and experts cards share one rule: by default the paired runs must show the
     rewrite faster in more than three of four (its lower quartile above 1), not only at the
     median; --min-speedup replaces that with its own threshold on the median."""
-    from forge_tui.folding import speed_refusal
+    from forge_tui.rewrites.base import speed_refusal
     from forge_tui.timing import paired_ratio
 
     own = [100.0] * 8

@@ -16,8 +16,8 @@ from forge_tui.cli import main
 from forge_tui.e2e.bounds import config_shares
 from forge_tui.e2e.bounds import isolation_bound as _bound
 from forge_tui.e2e.switch_off import switch_off_units
-from forge_tui.merging import find_siblings
 from forge_tui.promotion import kernels_dir, manifest
+from forge_tui.rewrites.merge import find_siblings
 from forge_tui.runtime import merge as merge_mod
 from forge_tui.runtime.apply import Mode, apply
 from forge_tui.runtime.merge import Stacked, merged, unmergeable
@@ -173,7 +173,7 @@ def test_a_tensor_made_where_a_freed_one_was_is_another_input(monkeypatch):
     """A temporary freed after one linear's call and another made at its address for the next
     linear's are two inputs: the run keeps no input alive, so it tells them apart by a weak
     reference. Every object here is given one address, as CPython may reuse a freed one."""
-    from forge_tui import merging as merging_mod
+    from forge_tui.rewrites import merge as merging_mod
 
     class Temps(nn.Module):
         def __init__(self):

@@ -7,7 +7,9 @@ import functools
 import json
 from typing import Any
 
+from ..cards import CardKind
 from ..promotion import kernels_dir
+from ..rewrites import REWRITES
 from ..runtime.fold import Pair
 from ..runtime.manifest import Manifest
 from ..timing import Stats
@@ -166,14 +168,14 @@ def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, flo
     """The op cards profiled in a module: its share where it has no module card of its own."""
     for c in ws.cards():
         if c.module_paths and c.share:
-            into = per_site if c.kind == "module" else ops_at
+            into = per_site if c.kind == CardKind.MODULE else ops_at
             for p in c.module_paths:
                 into[p] = into.get(p, 0.0) + c.share / len(c.module_paths)
     for p, share in ops_at.items():
         per_site.setdefault(p, share)
     out: dict[str, float] = {}
     for card, e in man.entries.items():
-        if e.signature.kind != "fold" or not served.get(card):
+        if e.signature.kind != CardKind.FOLD or not served.get(card):
             continue
         try:
             pairs = json.loads((kernels_dir(ws) / e.source).read_text())["pairs"]
@@ -186,12 +188,13 @@ def fold_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, flo
 
 
 def config_shares(ws: Any, man: Manifest, served: dict[str, int]) -> dict[str, float]:
-    """Per served experts or merge card, its sites' share of the forward in eager, as ``forge
-    experts`` and ``forge merge`` measured it (the sites' calls times their own time, over the
-    forward's), from the card's configuration."""
+    """Per served card of a rewrite whose configuration records its share (``Rewrite.share_in_config``:
+    experts, merge), its sites' share of the forward in eager, as ``forge experts`` and ``forge
+    merge`` measured it (the sites' calls times their own time, over the forward's)."""
+    kinds = {r.kind for r in REWRITES.values() if r.share_in_config}
     out: dict[str, float] = {}
     for card, e in man.entries.items():
-        if e.signature.kind not in ("experts", "merge") or not served.get(card):
+        if e.signature.kind not in kinds or not served.get(card):
             continue
         try:
             share = json.loads((kernels_dir(ws) / e.source).read_text()).get("share")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..promotion import manifest
+from ..rewrites import REWRITES
 from .bounds import config_shares, fold_shares
 from .result import AFTER_SWITCH_OFF, FRESH_COMPILE
 
@@ -27,7 +28,7 @@ def bench_json(r: Any, ws: Any) -> dict[str, Any]:
     folds = fold_shares(ws, man, r.served)
     out["fold_share"] = sum(folds.values())
     xs = config_shares(ws, man, r.served)
-    for kind in ("experts", "merge"):
+    for kind in (rw.kind for rw in REWRITES.values() if rw.share_in_config):
         out[f"{kind}_share"] = sum(v for c, v in xs.items() if man.entries[c].signature.kind == kind)
     folds |= xs
     # the cards' shares come from different measurements (the profile's, a rewrite card's own

@@ -7,7 +7,9 @@ import copy
 import functools
 from typing import Any
 
+from ..cards import CardKind
 from ..promotion import commit_manifest, kernels
+from ..rewrites import REWRITES
 from ..runtime.apply import apply
 from ..runtime.manifest import Manifest
 from ..timing import Stats, Timer, paired_ratio
@@ -23,23 +25,25 @@ def not_faster(ratio: Stats) -> bool:
 
 
 def switch_off_units(man: Manifest, served: list[str]) -> list[list[str]]:
-    """The served cards grouped into what can be left out on its own: a module card alone; op
+    """The served cards grouped into what can be left out on its own: a module card or a rewrite's
+    alone, or all of a rewrite's cards together where it is ``switched_off_together``; op
     cards that share an interceptor scope together (while one of them is served the scope is
     intercepted, and that costs every op in it, so leaving one out alone shows nothing)."""
     units: list[list[str]] = []
     scopes: list[set[str]] = []
-    for kind in ("fold", "merge"):
-        # one unit each: a model's folds are many (ResNet-50: 52 pairs in 22 cards), and its merges
-        # (a few per layer), each saving a little
+    together = [r.kind for r in REWRITES.values() if r.switched_off_together]
+    for kind in together:
+        # one unit each (``Rewrite.switched_off_together``): a model's folds are many, and its
+        # merges (a few per layer), each saving a little
         same = [c for c in served if man.entries[c].signature.kind == kind]
         if same:
             units.append(same)
             scopes.append(set())
     for card in served:
         sig = man.entries[card].signature
-        if sig.kind in ("fold", "merge"):
+        if sig.kind in together:
             continue
-        if sig.kind in ("module", "experts"):
+        if sig.kind not in (CardKind.OP, CardKind.CHAIN):  # a module card or a rewrite's: alone
             units.append([card])
             scopes.append(set())
             continue

@@ -14,6 +14,7 @@ forward (``with_forward``).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -149,9 +150,13 @@ class HFAdapter:
         # still accepted, with a warning at every call)
         params = inspect.signature(model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._slots: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        """Each static cache's slot count, by cache (shared with the adapters ``with_forward`` makes)."""
 
     def with_forward(self, call: Callable[..., Any]) -> "HFAdapter":
-        return HFAdapter(self.model, call)
+        other = HFAdapter(self.model, call)
+        other._slots = self._slots
+        return other
 
     @property
     def config(self) -> Any:
@@ -177,7 +182,7 @@ class HFAdapter:
         from transformers import StaticCache
 
         cache = StaticCache(config=self.config, max_cache_len=max_len)
-        setattr(cache, "forge_max_len", max_len)  # its slots, which the step's mask covers (no API of it across 5.x)
+        self._slots[cache] = max_len  # its slots, which the step's mask covers (no API of it across 5.x)
         return cache
 
     def reset(self, cache: Any) -> None:
@@ -208,7 +213,7 @@ class HFAdapter:
 
     def decode(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         batch = ids.shape[0]
-        mask = self._mask(pos, batch, getattr(cache, "forge_max_len"))
+        mask = self._mask(pos, batch, self._slots[cache])
         out = self.call(input_ids=ids, use_cache=True, logits_to_keep=1, position_ids=pos[None, :].expand(batch, 1),
                         attention_mask=mask, **{self.cache_kw: cache})
         return out.logits[:, -1, :]

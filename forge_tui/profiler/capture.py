@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cards import TensorSpec
+from ..cards import CardKind, TensorSpec
 from ..program import Unencodable, encode, flatten_outputs, refs, resolve_op, tensor_leaves
 from ..runtime.attrs import recorded_attrs
 from ..runtime.graph import call_key, key_text
@@ -115,7 +115,7 @@ class Bucket:
     """All calls sharing one signature: the future card."""
 
     key: str
-    kind: str
+    kind: CardKind
     target: str
     program: dict
     inputs: list[TensorSpec]
@@ -369,7 +369,7 @@ class Recorder:
             else:
                 specs = [spec_of(t, "param" if t in self.params else "input", with_range=False) for t in uniq]
                 program = {"nodes": [node], "outputs": []}
-                key = signature_key("op", str(func), program, specs)
+                key = signature_key(CardKind.OP, str(func), program, specs)
         bucket = self.buckets.get(key) if key else None
         sample_in = None
         if op_card and (bucket is None or len(bucket.samples) < self.opt.samples_per_card):
@@ -416,7 +416,7 @@ class Recorder:
             if name in DYNAMIC_SHAPE or (name == "where" and len(args) == 1):
                 flags.add("dynamic_shape")
             bucket = Bucket(
-                key=key, kind="op", target=str(func), program=program, inputs=specs,
+                key=key, kind=CardKind.OP, target=str(func), program=program, inputs=specs,
                 outputs=[spec_of(t, "output", with_range=False) for t in out_tensors],
                 flops=op_flops(func, args, kwargs, out, uniq, out_tensors),
                 bytes=sum(tensor_read_bytes(t) for t in uniq) + sum(tensor_write_bytes(t) for t in out_tensors),
@@ -526,12 +526,12 @@ class Recorder:
         out = chain.outs[-1][0]
         program = {"nodes": chain.nodes, "outputs": [chain.refs[out]]}
         target = "chain:" + "+".join(op_name(resolve_op(n["op"])) for n in chain.nodes)
-        key = signature_key("chain", target, program, chain.specs)
+        key = signature_key(CardKind.CHAIN, target, program, chain.specs)
         bucket = self.buckets.get(key)
         if bucket is None:
             specs = [spec_of(t, s.role) for t, s in zip(chain.tensors, chain.specs)]
             bucket = Bucket(
-                key=key, kind="chain", target=target, program=program, inputs=specs,
+                key=key, kind=CardKind.CHAIN, target=target, program=program, inputs=specs,
                 outputs=[spec_of(out, "output", with_range=False)], flops=chain.flops,
                 bytes=sum(tensor_read_bytes(t) for t in chain.tensors) + tensor_write_bytes(out),
                 flags={"direct"}, first_seen=self.seq,
@@ -707,12 +707,12 @@ class Recorder:
                 return None  # a single-op module that returns all its op's outputs is already an op card
             program = {"nodes": frame.nodes, "outputs": refs}
         target = f"module:{type(frame.module).__name__}"
-        key = signature_key("module", target, program, frame.specs)
+        key = signature_key(CardKind.MODULE, target, program, frame.specs)
         bucket = self.buckets.get(key)
         if bucket is None:
             specs = [spec_of(t, s.role, s.name) for t, s in zip(frame.tensors, frame.specs)]
             bucket = Bucket(
-                key=key, kind="module", target=target, program=program, inputs=specs,
+                key=key, kind=CardKind.MODULE, target=target, program=program, inputs=specs,
                 outputs=[spec_of(t, "output", with_range=False) for t in outs], flops=frame.flops,
                 bytes=sum(tensor_read_bytes(t) for t in frame.tensors) + sum(tensor_write_bytes(t) for t in outs),
                 flags=set(frame.flags), first_seen=self.seq, call_args=frame.call_args,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import roofline
-from ..cards import Card, Sample
+from ..cards import Card, CardKind, Sample
 from ..compare import compare
 from ..config import ForgeConfig
 from ..inputs import random_inputs
@@ -40,7 +40,7 @@ class ProfileResult:
     def coverage(self) -> dict[str, float]:
         """Sum of card times over the forward time, per granularity."""
         f = self.forward.median or 1.0
-        return {kind: sum(c.total_us for c in self.cards if c.kind == kind) / f for kind in ("op", "module")}
+        return {kind.value: sum(c.total_us for c in self.cards if c.kind == kind) / f for kind in (CardKind.OP, CardKind.MODULE)}
 
     def summary(self) -> dict:
         return {
@@ -56,9 +56,9 @@ def _slug(text: str) -> str:
 
 
 def card_id(bucket: Bucket) -> str:
-    if bucket.kind == "module":
+    if bucket.kind == CardKind.MODULE:
         name = "mod-" + _slug(bucket.target.split(":", 1)[1])
-    elif bucket.kind == "chain":
+    elif bucket.kind == CardKind.CHAIN:
         ops = bucket.target.split(":", 1)[1].split("+")
         name = "chain-" + _slug("+".join(ops[:3]) + ("+" if len(ops) > 3 else ""))
     else:
@@ -183,7 +183,7 @@ class QuietTimer:
 def _within(b: Bucket, buckets: dict[str, Bucket]) -> list[str]:
     """The ids of the module cards an op card is nested in: every one of its calls was made inside
     their forwards (none outside a module card)."""
-    if b.kind != "op" or b.outside or not b.parents or sum(b.parents.values()) != b.calls:
+    if b.kind != CardKind.OP or b.outside or not b.parents or sum(b.parents.values()) != b.calls:
         return []
     return [card_id(buckets[k]) for k in sorted(b.parents, key=lambda k: -b.parents[k]) if k in buckets]
 

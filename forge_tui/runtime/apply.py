@@ -9,7 +9,8 @@ of the leaf modules they were profiled at (``module_card.py``); op and chain car
 the scopes they were profiled in, compiled where the forward allows it (``graph/``) and else
 intercepted (``intercept.py``, ``leaf.py``), as ``placement.py`` decides; fold, experts and merge
 cards rewrite the forward of the modules that call them (``fold.py``, ``experts.py``,
-``merge.py``). Nothing is installed for cards not promoted, so a model with nothing promoted runs
+``merge.py``: the runtime's halves of the rewrites in ``forge_tui/rewrites/``, which this package
+never imports). Nothing is installed for cards not promoted, so a model with nothing promoted runs
 exactly as before.
 
 Every call goes through a guard (``guard.py``): the kernel runs only when the call is the card's
@@ -26,6 +27,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cards import CardKind
 from ..errors import ForgeError
 from . import placement
 from .applied import TAKEN_OUT, Applied
@@ -47,8 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["KINDS", "TAKEN_OUT", "UNSERVED_WHY", "Applied", "Guard", "Mode", "OpGuard", "ReplacedForwards", "Trial",
            "apply", "called_children", "module_inputs"]
 
-KINDS: dict[str, Kind] = {"module": module, "op": op, "chain": chain, "fold": fold, "experts": experts,
-                                "merge": merge}
+KINDS: dict[CardKind, Kind] = {CardKind.MODULE: module, CardKind.OP: op, CardKind.CHAIN: chain, CardKind.FOLD: fold,
+                               CardKind.EXPERTS: experts, CardKind.MERGE: merge}
 """Each card kind's installer (``kinds/``), in the order ``apply`` installs them: module cards
 first; op and chain cards add their scopes, which fold cards' forwards run inside, and merge
 cards spare (``placement.merges_sparing_scopes``); ``placement.place`` serves the scopes last."""
@@ -95,7 +97,7 @@ def apply(model: "torch.nn.Module", source: Any, *, mode: Mode | str = Mode.INFE
 def _install(inst: Install, man: Manifest, cards: list[str] | None) -> None:
     """What ``apply`` installs: each card its mode's verdicts and its kind allow, by its kind's
     installer (``KINDS``), then the scopes of op and chain cards (``placement.place``)."""
-    by_kind: dict[str, list[Entry]] = {kind: [] for kind in KINDS}
+    by_kind: dict[CardKind, list[Entry]] = {kind: [] for kind in KINDS}
     for card_id, entry in sorted(man.entries.items()):
         if cards and card_id not in cards:
             continue

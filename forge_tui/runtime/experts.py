@@ -32,7 +32,7 @@ grouped pass calls and adds as the block does. The activation is found by callin
 (SiLU, tanh-GELU, GELU or ReLU, the one that reproduces it exactly), and whether the top-k weights
 are renormalised by ``norm_topk_prob`` where the block has it, else by the block's output. A card
 is promoted only where its output matches the block's own on the captured input and on a random
-one (``experts.py`` beside the package root: ``forge experts``).
+one (``forge_tui/rewrites/experts.py``: ``forge experts``).
 
 Every call is guarded and falls back to the block's own forward (hooks and all) where the grouped
 pass would not compute what it does: gradients needed, the block in training mode, forward hooks
@@ -40,6 +40,9 @@ on it or any child, another device, dtype, number of dims or hidden size than th
 call signature, or an expert's weight no longer the stacked slice (a parameter replaced). The first served call
 (and every ``shadow_every``-th) is checked against the block's own forward; a mismatch or an
 error disables the card and that call returns the block's own value.
+
+This is the runtime's half of the experts rewrite: ``kinds/experts.py`` installs its cards, and
+``forge_tui/rewrites/experts.py`` (``forge experts``) proposes, checks, times and promotes them.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..cards import CardKind
 from .fold import RewriteGuard, check_fold, hooked
 from .pinned import Pinned
 
@@ -346,7 +350,7 @@ def returns_of(ref: Any, block: Block, x: Any) -> str | None:
 class ExpertsGuard(RewriteGuard):
     """One promoted experts card in one model: its status and what its calls must be."""
 
-    kind = "experts"
+    kind = CardKind.EXPERTS
 
     def __init__(self, card: str, target: str, program: dict[str, Any], dtype: Any, device: str,
                  board: "StatusBoard", shadow_every: int, rank: int = 3) -> None:

@@ -24,6 +24,9 @@ fine-tune) are refolded before the next call, by their version counters. Shapes 
 the folded convolution is PyTorch's own convolution, exact for any shape. A pair's first served
 call (and every ``shadow_every``-th) is computed both ways and compared within the evaluator's
 tolerance; a mismatch, or an error, disables the card and that call returns the pair's own value.
+
+This is the runtime's half of the fold rewrite: ``kinds/fold.py`` installs its cards, and
+``forge_tui/rewrites/fold.py`` (``forge fold``) proposes, checks, times and promotes them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..cards import CardKind
 from ..compare import compare
 from . import epilogue as _epilogue
 
@@ -204,7 +208,7 @@ class RewriteGuard:
     """One promoted card of a rewrite (fold, experts, merge) in one model: its status on the
     board, the dtype and device of its calls, its shadow checks."""
 
-    kind = ""
+    kind: CardKind
 
     def __init__(self, card: str, target: str, dtype: Any, device: str, board: "StatusBoard",
                  shadow_every: int, program: dict[str, Any] | None = None) -> None:
@@ -231,7 +235,7 @@ class RewriteGuard:
 
 
 class FoldGuard(RewriteGuard):
-    kind = "fold"
+    kind = CardKind.FOLD
 
 
 def hooked(*mods: Any) -> bool:

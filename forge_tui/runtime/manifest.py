@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..cards import Card, TensorSpec
+from ..cards import Card, CardKind, TensorSpec
 from ..errors import ForgeError
 
 MANIFEST_VERSION = 1
@@ -32,10 +32,11 @@ class Signature(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     card: str
-    kind: Literal["op", "module", "chain", "fold", "experts", "merge"]
-    """fold: a batch norm folded into the convolution before it (``runtime/fold.py``); experts: a
-    routed mixture-of-experts block in one grouped pass (``runtime/experts.py``); merge: sibling
-    linears on one input in one batched product (``runtime/merge.py``)."""
+    kind: CardKind
+    """A kernel's card (op, module, chain) or a rewrite's: fold, a batch norm folded into the
+    convolution before it (``runtime/fold.py``); experts, a routed mixture-of-experts block in one
+    grouped pass (``runtime/experts.py``); merge, sibling linears on one input in one batched
+    product (``runtime/merge.py``)."""
     target: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

@@ -12,7 +12,7 @@ the separate linears', and the bare product of the diffusion's q/k/v took 50 µs
 served (guards, stored slices, module calls) only some sets gain: ``forge merge`` times each card
 that way and promotes only those faster (docs/benchmarks.md, 2026-12-03 evening).
 
-Which linears are siblings is read from a run of the model (``merging.py``: ``forge merge``): the
+Which linears are siblings is read from a run of the model (``forge_tui/rewrites/merge.py``: ``forge merge``): the
 ``nn.Linear`` modules called on the same tensor object, unchanged between the calls, in every
 call, with the same input and output sizes, bias or none, dtype and device.
 
@@ -29,6 +29,9 @@ unchanged), gradients needed, autocast on, or a weight or linear replaced since 
 first product (and every ``shadow_every``-th) is compared with every sibling's own output; a
 mismatch or an error disables the card and that call returns the linear's own value. Merges are
 not installed in models to be torch.compile'd: Dynamo would break its graphs at each call.
+
+This is the runtime's half of the merge rewrite: ``kinds/merge.py`` installs its cards, and
+``forge_tui/rewrites/merge.py`` (``forge merge``) proposes, checks, times and promotes them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..cards import CardKind
 from .fold import RewriteGuard, check_fold
 from .pinned import Pinned, owns_storage
 
@@ -153,7 +157,7 @@ def check(ys: list["torch.Tensor"], refs: list["torch.Tensor"]) -> str | None:
 class MergeGuard(RewriteGuard):
     """One promoted merge card in one model: its status and what its calls must be."""
 
-    kind = "merge"
+    kind = CardKind.MERGE
 
 
 @dataclass(slots=True)

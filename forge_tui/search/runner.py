@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cards import Card, id_matches, not_served
+from ..cards import Card, CardKind, id_matches, not_served
 from ..config import ForgeConfig
 from ..errors import ForgeError, WorkspaceError
 from ..evaluator.result import EvalResult, load_result
@@ -27,6 +27,7 @@ from ..kernel_abi import SOURCE_NAMES
 from ..profiler.trust import distrust, rank_shares
 from ..program import program_source
 from ..promotion import manifest
+from ..rewrites import REWRITES
 from ..workspace import Workspace
 from .budget import CardBudget, pick
 from .events import BudgetSpent, EventBus, NodeStarted, SearchEvent, StoreDamaged
@@ -50,16 +51,14 @@ BUDGET_SPENT = "its budget of "
 """How a card's finish begins when its own evaluation budget was spent (``CardBudget.stop_reason``):
 a resumed search with a larger budget reopens it."""
 
-REWRITES = ("fold", "experts", "merge")
-"""Promoted cards that replace what runs at their sites (``forge fold``, ``experts``, ``merge``)."""
-
-
 def replaced_sites(ws: Workspace) -> dict[str, str]:
-    """Module path -> the enabled promoted rewrite card that replaces what runs there: a fold's
-    batch norms, an experts card's blocks (everything inside them), a merge's linears."""
+    """Module path -> the enabled promoted card of a rewrite in the registry (``REWRITES``) that
+    replaces what runs there: a fold's batch norms, an experts card's blocks (everything inside
+    them), a merge's linears."""
+    rewrites = {r.kind for r in REWRITES.values()}
     out: dict[str, str] = {}
     for card, e in sorted(manifest(ws).entries.items()):
-        if e.signature.kind in REWRITES and e.enabled:
+        if e.signature.kind in rewrites and e.enabled:
             for path in e.signature.module_paths:
                 out.setdefault(path, card)
     return out
@@ -217,7 +216,7 @@ class Search:
     @staticmethod
     def _nested_in(card: Card, ids: set[str]) -> bool:
         """An op card every call of which runs inside module or chain cards of ``ids``."""
-        return card.kind == "op" and bool(card.within) and all(p in ids for p in card.within)
+        return card.kind == CardKind.OP and bool(card.within) and all(p in ids for p in card.within)
 
     def _skip_nested(self, nested: list[Card], searched: set[str]) -> None:
         """Op cards nested in module cards are not searched apart: the module card's kernel runs in

@@ -81,6 +81,15 @@ def short_reason(reason: str) -> str:
     return text.strip().rstrip(".:;") or "the machine was busy"
 
 
+def rewrites_doing() -> str:
+    """What the rewrites in the registry do, in the order ``m`` runs them: "folding batch norms
+    into their convolutions, grouping routed experts and merging sibling linears"."""
+    from ..rewrites import REWRITES
+
+    doing = [r.doing for r in REWRITES.values()]
+    return doing[0] if len(doing) == 1 else f"{', '.join(doing[:-1])} and {doing[-1]}"
+
+
 class ForgeApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "forge-tui"
@@ -336,8 +345,7 @@ class ForgeApp(App[None]):
         if self.bench_running:
             return "running the whole model: eager, then eager + forge, outputs compared ... (q quits)"
         if self.rewriting:
-            return ("folding batch norms, grouping routed experts and merging sibling linears: each checked against the "
-                    "model, then timed ... (q quits)")
+            return f"{rewrites_doing()}: each checked against the model, then timed ... (q quits)"
         if self.bench_outcome is not None:
             return self.bench_outcome.guide() + ". 5 replays the search, 6 plots it, q quits"
         if self.paused:
@@ -644,8 +652,9 @@ class ForgeApp(App[None]):
             self.notify("the model is already running", severity="warning")
             return
         self.rewriting = True
-        self.note("folding batch norms into their convolutions, grouping routed experts and merging sibling linears "
-                  "(forge fold, forge experts, forge merge) ...")
+        from ..rewrites import REWRITES
+
+        self.note(f"{rewrites_doing()} ({', '.join(f'forge {name}' for name in REWRITES)}) ...")
         self.rewrite_worker()
         self._guide()
 

@@ -375,22 +375,21 @@ class Backend:
         return spec, meta.get("device"), parse_dtype(meta["dtype"]) if meta.get("dtype") else None
 
     def rewrites(self) -> RewriteOutcome:
-        """``forge fold``, ``forge experts`` and ``forge merge`` on the workspace's workload: the
-        model's batch norms folded into their convolutions, its routed experts grouped and its
-        sibling linears merged, each card checked against the model's own modules, timed, and
-        promoted when faster (the user's key press approves them, as running the commands does)."""
+        """Every rewrite in the registry (``forge fold``, ``forge experts``, ``forge merge``), in
+        order, on the workspace's workload: the model's batch norms folded into their convolutions,
+        its routed experts grouped and its sibling linears merged, each card checked against the
+        model's own modules, timed, and promoted when faster (the user's key press approves them,
+        as running the commands does)."""
         from ..errors import ForgeError
-        from ..experts import experts_workload
-        from ..folding import fold_workload
-        from ..merging import merge_workload
+        from ..rewrites import REWRITES
 
         ws = self._ws()
         spec, device, dtype = self._workload()
         lines: list[str] = []
         promoted = 0
-        for name, run in (("fold", fold_workload), ("experts", experts_workload), ("merge", merge_workload)):
+        for name, rewrite in REWRITES.items():
             try:
-                cards, why, entries = run(spec, ws, device=device, dtype=dtype)
+                cards, why, entries = rewrite.run(spec, ws, device=device, dtype=dtype)
             except ForgeError as exc:
                 lines.append(f"{name}: {exc}")
                 continue

@@ -1,4 +1,5 @@
-"""Experts cards: a routed mixture-of-experts block in one grouped pass (``experts.py``)."""
+"""Experts cards: a routed mixture-of-experts block in one grouped pass (``experts.py``). The cards
+are made by ``forge experts`` (``forge_tui/rewrites/experts.py``)."""
 
 from __future__ import annotations
 

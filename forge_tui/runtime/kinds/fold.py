@@ -1,5 +1,6 @@
 """Fold cards: a batch norm folded into the convolution before it (``fold.py``), served in the
-forward of the module that calls the pair, op by op and in CUDA graphs."""
+forward of the module that calls the pair, op by op and in CUDA graphs. The cards are made by
+``forge fold`` (``forge_tui/rewrites/fold.py``)."""
 
 from __future__ import annotations
 

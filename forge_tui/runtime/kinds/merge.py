@@ -1,4 +1,5 @@
-"""Merge cards: sibling linears on one input in one batched product (``merge.py``)."""
+"""Merge cards: sibling linears on one input in one batched product (``merge.py``). The cards are
+made by ``forge merge`` (``forge_tui/rewrites/merge.py``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ batch_norm.cu (entry points), the C++ in batch_norm.cpp.
 
 from __future__ import annotations
 
-from ...cards import Card
+from ...cards import Card, CardKind
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ...kernels.common import CPU_COMMON, CUDA_COMMON
 from ...kernels.device import DEFAULT_DEVICE, DeviceProps
@@ -32,7 +32,7 @@ class BatchNorm(Family):
         nodes = card.program.get("nodes") or []
         if len(nodes) != 1 or nodes[0]["op"] not in BN_TARGETS:
             return None
-        if card.kind == "op":
+        if card.kind == CardKind.OP:
             if any(numel(o.shape) for o in card.outputs[1:]):
                 return None  # saved statistics would have to be written too
         elif card.outputs and (card.program.get("outputs") != [{"$node": 0, "out": 0}] or len(card.outputs) != 1):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from ...cards import Card
+from ...cards import Card, CardKind
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ...kernels.common import CPU_COMMON, CUDA_COMMON, FAST_HELPERS, HALF
 from ...kernels.device import DEFAULT_DEVICE, DeviceProps
@@ -123,7 +123,7 @@ class Elementwise(Family):
         y = card.outputs[0]
         if y.dtype not in FLOAT_DTYPES or not y.contiguous or numel(y.shape) == 0:
             return None
-        if card.kind == "op" and "mutates" in card.flags and not card.target.split(".")[1].endswith("_"):
+        if card.kind == CardKind.OP and "mutates" in card.flags and not card.target.split(".")[1].endswith("_"):
             return None
         tr = self._translate(card)
         if tr is None:

@@ -32,7 +32,7 @@ group_norm.cpp.
 
 from __future__ import annotations
 
-from ...cards import Card
+from ...cards import Card, CardKind
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ...kernels.common import CPU_COMMON, CUDA_COMMON
 from ...kernels.device import DEFAULT_DEVICE, DeviceProps
@@ -62,7 +62,7 @@ class GroupNorm(Family):
     name = "group_norm"
 
     def match(self, card: Card) -> Match | None:
-        if card.kind != "op" or card.target != "aten.native_group_norm.default" or len(card.outputs) != 3:
+        if card.kind != CardKind.OP or card.target != "aten.native_group_norm.default" or len(card.outputs) != 3:
             return None
         a = card.program["nodes"][0]["args"]
         xi, wi, bi = input_index(a[0]), input_index(a[1]), input_index(a[2])

@@ -4,7 +4,7 @@ The CUDA code is in pooling.cuh (device) and pooling.cu (entry points), the C++ 
 
 from __future__ import annotations
 
-from ...cards import Card
+from ...cards import Card, CardKind
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ...kernels.common import CPU_COMMON, CUDA_COMMON
 from ...kernels.device import DEFAULT_DEVICE, DeviceProps
@@ -23,7 +23,7 @@ class MeanPool(Family):
     name = "avg_pool"
 
     def match(self, card: Card) -> Match | None:
-        if card.kind != "op" or len(card.outputs) != 1:
+        if card.kind != CardKind.OP or len(card.outputs) != 1:
             return None
         a = card.program["nodes"][0]["args"]
         kw = card.program["nodes"][0].get("kwargs", {})
@@ -115,9 +115,9 @@ class MaxPool(Family):
         if len(nodes) != 1 or nodes[0]["op"] != "aten.max_pool2d_with_indices.default":
             return None
         outs = card.program.get("outputs") or []
-        if card.kind == "op" and len(card.outputs) == 2:
+        if card.kind == CardKind.OP and len(card.outputs) == 2:
             with_idx = True
-        elif card.kind == "module" and len(card.outputs) == 1 and outs == [{"$node": 0, "out": 0}]:
+        elif card.kind == CardKind.MODULE and len(card.outputs) == 1 and outs == [{"$node": 0, "out": 0}]:
             with_idx = False
         else:
             return None

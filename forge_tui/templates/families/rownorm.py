@@ -9,7 +9,7 @@ The CUDA code is in rownorm.cuh (device) and rownorm.cu (entry point), the C++ i
 
 from __future__ import annotations
 
-from ...cards import Card
+from ...cards import Card, CardKind
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ...kernels.common import CPU_COMMON, CUDA_COMMON
 from ...kernels.device import DEFAULT_DEVICE, DeviceProps
@@ -33,7 +33,7 @@ def _pow2_ceil(n: int) -> int:
 
 def match_rms(card: Card) -> dict | None:
     """The HF RMSNorm program: y = w * cast(x32 * rsqrt(mean(x32^2, -1) + eps)). None otherwise."""
-    if card.kind != "module" or len(card.outputs) != 1:
+    if card.kind != CardKind.MODULE or len(card.outputs) != 1:
         return None
     nodes = card.program["nodes"]
     ops = [n["op"] for n in nodes]
@@ -73,7 +73,7 @@ def match_rms(card: Card) -> dict | None:
 
 
 def match_layer_norm(card: Card) -> dict | None:
-    if card.kind != "op" or card.target != "aten.native_layer_norm.default" or len(card.outputs) != 3:
+    if card.kind != CardKind.OP or card.target != "aten.native_layer_norm.default" or len(card.outputs) != 3:
         return None
     node = card.program["nodes"][0]
     args = node["args"]

@@ -38,7 +38,7 @@ the row layout's XROW macro in softmax_rows.h.
 
 from __future__ import annotations
 
-from ...cards import Card
+from ...cards import Card, CardKind
 from ...kernel_abi import CPU_CTYPE, ITEMSIZE
 from ...kernels.common import CPU_COMMON, CUDA_COMMON
 from ...kernels.device import DEFAULT_DEVICE, DeviceProps
@@ -132,7 +132,7 @@ class Softmax(Family):
         if len(card.inputs) != 1 or len(card.outputs) != 1:
             return None
         nodes = card.program["nodes"]
-        if card.kind in ("module", "chain"):
+        if card.kind in (CardKind.MODULE, CardKind.CHAIN):
             # upcast then softmax, as F.softmax(x, dim, dtype=torch.float32) runs in eager
             if len(nodes) != 2 or nodes[0]["op"] != "aten._to_copy.default" or nodes[1]["op"] not in TARGETS:
                 return None

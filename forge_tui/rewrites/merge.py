@@ -1,7 +1,10 @@
 """``forge merge WORKLOAD -w WS``: the workload's sibling linears (called one after another on one
 input: q/k/v projections, gate and up) computed in one batched product, as merge cards promoted to
-the workspace's manifest (``runtime/merge.py`` says what the product is and how the runtime
-serves it).
+the workspace's manifest.
+
+Its other half is the runtime's: ``forge_tui/runtime/merge.py`` says what the product is and
+serves a merge card in a model, and ``forge_tui/runtime/kinds/merge.py`` installs the cards; this
+module finds the siblings in a run, proposes, checks, times and promotes the cards.
 
 The model runs once on the workload's inputs with a hook on every ``nn.Linear``: linears called
 on the same tensor object, unchanged between the calls, are siblings where they are so in every
@@ -26,10 +29,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, run_with_pre_hooks, speed_refusal, tensor_spec
-from .runtime.manifest import Entry
-from .runtime.merge import MERGE_FILE, Stacked, card_id, check, is_linear, merged, program_of, target, unmergeable
-from .timing import Stats, Timer, paired_ratio
+from ..cards import CardKind
+from ..runtime.manifest import Entry
+from ..runtime.merge import MERGE_FILE, Stacked, card_id, check, is_linear, merged, program_of, target, unmergeable
+from ..timing import Stats, Timer, paired_ratio
+from .base import Rewrite, RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, run_with_pre_hooks, speed_refusal, tensor_spec
 
 
 @dataclass
@@ -37,8 +41,9 @@ class MergeCard(RewriteCard):
     groups: list[list[str]] = field(default_factory=list)
     merged: Stats | None = None
 
-    kind: ClassVar[str] = "merge"
+    kind: ClassVar[CardKind] = CardKind.MERGE
     file: ClassVar[str] = MERGE_FILE
+    timed_as: ClassVar[tuple[str, str]] = ("separate_us", "merged_us")
 
     def after(self) -> Stats | None:
         return self.merged
@@ -52,6 +57,9 @@ class MergeCard(RewriteCard):
     def line(self) -> str:
         return rewrite_line(self, len(self.groups), "set", "not merged", "the separate linears", self.merged)
 
+    def site_json(self) -> dict[str, Any]:
+        return {"groups": self.groups, "share": self.share}
+
 
 def find_siblings(model: Any, inputs: list[Any], run: Any
                   ) -> tuple[list[list[str]], dict[str, str], dict[str, Any], dict[str, int]]:
@@ -61,7 +69,7 @@ def find_siblings(model: Any, inputs: list[Any], run: Any
     run. No other input is kept alive by the run."""
     import torch
 
-    from .runtime.experts import find_blocks
+    from ..runtime.experts import find_blocks
 
     blocks, _ = find_blocks(model)
     inside = tuple(b.path + "." for b in blocks)
@@ -217,8 +225,8 @@ def _served_copies(mods: list[Any], device: str) -> list[Any]:
 
     from torch import nn
 
-    from .runtime.merge import Group, Member, MergeGuard
-    from .runtime.status import StatusBoard
+    from ..runtime.merge import Group, Member, MergeGuard
+    from ..runtime.status import StatusBoard
 
     holder = nn.Module()
     names = [f"s{i}" for i in range(len(mods))]
@@ -245,3 +253,11 @@ def merge_workload(spec: str, ws: Any, *, device: str | None = None, dtype: Any 
     (default: faster, above 1.0; 0 promotes every card that matches)."""
     return run_rewrite(spec, ws, propose, promote, "the model has no linears called one after another on one input to merge",
                        device=device, dtype=dtype, dry_run=dry_run, repeats=repeats, min_speedup=min_speedup)
+
+
+REWRITE = Rewrite(
+    name="merge", kind=CardKind.MERGE, installer="forge_tui.runtime.kinds.merge", file=MERGE_FILE, run=merge_workload,
+    help="compute the workload's sibling linears (called one after another on one input: q/k/v, gate and up) in "
+    "one batched product", own="the separate linears", unit="linears", not_served="not merged",
+    doing="merging sibling linears", report_key="not_merged", switched_off_together=True, share_in_config=True)
+"""``forge merge`` in the registry (``forge_tui.rewrites.REWRITES``)."""

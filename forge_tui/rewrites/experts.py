@@ -1,6 +1,9 @@
 """``forge experts WORKLOAD -w WS``: the workload's routed mixture-of-experts blocks computed in one
-grouped pass each, as experts cards promoted to the workspace's manifest
-(``runtime/experts.py`` says what the grouped pass is and how the runtime serves it).
+grouped pass each, as experts cards promoted to the workspace's manifest.
+
+Its other half is the runtime's: ``forge_tui/runtime/experts.py`` says what the grouped pass is,
+finds the blocks and serves an experts card in a model, and ``forge_tui/runtime/kinds/experts.py``
+installs the cards; this module proposes, checks, times and promotes them.
 
 The model runs once on the workload's inputs with a hook on each block found
 (``runtime.experts.find_blocks``); blocks whose calls look alike (their structure, activation and
@@ -21,10 +24,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .folding import RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, run_with_pre_hooks, speed_refusal, tensor_spec
-from .runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
-from .runtime.manifest import Entry
-from .timing import Stats, Timer, paired_ratio
+from ..cards import CardKind
+from ..runtime.experts import EXPERTS_FILE, Block, Stacked, card_id, check, find_blocks, returns_of, routed, target
+from ..runtime.manifest import Entry
+from ..timing import Stats, Timer, paired_ratio
+from .base import Rewrite, RewriteCard, promote_cards, random_like, rewrite_line, run_rewrite, run_with_pre_hooks, speed_refusal, tensor_spec
 
 
 @dataclass
@@ -32,8 +36,9 @@ class ExpertsCard(RewriteCard):
     blocks: list[str] = field(default_factory=list)
     grouped: Stats | None = None
 
-    kind: ClassVar[str] = "experts"
+    kind: ClassVar[CardKind] = CardKind.EXPERTS
     file: ClassVar[str] = EXPERTS_FILE
+    timed_as: ClassVar[tuple[str, str]] = ("block_us", "grouped_us")
 
     def after(self) -> Stats | None:
         return self.grouped
@@ -49,6 +54,9 @@ class ExpertsCard(RewriteCard):
 
     def line(self) -> str:
         return rewrite_line(self, len(self.blocks), "block", "not served", "the block's own forward", self.grouped)
+
+    def site_json(self) -> dict[str, Any]:
+        return {"blocks": self.blocks, "share": self.share}
 
 
 def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
@@ -148,3 +156,11 @@ def experts_workload(spec: str, ws: Any, *, device: str | None = None, dtype: An
     return run_rewrite(spec, ws, propose, promote, "the model has no routed mixture-of-experts block "
                        "(a gate linear and a ModuleList of gated-MLP experts)",
                        device=device, dtype=dtype, dry_run=dry_run, repeats=repeats, min_speedup=min_speedup)
+
+
+REWRITE = Rewrite(
+    name="experts", kind=CardKind.EXPERTS, installer="forge_tui.runtime.kinds.experts", file=EXPERTS_FILE,
+    run=experts_workload, help="compute the workload's routed mixture-of-experts blocks in one grouped pass each, "
+    "without their Python loop", own="the block's own forward", unit="blocks", not_served="not served",
+    doing="grouping routed experts", report_key="not_served", share_in_config=True)
+"""``forge experts`` in the registry (``forge_tui.rewrites.REWRITES``)."""
