@@ -50,7 +50,6 @@ gets the whole budget.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -70,10 +69,6 @@ GPU_WORKLOADS = ["diffusion", "decoder", "resnet50"]
 """The default on the GPU: what fits one 10-minute device call with room to search (the moe's
 profile alone took 107 s on the H200: ``e2e_bench.py moe --budget-s 530`` runs it alone)."""
 SMALL_WORKLOADS = ["tiny_decoder", "tiny_diffusion", "tiny_moe", "tiny_resnet"]
-SPEEDUP_TARGET = {"diffusion": 1.25, "decoder": 1.25, "moe": 1.25, "resnet": 1.25, "resnet50": 1.25}
-"""eager + forge over eager asked of these workloads (issue 15; ResNet-50's by issue 17); the
-CPU-sized ones carry their big sibling's."""
-
 PROFILE_CONFIG = """
 [timing]
 warmup = {warmup}
@@ -148,199 +143,6 @@ class Record:
         return ok
 
 
-def host_us_per_call(fn, device: str, n: int) -> float:
-    """Host time of one call (µs) over n back-to-back calls, the device not waited for: what a
-    call costs the CPU (dispatch, checks, launch), the time the device needs to keep up."""
-    import torch
-
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter_ns()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (t1 - t0) / n / 1000.0
-
-
-def measure_overhead(spec: str, ws: Any, dev: str, repeats: int, tmp: Path, with_kernels: bool) -> dict[str, Any]:
-    """The runtime with nothing promoted (an empty manifest: nothing is installed, so the forward
-    should be eager's), and with every promoted kernel installed but disabled (each call goes
-    through its guard or the op interceptor and falls back): interleaved with eager, paired."""
-    import torch
-
-    from forge_tui.runtime.apply import apply
-    from forge_tui.runtime.manifest import Manifest
-    from forge_tui.timing import Timer, paired_ratio
-    from forge_tui.workload import load_workload
-
-    empty = tmp / "nothing-promoted"
-    Manifest().save(empty / "kernels")
-    wl = load_workload(spec)
-    model, inputs = wl.build(dev)
-    model.eval()
-    variants = {"eager": model}
-    m0 = copy.deepcopy(model)
-    a0 = apply(m0, empty, device=dev)
-    variants["nothing promoted"] = m0
-    a1 = None
-    if with_kernels:
-        m1 = copy.deepcopy(model)
-        a1 = apply(m1, ws, device=dev, only_faster=False)
-        a1.take_outs = False  # the cards' checks on every call, as a card that refuses them pays
-        # every card on the board: kernels, folds and experts cards alike (before 2026-12-03 only the
-        # kernels' guards were, so folds and experts cards went on serving in this variant)
-        for st in list(a1.board.cards.values()):
-            a1.board.disable(st, "e2e_bench: timing the interception alone")
-        if a1.board.cards:
-            variants["every kernel falling back"] = m1
-    timer = Timer(dev, warmup=3, repeats=repeats, cold_l2=False)
-    with torch.no_grad():
-        stats, raw, _ = timer.time({k: (lambda m=m: wl.run(m, inputs)) for k, m in variants.items()})
-    out: dict[str, Any] = {"installed_nothing": not a0.guards, "times_us": {k: s.to_json() for k, s in stats.items()}}
-    for k in variants:
-        if k != "eager":
-            r = paired_ratio(raw[k], raw["eager"])  # > 1: slower than eager
-            out[k] = {"overhead": r.median - 1, "q1": r.q1 - 1, "q3": r.q3 - 1}
-    if a1 is not None:
-        out["fallbacks"] = {c["card"]: dict(c["fallbacks"]) for c in a1.status()["cards"]}
-        a1.undo()
-    a0.undo()
-    return out
-
-
-def measure_per_call(spec: str, ws: Any, dev: str, cards: list[str], n: int) -> dict[str, Any]:
-    """Per served card: the host cost of one served call (the guard's checks plus the launch,
-    ``Guard.serve`` on the card's captured inputs), the guard's own share of it, and eager's host
-    cost for the same card (its program, op by op); beside them, eager's cost to launch one op."""
-    import torch
-
-    from forge_tui.inputs import sample_inputs
-    from forge_tui.program import run_program
-    from forge_tui.runtime.apply import apply
-    from forge_tui.workload import load_workload
-
-    a = torch.randn(16, device=dev)
-    b = torch.randn(16, device=dev)
-    res: dict[str, Any] = {"eager_op_launch_us": host_us_per_call(lambda: a + b, dev, max(n, 200)), "cards": {}}
-    model, _ = load_workload(spec).build(dev)  # the guards are installed in it, never called through it
-    applied = apply(model, ws, device=dev, only_faster=False, cards=cards)
-    try:
-        for cid in cards:
-            if cid in applied.experts or cid in applied.merges:
-                g = applied.experts.get(cid) or applied.merges[cid]
-                res["cards"][cid] = {"note": "an experts card: the block's forward in one grouped pass"
-                                     if cid in applied.experts else "a merge card: sibling linears in one product",
-                                     "sites": list(g.status.sites)}
-                continue
-            if cid in applied.folds:
-                sites = list(applied.folds[cid].status.sites)
-                finished = sum("(with its" in site for site in sites)
-                res["cards"][cid] = {"note": "a fold card: the convolution's own call" + (
-                    f", then forge's epilogue at {finished} of its {len(sites)} sites" if finished else ""),
-                    "sites": sites}
-                continue
-            guard = applied.guards.get(cid)
-            card = ws.card(cid)
-            if guard is None or not card.samples:
-                res["cards"][cid] = {"note": "no guard" if guard is None else "no captured sample"}
-                continue
-            ins = sample_inputs(card, ws.store, 0, dev)
-            why = guard.mismatch(ins)
-            if why:
-                res["cards"][cid] = {"note": f"its captured inputs do not pass its guard: {why}"}
-                continue
-            served = host_us_per_call(lambda g=guard, x=ins: g.serve(x), dev, n)
-            eager = host_us_per_call(lambda p=card.program, x=ins: run_program(p, x, dev), dev, n)
-            res["cards"][cid] = {"served_us": served, "guard_us": guard.status.dispatch_us, "eager_card_us": eager,
-                                 "eager_ops": len(card.program.get("nodes", [])), "active": guard.status.active,
-                                 "sites": list(guard.status.sites)}
-            if len(guard.sig.outputs) > 1:
-                # what a leaf module serving the op pays: it returns the first output (a group or
-                # layer norm's), and the others (mean, rstd) are not allocated per call
-                res["cards"][cid]["served_first_us"] = host_us_per_call(
-                    lambda g=guard, x=ins: g.serve(x, keep=0), dev, n)
-            leaf = next((p for p in card.module_paths or [] if p in applied.leaves), None)
-            if leaf is not None:
-                res["cards"][cid].update(leaf_call_us(model.get_submodule(leaf), applied.leaves[leaf], ins[0], dev, n))
-    finally:
-        applied.undo()
-    return res
-
-
-def leaf_call_us(mod: Any, leaf: Any, x: Any, dev: str, n: int) -> dict[str, Any]:
-    """A leaf module that serves the card (nn.GroupNorm, nn.LayerNorm) called as the model calls
-    it, with the card's captured input: its host µs a call once its site is learned and its guard
-    settled (the fast path, ``_LeafSites._fast``), and eager's own call of the module."""
-    import torch
-
-    with torch.no_grad():
-        for _ in range(60):  # learned, the dispatch timed, the fast path built
-            mod(x)
-        served = host_us_per_call(lambda: mod(x), dev, n)
-        fast = leaf.fast is not None
-        replaced = mod.__dict__.pop("forward")
-        try:
-            eager = host_us_per_call(lambda: mod(x), dev, n)
-        finally:
-            mod.forward = replaced
-    return {"leaf_served_us": served, "leaf_eager_us": eager, "leaf_fast": fast}
-
-
-def bench_json(r: Any, ws: Any) -> dict[str, Any]:
-    from forge_tui.e2e import config_shares, fold_shares
-    from forge_tui.promotion import manifest
-    from forge_tui.rewrites import REWRITES
-
-    out = r.to_json()
-    shares = {c.id: c.share or 0.0 for c in ws.cards()}
-    served = [c for c, n in r.served.items() if n]
-    man = manifest(ws)
-    folds = fold_shares(ws, man, r.served)
-    out["fold_share"] = sum(folds.values())
-    xs = config_shares(ws, man, r.served)
-    for kind in (rw.kind for rw in REWRITES.values() if rw.share_in_config):
-        out[f"{kind}_share"] = sum(v for c, v in xs.items() if man.entries[c].signature.kind == kind)
-    folds |= xs
-    # the cards' shares come from different measurements (the profile's, a rewrite card's own
-    # timing against the forward's), so their sum can pass the whole forward: the sum is kept,
-    # the share reported is at most 1
-    out["served_share_sum"] = sum(folds.get(c, shares.get(c, 0.0)) for c in served)
-    out["served_share"] = min(1.0, out["served_share_sum"])
-    # cards the compiled forward served whose kernel beat torch.compile's own for the card in
-    # isolation: where the 1.05x target applies (the kernels the op-by-op forward serves are not
-    # these: ResNet-50's batch norms are folded there and custom ops under torch.compile)
-    out["beats_compile_in_isolation"] = beats_compile(man, r.served_compiled)
-    sp = r.speedups.get("eager+forge")
-    if r.bound and sp:
-        out["of_bound"] = sp.median / r.bound
-        out["of_bound_way"] = (sp.median - 1) / (r.bound - 1) if r.bound > 1 else None
-    if r.own_bound and sp:
-        out["of_own_bound"] = sp.median / r.own_bound
-    return out
-
-
-def beats_compile(man: Any, served_compiled: dict[str, int]) -> list[str]:
-    """The cards served in the torch.compile + forge forwards whose kernel measured faster than
-    torch.compile's own code for the card in isolation."""
-    out = []
-    for c, n in served_compiled.items():
-        e = man.entries.get(c)
-        if n and e is not None and (e.evidence.speedup_vs_compile or 0) > 1.0:
-            out.append(c)
-    return out
-
-
-def _noisy_cards(ws: Any, cards: list[str]) -> list[str]:
-    """Those of ``cards`` with a correct kernel timed while the machine was busy ("noisy")."""
-    from forge_tui.search.store import SearchStore
-
-    with ws.git() as repo:
-        noisy = {r.card for r in SearchStore(repo).load().nodes if r.status == "noisy"}
-    return [c for c in cards if c in noisy]
-
 
 def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: Path, t_start: float,
                  tmp: Path) -> int:
@@ -359,10 +161,13 @@ def run_workload(name: str, opts: dict[str, Any], deadline: float, record_path: 
 def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record, tmp: Path) -> int:
     import torch
 
-    from forge_tui.e2e import bench
+    from forge_tui.e2e import BenchOptions, bench
+    from forge_tui.e2e.host_costs import measure_overhead, measure_per_call
+    from forge_tui.e2e.report import bench_json
     from forge_tui.promotion import AutoRule, approve, manifest
     from forge_tui.search.budget import CardBudget
     from forge_tui.search.events import EventBus
+    from forge_tui.search.retime import noisy_cards
     from forge_tui.session import Session
 
     dev = opts["device"]
@@ -468,7 +273,7 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     # a correct kernel timed while the machine was busy (its builds and the other evaluations in
     # flight) claims no speed: timed again, one at a time, it can compete (on the H200 the
     # decoder's generated RMSNorm and the diffusion's group_norm family kernel were left so)
-    noisy = _noisy_cards(ws, searched)
+    noisy = noisy_cards(ws, searched)
     if noisy and left() > opts["retime_reserve"]:
         t0 = time.time()
         with s.search(proposer="templates", backend=dev, bus=bus, cards=noisy) as again:
@@ -524,8 +329,9 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
         nonlocal served
         rec.log("bench: eager and eager + forge" + (" and their CUDA graphs" if opts.get("graphs") else "") +
                 (" (switching off kernels slower in the model)" if opts["switch_off"] else ""))
-        r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=False, switch_off=opts["switch_off"],
-                  only_faster=opts["only_faster"], graphs=opts.get("graphs", False))
+        r = bench(spec, ws, BenchOptions(device=dev, repeats=opts["repeats"], with_compile=False,
+                                         switch_off=opts["switch_off"], only_faster=opts["only_faster"],
+                                         graphs=opts.get("graphs", False)))
         d["bench_first"] = d["bench"] = bench_json(r, ws)
         d["bench_kind"] = "eager only, before the switch-off"
         served = [c for c, n in r.served.items() if n and c not in r.switched_off]
@@ -577,9 +383,10 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
             # 0.933x here, on a slow host, and kept its kernels)
             # a verdict to keep kernels under torch.compile is timed again in a process of its own,
             # within the workload's share (what comes after it: the CUDA graphs, the cards' own times)
-            r = bench(spec, ws, device=dev, repeats=opts["repeats"], with_compile=with_compile,
-                      switch_off=opts["switch_off"], only_faster=opts["only_faster"], graphs=opts.get("graphs", False),
-                      own_process_deadline=deadline - (20.0 if opts.get("graphs") else 5.0))
+            r = bench(spec, ws, BenchOptions(device=dev, repeats=opts["repeats"], with_compile=with_compile,
+                                             switch_off=opts["switch_off"], only_faster=opts["only_faster"],
+                                             graphs=opts.get("graphs", False),
+                                             own_process_deadline=deadline - (20.0 if opts.get("graphs") else 5.0)))
             d["bench"] = bench_json(r, ws)
             d["bench_kind"] = "four ways" if with_compile else "eager only, after the switch-off"
             show(r)
@@ -602,200 +409,7 @@ def _run_workload(name: str, opts: dict[str, Any], deadline: float, rec: Record,
     return 0
 
 
-# ---- targets ------------------------------------------------------------------------------------
-def _at_least(st: dict | None, x: float, never_below: bool = False) -> str:
-    """pass / FAIL on the paired ratio's median; a 'never below' target whose median misses x while
-    its q3 reaches it is not resolved by the measurement (neither pass nor fail)."""
-    if not st:
-        return "n/a"
-    if st["median"] >= x:
-        return "pass"
-    if never_below and st["q3"] >= x:
-        return f"unresolved (median {st['median']:.3f}x, q3 {st['q3']:.3f}x)"
-    return "FAIL"
-
-
-def targets(w: dict[str, Any]) -> dict[str, str]:
-    from forge_tui.e2e import AFTER_SWITCH_OFF, FRESH_COMPILE
-
-    name = Path(w["workload"]).stem.removeprefix("tiny_")
-    b = w.get("bench") or {}
-    sp = (b.get("speedups") or {}).get("eager+forge")
-    # torch.compile + forge against torch.compile: where the bench kept the kernels in compiled models,
-    # as timed again in a process of their own (the bench's own process is no sound baseline for it)
-    spc = (b.get("speedups") or {}).get(FRESH_COMPILE) or (b.get("speedups") or {}).get("compile+forge/compile")
-    out: dict[str, str] = {}
-    if not w.get("done"):
-        out["finished"] = "FAIL"
-    # what the model runs once the bench's switch-off is done: the kernels left, timed again, or,
-    # with every kernel off, eager's own code (apply installs nothing)
-    after = (b.get("speedups") or {}).get(AFTER_SWITCH_OFF)
-    served = [c for c, n in (b.get("served") or {}).items() if n]
-    all_off = bool(served) and all(c in (b.get("switched_off") or {}) for c in served)
-    measured = f"; measured with them: {sp['median']:.3f}x" if sp else ""
-    if sp is None and w.get("done") and "bench" not in w:
-        out["eager+forge >= 1.0x"] = "pass (nothing promoted: eager)"
-    elif all_off and _at_least(sp, 1.0) != "pass":
-        out["eager+forge >= 1.0x"] = f"pass after the switch-off (all {len(served)} kernels off: eager's code{measured})"
-    elif after:
-        out["eager+forge >= 1.0x"] = _at_least(after, 1.0, never_below=True) + f" (after the switch-off{measured})"
-    else:
-        out["eager+forge >= 1.0x"] = _at_least(sp, 1.0, never_below=True)
-    if name in SPEEDUP_TARGET:
-        goal = SPEEDUP_TARGET[name]
-        verdict = _at_least(after or ({"median": 1.0, "q1": 1.0, "q3": 1.0} if all_off else sp), goal)
-        bound = b.get("bound")
-        if verdict == "FAIL" and bound is not None and bound < goal:
-            # no runtime can reach it with these cards: say what is missing, not only that it failed
-            verdict += (f" (the served cards' bound is {bound:.3f}x: the rest of the forward needs kernels "
-                        f"for {goal}x)")
-        out[f"eager+forge >= {goal}x"] = verdict
-        spg = (b.get("speedups") or {}).get("graphs: forge/eager")
-        if spg is not None:  # with --graphs: the host's launch cost out of both
-            out[f"in CUDA graphs, eager+forge >= {SPEEDUP_TARGET[name]}x eager"] = _at_least(spg, SPEEDUP_TARGET[name])
-    out["compile+forge >= compile"] = _at_least(spc, 1.0, never_below=True)
-    off = [k for k in (b.get("switched_off") or {}) if k.endswith("(under torch.compile)")]
-    if off and out["compile+forge >= compile"] != "pass":
-        # what a user gets: the bench switched the kernels off for compiled models
-        out["compile+forge >= compile"] = (f"pass after the switch-off ({len(off)} kernels off under torch.compile; "
-                                           f"measured with them: {spc['median']:.3f}x)" if spc else "pass after the switch-off")
-    if b.get("beats_compile_in_isolation"):
-        out["compile+forge >= 1.05x compile"] = _at_least(spc, 1.05)
-        cb = b.get("compile_bound")
-        if out["compile+forge >= 1.05x compile"] == "FAIL" and cb is not None and cb < 1.05:
-            out["compile+forge >= 1.05x compile"] += (
-                f" (the cards served under torch.compile bound it at {cb:.3f}x by their isolated speedups over "
-                "torch.compile's kernels: 1.05x needs more of its forward beaten)")
-    else:
-        out["compile+forge >= 1.05x compile"] = "n/a (no served kernel beats torch.compile's in isolation)"
-    out[">= 90% of bound"] = _of_bound(b)
-    if any(v is not None for k, v in (b.get("outputs_agree") or {}).items() if "forge" in k):
-        out["outputs agree"] = "FAIL"
-    elif b:
-        out["outputs agree"] = "pass"
-    o = (w.get("overhead") or {}).get("nothing promoted")
-    if o is None:
-        out["overhead nothing promoted <= 1%"] = "n/a"
-    elif o["overhead"] <= 0.01:
-        out["overhead nothing promoted <= 1%"] = "pass"
-    elif o["q1"] <= 0.01:
-        out["overhead nothing promoted <= 1%"] = f"unresolved (median {100 * o['overhead']:+.2f}%, q1 {100 * o['q1']:+.2f}%)"
-    else:
-        out["overhead nothing promoted <= 1%"] = "FAIL"
-    return out
-
-
-def _of_bound(b: dict[str, Any]) -> str:
-    """The 90% target against the bound the forward is held to (``e2e.bound_basis``): where it
-    is bound by its device, the bound from the served cards' own times (their device time, the
-    host out), else the one from their isolated speedups; the other stated beside it."""
-    own = b.get("bound_basis") == "own times" and b.get("of_own_bound") is not None
-    ob = b.get("of_own_bound") if own else b.get("of_bound")
-    if ob is None:
-        return "n/a"
-    verdict = "pass" if ob >= 0.9 else "FAIL"
-    if own:
-        other = f"; {100 * b['of_bound']:.0f}% of isolation's {b['bound']:.3f}x" if b.get("of_bound") is not None else ""
-        return (f"{verdict} ({100 * ob:.0f}% of {b['own_bound']:.3f}x, the bound from the cards' device time: the "
-                f"forward is bound by its device{other})")
-    if b.get("of_own_bound") is not None:
-        return f"{verdict} ({100 * ob:.0f}%; {100 * b['of_own_bound']:.0f}% of the cards' own times' {b['own_bound']:.3f}x)"
-    return verdict
-
-
 # ---- the driver ---------------------------------------------------------------------------------
-def _fmt_ms(st: dict | None) -> str:
-    return "-" if not st else f"{st['median'] / 1000:.2f}±{(st['q3'] - st['q1']) / 2000:.2f}"
-
-
-def _fmt_x(st: dict | None) -> str:
-    return "-" if not st else f"{st['median']:.3f}x"
-
-
-def print_tables(report: dict[str, Any]) -> None:
-    from forge_tui.e2e import FRESH_COMPILE
-
-    ws_ = report["workloads"]
-    gpus = sorted({w["gpu"] for w in ws_.values() if w.get("gpu")})
-    torches = sorted({w["torch"] for w in ws_.values() if w.get("torch")})
-    print(f"\n{report['label']}{', ' + ', '.join(gpus) if gpus else ''}, torch {', '.join(torches) or '?'}, "
-          f"{report['date']}: {report['command']}")
-    print("times: median ± half the inter-quartile range; ratios: medians of paired runs; served: share of the "
-          "forward of the cards served; %bound: eager+forge / bound; own bnd: the bound from the served cards' own "
-          "times in this process (eager's ops against the served call; on cuda their device time), * where the "
-          "forward is bound by its device and held to it; ovh: overhead of the runtime over eager, with "
-          "nothing promoted and with every kernel installed but disabled (falling back); outputs: of the forge "
-          "variants, against eager (torch.compile + forge against torch.compile), agree* where torch.compile's own "
-          "differ from eager's; c+f/compile with + where the bench kept forge's kernels in compiled models: the "
-          "ratio timed again in a process of their own, which decided")
-    print(f"{'workload':15s} {'eager ms':>12s} {'+forge ms':>12s} {'compile ms':>12s} {'c+forge ms':>12s} "
-          f"{'forge/eager':>11s} {'c+f/compile':>11s} {'outputs':>8s} {'served':>7s} {'bound':>7s} {'%bound':>7s} "
-          f"{'own bnd':>8s} {'%own':>5s} {'ovh none':>9s} {'ovh fallbk':>10s}")
-    for name, w in ws_.items():
-        b = w.get("bench") or {}
-        t = b.get("times_us") or {}
-        sp = b.get("speedups") or {}
-        agree = b.get("outputs_agree")
-        agree_s = "-" if agree is None else ("agree" if all(v is None for k, v in agree.items() if "forge" in k)
-                                             else "DIFFER")
-        if agree and agree_s == "agree" and agree.get("compile"):
-            agree_s = "agree*"  # torch.compile's own outputs differ from eager's (its row in the log says how)
-        o = w.get("overhead") or {}
-        on = o.get("nothing promoted")
-        of = o.get("every kernel falling back")
-        eager = t.get("eager") or (w.get("profile") or {}).get("forward_us")
-        share = f"{100 * b['served_share']:.1f}%" if "served_share" in b else "-"
-        bound = f"{b['bound']:.3f}x" if b.get("bound") else "-"
-        of_bound = f"{100 * b['of_bound']:.0f}%" if b.get("of_bound") is not None else "-"
-        own = f"{b['own_bound']:.3f}x" if b.get("own_bound") else "-"
-        own += "*" if b.get("bound_basis") == "own times" else ""
-        of_own = f"{100 * b['of_own_bound']:.0f}%" if b.get("of_own_bound") is not None else "-"
-        ovh_none = f"{100 * on['overhead']:+.2f}%" if on else "-"
-        ovh_fb = f"{100 * of['overhead']:+.2f}%" if of else "-"
-        cfc = _fmt_x(sp.get("compile+forge/compile"))
-        if sp.get(FRESH_COMPILE):
-            cfc = f"{_fmt_x(sp[FRESH_COMPILE])}+"
-        print(f"{name:15s} {_fmt_ms(eager):>12s} {_fmt_ms(t.get('eager+forge')):>12s} {_fmt_ms(t.get('compile')):>12s} "
-              f"{_fmt_ms(t.get('compile+forge')):>12s} {_fmt_x(sp.get('eager+forge')):>11s} "
-              f"{cfc:>11s} {agree_s:>8s} {share:>7s} {bound:>7s} {of_bound:>7s} "
-              f"{own:>8s} {of_own:>5s} {ovh_none:>9s} {ovh_fb:>10s}")
-    graphed = {n: w for n, w in ws_.items() if "graphs: forge/eager" in ((w.get("bench") or {}).get("speedups") or {})}
-    if graphed:
-        print("\nin CUDA graphs (each forward captured once and replayed: the host's launch cost out of both)")
-        print(f"{'workload':15s} {'eager ms':>12s} {'+forge ms':>12s} {'forge/eager':>11s} {'q1 - q3':>15s}")
-        for name, w in graphed.items():
-            t, g = w["bench"]["times_us"], w["bench"]["speedups"]["graphs: forge/eager"]
-            print(f"{name:15s} {_fmt_ms(t.get('eager (graph)')):>12s} {_fmt_ms(t.get('eager+forge (graph)')):>12s} "
-                  f"{_fmt_x(g):>11s} {g['q1']:7.3f}-{g['q3']:.3f}")
-    print("\nper served kernel: host µs a call (guard + launch) | the guard alone | eager's ops for the card | "
-          "one eager op's launch")
-    for name, w in ws_.items():
-        pc = w.get("per_call") or {}
-        for cid, v in (pc.get("cards") or {}).items():
-            if "served_us" in v:
-                print(f"  {name:15s} {cid:42s} {v['served_us']:8.1f} | {v['guard_us'] or 0:6.1f} | "
-                      f"{v['eager_card_us']:8.1f} ({v['eager_ops']} ops) | {pc['eager_op_launch_us']:6.1f}"
-                      + (f"   first output alone: {v['served_first_us']:.1f}" if "served_first_us" in v else "")
-                      + (f"   leaf module call: {v['leaf_served_us']:.1f} served"
-                         f"{'' if v['leaf_fast'] else ' (no fast path)'} | {v['leaf_eager_us']:.1f} eager"
-                         if "leaf_served_us" in v else ""))
-            else:
-                print(f"  {name:15s} {cid:42s} {v.get('note')}")
-        for cid, why in ((w.get("bench_first") or {}).get("switched_off") or {}).items():
-            print(f"  {name:15s} switched off {cid}: {why}")
-        for note in w.get("notes", []):
-            print(f"  {name:15s} note: {note}")
-    print(f"\n{'workload':15s} phases (s)")
-    for name, w in ws_.items():
-        ph = w.get("phases_s") or {}
-        print(f"{name:15s} " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()) + f"; wall {w.get('wall_s', 0):.1f}"
-              + ("" if w.get("done") else f"  UNFINISHED: {w.get('error', '?')}"))
-    print(f"\n{'workload':15s} targets")
-    for name, w in ws_.items():
-        tg = w.get("targets") or {}
-        print(f"{name:15s} " + "; ".join(f"{k}: {v}" for k, v in tg.items()))
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workloads", nargs="*", help="example names or workload .py files "
@@ -871,6 +485,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from forge_tui.e2e.report import tables, targets
+
     if args.child:
         job = json.loads(Path(args.child).read_text())
         try:
@@ -945,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: done in {w['wall_s']:.0f} s; " + "; ".join(f"{a}: {b}" for a, b in w["targets"].items()))
     report["wall_s"] = round(time.time() - t_start, 1)
     save()
-    print_tables(report)
+    print(tables(report))
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nwritten: {out / 'e2e.json'}; wall {report['wall_s']:.0f} s")
     return 0

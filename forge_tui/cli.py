@@ -360,13 +360,14 @@ def cmd_bench(args) -> int:
         for what in g.mismatches():
             print(f"forge: error: tokens of {what}", file=sys.stderr)
         return 1 if g.mismatches() else 0
-    from .e2e import bench
+    from .e2e import BenchOptions, bench
+    from .e2e.accuracy import CHECKED_AGAINST
 
-    r = bench(args.workload, args.workspace, device=args.device, dtype=parse_dtype(args.dtype), repeats=args.repeats,
-              with_compile=not args.no_compile, switch_off=not args.keep_slower, only_faster=not args.all_kernels,
-              graphs=args.graphs)
+    options = BenchOptions(device=args.device, dtype=parse_dtype(args.dtype), repeats=args.repeats,
+                           with_compile=not args.no_compile, switch_off=not args.keep_slower,
+                           only_faster=not args.all_kernels, graphs=args.graphs)
+    r = bench(args.workload, args.workspace, options)
     print(json.dumps(r.to_json(), indent=1) if args.json else r.table())
-    from .e2e import CHECKED_AGAINST
 
     bad = r.forge_mismatches()
     for k, v in bad.items():

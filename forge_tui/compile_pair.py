@@ -5,7 +5,7 @@ sound baseline: a compiled forward bound by its host can run far slower inside t
 than in a fresh one, with the same kernels, the same Dynamo graph and no recompile, and then
 torch.compile + forge looks faster than torch.compile where a process of its own finds it slower
 (docs/benchmarks.md, "torch.compile's baseline"). The bench's verdict to keep forge's kernels in
-compiled models is therefore confirmed here (``e2e.fresh_compile_pair``): the model built afresh,
+compiled models is therefore confirmed here (``e2e.own_process.fresh_compile_pair``): the model built afresh,
 the kernels applied as ``Mode.TORCH_COMPILE`` gives them, both variants compiled and timed
 interleaved by the bench's protocol. The last line of stdout is a JSON object: the samples (µs)
 per variant and the calls served per card.
@@ -29,7 +29,7 @@ def time_pair(spec: str, workspace: str, *, device: str | None = None, dtype: st
     served per card in the compiled forwards."""
     import torch
 
-    from .e2e import GcPauses
+    from .e2e.memory import GcPauses
     from .runtime.apply import Mode, apply
     from .timing import Timer
     from .workload import load_workload, parse_dtype, resolve_device

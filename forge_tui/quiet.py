@@ -12,7 +12,7 @@ single-threaded kernel barely does, so a speedup measured then is fiction. Three
 
 ``Verdict`` collects which signals fired. The profiler retries a measurement with any and, if it
 stays loud, marks the time untrustworthy. The evaluator compares eager and a candidate with
-paired samples, which cancel load that holds (``evaluator.checks.Evaluation.time``): there these
+paired samples, which cancel load that holds (``evaluator.timing_protocol.TimedEvaluation.time``): there these
 signals choose the protocol (one thread each on a busy CPU) and are reported beside the verdict.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from forge_tui.compare import tolerance
-from forge_tui.evaluator.checks import Evaluation
+from forge_tui.evaluator.judge import Evaluation
 from forge_tui.program import run_program, run_program_float64
 
 ADD_SUB = {"nodes": [
@@ -167,7 +167,7 @@ class _Checker(_Judge):
 def test_check_outputs_arbitrates_only_on_the_evaluators_own_inputs():
     import pytest
 
-    from forge_tui.evaluator.checks import CandidateFailure
+    from forge_tui.evaluator.harness import CandidateFailure
 
     truth, eager = _sets()
     eager_off = eager.clone()

@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import timed_win
 
+from forge_tui.e2e import accuracy, bounds
+from forge_tui.e2e.host_costs import measure_per_call
+from forge_tui.e2e.report import beats_compile, tables, targets
+from forge_tui.search.retime import noisy_cards
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -66,54 +71,42 @@ def test_e2e_bench_small_on_one_workload(tmp_path):
 def test_a_speedup_target_beyond_the_served_cards_bound_says_so():
     """The moe's cards bound it at 1.060x: its 1.25x target fails, and the verdict says that no
     runtime could reach it with those cards; a bound above the target fails plainly."""
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_targets", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
 
     def ratio(m):
         return {"median": m, "q1": m - 0.01, "q3": m + 0.01}
 
     w = {"workload": "moe", "done": True, "bench": {"speedups": {"eager+forge": ratio(1.015)}, "bound": 1.06,
                                                     "of_bound": 0.96}}
-    verdict = bench.targets(w)["eager+forge >= 1.25x"]
+    verdict = targets(w)["eager+forge >= 1.25x"]
     assert verdict.startswith("FAIL") and "bound is 1.060x" in verdict, verdict
     w["bench"]["bound"] = 1.4
-    assert bench.targets(w)["eager+forge >= 1.25x"] == "FAIL"
+    assert targets(w)["eager+forge >= 1.25x"] == "FAIL"
     w["bench"]["speedups"]["eager+forge"] = ratio(1.3)
-    assert bench.targets(w)["eager+forge >= 1.25x"] == "pass"
+    assert targets(w)["eager+forge >= 1.25x"] == "pass"
 
 
 def test_the_compile_target_applies_to_the_cards_the_compiled_forward_serves():
     """ResNet-50 on the H200 (2026-12-04): its batch norms are folded op by op and served only as
     custom ops under torch.compile, where they beat torch.compile 1.9-9.2x in isolation; the 1.05x
     target over torch.compile applies to them, whatever eager + forge serves."""
-    import importlib.util
     from types import SimpleNamespace as NS
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_beats", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
 
     def entry(vs_compile):
         return NS(evidence=NS(speedup_vs_compile=vs_compile))
 
     man = NS(entries={"bn": entry(5.2), "slow": entry(0.8), "untimed": entry(None), "fold": entry(None)})
-    assert bench.beats_compile(man, {"bn": 106, "slow": 53, "untimed": 4}) == ["bn"]
-    assert bench.beats_compile(man, {"bn": 0, "gone": 3}) == []  # not served there, or not in the manifest
+    assert beats_compile(man, {"bn": 106, "slow": 53, "untimed": 4}) == ["bn"]
+    assert beats_compile(man, {"bn": 0, "gone": 3}) == []  # not served there, or not in the manifest
 
 
-def test_the_compile_targets_read_the_ratio_timed_in_a_process_of_its_own(capsys):
+def test_the_compile_targets_read_the_ratio_timed_in_a_process_of_its_own():
     """Where the bench kept forge's kernels in compiled models, the ratio timed again in a process
     of its own (``FRESH_COMPILE``) is what the torch.compile targets and the summary read."""
-    import importlib.util
 
     from forge_tui.e2e import FRESH_COMPILE
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_fresh", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
 
     def ratio(m):
         return {"median": m, "q1": m - 0.01, "q3": m + 0.01}
@@ -121,16 +114,16 @@ def test_the_compile_targets_read_the_ratio_timed_in_a_process_of_its_own(capsys
     w = {"workload": "resnet50", "done": True,
          "bench": {"speedups": {"eager+forge": ratio(1.4), "compile+forge/compile": ratio(1.3),
                                 FRESH_COMPILE: ratio(1.07)}, "beats_compile_in_isolation": ["bn"]}}
-    t = bench.targets(w)
+    t = targets(w)
     assert t["compile+forge >= compile"] == "pass" and t["compile+forge >= 1.05x compile"] == "pass"
-    bench.print_tables({"label": "GPU", "date": "today", "command": "e2e_bench.py resnet50",
-                        "workloads": {"resnet50": w | {"targets": t}}})
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("resnet50 "))
+    printed = tables({"label": "GPU", "date": "today", "command": "e2e_bench.py resnet50",
+                      "workloads": {"resnet50": w | {"targets": t}}})
+    row = next(line for line in printed.splitlines() if line.startswith("resnet50 "))
     assert "1.070x+" in row and "1.300x" not in row, row  # the summary's c+f/compile: the own process's
     w["bench"]["speedups"][FRESH_COMPILE] = ratio(1.02)
-    assert bench.targets(w)["compile+forge >= 1.05x compile"] == "FAIL"  # the bench's own 1.3x does not count
+    assert targets(w)["compile+forge >= 1.05x compile"] == "FAIL"  # the bench's own 1.3x does not count
     del w["bench"]["speedups"][FRESH_COMPILE]
-    assert bench.targets(w)["compile+forge >= 1.05x compile"] == "pass"
+    assert targets(w)["compile+forge >= 1.05x compile"] == "pass"
 
 
 def test_the_compile_bound_weighs_each_served_card_by_torch_compiles_own_time():
@@ -139,10 +132,9 @@ def test_the_compile_bound_weighs_each_served_card_by_torch_compiles_own_time():
     runs in 10 µs of latency (no device time), ours 0.8x (2.5 µs lost each); a fold card without
     torch.compile's time and a card not served count nothing. Over a 1000 µs forward the bound is
     1000 / (1000 - 7); a FAIL of the 1.05x target under it says the cards cannot reach it."""
-    import importlib.util
     from types import SimpleNamespace as NS
 
-    from forge_tui.e2e import compile_bound
+    from forge_tui.e2e.bounds import compile_bound
 
     def entry(sp, basis, device_us, us):
         return NS(evidence=NS(speedup_vs_compile=sp, compile_basis=basis, compile_device_us=device_us, compile_us=us))
@@ -154,46 +146,39 @@ def test_the_compile_bound_weighs_each_served_card_by_torch_compiles_own_time():
     assert compile_bound(ws, man, served, 1000.0) == pytest.approx(1000.0 / (1000.0 - 7.0))
     assert compile_bound(ws, man, {"fold": 10}, 1000.0) is None
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_cbound", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     ratio = {"median": 1.004, "q1": 1.0, "q3": 1.01}
     w = {"workload": "decoder", "done": True,
          "bench": {"speedups": {"compile+forge/compile": ratio}, "beats_compile_in_isolation": ["rms"],
                    "compile_bound": 1.007}}
-    verdict = bench.targets(w)["compile+forge >= 1.05x compile"]
+    verdict = targets(w)["compile+forge >= 1.05x compile"]
     assert verdict.startswith("FAIL") and "bound it at 1.007x" in verdict, verdict
     w["bench"]["compile_bound"] = 1.2
-    assert bench.targets(w)["compile+forge >= 1.05x compile"] == "FAIL"
+    assert targets(w)["compile+forge >= 1.05x compile"] == "FAIL"
 
 
 def test_never_below_eager_is_judged_on_the_model_as_the_switch_off_left_it():
     """A final bench that measured forge slower and switched every kernel off passes "never below
     1.0x" (the model runs eager's code from then on) and fails the speedup target; with some left
     on, the verdicts read the forward timed again with them; with none off, the measurement."""
-    import importlib.util
 
     from forge_tui.e2e import AFTER_SWITCH_OFF
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_never_below", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
 
     def ratio(m):
         return {"median": m, "q1": m - 0.01, "q3": m + 0.01}
 
     b = {"speedups": {"eager+forge": ratio(0.933)}, "served": {"gn": 4, "sm": 1, "idle": 0},
          "switched_off": {"gn": "slower", "sm": "slower"}}
-    t = bench.targets({"workload": "diffusion", "done": True, "bench": b})
+    t = targets({"workload": "diffusion", "done": True, "bench": b})
     assert t["eager+forge >= 1.0x"].startswith("pass after the switch-off (all 2 kernels off"), t
     assert "0.933x" in t["eager+forge >= 1.0x"] and t["eager+forge >= 1.25x"] == "FAIL"
     b["switched_off"] = {"sm": "slower"}
     b["speedups"][AFTER_SWITCH_OFF] = ratio(1.3)
-    t = bench.targets({"workload": "diffusion", "done": True, "bench": b})
+    t = targets({"workload": "diffusion", "done": True, "bench": b})
     assert t["eager+forge >= 1.0x"].startswith("pass (after the switch-off") and t["eager+forge >= 1.25x"] == "pass"
     b["switched_off"] = {}
     del b["speedups"][AFTER_SWITCH_OFF]
-    t = bench.targets({"workload": "diffusion", "done": True, "bench": b})
+    t = targets({"workload": "diffusion", "done": True, "bench": b})
     assert t["eager+forge >= 1.0x"] == "FAIL" and t["eager+forge >= 1.25x"] == "FAIL"
 
 
@@ -211,7 +196,7 @@ def test_a_routing_flip_that_eager_shares_in_kind_agrees_against_fp32():
     when it is as accurate as eager against the model in fp32; a variant that is wrong does not."""
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     g = torch.Generator().manual_seed(0)
     x32 = torch.randn(4096, 8, generator=g)
@@ -246,7 +231,7 @@ def test_a_routing_flip_that_eager_shares_in_kind_agrees_against_fp32():
 def test_compile_plus_forge_is_held_to_compile_not_eager():
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     eager = torch.randn(1000)
     compiled = eager + 0.5  # torch.compile's own difference: not forge's
@@ -261,7 +246,7 @@ def test_compile_plus_forge_less_accurate_than_compile_but_not_than_eager_agrees
     never worse than eager, which is the bar a user's model already meets."""
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     g = torch.Generator().manual_seed(1)
     truth = torch.randn(20000, generator=g)
@@ -283,7 +268,7 @@ def test_the_fp32_judgement_never_excuses_wrong_indices_or_an_overflowed_baselin
     whose own error is not finite (an overflow) vouches for nothing."""
     import torch
 
-    from forge_tui.e2e import _judge_outputs
+    from forge_tui.e2e.accuracy import judge_outputs as _judge_outputs
 
     ids = torch.tensor([1, 2, 3, 4])
     agree, _ = _judge_outputs({"eager+forge": torch.tensor([4, 3, 2, 1])}, ids, lambda: ids)
@@ -304,16 +289,12 @@ def test_the_per_call_table_times_a_leaf_module_as_the_model_calls_it(tmp_path):
     """A card served in a leaf module (nn.LayerNorm's op card): the per-call table also times the
     module's own call, served (through its fast path, once settled) and eager, on the card's
     captured input."""
-    import importlib.util
 
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
     from forge_tui.workspace import profile_into_workspace
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_leaf", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     timing = {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}
     (tmp_path / "forge.toml").write_text("[timing]\n" + "".join(f"{k} = {v}\n" for k, v in timing.items()))
     path = ROOT / "tests" / "data" / "workloads" / "layernorm.py"
@@ -324,7 +305,7 @@ def test_the_per_call_table_times_a_leaf_module_as_the_model_calls_it(tmp_path):
         r = ev.evaluate(card, src)
     assert r.correct, r.reason
     promote_kernel(ws, card.id, src, r, by="test")
-    pc = bench.measure_per_call(str(path), ws, "cpu", [card.id], 50)
+    pc = measure_per_call(str(path), ws, "cpu", [card.id], 50)
     v = pc["cards"][card.id]
     assert v["served_us"] > 0 and v["leaf_fast"] is True, v
     assert v["leaf_served_us"] > 0 and v["leaf_eager_us"] > 0
@@ -336,7 +317,6 @@ def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
     same answers as at once."""
     import torch
 
-    from forge_tui import e2e
 
     g = torch.Generator().manual_seed(0)
     y = torch.randn(30, 10, generator=g).to(torch.bfloat16).t()  # not contiguous: 300 elements
@@ -344,13 +324,13 @@ def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
     x[5, 25] += 1.0  # flat index 5 * 30 + 25 = 175
     nan = y.clone()
     nan[9, 29] = float("nan")  # the last element
-    whole = (e2e._agree(x, y), e2e.relative_error(x, y), e2e._agree(y.clone(), y), e2e.relative_error(nan, y))
+    whole = (accuracy._agree(x, y), accuracy.relative_error(x, y), accuracy._agree(y.clone(), y), accuracy.relative_error(nan, y))
     assert whole[0] is not None and whole[2] is None and whole[1] > 0 and whole[3] == float("inf")
     sizes = []
-    real = e2e.compare
-    monkeypatch.setattr(e2e, "compare", lambda a, b, *args, **kw: sizes.append(b.numel()) or real(a, b, *args, **kw))
-    monkeypatch.setattr(e2e, "CHUNK", 64)
-    sliced = (e2e._agree(x, y), e2e.relative_error(x, y), e2e._agree(y.clone(), y), e2e.relative_error(nan, y))
+    real = accuracy.compare
+    monkeypatch.setattr(accuracy, "compare", lambda a, b, *args, **kw: sizes.append(b.numel()) or real(a, b, *args, **kw))
+    monkeypatch.setattr(accuracy, "CHUNK", 64)
+    sliced = (accuracy._agree(x, y), accuracy.relative_error(x, y), accuracy._agree(y.clone(), y), accuracy.relative_error(nan, y))
     assert max(sizes) == 64 and len(sizes) == 3 + 5  # up to the bad slice; every slice of the good one
     assert "elements 128 to 191" in sliced[0]
     assert sliced[1] == pytest.approx(whole[1], rel=1e-12) and sliced[2] is None and sliced[3] == float("inf")
@@ -359,24 +339,20 @@ def test_whole_model_outputs_are_compared_a_slice_at_a_time(monkeypatch):
 def test_the_cards_to_time_again_are_those_with_a_noisy_kernel(tmp_path):
     """After the search the bench times again the kernels a busy machine left untimed: the cards
     it asks for are the searched ones with a correct kernel timed "noisy", no other."""
-    import importlib.util
 
     from search_helpers import CountingProposer, FakePool, make_workspace, synthetic_card
 
     from forge_tui.config import parse_config
     from forge_tui.search.runner import Search
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_noisy", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     cards = [synthetic_card(c, share=0.3, time_us=100.0, floor_us=10.0) for c in ("a", "b", "c")]
     ws = make_workspace(tmp_path / "ws", cards)
     pool = FakePool(status=lambda card, src: "noisy" if card.id == "b" else "passed")
     Search(ws, parse_config({"search": {"max_evals": 6, "evals_per_card": 2, "parallel": 1, "min_gain": 0.0}}),
            CountingProposer(), pool).run()
     pool.close()
-    assert bench._noisy_cards(ws, ["a", "b", "c"]) == ["b"]
-    assert bench._noisy_cards(ws, ["a", "c"]) == []
+    assert noisy_cards(ws, ["a", "b", "c"]) == ["b"]
+    assert noisy_cards(ws, ["a", "c"]) == []
 
 
 def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_times():
@@ -386,10 +362,8 @@ def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_t
     would not serve on its captured inputs) counts what isolation promises. Replayed from CUDA graphs eager's forward takes 95% of its op-by-op
     time, so the forward is bound by its device and the 90% target reads the bound from the
     cards' own times; a forward whose graphs run at half its op-by-op time reads isolation's."""
-    import importlib.util
     from types import SimpleNamespace as NS
 
-    from forge_tui import e2e
     from forge_tui.timing import Stats
 
     ws = NS(cards=lambda: [NS(id="rms", calls=17, share=17 * 152 / 20000, kind="module", module_paths=["n"]),
@@ -401,28 +375,25 @@ def test_a_forward_bound_by_its_device_is_held_to_the_bound_from_the_cards_own_t
     man = NS(entries={"rms": entry(152 / 14), "gelu": entry(2.0), "idle": entry(3.0)})
     served = {"rms": 17, "gelu": 1, "idle": 0}
     own = {"rms": (100.0, 14.0)}
-    saved = e2e.own_saved_us(ws, man, served, 20000.0, own)
+    saved = bounds.own_saved_us(ws, man, served, 20000.0, own)
     assert saved == {"rms": pytest.approx(17 * 86.0), "gelu": pytest.approx(0.1 * 0.5 * 20000.0)}
-    assert e2e.own_bound(ws, man, served, 20000.0, own) == pytest.approx(20000.0 / (20000.0 - 17 * 86.0 - 1000.0))
-    assert e2e.own_bound(ws, man, served, 20000.0, {}) is None
+    assert bounds.own_bound(ws, man, served, 20000.0, own) == pytest.approx(20000.0 / (20000.0 - 17 * 86.0 - 1000.0))
+    assert bounds.own_bound(ws, man, served, 20000.0, {}) is None
 
     def st(x):
         return Stats.from_samples([x])
 
-    assert e2e.bound_basis({"eager": st(20000.0), "eager (graph)": st(19000.0)}) == "own times"
-    assert e2e.bound_basis({"eager": st(8000.0), "eager (graph)": st(4000.0)}) == "isolation"
-    assert e2e.bound_basis({"eager": st(20000.0)}) == "isolation"
+    assert bounds.bound_basis({"eager": st(20000.0), "eager (graph)": st(19000.0)}) == "own times"
+    assert bounds.bound_basis({"eager": st(8000.0), "eager (graph)": st(4000.0)}) == "isolation"
+    assert bounds.bound_basis({"eager": st(20000.0)}) == "isolation"
 
-    spec = importlib.util.spec_from_file_location("e2e_bench_own", ROOT / "bench" / "e2e_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     ratio = {"median": 1.37, "q1": 1.35, "q3": 1.40}
     b = {"speedups": {"eager+forge": ratio}, "bound": 1.72, "of_bound": 1.37 / 1.72, "own_bound": 1.45,
          "of_own_bound": 1.37 / 1.45, "bound_basis": "own times"}
-    verdict = bench.targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
+    verdict = targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
     assert verdict.startswith("pass (94% of 1.450x") and "80% of isolation's 1.720x" in verdict, verdict
     b["bound_basis"] = "isolation"
-    verdict = bench.targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
+    verdict = targets({"workload": "decoder", "done": True, "bench": b})[">= 90% of bound"]
     assert verdict.startswith("FAIL (80%;") and "94% of the cards' own times' 1.450x" in verdict, verdict
 
 
@@ -449,12 +420,32 @@ def test_the_bench_says_when_the_shares_it_bounds_by_sum_past_the_forward():
     shares are kept as profiled (a bound that errs high), and the bench says so."""
     from types import SimpleNamespace as NS
 
-    from forge_tui import e2e
 
     def ws_with(summary):
         return NS(profile_summary=lambda: summary)
 
-    note = e2e.shares_note(ws_with({"coverage": {"op": 1.934, "module": 0.6}}))
+    note = bounds.shares_note(ws_with({"coverage": {"op": 1.934, "module": 0.6}}))
     assert note is not None and "sum to 193% of the forward" in note
-    assert e2e.shares_note(ws_with({"coverage": {"op": 0.98, "module": 0.6}})) is None
-    assert e2e.shares_note(ws_with({})) is None
+    assert bounds.shares_note(ws_with({"coverage": {"op": 0.98, "module": 0.6}})) is None
+    assert bounds.shares_note(ws_with({})) is None
+
+
+def test_bench_options_refuse_what_cannot_be_measured_and_say_which_verdicts_run(tmp_path, capsys):
+    """``BenchOptions``: no repeats or a negative warm-up is refused by name, before anything is
+    built (``forge bench --repeats 0`` exits non-zero with one line); the torch.compile verdict
+    follows ``switch_off`` unless ``switch_off_compile`` says otherwise."""
+    from forge_tui.cli import main
+    from forge_tui.e2e import BenchOptions
+    from forge_tui.errors import ForgeError
+
+    with pytest.raises(ForgeError, match="repeats must be at least 1, got 0"):
+        BenchOptions(repeats=0)
+    with pytest.raises(ForgeError, match="warmup must be 0 or more, got -1"):
+        BenchOptions(warmup=-1)
+    assert main(["bench", "example:tiny_mlp", "-w", str(tmp_path / "ws"), "--repeats", "0"]) != 0
+    assert "forge: error: repeats must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
+    assert BenchOptions().compile_verdict() is True
+    assert BenchOptions(switch_off=False).compile_verdict() is False
+    assert BenchOptions(switch_off=False, switch_off_compile=True).compile_verdict() is True
+    assert BenchOptions(switch_off_compile=False).compile_verdict() is False

@@ -53,20 +53,18 @@ def test_the_copy_timed_as_a_candidate_is_a_card_of_the_same_bytes_and_a_kernel_
     """codegen_bench.py's reference for the 85% target on the GPU: a copy of the card's bytes, of
     its dtype, as a module card, evaluated as a candidate (here: the card and the build; the
     timing needs the GPU)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import codegen_bench as cb
-
+    from forge_tui.codegen_targets import COPY_KERNEL, COPY_WORKLOAD
     from forge_tui.evaluator.build import Builder
     from forge_tui.workspace import profile_into_workspace
 
     nbytes = 3 * 4096 * 2 * 2  # a 3-tensor bf16 card of 4096 elements each
     n = nbytes // 2 // 2 // 16 * 16
     spec = tmp_path / "copy.py"
-    spec.write_text(cb.COPY_WORKLOAD.format(n=n, dtype="bfloat16"))
+    spec.write_text(COPY_WORKLOAD.format(n=n, dtype="bfloat16"))
     ws, _ = profile_into_workspace(spec, tmp_path / "ws", device="cpu")
     cards = [c for c in ws.cards() if c.kind == "module"]
     assert len(cards) == 1 and cards[0].bytes == 2 * n * 2 and cards[0].dtype == "bfloat16"
-    res = Builder("cuda", tmp_path / "build", arch="sm_90").build(cb.COPY_KERNEL.replace("{itemsize}", "2"))
+    res = Builder("cuda", tmp_path / "build", arch="sm_90").build(COPY_KERNEL.replace("{itemsize}", "2"))
     assert res.ok, res.log[:2000]
 
 
@@ -75,16 +73,15 @@ def test_the_torch_compile_target_reads_device_time_where_measured():
     charges torch.compile's call of the card alone its guards and wrappers (a compiled model pays
     them once a graph); where the device's times were measured, ours against torch.compile's code
     on the device decides, within 3% where torch.compile runs at 90% of a copy or more."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import codegen_bench as cb
+    from forge_tui.codegen_targets import targets
 
     best = {"speedup_vs_eager": 8.0, "compile_us": 90.0, "speedup_vs_compile": 5.9, "time_us": 15.0}
     case = {"best": best, "first_correct": 1, "copy_us": 16.0, "bytes": 1 << 20}
-    assert cb.targets(case, "cuda", 20, 64 << 20)["vs_compile"] is True  # latency: 5.9x
+    assert targets(case, "cuda", 20, 64 << 20)["vs_compile"] is True  # latency: 5.9x
     case["device_time"] = {"speedup_vs_compile_device": 0.92, "compile_pct_copy_device": 80.0}
-    assert cb.targets(case, "cuda", 20, 64 << 20)["vs_compile"] is False  # its kernel is faster
+    assert targets(case, "cuda", 20, 64 << 20)["vs_compile"] is False  # its kernel is faster
     case["device_time"] = {"speedup_vs_compile_device": 0.98, "compile_pct_copy_device": 93.0}
-    t = cb.targets(case, "cuda", 20, 64 << 20)
+    t = targets(case, "cuda", 20, 64 << 20)
     assert t["vs_compile"] is True and t["compile_at_floor"] is True  # within 3% of a kernel at the floor
     case["device_time"]["compile_pct_copy_device"] = 85.0
-    assert cb.targets(case, "cuda", 20, 64 << 20)["vs_compile"] is False
+    assert targets(case, "cuda", 20, 64 << 20)["vs_compile"] is False

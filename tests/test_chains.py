@@ -13,7 +13,7 @@ from torch import nn
 
 from forge_tui.codegen import Generated
 from forge_tui.config import parse_config
-from forge_tui.e2e import scope_notes
+from forge_tui.e2e.scopes import scope_notes
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import promote_kernel
 from forge_tui.runtime.apply import apply

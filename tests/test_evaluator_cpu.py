@@ -98,7 +98,7 @@ def test_the_sets_a_gpu_sample_holds_fit_an_eighth_of_its_free_memory(cards, mon
     import torch
 
     from forge_tui.config import TimingConfig
-    from forge_tui.evaluator.checks import Evaluation
+    from forge_tui.evaluator.judge import Evaluation
 
     _, card = cards["softmax"]
     big = card.model_copy(update={"inputs": [i.model_copy(update={"shape": [4096, 4096]}) for i in card.inputs],
@@ -182,7 +182,7 @@ def test_static_checks_reject_with_a_readable_reason(evaluators, cards, filename
 def test_impossible_time_is_flagged_not_rewarded():
     """A time under 90% of the floor rejects the candidate (the floor itself is one eager does not
     beat: ``test_load.test_a_floor_eager_itself_beats_is_not_a_floor``)."""
-    from forge_tui.evaluator.checks import timing_verdict
+    from forge_tui.evaluator.timing_protocol import timing_verdict
 
     timing = {"impossible": True, "quiet": True, "candidate": {"median": 2.0}, "floor_us": 4.0, "noisy_reasons": []}
     status, reason, failure = timing_verdict(timing)
@@ -206,7 +206,7 @@ def test_a_floor_within_the_timers_resolution_is_not_called_impossible():
     """A decode-sized card's floor (0.06 µs) is far inside the CUDA timer's spread: a correct kernel
     measuring 0.00 µs after the overhead is subtracted is noise, not a cheat (on the H200 one such
     silu*mul candidate was rejected); on a card the timer resolves, the rule stands."""
-    from forge_tui.evaluator.checks import impossible_time
+    from forge_tui.evaluator.timing_protocol import impossible_time
 
     assert not impossible_time(0.0, 0.06, 2.5)
     assert impossible_time(1.0, 30.0, 2.5) and impossible_time(1.0, 30.0, 0.0)
@@ -347,7 +347,7 @@ def test_two_runs_that_differ_within_rounding_pass_and_say_so(evaluators, cards)
 def test_impossible_means_under_90_percent_of_the_floor():
     """The line is 90% of the floor, no lower (a candidate at 20% of its floor is not 'possible')
     and no higher (one at 92% is)."""
-    from forge_tui.evaluator.checks import impossible_time
+    from forge_tui.evaluator.timing_protocol import impossible_time
 
     assert impossible_time(26.0, 30.0, 0.0)       # 87%
     assert impossible_time(6.0, 30.0, 2.5)        # 20%, a floor the timer resolves
@@ -405,7 +405,7 @@ def test_a_nan_where_the_reference_is_inf_is_not_the_nan_poison_on_special_sets(
     is finite still is; and outside the special sets nothing changes."""
     import torch
 
-    from forge_tui.evaluator.checks import Evaluation
+    from forge_tui.evaluator.judge import Evaluation
 
     nan, inf = float("nan"), float("inf")
     o = torch.tensor([nan, nan, 1.0, nan])

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from forge_tui.cli import main
-from forge_tui.e2e import switch_off_units
+from forge_tui.e2e.switch_off import switch_off_units
 from forge_tui.examples import tiny_resnet
 from forge_tui.promotion import kernels_dir, manifest
 from forge_tui.runtime import fold as fold_mod
@@ -266,7 +266,8 @@ def test_fold_promotes_by_the_threshold_asked(folded_ws, capsys):
 def test_the_bound_counts_a_fold_by_its_pairs_share_and_speedup(folded_ws):
     """A fold card's share is its pairs' (the convolution's op cards and the batch norm's module
     card, per site), and its speedup the pair's against the folded convolution."""
-    from forge_tui.e2e import _bound, fold_shares
+    from forge_tui.e2e.bounds import fold_shares
+    from forge_tui.e2e.bounds import isolation_bound as _bound
 
     man = manifest(folded_ws)
     folds = [c for c, e in man.entries.items() if e.signature.kind == "fold"]

@@ -4,7 +4,6 @@ Llama, bare and with a workspace's kernels applied), its batch buckets and their
 decode step with a host sync is not captured. CUDA graphs are replaced by a stand-in capture that
 records what it is asked to capture and replays by calling it (the CPU has no graphs)."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,12 +62,11 @@ def _prompts(batch: int, vocab: int = 256, length: int = 16, seed: int = 3):
 
 
 def _llama():
-    sys.path.insert(0, str(ROOT / "bench" / "workloads"))
-    try:
-        import hf_llama_gen
-    finally:
-        sys.path.remove(str(ROOT / "bench" / "workloads"))
-    return hf_llama_gen.get_model("cpu"), hf_llama_gen
+    """The device bench's Llama workload, loaded as ``forge`` loads a workload file."""
+    from forge_tui.workload import load_workload
+
+    module = load_workload(ROOT / "bench" / "workloads" / "hf_llama_gen.py").module
+    return module.get_model("cpu"), module
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Load delays the verdict; it does not deny it. The judge's timing protocol (``Evaluation.time``)
+"""Load delays the verdict; it does not deny it. The judge's timing protocol (``TimedEvaluation.time``)
 run in this process on scripted times: a stand-in for the runner computes the card honestly and
 reports the call times a script gives, eager's samples come from the same script, and the
 calibration workload says what the test wants. Nothing here depends on this machine's speed or
@@ -19,8 +19,8 @@ import torch
 from judge_helpers import softmax_card
 
 from forge_tui.config import TimingConfig
-from forge_tui.evaluator import checks
-from forge_tui.evaluator.checks import Evaluation
+from forge_tui.evaluator import judge, timing_protocol
+from forge_tui.evaluator.judge import Evaluation
 from forge_tui.evaluator.request import JudgeOptions, JudgeRequest
 from forge_tui.program import run_program
 from forge_tui.quiet import Calibration
@@ -129,7 +129,8 @@ class ScriptedEvaluation(Evaluation):
 @pytest.fixture(autouse=True)
 def _quiet_host(monkeypatch):
     """No other thread ready to run, unless a test says otherwise."""
-    monkeypatch.setattr(checks, "oversubscription", lambda: 0.5)
+    for module in (timing_protocol, judge):
+        monkeypatch.setattr(module, "oversubscription", lambda: 0.5)
 
 
 def timed(script, **kw):
@@ -192,7 +193,8 @@ def test_a_busy_machine_times_both_sides_on_one_thread():
 
 
 def test_threads_ready_to_run_beyond_the_cpus_make_the_machine_busy(monkeypatch):
-    monkeypatch.setattr(checks, "oversubscription", lambda: 1.5)
+    for module in (timing_protocol, judge):
+        monkeypatch.setattr(module, "oversubscription", lambda: 1.5)
     ev, t = timed(Script(lambda r: (30.0, 20.0)), threads=2)
     assert t["protocol"]["threads"] == 1 and "threads ready to run" in t["threads_note"]
 

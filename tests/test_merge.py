@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge_tui.cli import main
-from forge_tui.e2e import _bound, config_shares, switch_off_units
+from forge_tui.e2e.bounds import config_shares
+from forge_tui.e2e.bounds import isolation_bound as _bound
+from forge_tui.e2e.switch_off import switch_off_units
 from forge_tui.promotion import kernels_dir, manifest
 from forge_tui.rewrites.merge import find_siblings
 from forge_tui.runtime import merge as merge_mod

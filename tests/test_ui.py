@@ -469,10 +469,10 @@ def test_bad_workspace_shows_error_without_crashing(tmp_path):
 
 
 def test_serve_command_drops_the_serve_flags():
-    from forge_tui.ui.app import serve_command
+    from forge_tui.ui.startup import serve_command
 
     cmd = serve_command(["ws", "--serve", "--port", "9000", "--proposer", "templates", "--host=0.0.0.0"])
-    assert cmd.endswith("-m forge_tui.ui.app ws --proposer templates")
+    assert cmd.endswith("-m forge_tui.ui.startup ws --proposer templates")
 
 
 # ---- describe an op ------------------------------------------------------------------------------

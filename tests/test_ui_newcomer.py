@@ -543,7 +543,8 @@ import sys, threading
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from ui_fixtures import FixtureBackend, FixtureDescriber, ScriptedSearch
-from forge_tui.ui.app import ForgeApp, finish
+from forge_tui.ui.app import ForgeApp
+from forge_tui.ui.startup import finish
 
 from concurrent.futures import ThreadPoolExecutor
 

@@ -195,7 +195,8 @@ def _serve(fd_in: int, fd_out: int, device: str) -> int:
     send = Connection(fd_out, readable=False)
     import torch  # noqa: F401 - imported once, before the first request
 
-    from .checks import FatalDeviceError, evaluate_in_worker
+    from .harness import FatalDeviceError
+    from .judge import evaluate_in_worker
 
     state: dict = {}
     while True:

@@ -9,7 +9,7 @@ earlier retime of it. Plain functions over (node id, status, move), shared by th
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 RETIME = "retime "
 """A retimed node's move: ``retime <the node it times again>``."""
@@ -44,3 +44,13 @@ def untimed(nodes: Iterable[tuple[str, str, str]]) -> list[str]:
         if status == "noisy" and retimed_node(move) is None and nid not in judged and nid not in out:
             out.append(nid)
     return out
+
+
+def noisy_cards(ws: Any, cards: list[str]) -> list[str]:
+    """Those of ``cards`` with a correct kernel timed while the machine was busy ("noisy") in the
+    workspace's search history."""
+    from .store import SearchStore
+
+    with ws.git() as repo:
+        noisy = {r.card for r in SearchStore(repo).load().nodes if r.status == "noisy"}
+    return [c for c in cards if c in noisy]

@@ -4,7 +4,8 @@
 with live progress); ``--search`` starts a search once the workspace is loaded (otherwise ``g``
 does). ``forge-tui`` alone is the demo: it profiles the bundled CPU example into ``workspaces/demo``
 the first time, then the guide line leads through search, approval, and the model run end to end.
-``forge-tui --serve`` serves the same app to a browser (textual-serve).
+``forge-tui --serve`` serves the same app to a browser (textual-serve). The command line and the
+process's end are in ``startup``.
 
 Architecture: a feed (a live search's event bus, or the events rebuilt from git for a replay)
 posts typed messages (``messages.py``); the app folds live events into one ``SearchState`` and
@@ -15,17 +16,12 @@ the event log and a notification), never a dead app.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-import shlex
-import sys
 import threading
 import time
 import traceback
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -39,6 +35,7 @@ from ..profiler.trust import distrust
 from ..search.retime import untimed
 from .backend import Backend, BenchOutcome
 from .describe_api import Describer
+from .executor import DaemonExecutor
 from .feed import LiveFeed
 from .messages import (
     BenchDone,
@@ -69,40 +66,10 @@ if TYPE_CHECKING:
     from ..runtime.manifest import Entry
     from ..search.runner import Search
 
-DEMO_WORKLOAD = "example:tiny_decoder"
-DEMO_WORKSPACE = Path("workspaces") / "demo"
-DEMO_SEARCH = {"max_evals": 12, "evals_per_card": 4, "parallel": 2, "top": 4}
 RETIME_WAIT_S = (10.0, 20.0, 40.0, 60.0)
 """Seconds between rounds of timing untimed kernels again, round by round (the last repeats)."""
 CARDS_WAIT_S = (20.0, 60.0)
 """Seconds between tries at timing the untrusted cards of the profile again (the last repeats)."""
-
-
-class DaemonExecutor(ThreadPoolExecutor):
-    """The event loop's executor for the app's thread workers: each call on a daemon thread of its
-    own, and a shutdown that waits for none of them. With asyncio's default executor the loop's
-    end joins every worker still running (a model run, an evaluation), so ``q`` waited for them;
-    here the app ends at once, and ``finish`` ends the process."""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=1)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "Future[Any]":
-        fut: Future[Any] = Future()
-
-        def run() -> None:
-            if not fut.set_running_or_notify_cancel():
-                return
-            try:
-                fut.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting worker
-                fut.set_exception(exc)
-
-        threading.Thread(target=run, daemon=True, name="forge-tui-worker").start()
-        return fut
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        pass
 
 
 def short_reason(reason: str) -> str:
@@ -765,81 +732,3 @@ class ForgeApp(App[None]):
         search = self._search
         if search is not None:
             search.abandon(timeout)
-
-
-def finish(app: ForgeApp) -> int:
-    """The process's end once the app has ended: its exit status, without waiting for the work
-    still running in threads (a search's evaluations, a model run). Every finished node is already
-    committed to git; what was in flight is lost, as after ``kill -9``, which the store is made for."""
-    code = 0
-    if app.error:
-        print(f"forge-tui: error: {app.error}", file=sys.stderr)
-        code = 2
-    app.release()
-    if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # threads at work: the interpreter's exit would join them
-    return code
-
-
-def serve_command(argv: list[str]) -> str:
-    """The command textual-serve runs for each browser session: this app, without --serve."""
-    args, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--host", "--port"):
-            skip = True
-            continue
-        if a == "--serve" or a.startswith(("--host=", "--port=")):
-            continue
-        args.append(a)
-    return shlex.join([sys.executable, "-m", "forge_tui.ui.app", *args])
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="forge-tui", description="forge-tui: the terminal app. With no arguments, "
-                                f"opens the demo workspace ({DEMO_WORKSPACE}), profiling {DEMO_WORKLOAD} first.")
-    p.add_argument("workspace", nargs="?", type=Path, help="workspace to open")
-    p.add_argument("--workload", help="profile this workload into the workspace first (if it is not one yet)")
-    p.add_argument("--device", choices=["cuda", "cpu"])
-    p.add_argument("--dtype")
-    p.add_argument("--config", type=Path)
-    p.add_argument("--proposer", default="auto", help="auto (default), agent, templates or scripted:PLAN.json")
-    p.add_argument("--search", action="store_true", help="start a search once the workspace is loaded")
-    p.add_argument("--serve", action="store_true", help="serve the app to a browser (textual-serve)")
-    p.add_argument("--host", default="localhost")
-    p.add_argument("--port", type=int, default=8000)
-    args = p.parse_args(argv)
-    if args.serve:
-        from textual_serve.server import Server
-
-        Server(serve_command(argv), host=args.host, port=args.port, title="forge-tui").serve()
-        return 0
-    workspace, workload = args.workspace, args.workload
-    search: dict[str, Any] = {}
-    if workspace is None:
-        workspace = DEMO_WORKSPACE
-        workload = workload or DEMO_WORKLOAD
-        search = dict(DEMO_SEARCH)
-    from ..workspace import Workspace, check_target
-
-    try:
-        if workload is None:
-            Workspace.open(workspace)
-        else:
-            check_target(workspace)
-    except ForgeError as err:
-        print(f"forge-tui: error: {err}", file=sys.stderr)
-        return err.exit_code
-    app = ForgeApp(workspace, workload, args.device, args.dtype, args.config, search=search, autostart=args.search,
-                   proposer=args.proposer)
-    app.run()
-    return finish(app)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

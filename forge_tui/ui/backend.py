@@ -402,9 +402,9 @@ class Backend:
     def bench(self, repeats: int = 10) -> BenchOutcome:
         """``forge bench`` on the workspace's own copy of its workload (eager against eager + forge;
         torch.compile is left out here: it takes minutes on a small machine)."""
-        from ..e2e import bench
+        from ..e2e import BenchOptions, bench
 
         spec, device, dtype = self._workload()
         ws = self._ws()
-        r = bench(spec, ws, device=device, dtype=dtype, repeats=repeats, warmup=2, with_compile=False)
+        r = bench(spec, ws, BenchOptions(device=device, dtype=dtype, repeats=repeats, warmup=2, with_compile=False))
         return BenchOutcome.of(r, ws.cards(), self.promoted())

@@ -11,6 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from forge_tui.config import parse_config
+from forge_tui.e2e import driver, switch_off
 from forge_tui.evaluator import Evaluator
 from forge_tui.promotion import promote_kernel
 from forge_tui.runtime import placement
@@ -190,7 +191,6 @@ def slow_bound_calls(monkeypatch, which) -> None:
 def stand_in_timer(monkeypatch, samples):
     """The bench's Timer replaced: each callable runs once (the kernels serve, so they are counted)
     and its samples are ``samples(name)`` (nothing depends on this machine's load)."""
-    from forge_tui import e2e
     from forge_tui.timing import Stats
 
     class Timer:
@@ -204,7 +204,8 @@ def stand_in_timer(monkeypatch, samples):
                 raw[name] = samples(name)
             return {n: Stats.from_samples(v) for n, v in raw.items()}, raw, 0.0
 
-    monkeypatch.setattr(e2e, "Timer", Timer)
+    monkeypatch.setattr(driver, "Timer", Timer)
+    monkeypatch.setattr(switch_off, "Timer", Timer)
 
 
 def count_intercepted(monkeypatch) -> list[str]:

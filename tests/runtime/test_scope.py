@@ -489,7 +489,7 @@ def test_alike_scopes_share_what_their_compiles_found(tmp_path, monkeypatch):
             torch.testing.assert_close(model(t), ref(t))
         scopes = [applied.scopes[f"layers.{i}"] for i in range(2)]
         st = applied.status()["cards"][0]
-        from forge_tui.e2e import scope_notes
+        from forge_tui.e2e.scopes import scope_notes
 
         notes = scope_notes(applied)
     assert scopes[0].book is scopes[1].book and all(s.shared for s in scopes)

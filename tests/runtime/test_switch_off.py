@@ -17,6 +17,7 @@ from runtime_helpers import (
 )
 
 from forge_tui.cli import main
+from forge_tui.e2e import BenchOptions, bounds, driver, graphs, own_process, switch_off
 from forge_tui.errors import ForgeError
 from forge_tui.promotion import manifest
 from forge_tui.runtime.apply import Mode, apply
@@ -54,7 +55,7 @@ def test_bench_times_four_ways_and_switches_off_a_kernel_that_slows_the_forward(
                       len(k.out_specs) == 1 and len(k.out_specs) == len(norm.outputs))
     from forge_tui.e2e import bench
 
-    r = bench(WORKLOAD, ws, device="cpu", repeats=5, with_compile=False, only_faster=False)
+    r = bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=5, with_compile=False, only_faster=False))
     assert norm.id in r.switched_off and "without" in r.switched_off[norm.id]
     entry = manifest(ws).entries[norm.id]
     assert not entry.enabled and entry.disabled_reason == r.switched_off[norm.id]
@@ -85,7 +86,7 @@ def test_bench_switches_kernels_off_under_torch_compile_when_compiled_is_faster_
         return real(self, inputs, timed, keep)
 
     monkeypatch.setattr(CardKernel, "__call__", slow)
-    r = bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
+    r = bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager"))
     key = f"{norm.id} (under torch.compile)"
     assert key in r.switched_off and "compiled forward" in r.switched_off[key]
     man = manifest(ws)
@@ -115,7 +116,7 @@ def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_comp
     base = [100.0, 120.0, 140.0, 160.0, 180.0]
 
     stand_in_timer(monkeypatch, lambda name: [v * 1.05 for v in base] if name == "compile+forge" else list(base))
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager")
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager"))
     assert r.times["compile"].q3 > r.times["compile+forge"].q1  # overlapping quartiles
     key = f"{norm.id} (under torch.compile)"
     assert key in r.switched_off and "0.952x" in r.switched_off[key], r.switched_off
@@ -125,8 +126,8 @@ def test_a_compiled_forward_slower_in_every_pair_switches_kernels_off_under_comp
     ws2 = Workspace.open(tmp_path / "ws2")
     stand_in_timer(monkeypatch, lambda name: [200.0] * 5 if name == "eager+forge" else
                     [v * 1.05 for v in base] if name == "compile+forge" else list(base))
-    r = e2e.bench(WORKLOAD, ws2, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
-                  switch_off=False, switch_off_compile=True)
+    r = e2e.bench(WORKLOAD, ws2, BenchOptions(device="cpu", repeats=5, only_faster=False,
+                                              compile_backend="aot_eager", switch_off=False, switch_off_compile=True))
     assert key in r.switched_off and not [k for k in r.switched_off if "torch.compile" not in k], r.switched_off
 
 
@@ -147,8 +148,8 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
     limits: list[float] = []
 
     def own(answer):
-        def fresh(spec, ws, dev, dtype, repeats, warmup, backend, only_faster, timeout_s):
-            asked.append((spec, ws.root, dev, backend))
+        def fresh(spec, ws, dev, options, timeout_s):
+            asked.append((spec, ws.root, dev, options.compile_backend))
             limits.append(timeout_s)
             return answer
         return fresh
@@ -158,9 +159,10 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
     for n, (answer, off) in enumerate(((slower, "0.909x"), (faster, None), ("it did not finish in 900 s", "900 s"))):
         shutil.copytree(src.root, tmp_path / f"ws{n}")
         ws = Workspace.open(tmp_path / f"ws{n}")
-        monkeypatch.setattr(e2e, "fresh_compile_pair", own(answer))
-        r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
-                      switch_off=False, switch_off_compile=True)
+        monkeypatch.setattr(driver, "fresh_compile_pair", own(answer))
+        r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=5, only_faster=False,
+                                                 compile_backend="aot_eager", switch_off=False,
+                                                 switch_off_compile=True))
         assert asked[-1] == (WORKLOAD, ws.root, "cpu", "aot_eager")
         assert r.speedups["compile+forge/compile"].median == pytest.approx(1.25)
         if off is None:
@@ -170,12 +172,16 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
         else:
             assert off in r.switched_off[key] and "process of its own" in r.switched_off[key], r.switched_off
             assert manifest(ws).entries[norm.id].compile_disabled_reason == r.switched_off[key]
-    assert limits == [e2e.FRESH_TIMEOUT_S] * 3
+    assert limits == [own_process.FRESH_TIMEOUT_S] * 3
     # without the check (or where this process already found them slower) no process is started
     n = len(asked)
     shutil.copytree(src.root, tmp_path / "ws-no-check")
-    e2e.bench(WORKLOAD, Workspace.open(tmp_path / "ws-no-check"), device="cpu", repeats=5, only_faster=False,
-              compile_backend="aot_eager", switch_off=False, switch_off_compile=True, own_process_check=False)
+    e2e.bench(WORKLOAD, Workspace.open(tmp_path / "ws-no-check"), BenchOptions(device="cpu", repeats=5,
+                                                                               only_faster=False,
+                                                                               compile_backend="aot_eager",
+                                                                               switch_off=False,
+                                                                               switch_off_compile=True,
+                                                                               own_process_check=False))
     assert len(asked) == n
     # a deadline: the process gets what is left before it; with too little left it is not started,
     # and the kernels go off in compiled models, unconfirmed
@@ -183,10 +189,11 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
     for k, (left, started) in enumerate(((120.0, True), (3.0, False))):
         shutil.copytree(src.root, tmp_path / f"ws-deadline{k}")
         ws = Workspace.open(tmp_path / f"ws-deadline{k}")
-        monkeypatch.setattr(e2e, "fresh_compile_pair", own(faster))
+        monkeypatch.setattr(driver, "fresh_compile_pair", own(faster))
         before = len(asked)
-        r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, only_faster=False, compile_backend="aot_eager",
-                      switch_off=False, switch_off_compile=True, own_process_deadline=time.time() + left)
+        r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=5, only_faster=False,
+                                                 compile_backend="aot_eager", switch_off=False,
+                                                 switch_off_compile=True, own_process_deadline=time.time() + left))
         assert (len(asked) > before) == started
         if started:
             assert 100.0 < limits[-1] <= 120.0 and key not in r.switched_off
@@ -197,16 +204,17 @@ def test_kernels_kept_under_compile_stay_on_only_if_a_process_of_their_own_agree
 def test_a_process_of_their_own_times_compile_and_compile_with_forge(promoted):
     """``fresh_compile_pair`` starts ``python -m forge_tui.compile_pair``: the model built afresh,
     both compiled variants timed interleaved, the kernels served in the compiled forwards."""
-    from forge_tui.e2e import fresh_compile_pair
+    from forge_tui.e2e.own_process import fresh_compile_pair
 
     ws, norm, _ = promoted
-    got = fresh_compile_pair(WORKLOAD, ws, "cpu", None, 3, 1, "aot_eager", False)
+    options = BenchOptions(repeats=3, warmup=1, compile_backend="aot_eager", only_faster=False)
+    got = fresh_compile_pair(WORKLOAD, ws, "cpu", options)
     assert not isinstance(got, str), got
     raw, served = got
     assert sorted(raw) == ["compile", "compile+forge"] and all(len(v) == 3 and min(v) > 0 for v in raw.values())
     assert served[norm.id] >= 3  # its warm-up and timed forwards
     # a workspace it cannot read: why, in one line, not an exception
-    why = fresh_compile_pair(WORKLOAD, SimpleNamespace(root=ws.root / "missing"), "cpu", None, 3, 1, "aot_eager", False)
+    why = fresh_compile_pair(WORKLOAD, SimpleNamespace(root=ws.root / "missing"), "cpu", options)
     assert isinstance(why, str) and "status 1" in why and "\n" not in why
 
 
@@ -215,7 +223,7 @@ def test_op_cards_sharing_an_intercepted_scope_are_left_out_together():
     scope's op cards as one unit; module cards stay units of their own."""
     from types import SimpleNamespace
 
-    from forge_tui.e2e import switch_off_units
+    from forge_tui.e2e.switch_off import switch_off_units
 
     def entry(kind, paths):
         return SimpleNamespace(signature=SimpleNamespace(kind=kind, module_paths=paths))
@@ -249,7 +257,8 @@ def test_kernels_that_together_slow_the_forward_are_all_switched_off(promoted, m
         return list(forge_us) if name in ("eager+forge", "forge") else [100.0] * len(forge_us)
 
     stand_in_timer(monkeypatch, samples)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=len(forge_us), with_compile=False, only_faster=False)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=len(forge_us), with_compile=False,
+                                             only_faster=False))
     assert set(r.switched_off) == {norm.id, sm.id}, r.switched_off
     assert all("kernels left" in why and "in eager" in why for why in r.switched_off.values())
     # the straddling ratio is measured again (the stand-in reports the same) before it decides
@@ -281,7 +290,7 @@ def test_the_forward_is_timed_again_with_the_kernels_a_switch_off_left_on(promot
         return {"eager+forge": [110.0] * 5, "with": [100.0] * 5, "forge": [80.0] * 5}.get(name, [100.0] * 5)
 
     stand_in_timer(monkeypatch, samples)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=5, with_compile=False, only_faster=False)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=5, with_compile=False, only_faster=False))
     assert len(r.switched_off) == 1 and len(trials) == 3, r.switched_off
     # the two units' first measurements, in the report beside what isolation promised them
     assert [(u["with_us"], u["without_us"]) for u in r.units] == [(100.0, 50.0), (100.0, 150.0)]
@@ -307,7 +316,8 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
     src, norm, sm = promoted
     shutil.copytree(src.root, tmp_path / "ws")
     ws = Workspace.open(tmp_path / "ws")
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, switch_off=False,
+                                             graphs=True))
     assert "CUDA graphs: not on this device" in r.notes and "eager (graph)" not in r.times
 
     captured = []
@@ -316,15 +326,16 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
         captured.append("forward" in run.args[0].norm.__dict__)  # is forge's kernel in the captured model?
         return run, run()
 
-    monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
+    monkeypatch.setattr(graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(graphs, "cuda_graphed", stand_in)
     samples = {"eager (graph)": 100.0, "eager+forge (graph)": 80.0, "eager": 100.0, "eager+forge": 200.0,
                "with": 200.0, "without": 100.0, "forge": 200.0}
     stand_in_timer(monkeypatch, lambda name: [samples.get(name, 150.0)] * 3)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, only_faster=False, graphs=True)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, only_faster=False,
+                                             graphs=True))
     assert captured[:2] == [False, True]  # eager's graph: the model as it is; forge's: the kernels applied
     assert {k for k in r.switched_off if "CUDA graphs" not in k} == {norm.id, sm.id}  # op by op, slower: off ...
-    assert set(e2e.GRAPH_VARIANTS) <= set(r.times)  # ... and still in forge's graph
+    assert set(graphs.GRAPH_VARIANTS) <= set(r.times)  # ... and still in forge's graph
     assert r.outputs_agree["eager+forge (graph)"] is None
     assert abs(r.speedups["graphs: forge/eager"].median - 1.25) < 0.01
     assert "in CUDA graphs, eager + forge vs eager: 1.250x" in r.table()
@@ -333,10 +344,11 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
         out = run()
         return run, (out * 2 if "forward" in run.args[0].norm.__dict__ else out)
 
-    monkeypatch.setattr(e2e, "cuda_graphed", wrong_graph)
+    monkeypatch.setattr(graphs, "cuda_graphed", wrong_graph)
     shutil.copytree(src.root, tmp_path / "ws2")  # the kernels not switched off
     ws = Workspace.open(tmp_path / "ws2")
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, switch_off=False,
+                                             graphs=True))
     assert r.outputs_agree["eager+forge (graph)"] and "eager+forge (graph)" in r.forge_mismatches()
 
     calls = []
@@ -347,16 +359,17 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
             raise ForgeError("RuntimeError: operation not permitted when stream is capturing")
         return run, run()
 
-    monkeypatch.setattr(e2e, "cuda_graphed", refuses_second)
+    monkeypatch.setattr(graphs, "cuda_graphed", refuses_second)
 
     class NoPieceEither:
         def capture(self, fn):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(e2e, "_piece_capturer", NoPieceEither)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
-    assert not set(e2e.GRAPH_VARIANTS) & set(r.times) and "graphs: forge/eager" not in r.speedups
-    assert not set(e2e.GRAPH_VARIANTS) & set(r.outputs_agree)
+    monkeypatch.setattr(graphs, "_piece_capturer", NoPieceEither)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, switch_off=False,
+                                             graphs=True))
+    assert not set(graphs.GRAPH_VARIANTS) & set(r.times) and "graphs: forge/eager" not in r.speedups
+    assert not set(graphs.GRAPH_VARIANTS) & set(r.outputs_agree)
     assert any("whole forward could not be captured (RuntimeError: operation not permitted" in n for n in r.notes)
     assert any("not even in pieces: no piece of the forward could be captured" in n for n in r.notes), r.notes
 
@@ -364,9 +377,10 @@ def test_bench_with_graphs_times_both_graphed_forwards_or_says_why_not(promoted,
     from test_pieces import StandIn
 
     calls.clear()
-    monkeypatch.setattr(e2e, "_piece_capturer", StandIn)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, graphs=True)
-    assert set(e2e.GRAPH_VARIANTS) <= set(r.times) and "graphs: forge/eager" in r.speedups
+    monkeypatch.setattr(graphs, "_piece_capturer", StandIn)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, switch_off=False,
+                                             graphs=True))
+    assert set(graphs.GRAPH_VARIANTS) <= set(r.times) and "graphs: forge/eager" in r.speedups
     assert r.outputs_agree["eager+forge (graph)"] is None, r.outputs_agree
     pieces_notes = [n for n in r.notes if n.startswith(("eager (graph): ", "eager+forge (graph): "))]
     assert len(pieces_notes) == 2 and all("modules from graphs" in n for n in pieces_notes), r.notes
@@ -401,18 +415,18 @@ def test_the_compiled_variants_are_freed_before_the_graphs_are_captured(promoted
         alive_at_capture.append(sum(r() is not None for r in compiled))
         return run, run()
 
-    real_switch_off = e2e._switch_off_slower
+    real_switch_off = driver.switch_off_slower
 
-    def switch_off(*a, **kw):
+    def counted_switch_off(*a, **kw):
         gc.collect()
         alive_at_capture.append(sum(r() is not None for r in compiled))
         return real_switch_off(*a, **kw)
 
     monkeypatch.setattr(torch, "compile", recording_compile)
-    monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
-    monkeypatch.setattr(e2e, "_switch_off_slower", switch_off)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=2, warmup=1, compile_backend="eager", graphs=True)
+    monkeypatch.setattr(graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(graphs, "cuda_graphed", stand_in)
+    monkeypatch.setattr(driver, "switch_off_slower", counted_switch_off)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=2, warmup=1, compile_backend="eager", graphs=True))
     assert len(compiled) == 2 and {"compile", "compile+forge"} <= set(r.times)
     assert alive_at_capture == [0, 0, 0]  # at the switch-off, and at each capture
 
@@ -464,10 +478,12 @@ def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch,
                 raw[name] = [cost(model)] * 3
             return {n: Stats.from_samples(v) for n, v in raw.items()}, raw, 0.0
 
-    monkeypatch.setattr(e2e, "GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(e2e, "cuda_graphed", stand_in)
-    monkeypatch.setattr(e2e, "Timer", Timer)
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, only_faster=False, graphs=True)
+    monkeypatch.setattr(graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(graphs, "cuda_graphed", stand_in)
+    monkeypatch.setattr(driver, "Timer", Timer)
+    monkeypatch.setattr(switch_off, "Timer", Timer)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, only_faster=False,
+                                             graphs=True))
     assert set(r.switched_off) == {sm.id, f"{norm.id} (in CUDA graphs)"}, r.switched_off
     assert "graphed forward ran 120.0 µs with it and 90.0 µs without" in r.switched_off[f"{norm.id} (in CUDA graphs)"]
     man = Manifest.load(ws.root / "kernels")
@@ -491,7 +507,7 @@ def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch,
 def test_the_bench_counts_garbage_collections_by_variant_with_the_setup_frozen():
     import gc
 
-    from forge_tui.e2e import GcPauses
+    from forge_tui.e2e.memory import GcPauses
 
     p = GcPauses()
     junk = [[i] for i in range(1000)]  # what the setup built
@@ -510,14 +526,13 @@ def test_the_switch_off_trials_time_with_the_setup_frozen_too(monkeypatch):
     with what existed before out of the collector's scans, and the freeze ends with the trial."""
     import gc
 
-    from forge_tui import e2e
     from forge_tui.timing import Timer
 
     class Undo:
         def undo(self):
             pass
 
-    monkeypatch.setattr(e2e, "apply", lambda *a, **k: Undo())
+    monkeypatch.setattr(switch_off, "apply", lambda *a, **k: Undo())
     frozen: list[int] = []
 
     class Wl:
@@ -526,7 +541,7 @@ def test_the_switch_off_trials_time_with_the_setup_frozen_too(monkeypatch):
             return model(*inputs)
 
     model = torch.nn.Linear(4, 4)
-    e2e._time_against(Wl(), [torch.randn(2, 4)], None, "cpu", Timer("cpu", warmup=1, repeats=3), True,
+    switch_off._time_against(Wl(), [torch.randn(2, 4)], None, "cpu", Timer("cpu", warmup=1, repeats=3), True,
                       model, model, [], ("with", "without"))
     assert frozen and min(frozen) > 0
     assert gc.get_freeze_count() == 0
@@ -538,7 +553,6 @@ def test_each_switch_off_unit_is_timed_against_a_fresh_copy_with_every_kernel(mo
     ran on it (on the H200 one kept for every unit ran 200-460 µs slower than the bench's own)."""
     from types import SimpleNamespace
 
-    from forge_tui import e2e
     from forge_tui.timing import Stats
 
     made: list[tuple[object, tuple[str, ...]]] = []  # the objects themselves: kept alive, their ids unique
@@ -552,7 +566,7 @@ def test_each_switch_off_unit_is_timed_against_a_fresh_copy_with_every_kernel(mo
         def undo(self):
             undone.append(self.model)
 
-    monkeypatch.setattr(e2e, "apply", lambda model, ws, cards=(), **k: Applied(model, cards))
+    monkeypatch.setattr(switch_off, "apply", lambda model, ws, cards=(), **k: Applied(model, cards))
     bases: list[object] = []
     same = Stats.from_samples([100.0, 101.0, 102.0])
 
@@ -560,14 +574,14 @@ def test_each_switch_off_unit_is_timed_against_a_fresh_copy_with_every_kernel(mo
         bases.append(base)
         return same, same, Stats.from_samples([1.0, 1.0, 1.0])
 
-    monkeypatch.setattr(e2e, "_time_against", timed)
+    monkeypatch.setattr(switch_off, "_time_against", timed)
     served = ["mod-a", "mod-b", "mod-c"]
     man = SimpleNamespace(entries={c: SimpleNamespace(signature=SimpleNamespace(kind="module", module_paths=[c]))
                                    for c in served})
     applied = SimpleNamespace(status=lambda: {"cards": [{"card": c, "served": 1} for c in served]})
     raw = {"eager": [100.0, 100.0, 100.0], "eager+forge": [50.0, 50.0, 50.0]}
     stats = {k: Stats.from_samples(v) for k, v in raw.items()}
-    out, _ = e2e._switch_off_slower(None, torch.nn.Linear(2, 2), [], None, man, applied, "cpu", None, True, stats, raw)
+    out, _ = switch_off.switch_off_slower(None, torch.nn.Linear(2, 2), [], None, man, applied, "cpu", None, True, stats, raw)
     assert out == {}
     assert len(bases) == len(served) and len({id(b) for b in bases}) == len(served)  # a fresh copy per unit
     assert all(m is b for (m, _), b in zip(made, bases)) and all(cards == tuple(served) for _, cards in made)
@@ -581,15 +595,14 @@ def test_a_unit_is_switched_off_only_when_a_second_pair_of_copies_agrees(monkeyp
     reason giving both measurements."""
     from types import SimpleNamespace
 
-    from forge_tui import e2e
     from forge_tui.timing import Stats
 
     def st(median):
         return Stats.from_samples([median - 10.0, median, median + 10.0])
 
-    monkeypatch.setattr(e2e, "apply", lambda model, ws, cards=(), **k: SimpleNamespace(undo=lambda: None))
+    monkeypatch.setattr(switch_off, "apply", lambda model, ws, cards=(), **k: SimpleNamespace(undo=lambda: None))
     committed: list[list[str]] = []
-    monkeypatch.setattr(e2e, "commit_manifest", lambda ws, man, kind, subject, lines, cards: committed.append(cards))
+    monkeypatch.setattr(switch_off, "commit_manifest", lambda ws, man, kind, subject, lines, cards: committed.append(cards))
     served = ["mod-a", "mod-b"]
 
     def run(pairs):
@@ -603,14 +616,14 @@ def test_a_unit_is_switched_off_only_when_a_second_pair_of_copies_agrees(monkeyp
                 return st(w), st(wo), st(1.0)
             return st(5000.0), st(4200.0), Stats.from_samples([1.17, 1.18, 1.19])
 
-        monkeypatch.setattr(e2e, "_time_against", timed)
+        monkeypatch.setattr(switch_off, "_time_against", timed)
         man = SimpleNamespace(entries={c: SimpleNamespace(signature=SimpleNamespace(kind="module", module_paths=[c]),
                                                           enabled=True, disabled_reason=None) for c in served})
         applied = SimpleNamespace(status=lambda: {"cards": [{"card": c, "served": 1} for c in served]})
         raw = {"eager": [5000.0] * 3, "eager+forge": [4100.0] * 3}
         stats = {k: Stats.from_samples(v) for k, v in raw.items()}
         units: list[dict] = []
-        out, _ = e2e._switch_off_slower(None, torch.nn.Linear(2, 2), [], None, man, applied, "cpu", None, True,
+        out, _ = switch_off.switch_off_slower(None, torch.nn.Linear(2, 2), [], None, man, applied, "cpu", None, True,
                                         stats, raw, units)
         return out, calls, man, units
 
@@ -644,7 +657,7 @@ def test_each_units_saving_in_the_model_is_set_beside_what_isolation_promised():
         return NS(signature=NS(kind="module"), evidence=NS(speedup_vs_eager=sp))
 
     man = NS(entries={"rms": entry(4.0), "gelu": entry(None)})
-    assert e2e._promised_us(ws, man, 1000.0) == {"rms": pytest.approx(150.0)}
+    assert bounds.promised_us(ws, man, 1000.0) == {"rms": pytest.approx(150.0)}
     one = Stats.from_samples([1000.0])
     r = e2e.BenchResult("cpu", {"eager": one}, {}, {}, None, {"rms": 3}, units=[
         {"cards": ["rms"], "with_us": 800.0, "without_us": 900.0, "promised_us": 150.0},
@@ -663,7 +676,6 @@ def test_the_final_switch_off_measures_again_when_its_quartiles_straddle_one(pro
     import shutil
     import tempfile
 
-    from forge_tui import e2e
     from forge_tui.timing import Stats, Timer, paired_ratio
     from forge_tui.workspace import Workspace
 
@@ -690,8 +702,8 @@ def test_the_final_switch_off_measures_again_when_its_quartiles_straddle_one(pro
             timed.append(timer.repeats)
             return forward, forward, second
 
-        monkeypatch.setattr(e2e, "_time_against", time_against)
-        out, after = e2e._switch_off_slower(None, None, None, ws, man, Applied(), "cpu", Timer("cpu", repeats=10),
+        monkeypatch.setattr(switch_off, "_time_against", time_against)
+        out, after = switch_off.switch_off_slower(None, None, None, ws, man, Applied(), "cpu", Timer("cpu", repeats=10),
                                             False, {"eager": forward, "eager+forge": forward}, first_raw)
         return out, after, list(timed)
 
@@ -722,12 +734,13 @@ def test_the_bench_bounds_the_forward_by_the_served_cards_own_times(promoted, tm
     src, norm, sm = promoted
     shutil.copytree(src.root, tmp_path / "ws")
     ws = Workspace.open(tmp_path / "ws")
-    r = e2e.bench(WORKLOAD, ws, device="cpu", repeats=3, with_compile=False, switch_off=False, only_faster=False)
+    r = e2e.bench(WORKLOAD, ws, BenchOptions(device="cpu", repeats=3, with_compile=False, switch_off=False,
+                                             only_faster=False))
     assert set(r.own_times) == {norm.id, sm.id} == {c for c, n in r.served.items() if n}
     assert all(e > 0 and o > 0 for e, o in r.own_times.values()), r.own_times
     eager = r.times["eager"].median
     saved = sum(ws.card(c).calls * (e - o) for c, (e, o) in r.own_times.items())
-    assert saved == pytest.approx(sum(e2e.own_saved_us(ws, manifest(ws), r.served, eager, r.own_times).values()))
+    assert saved == pytest.approx(sum(bounds.own_saved_us(ws, manifest(ws), r.served, eager, r.own_times).values()))
     assert r.own_bound == (pytest.approx(eager / (eager - saved)) if 0 < saved < eager else None)
     assert r.bound_basis == "isolation"
     assert r.to_json()["own_times_us"] == {c: list(v) for c, v in r.own_times.items()}
