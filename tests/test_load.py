@@ -109,8 +109,8 @@ class ScriptedCalibration(Calibration):
 
 class ScriptedEvaluation(Evaluation):
     def __init__(self, script, timing: dict, calibration_us: float = 100.0, threads: int = 2, flops: int | None = None,
-                 bytes_moved: int | None = None, phases: list | None = None) -> None:
-        card = softmax_card()
+                 bytes_moved: int | None = None, phases: list | None = None, card=None) -> None:
+        card = card or softmax_card()
         card = card.model_copy(update={k: v for k, v in (("flops", flops), ("bytes", bytes_moved)) if v is not None})
         cfg = TimingConfig(**{"warmup": 1, "repeats": 4, "batch_us": 0.1, "threads": threads, **timing})
         req = JudgeRequest(card=card.model_dump(mode="json"), library="unused", runner="unused", store="unused",
@@ -230,6 +230,58 @@ def test_a_long_timing_reports_progress():
     ev.HEARTBEAT_S = 3600.0
     ev.time(CEILINGS)
     assert quiet.count("timing") <= 3  # the phase, and one at the start of the attempt
+
+
+class FakeClock:
+    """``time.monotonic`` for the judge: it moves only when a scripted round says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class Stamped(list):
+    """The judge's phase messages, each with the fake clock's time it was sent at."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def append(self, phase) -> None:
+        super().append((phase, self.clock.now))
+
+
+def test_a_thousand_repeats_outlast_the_no_progress_limit_without_tripping_it(monkeypatch, tmp_path):
+    """A protocol of 1000 repeats (2000 paired samples and a warm-up round) on a fake clock where
+    each round takes 0.1 s: 200 s of timing, longer than the evaluator's no-progress limit on the
+    timing phase, yet the client never waits longer than that limit for a message (it resets the
+    limit on each), from the phase's start to the end of the timing."""
+    from types import SimpleNamespace
+
+    from forge_tui.evaluator import Evaluator
+
+    with Evaluator(TensorStore(tmp_path / "store"), tmp_path / "cache", backend="cpu") as evaluator:
+        limit = evaluator.worker.limits["timing"]
+    clock = FakeClock()
+    real = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
+    monkeypatch.setattr(checks, "time", SimpleNamespace(**{**real, "monotonic": clock.monotonic}))
+
+    def round_of(r):
+        clock.now += 0.1
+        return 30.0, 20.0
+
+    phases = Stamped(clock)
+    ev = ScriptedEvaluation(Script(round_of), {"repeats": 1000, "warmup": 1}, threads=1, phases=phases,
+                            card=softmax_card(rows=2, cols=16))
+    start = clock.now
+    t = ev.time(CEILINGS)
+    assert t["quiet"] and t["protocol"]["samples"] == 2000, t["noisy_reasons"]
+    assert clock.now - start > limit  # the timing alone lasts longer than the limit
+    stamps = [at for phase, at in phases if phase == "timing"] + [clock.now]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert max(gaps) <= ev.HEARTBEAT_S + 0.1 + 1e-9 and max(gaps) < limit, max(gaps)
 
 
 def test_a_floor_eager_itself_beats_is_not_a_floor():
