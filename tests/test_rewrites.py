@@ -165,7 +165,7 @@ def test_the_search_skips_cards_a_registered_rewrite_replaces(fake, monkeypatch)
 def test_the_bench_switches_off_a_rewrites_cards_together_as_its_entry_says(registry):
     from dataclasses import replace
 
-    from forge_tui.e2e import switch_off_units
+    from forge_tui.e2e.switch_off import switch_off_units
 
     entry = lambda kind, paths=(): NS(signature=NS(kind=kind, module_paths=list(paths)))  # noqa: E731
     man = NS(entries={"f1": entry("fold"), "f2": entry("fold"), "e1": entry("experts"), "e2": entry("experts"),

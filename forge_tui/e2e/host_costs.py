@@ -53,8 +53,8 @@ def measure_overhead(spec: str, ws: Any, dev: str, repeats: int, tmp: Path, with
         m1 = copy.deepcopy(model)
         a1 = apply(m1, ws, device=dev, only_faster=False)
         a1.take_outs = False  # the cards' checks on every call, as a card that refuses them pays
-        # every card on the board: kernels, folds and experts cards alike (before 2026-12-03 only the
-        # kernels' guards were, so folds and experts cards went on serving in this variant)
+        # every card on the board: kernels, folds and experts cards alike, so that no rewrite card
+        # goes on serving in this variant
         for st in list(a1.board.cards.values()):
             a1.board.disable(st, "e2e_bench: timing the interception alone")
         if a1.board.cards:
