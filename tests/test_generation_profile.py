@@ -1,0 +1,114 @@
+"""Profiling a generation into range cards (``forge profile --generate N``): prefill and decode
+steps apart, calls that differ only in a size that varies by step as one card."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from forge_tui.cards import load_cards
+from forge_tui.ranges import at_sizes, checked_sizes, dense_strides, dim_order, size_points
+
+PROMPT, NEW = 8, 9  # a prefill at KV length 8, then decode steps at KV lengths 9..16
+
+WORKLOAD = textwrap.dedent(f"""
+    from forge_tui.examples import tiny_decoder as base
+    from forge_tui.examples._decoder_parts import decoder_inputs
+
+    def get_model():
+        return base.get_model()
+
+    def get_inputs():
+        return decoder_inputs(base.CONFIG, 1, {PROMPT})
+
+    generate = base.generate
+""")
+
+
+@pytest.fixture(scope="module")
+def gen_workspace(tmp_path_factory):
+    from conftest import FAST_TOML
+
+    from forge_tui.workspace import profile_into_workspace
+
+    root = tmp_path_factory.mktemp("genprof")
+    (root / "forge.toml").write_text(FAST_TOML)
+    (root / "gen_decoder.py").write_text(WORKLOAD)
+    ws, result = profile_into_workspace(root / "gen_decoder.py", root / "ws", device="cpu",
+                                        config_path=root / "forge.toml", generate=NEW)
+    return ws, result
+
+
+def _kv_product(cards):
+    """The attention's scores product q @ k^T: a bmm whose second operand's last dim is the KV length."""
+    return [c for c in cards if c.target == "aten.bmm.default" and "input1.dim2" in c.ranges]
+
+
+def test_decode_steps_make_one_range_card_with_phases(gen_workspace):
+    ws, result = gen_workspace
+    cards = load_cards(ws.root / "cards")
+    (scores,) = _kv_product(cards)
+    kv = scores.ranges["input1.dim2"]
+    assert (kv.min, kv.max) == (PROMPT, PROMPT + NEW - 1)
+    layers = 2
+    assert kv.sizes() == {n: layers for n in range(PROMPT, PROMPT + NEW)}  # every step's calls, weighted
+    assert scores.ranges["output0.dim2"].same_as == "input1.dim2"
+    assert scores.phases == {"prefill": layers, "decode": layers * (NEW - 1)}
+    assert scores.calls == layers * NEW
+    assert scores.share == pytest.approx(sum(scores.phase_share.values()))
+    assert scores.phase_share["decode"] > 0 and scores.phase_share["prefill"] > 0
+    # the inputs kept: the most weighted size's and the range's ends'
+    assert len({json.dumps(s.point, sort_keys=True) for s in scores.samples}) >= 2
+    # no exact-shape card of one decode step is left beside it
+    assert not [c for c in cards if c.target == "aten.bmm.default" and not c.ranges]
+    assert result.generate == NEW
+
+
+def test_op_table_shows_prefill_and_decode_shares(gen_workspace):
+    ws, _ = gen_workspace
+    text = (ws.root / "optable.txt").read_text()
+    assert "share (prefill/decode)" in text
+    (scores,) = _kv_product(load_cards(ws.root / "cards"))
+    p, d = (100 * scores.phase_share[k] for k in ("prefill", "decode"))
+    assert f"({p:.1f}/{d:.1f})" in text
+    assert f"{PROMPT}..{PROMPT + NEW - 1}" in scores.shapes()
+
+
+def test_forward_profile_keeps_exact_cards(decoder_workspace):
+    for c in load_cards(decoder_workspace.root / "cards"):
+        assert not c.ranges and not c.phases
+        raw = json.loads((decoder_workspace.root / "cards" / f"{c.id}.json").read_text())
+        assert "ranges" not in raw and "phases" not in raw
+
+
+def test_generate_below_two_tokens_is_refused(tmp_path):
+    from forge_tui.errors import ForgeError
+    from forge_tui.workspace import profile_into_workspace
+
+    with pytest.raises(ForgeError, match="at least 2 new tokens"):
+        profile_into_workspace("example:tiny_decoder", tmp_path / "ws", device="cpu", generate=1)
+    assert not (tmp_path / "ws").exists()
+
+
+def test_layouts_and_sizes_of_a_range():
+    assert dim_order([8, 16, 10], [160, 1, 16]) == (0, 2, 1)  # a transposed view of a growing cache
+    assert dense_strides([8, 16, 13], (0, 2, 1)) == [208, 1, 16]
+    assert dim_order([8, 16, 10], [0, 1, 16]) is None  # broadcast: not dense
+    from forge_tui.cards import DimRange
+
+    sizes = checked_sizes(DimRange(min=8, max=16, weights={}))
+    assert sizes[0] == 8 and sizes[-1] == 16
+    assert any(n % 2 for n in sizes[1:-1]) and any(n in (11, 13) for n in sizes)
+
+
+def test_card_at_a_size_of_its_range(gen_workspace):
+    ws, _ = gen_workspace
+    (scores,) = _kv_product(load_cards(ws.root / "cards"))
+    points = size_points(scores)
+    assert {p["input1.dim2"] for p in points} >= {PROMPT, PROMPT + NEW - 1}
+    exact = at_sizes(scores, {**points[0], "input1.dim2": 13})
+    assert exact.inputs[1].shape[2] == 13 and exact.outputs[0].shape[2] == 13
+    assert exact.inputs[1].stride == dense_strides(exact.inputs[1].shape, dim_order(scores.inputs[1].shape,
+                                                                                    scores.inputs[1].stride))
