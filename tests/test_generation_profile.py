@@ -43,7 +43,7 @@ def gen_workspace(tmp_path_factory):
 
 def _kv_product(cards):
     """The attention's scores product q @ k^T: a bmm whose second operand's last dim is the KV length."""
-    return [c for c in cards if c.target == "aten.bmm.default" and "input1.dim2" in c.ranges]
+    return [c for c in cards if c.target == "aten.bmm.default" and "input1.dim2" in c.ranges and c.inputs[1].shape[1] == 16]
 
 
 def test_decode_steps_make_one_range_card_with_phases(gen_workspace):
@@ -112,3 +112,91 @@ def test_card_at_a_size_of_its_range(gen_workspace):
     assert exact.inputs[1].shape[2] == 13 and exact.outputs[0].shape[2] == 13
     assert exact.inputs[1].stride == dense_strides(exact.inputs[1].shape, dim_order(scores.inputs[1].shape,
                                                                                     scores.inputs[1].stride))
+
+
+# ---- kernels that serve a range, guards by shape class ---------------------------------------------
+
+def _range_norm(cards):
+    """The decoder layers' RMSNorm module card, over the rows of the prefill and the decode steps."""
+    (norm,) = [c for c in cards if c.target == "module:RMSNorm" and "input0.dim1" in c.ranges]
+    return norm
+
+
+@pytest.fixture(scope="module")
+def range_kernel(gen_workspace):
+    """(workspace, RMSNorm range card, its rownorm kernel's source, the evaluation)."""
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.templates.registry import match
+
+    ws, _ = gen_workspace
+    norm = _range_norm(ws.cards())
+    fam, m = match(norm)
+    assert fam is not None and m is not None and fam.name == "rownorm"
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(norm, src)
+        assert r.correct, r.reason
+        rows = norm.ranges["input0.dim1"]
+        for n in range(rows.min, rows.max + 1):  # and every size of the range, one by one
+            from forge_tui.evaluator.api import EvalOptions
+
+            one = ev.evaluate(at_sizes(norm, {"input0.dim1": n}), src, EvalOptions(timing=False))
+            assert one.correct, (n, one.reason)
+        baked = fam.render(m.__class__(m.family, m.card, {**m.info, "ranged": False}), fam.initial(m, "cpu"), "cpu")
+        wrong = ev.evaluate(norm, baked)  # the same kernel with the card's row count baked in
+    promote_kernel(ws, norm.id, src, r, by="test")
+    return ws, norm, src, r, wrong
+
+
+def test_range_kernel_checked_at_ends_odd_and_prime_sizes(range_kernel):
+    _, norm, _, r, wrong = range_kernel
+    rows = norm.ranges["input0.dim1"]
+    checked = {p["input0.dim1"] for p in r.detail["range"]["checked"]}
+    assert {rows.min, rows.max} <= checked and any(n % 2 for n in checked)
+    assert r.detail["range"]["timed_at"] == {"input0.dim1": max(rows.sizes(), key=rows.sizes().__getitem__)}
+    assert r.time_us is not None
+    # a kernel that serves one size only fails at another, named in the reason
+    assert not wrong.correct and "at sizes input0.dim1=" in wrong.reason
+
+
+def test_family_that_cannot_serve_a_range_says_why(gen_workspace):
+    from forge_tui.templates.registry import match, range_refusals
+
+    ws, _ = gen_workspace
+    (soft,) = [c for c in ws.cards() if c.target == "aten._softmax.default" and c.ranges]
+    assert match(soft) == (None, None)
+    reasons = range_refusals(soft)
+    assert reasons and all(len(line.splitlines()) == 1 for line in reasons)
+    assert any(line.startswith("softmax:") for line in reasons)
+
+
+def test_guard_serves_the_range_and_falls_back_outside(range_kernel):
+    import torch
+
+    from forge_tui.generation import GreedyRunner, adapter_for
+    from forge_tui.ranges import OUTSIDE_RANGE
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
+    ws, norm, _, _, _ = range_kernel
+    wl = load_workload(ws.root / "workload.py")
+    model, inputs = wl.build("cpu")
+    model.eval()
+    with torch.no_grad():
+        eager = wl.module.generate(model, inputs, max_new_tokens=NEW)  # the model's own greedy loop
+        with apply(model, ws.root, only_faster=False) as applied:
+            runner = GreedyRunner(adapter_for(model), max_len=PROMPT + NEW, capture=None)
+            served = runner.generate(inputs[0], NEW).tokens
+            st = applied.board.cards[norm.id]
+            assert st.active and st.served >= 2 * 2 * NEW  # two norms a layer, every step
+            assert not st.fallbacks
+            longer = torch.randint(0, 256, (1, norm.ranges["input0.dim1"].max + 3))
+            model(longer)
+            assert st.fallbacks[OUTSIDE_RANGE] >= 4
+            served_before = st.served
+            model(longer[:, :PROMPT - 1])  # inside the range again: served
+            assert st.served > served_before
+    assert torch.equal(served, eager)
