@@ -109,11 +109,11 @@ def fits(t: Any, dtype: Any, shape: tuple[int, ...], stride: tuple[int, ...], ra
         elif not r[0] <= n <= r[1]:
             outside = True
     if t.numel() > 1 and tuple(t.stride()) != stride:
-        # the same layout class: dense with its dimensions in the card's order (the strides of
-        # dimensions of size one, which address nothing, aside)
+        # the same layout class: the layout ``at_sizes`` gives the card at this size (dense, its
+        # dimensions in the card's order), the strides of dimensions of size one aside
         order = dim_order(shape, stride)
-        got = dim_order(tshape, t.stride())
-        if order is None or got is None or [d for d in order if d in got] != [d for d in got if d in order]:
+        want = dense_strides(tshape, order) if order is not None else stride
+        if any(n > 1 and st != w for n, st, w in zip(tshape, t.stride(), want)):
             return f"strides {tuple(t.stride())}"
     return OUTSIDE_RANGE if outside else None
 

@@ -200,3 +200,25 @@ def test_guard_serves_the_range_and_falls_back_outside(range_kernel):
             model(longer[:, :PROMPT - 1])  # inside the range again: served
             assert st.served > served_before
     assert torch.equal(served, eager)
+
+
+def test_elementwise_serves_a_range_where_its_index_does_not_change(gen_workspace):
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.templates.registry import match, range_refusals
+
+    ws, _ = gen_workspace
+    (silu,) = [c for c in ws.cards() if c.target == "aten.silu.default" and c.ranges]
+    fam, m = match(silu)
+    assert fam is not None and m is not None and fam.name == "elementwise"
+    for backend in ("cpu", "cuda"):  # the element count read from the output, not compiled in
+        src = fam.render(m, fam.initial(m, backend), backend)
+        assert "const int64_t NUMEL = forge_numel(&out[0]);" in src
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(silu, fam.render(m, fam.initial(m, "cpu"), "cpu"))
+    assert r.correct, r.reason
+    # the attention's mask add: the mask is broadcast along ranged dimensions
+    (masked,) = [c for c in ws.cards() if c.target == "aten.add.Tensor" and len(c.inputs) == 2
+                 and len(c.inputs[1].shape) == 2 and c.ranges]
+    assert any(line.startswith("elementwise: input 1") for line in range_refusals(masked))

@@ -18,7 +18,7 @@ from ..quiet import Calibration, oversubscribed_reason, oversubscription, spread
 from ..tensorstore import TensorStore, unpack
 from ..timing import Stats, Timer
 from ..workload import Workload
-from .capture import Bucket, CaptureOptions, Recorder
+from .capture import SCOPE_KEYS, Bucket, CaptureOptions, Recorder
 
 
 @dataclass
@@ -247,6 +247,10 @@ def _widen(card: Card, g, device: str, quiet: "QuietTimer", store: TensorStore, 
     from ..ranges import heaviest_point
 
     card.ranges = g.ranges
+    for b in g.buckets[1:]:  # the calls of every size, so that a compiled scope compiles for them
+        for key in b.scope_keys:
+            if key not in card.scope_keys and len(card.scope_keys) < SCOPE_KEYS:
+                card.scope_keys.append(key)
     timed: list[tuple[int, float]] = []
     if card.time_us is not None:
         timed.append((_elements(g.rep), card.time_us))
