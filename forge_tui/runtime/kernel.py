@@ -60,6 +60,9 @@ def _describe(descs: Any, tensors: list["torch.Tensor"]) -> None:
 
 
 class CardKernel:
+    _ranges: Any = None
+    """A range card's ranged dimensions (set per kernel in ``__init__``; None: an exact card's)."""
+
     def __init__(self, entry: Entry, folder: Path, device: str) -> None:
         backend = "cuda" if device == "cuda" else "cpu"
         build = pick_build(entry, backend)
