@@ -222,3 +222,13 @@ def test_elementwise_serves_a_range_where_its_index_does_not_change(gen_workspac
     (masked,) = [c for c in ws.cards() if c.target == "aten.add.Tensor" and len(c.inputs) == 2
                  and len(c.inputs[1].shape) == 2 and c.ranges]
     assert any(line.startswith("elementwise: input 1") for line in range_refusals(masked))
+
+
+def test_a_workload_that_cannot_generate_is_refused_in_one_line(tmp_path):
+    from forge_tui.errors import WorkloadError
+    from forge_tui.workspace import profile_into_workspace
+
+    with pytest.raises(WorkloadError, match=r"--generate needs a generate\(model, inputs\) function") as err:
+        profile_into_workspace("example:tiny_mlp", tmp_path / "ws", device="cpu", generate=4)
+    assert len(str(err.value).splitlines()) == 1
+    assert not (tmp_path / "ws").exists()

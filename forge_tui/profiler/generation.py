@@ -53,10 +53,14 @@ def generation_runner(workload: Any, model: Any, inputs: list[Any], new_tokens: 
     gen = getattr(workload.module, "generate", None)
     if callable(gen):
         return lambda: gen(model, inputs, max_new_tokens=new_tokens)
+    from ..errors import ForgeError
     from ..generation.adapters import _is_hf, generating_module
 
-    inner = generating_module(model)
-    if not _is_hf(inner):
+    try:
+        inner = generating_module(model)
+    except ForgeError:
+        inner = None
+    if inner is None or not _is_hf(inner):
         raise WorkloadError(f"{workload.path.name}: --generate needs a generate(model, inputs) function in the "
                             "workload, or a Hugging Face model that generates; this one has neither")
     ids = inputs[0]
