@@ -78,6 +78,27 @@ class Sample(BaseModel):
 
     inputs: list[str]
     outputs: list[str]
+    point: dict[str, int] = {}
+    """A range card's sample: the sizes of its ranged input dimensions (``ranges.at_sizes``)."""
+
+
+class DimRange(BaseModel):
+    """One dimension of a range card's tensor that varies from call to call (a decode step's KV
+    length, a prompt's length, a batch): the sizes the profile saw, weighted by calls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: int
+    max: int
+    weights: dict[str, int] = {}
+    """Calls per size seen (sizes as text, JSON's keys)."""
+    same_as: str | None = None
+    """Output dimensions: the input dimension (``"input1.dim2"``) whose size this one has at every
+    call, which is how the runtime sizes an output for a call at any size of the range; None where
+    none does (the card's kernel then cannot serve the range)."""
+
+    def sizes(self) -> dict[int, int]:
+        return {int(k): v for k, v in self.weights.items()}
 
 
 class Coverage(BaseModel):
@@ -127,6 +148,14 @@ class Card(BaseModel):
     flags: list[str] = []
     """'mutates' (in-place op; the card is its functional form), 'dynamic_shape' (output shape
     depends on data), 'no_sample' (inputs too large to keep; timing used random inputs)."""
+    ranges: dict[str, DimRange] = {}
+    """A range card's varying dimensions, by ``"input0.dim2"`` / ``"output0.dim2"`` (``ranges.py``):
+    its calls differ only in these, each inside its range; ``inputs``, ``outputs`` and ``program``
+    are those of its most weighted size. Empty for an exact-shape card."""
+    phases: dict[str, int] = {}
+    """Calls per generation phase (``"prefill"``, ``"decode"``) in a profile of a generation."""
+    phase_share: dict[str, float] = {}
+    """The share of the generation each phase's calls take (``share`` is their sum)."""
     calls: int = 0
     time_us: float | None = None
     time_spread: float | None = None
@@ -155,7 +184,18 @@ class Card(BaseModel):
         return parts[1] if len(parts) > 1 else self.target
 
     def shapes(self) -> str:
-        return ", ".join(s.short() for s in self.inputs if s.role in ("input", "param")) or "-"
+        """The inputs' shapes and dtypes; a ranged dimension as its range (``1..16``)."""
+        out = []
+        for k, s in enumerate(self.inputs):
+            if s.role not in ("input", "param"):
+                continue
+            text = s.short()
+            if self.ranges:
+                dims = [f"{r.min}..{r.max}" if (r := self.ranges.get(f"input{k}.dim{d}")) else str(n)
+                        for d, n in enumerate(s.shape)]
+                text = "x".join(dims) + " " + text.split(" ", 1)[1]
+            out.append(text)
+        return ", ".join(out) or "-"
 
 
 IN_PLACE = "in-place ops are not served"
@@ -176,10 +216,26 @@ def id_matches(card_id: str, prefix: str) -> bool:
     return card_id.lstrip("_").startswith(prefix.lstrip("_"))
 
 
+OPTIONAL_FIELDS = ("ranges", "phases", "phase_share")
+"""Fields written only where set: an exact-shape card of a forward's profile reads as it did
+before generations were profiled."""
+
+
+def card_json(card: Card) -> dict[str, Any]:
+    data = card.model_dump(mode="json")
+    for k in OPTIONAL_FIELDS:
+        if not data.get(k):
+            data.pop(k, None)
+    for sample in data.get("samples", []):
+        if not sample.get("point"):
+            sample.pop("point", None)
+    return data
+
+
 def save_cards(cards: list[Card], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for card in cards:
-        (folder / f"{card.id}.json").write_text(json.dumps(card.model_dump(mode="json"), indent=1) + "\n")
+        (folder / f"{card.id}.json").write_text(json.dumps(card_json(card), indent=1) + "\n")
 
 
 def load_cards(folder: Path) -> list[Card]:

@@ -32,9 +32,10 @@ def cmd_profile(args) -> int:
 
     ws_path = args.workspace or Path("workspaces") / resolve_path(args.workload).stem
     session, result = Session.profile(args.workload, ws_path, device=args.device, dtype=args.dtype,
-                                      config=args.config, progress=_progress(args.quiet))
+                                      config=args.config, progress=_progress(args.quiet), generate=args.generate)
     ws = session.workspace
-    title = f"{ws.meta['workload']['name']} on {result.device_name}: forward {result.forward.median:.1f} µs " \
+    what = "forward" if args.generate is None else f"generation of {args.generate} tokens"
+    title = f"{ws.meta['workload']['name']} on {result.device_name}: {what} {result.forward.median:.1f} µs " \
             f"(spread {100 * result.forward.spread:.1f}%" + \
             (", NOT TRUSTWORTHY: the machine was busy)" if result.forward_noisy else ")")
     print(render(result.cards, title=title, limit=args.limit), end="")
@@ -428,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
     sp.add_argument("--dtype", help="cast the model and floating inputs: fp32, fp16 or bf16 (default: the workload's)")
     sp.add_argument("--limit", type=int, default=None, help="print only the first N rows of the table")
+    sp.add_argument("--generate", type=int, metavar="N", help="profile a generation of N new tokens (the workload's "
+                    "generate(model, inputs), else a Hugging Face model's greedy generate): its prefill and decode "
+                    "steps, calls that differ only in a size that varies by step as one range card")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     sp.set_defaults(func=cmd_profile)
 

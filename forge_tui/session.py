@@ -58,13 +58,14 @@ class Session:
 
     @classmethod
     def profile(cls, workload: str, workspace: Path | str, *, device: str | None = None, dtype: str | None = None,
-                config: Path | None = None,
-                progress: Callable[[str], None] = lambda msg: None) -> tuple["Session", "ProfileResult"]:
-        """Profile a workload into a new workspace (written only once everything succeeded)."""
+                config: Path | None = None, progress: Callable[[str], None] = lambda msg: None,
+                generate: int | None = None) -> tuple["Session", "ProfileResult"]:
+        """Profile a workload (``generate``: a generation of that many new tokens) into a new
+        workspace (written only once everything succeeded)."""
         from .workspace import profile_into_workspace
 
         ws, result = profile_into_workspace(workload, workspace, device=device, dtype=dtype, config_path=config,
-                                            progress=progress)
+                                            progress=progress, generate=generate)
         cfg, path = discover_config(config, ws.root)
         return cls(ws, cfg, path), result
 

@@ -40,10 +40,18 @@ def display_name(card: Card) -> str:
 
 
 def share_text(card: Card) -> str:
-    """The card's share of the forward, ``?`` marking a time that is not trusted."""
+    """The card's share of the forward (of a generation: with its prefill's and its decode steps'
+    shares apart, ``12.0% (2.0/10.0)``), ``?`` marking a time that is not trusted."""
     if card.share is None:
         return "-"
-    return f"{100 * card.share:.1f}%" + ("?" if distrust(card) else "")
+    return f"{100 * card.share:.1f}%" + ("?" if distrust(card) else "") + phase_text(card.phase_share)
+
+
+def phase_text(phase_share: dict[str, float] | None) -> str:
+    """`` (prefill/decode)`` shares in percent, empty outside a generation's profile."""
+    if not phase_share:
+        return ""
+    return f" ({100 * phase_share.get('prefill', 0.0):.1f}/{100 * phase_share.get('decode', 0.0):.1f})"
 
 
 def time_text(card: Card) -> str:
@@ -112,6 +120,8 @@ def rows(cards: list[Card], served: dict[str, str] | None = None) -> list[dict]:
             "time_us": c.time_us, "share": c.share, "floor_us": c.floor_us, "headroom": c.headroom,
             "flags": c.flags, "within": c.within, "nested": nested, "kernel": served.get(c.id),
             "trusted": distrust(c) is None,
+            **({"phase_share": c.phase_share} if c.phase_share else {}),
+            **({"ranges": {k: [r.min, r.max] for k, r in c.ranges.items()}} if c.ranges else {}),
         })
     return out
 
@@ -121,7 +131,8 @@ def cells(row: dict) -> list[str]:
         str(row["#"]), (NESTED if row.get("nested") else "") + row["card"], row["kind"], row["target"], row["shapes"],
         row["dtype"], str(row["calls"]),
         _fmt(row["time_us"], ".1f") + ("" if row.get("trusted", True) or row["time_us"] is None else "?"),
-        "-" if row["share"] is None else f"{100 * row['share']:.1f}%" + ("" if row.get("trusted", True) else "?"),
+        "-" if row["share"] is None else f"{100 * row['share']:.1f}%" + ("" if row.get("trusted", True) else "?")
+        + phase_text(row.get("phase_share")),
         _fmt(row["floor_us"], ".2f"),
         "-" if row["headroom"] is None else f"{row['headroom']:.1f}x" + ("" if row.get("trusted", True) else "?"),
         row.get("kernel") or "-",
@@ -161,6 +172,9 @@ def render(cards: list[Card], title: str = "", width: int = 200, limit: int | No
                  f"module cards {100 * s['module']:.1f}%, " +
                  (f"chain cards {100 * s['chain']:.1f}%, " if s["chain"] else "") +
                  f"op cards outside them {100 * s['op']:.1f}%\n")
+    if any(r.get("phase_share") for r in shown):
+        text += ("share (prefill/decode): of the whole generation, the prefill's calls and the decode steps' apart; "
+                 "a range card (shapes with lo..hi) is one card over every size its calls had\n")
     note = shares_note(cards, {r["card"] for r in all_rows if r["nested"]})
     if note:
         text += note + "\n"

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 from . import __version__
 from .cards import Card, id_matches, load_cards, save_cards
 from .config import CONFIG_NAME, ForgeConfig, to_toml
-from .errors import WorkspaceError
+from .errors import ForgeError, WorkspaceError
 from .gitrepo import GitRepo
 from .table import render, rows
 from .tensorstore import TensorStore
@@ -181,8 +181,10 @@ def commit_profile(target: Path, staging: Path, result, workload, cfg: ForgeConf
 
 
 def profile_into_workspace(workload_spec, workspace_path, *, device: str | None = None, dtype: str | None = None,
-                           config_path=None, progress: Callable[[str], None] = lambda msg: None):
+                           config_path=None, progress: Callable[[str], None] = lambda msg: None,
+                           generate: int | None = None):
     """The whole ``forge profile`` job: validate everything first, profile, then write atomically.
+    ``generate``: profile a generation of that many new tokens (``profiler.generation``).
 
     Returns (Workspace, ProfileResult). Raises ForgeError subclasses for bad input, having written
     nothing.
@@ -201,10 +203,12 @@ def profile_into_workspace(workload_spec, workspace_path, *, device: str | None 
     torch_dtype = parse_dtype(dtype)
     dev = resolve_device(device)
     workload = load_workload(workload_spec)
+    if generate is not None and generate < 2:
+        raise ForgeError(f"--generate needs at least 2 new tokens (a prefill and a decode step), got {generate}")
     staging = staging_dir(target)
     try:
         store = TensorStore(staging / ".forge" / "cache" / "tensors")
-        result = profile_workload(workload, dev, torch_dtype, cfg, store, progress)
+        result = profile_workload(workload, dev, torch_dtype, cfg, store, progress, generate=generate)
         progress(f"writing workspace {target}")
         ws = commit_profile(target, staging, result, workload, cfg)
     finally:

@@ -53,6 +53,10 @@ class EvalOptions:
     again) that show a kernel keeping state across calls; 0 skips them."""
 
 
+def _sizes(point: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(point.items()))
+
+
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
@@ -117,6 +121,44 @@ class Evaluator:
         return None
 
     def evaluate(self, card: Card, source: str, options: EvalOptions | None = None) -> EvalResult:
+        if card.ranges:
+            return self._evaluate_range(card, source, options or EvalOptions())
+        return self._evaluate(card, source, options)
+
+    def _evaluate_range(self, card: Card, source: str, opt: EvalOptions) -> EvalResult:
+        """A range card's candidate: checked at the range's ends and at odd and prime sizes inside
+        it (``ranges.size_points``: fresh inputs of those shapes, drawn from the captured inputs'
+        value ranges), then timed at the size the profile weighted most, on its captured inputs.
+        The first size it fails at is its result, named in the reason; ``detail["range"]`` lists
+        the sizes checked and the one timed."""
+        from dataclasses import replace
+
+        from ..ranges import at_sizes, heaviest_point, range_reason, size_points
+
+        why = range_reason(card)
+        if why is not None:
+            t0 = time.perf_counter()
+            return self._finish({"status": "rejected", "failure": "range", "reason": f"range: {why}", "card": card.id,
+                                 "backend": self.backend}, t0)
+        checked: list[dict[str, int]] = []
+        for point in size_points(card):
+            exact = at_sizes(card, point)
+            got = self._evaluate(exact, source, replace(opt, timing=False, profile=False))
+            checked.append(point)
+            if got.status != "passed":
+                return got.model_copy(update={
+                    "card": card.id, "reason": f"at sizes {_sizes(point)}: {got.reason}",
+                    "detail": {**got.detail, "range": {"checked": checked, "failed_at": point}}})
+        top = heaviest_point(card)
+        timed = at_sizes(card, top)
+        timed = timed.model_copy(update={"samples": [s for s in card.samples if s.point == top],
+                                         "flags": [f for f in timed.flags if f != "no_sample"] if any(
+                                             s.point == top for s in card.samples) else timed.flags})
+        got = self._evaluate(timed, source, opt)
+        return got.model_copy(update={"card": card.id,
+                                      "detail": {**got.detail, "range": {"checked": checked, "timed_at": top}}})
+
+    def _evaluate(self, card: Card, source: str, options: EvalOptions | None = None) -> EvalResult:
         opt = options or EvalOptions()
         t0 = time.perf_counter()
         result: dict = {

@@ -55,6 +55,12 @@ class Family(ABC):
     def passes(self, m: Match, params: dict) -> int:
         """Passes over the data this configuration makes (1: read once, write once)."""
 
+    def range_reason(self, m: Match) -> str | None:
+        """For a range card (``Card.ranges``): None where the family's kernels take the ranged
+        sizes at run time from the ABI's shapes, else why not in one line. By default they bake
+        every size in as a constant."""
+        return f"{self.name}: its kernels are compiled for one size of every dimension"
+
     def valid(self, m: Match, params: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
         """Whether the configuration can be rendered and run on ``device``. By default every
         combination of the axes' values can."""

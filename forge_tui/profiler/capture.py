@@ -143,6 +143,15 @@ class Bucket:
     """Op and chain cards: the calls of the module whose forward made this card's calls, by their
     key (``runtime.graph.key_text``), at most ``SCOPE_KEYS``: the calls a compiled scope there
     must compile a variant for, whatever it met before."""
+    phases: dict[str, int] = field(default_factory=dict)
+    """Calls per generation phase (``Recorder.phase``: "prefill", "decode"), in a profile of a
+    generation."""
+
+    def count(self, phase: str | None) -> None:
+        """One more call, made in ``phase`` (None outside a generation)."""
+        self.calls += 1
+        if phase is not None:
+            self.phases[phase] = self.phases.get(phase, 0) + 1
 
 
 SCOPE_KEYS = 8
@@ -297,6 +306,9 @@ class Recorder:
         self._WeakIdKeyDictionary = WeakIdKeyDictionary
         self._chains: dict[str, _Chain] = {}
         """The open chain of each module whose own forward is running (``_chain_step``)."""
+        self.phase: str | None = None
+        """The generation phase the calls now belong to ("prefill", "decode"; set by the caller
+        that profiles a generation, ``profiler.generation.PhaseMarker``), None for a forward."""
 
     # ---- public -------------------------------------------------------------------------------
     def run(self, fn):
@@ -423,7 +435,7 @@ class Recorder:
                 flags=flags, first_seen=self.seq,
             )
             self.buckets[key] = bucket
-        bucket.calls += 1
+        bucket.count(self.phase)
         if self.frame is not None:
             self.frame.op_keys.append(bucket.key)
         else:
@@ -537,7 +549,7 @@ class Recorder:
                 flags={"direct"}, first_seen=self.seq,
             )
             self.buckets[key] = bucket
-        bucket.calls += 1
+        bucket.count(self.phase)
         if path not in bucket.module_paths:
             bucket.module_paths.append(path)
         if chain.scope_key:
@@ -719,7 +731,7 @@ class Recorder:
                 returns=returns_of(output),
             )
             self.buckets[key] = bucket
-        bucket.calls += 1
+        bucket.count(self.phase)
         if frame.path not in bucket.module_paths:
             bucket.module_paths.append(frame.path)
         bucket.module_attrs.setdefault(frame.path, frame.attrs)

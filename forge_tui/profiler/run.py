@@ -18,7 +18,7 @@ from ..quiet import Calibration, oversubscribed_reason, oversubscription, spread
 from ..tensorstore import TensorStore, unpack
 from ..timing import Stats, Timer
 from ..workload import Workload
-from .capture import Bucket, CaptureOptions, Recorder
+from .capture import SCOPE_KEYS, Bucket, CaptureOptions, Recorder
 
 
 @dataclass
@@ -35,6 +35,9 @@ class ProfileResult:
     warnings: list[str] = field(default_factory=list)
     forward_noisy: list[str] = field(default_factory=list)
     """Why the forward's time is not trustworthy (the machine was busy); empty when it is."""
+    generate: int | None = None
+    """New tokens of the profiled generation (``forward`` is then the generation's time), None
+    for a forward's profile."""
 
     @property
     def coverage(self) -> dict[str, float]:
@@ -48,6 +51,7 @@ class ProfileResult:
             "forward_us": self.forward.to_json(), "ceilings": self.ceilings, "skipped": self.skipped,
             "timing": self.timing, "cards": len(self.cards), "calls_captured": self.calls_total,
             "coverage": self.coverage, "warnings": self.warnings, "forward_noisy": self.forward_noisy,
+            **({"generate": self.generate} if self.generate is not None else {}),
         }
 
 
@@ -80,10 +84,14 @@ def _main_dtype(bucket: Bucket) -> str:
 
 
 def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, store: TensorStore,
-                     progress: Callable[[str], None] = lambda msg: None, coverage: bool = True) -> ProfileResult:
+                     progress: Callable[[str], None] = lambda msg: None, coverage: bool = True,
+                     generate: int | None = None) -> ProfileResult:
     """Profile the workload into cards. ``coverage``: store on each card which proposer covers it
     (``templates.coverage``); off where the caller works it out itself (a confined child's cards
-    get it from the parent, ``describe.profile_confined``)."""
+    get it from the parent, ``describe.profile_confined``). ``generate``: profile a generation of
+    that many new tokens instead of one forward (``profiler.generation``): its calls grouped into
+    range cards, each card's calls and share split by phase, shares taken of the whole
+    generation's time."""
     import torch
 
     threads = cfg.timing.threads or len(os.sched_getaffinity(0))
@@ -96,24 +104,54 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
     timer = Timer.from_config(device, cfg.timing)
     warnings: list[str] = []
     quiet = QuietTimer(timer, Calibration(device, timer), cfg.timing)
+    run: Callable[[], object] = functools.partial(workload.run, model, inputs)
+    if generate is not None:
+        from .generation import generation_runner
+
+        run = generation_runner(workload, model, inputs, generate)
     with torch.no_grad():
-        workload.run(model, inputs)  # warm-up, and the model's own errors surface here
+        run()  # warm-up, and the model's own errors surface here
         progress("capturing operator calls")
         rec = Recorder(model, CaptureOptions(cfg.profile))
-        for _ in range(cfg.profile.forwards):
-            rec.run(functools.partial(workload.run, model, inputs))
-        progress("timing the forward")
-        fwd_stats, noisy = quiet.time("forward", functools.partial(model, *inputs), host_load=True)
+        marker = None
+        if generate is not None:
+            from .generation import PhaseMarker, generating_module_of
+
+            marker = PhaseMarker(generating_module_of(model), rec)
+        try:
+            for _ in range(cfg.profile.forwards):
+                if marker is not None:
+                    marker.start()
+                rec.run(run)
+        finally:
+            if marker is not None:
+                marker.remove()
+        what = "generation" if generate is not None else "forward"
+        progress(f"timing the {what}")
+        whole = run if generate is not None else functools.partial(model, *inputs)
+        fwd_stats, noisy = quiet.time(what, whole, host_load=True)
         if noisy:
-            warnings.append("the forward's time is not trustworthy, the machine was busy: " + "; ".join(noisy)
+            warnings.append(f"the {what}'s time is not trustworthy, the machine was busy: " + "; ".join(noisy)
                             + " (shares and times below are suspect; profile again on a quiet machine)")
-        del model, inputs  # free the activations before the cards are replayed
+        del model, inputs, run, whole  # free the activations before the cards are replayed
         buckets = sorted(rec.buckets.values(), key=lambda b: b.first_seen)
         cards: list[Card] = []
-        for i, b in enumerate(buckets, 1):
-            progress(f"timing card {i}/{len(buckets)}: {b.target}")
-            cards.append(_make_card(b, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings,
-                                    within=_within(b, rec.buckets)))
+        if generate is None:
+            for i, b in enumerate(buckets, 1):
+                progress(f"timing card {i}/{len(buckets)}: {b.target}")
+                cards.append(_make_card(b, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings,
+                                        within=_within(b, rec.buckets)))
+        else:
+            from .generation import group_buckets
+
+            groups = group_buckets(buckets)
+            ids = {b.key: card_id(g.rep) for g in groups for b in g.buckets}
+            for i, g in enumerate(groups, 1):
+                progress(f"timing card {i}/{len(groups)}: {g.rep.target}")
+                card = _make_card(g.rep, device, quiet, store, ceil, cfg.profile.forwards, fwd_stats.median, warnings,
+                                  within=_group_within(g.buckets, ids))
+                _widen(card, g, device, quiet, store, cfg.profile.forwards, fwd_stats.median, warnings)
+                cards.append(card)
     for card in cards:
         if card.share is not None and card.share > 1.0:
             # a card cannot take longer than the whole forward: its time or the forward's is wrong
@@ -132,7 +170,7 @@ def profile_workload(workload: Workload, device: str, dtype, cfg: ForgeConfig, s
             str(workload.default_dtype).removeprefix("torch.") if workload.default_dtype is not None else None),
         ceilings=ceil, skipped=dict(rec.skipped), timing={**timer.describe(), "threads": threads},
         calls_total=rec.seq,
-        warnings=warnings, forward_noisy=noisy,
+        warnings=warnings, forward_noisy=noisy, generate=generate,
     )
 
 
@@ -193,6 +231,82 @@ def _within(b: Bucket, buckets: dict[str, Bucket]) -> list[str]:
     if b.kind != CardKind.OP or b.outside or not b.parents or sum(b.parents.values()) != b.calls:
         return []
     return [card_id(buckets[k]) for k in sorted(b.parents, key=lambda k: -b.parents[k]) if k in buckets]
+
+
+def _group_within(members: list[Bucket], ids: dict[str, str]) -> list[str]:
+    """``_within`` of a card made of several buckets: the cards (by ``ids``, bucket key to card id)
+    whose forwards made every call of every one of them."""
+    if any(b.kind != "op" or b.outside or not b.parents or sum(b.parents.values()) != b.calls for b in members):
+        return []
+    calls: dict[str, int] = {}
+    for b in members:
+        for k, n in b.parents.items():
+            if k in ids:
+                calls[ids[k]] = calls.get(ids[k], 0) + n
+    return sorted(calls, key=lambda c: (-calls[c], c))
+
+
+def _widen(card: Card, g, device: str, quiet: "QuietTimer", store: TensorStore, forwards: int, total_us: float,
+           warnings: list[str]) -> None:
+    """``card`` (made from the group's most weighted bucket) as the group's card: its ranges, the
+    samples of the range's ends beside its own, its calls and time over every size (each size's
+    time that of the timed size nearest in elements: the most weighted and the ends), its calls
+    and share per phase."""
+    from ..ranges import heaviest_point
+
+    card.ranges = g.ranges
+    for b in g.buckets[1:]:  # the calls of every size, so that a compiled scope compiles for them
+        for key in b.scope_keys:
+            if key not in card.scope_keys and len(card.scope_keys) < SCOPE_KEYS:
+                card.scope_keys.append(key)
+    timed: list[tuple[int, float]] = []
+    if card.time_us is not None:
+        timed.append((_elements(g.rep), card.time_us))
+    if g.ranges:
+        point = heaviest_point(card)
+        for s in card.samples:
+            s.point = point
+    for b in g.ends():
+        if b.samples:
+            ins, outs = b.samples[0]
+            card.samples.append(Sample(inputs=[store.put_packed(p) for p in ins],
+                                       outputs=[store.put_packed(p) for p in outs], point=g.point(b)))
+            try:
+                tensors = [unpack(p[0], p[1], p[2], p[3], device=device) for p in ins]
+                stats, noisy = quiet.time(card.op_name, bind_program(b.program, tensors, device), host_load=True)
+            except Exception as exc:  # noqa: BLE001 - a size whose replay fails is reported, not fatal
+                warnings.append(f"{card.id}: replaying the reference at {g.point(b)} failed: {type(exc).__name__}: {exc}")
+                continue
+            if noisy:
+                card.flags = sorted({*card.flags, "noisy_timing"})
+            timed.append((_elements(b), stats.median))
+    if not timed:
+        card.calls = max(1, round(g.calls / forwards))
+        return
+
+    def time_of(b: Bucket) -> float:
+        n = _elements(b)
+        return min(timed, key=lambda e: abs(e[0] - n))[1]
+
+    total = sum(time_of(b) * b.calls for b in g.buckets)
+    card.calls = max(1, round(g.calls / forwards))
+    card.time_us = total / g.calls
+    phases: dict[str, int] = {}
+    phase_us: dict[str, float] = {}
+    for b in g.buckets:
+        for ph, n in b.phases.items():
+            phases[ph] = phases.get(ph, 0) + n
+            phase_us[ph] = phase_us.get(ph, 0.0) + time_of(b) * n
+    card.phases = {ph: max(1, round(n / forwards)) for ph, n in phases.items()}
+    if total_us > 0:
+        card.share = total / forwards / total_us
+        card.phase_share = {ph: us / forwards / total_us for ph, us in phase_us.items()}
+    if card.floor_us:
+        card.headroom = card.time_us / card.floor_us
+
+
+def _elements(b: Bucket) -> int:
+    return sum(s.numel for s in b.inputs)
 
 
 def _make_card(b: Bucket, device: str, quiet: QuietTimer, store: TensorStore, ceil: dict, forwards: int,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..compare import compare
 from ..program import run_program
+from ..ranges import OUTSIDE_RANGE, fits, input_ranges
 from .kernel import CardKernel, KernelError, KernelUnavailable
 from .manifest import Entry, Signature
 from .specs import spec_mismatch
@@ -64,6 +65,10 @@ class Guard:
 
         self._specs = [(getattr(torch, sp.dtype), tuple(sp.shape), tuple(sp.stride)) for sp in self.sig.inputs]
         """The inputs' specs as the guard compares them per call (torch dtypes, tuples)."""
+        self.ranged: dict[int, dict[int, tuple[int, int]]] = input_ranges(self.sig.ranges)
+        """A range card's ranged dimensions per input (min, max): a call matches by shape class
+        (``ranges.fits``: fixed dimensions equal, ranged ones inside their range), never by its
+        exact shape; empty for an exact-shape card."""
         self.folder = folder
         self.device = device
         self.board = board
@@ -102,6 +107,8 @@ class Guard:
     def mismatch(self, tensors: list["torch.Tensor"]) -> str | None:
         if len(tensors) != len(self.sig.inputs):
             return f"{len(tensors)} tensors where the card has {len(self.sig.inputs)}"
+        if self.ranged:
+            return self._class_mismatch(tensors)
         on_cuda = self.device == "cuda"
         for t, (dtype, shape, stride) in zip(tensors, self._specs):
             # the common case in one expression; the reason is worked out only for a miss
@@ -116,10 +123,29 @@ class Guard:
                 return f"input {k}: {why}"
         return None
 
+    def _class_mismatch(self, tensors: list["torch.Tensor"]) -> str | None:
+        """``mismatch`` of a range card: why the tensors are not of its shape class, the first
+        reason that is not ``OUTSIDE_RANGE`` before that one (a call of another class says what
+        differs; one of the class at sizes outside the range says so)."""
+        outside = None
+        for k, (t, spec) in enumerate(zip(tensors, self._specs)):
+            if t.device.type != self.device:
+                return f"input {k}: device {t.device.type}"
+            why = fits(t, spec[0], spec[1], spec[2], self.ranged.get(k, {}))
+            if why == OUTSIDE_RANGE:
+                outside = outside or why
+            elif why is not None:
+                return f"input {k}: {why}"
+        return outside
+
     def refuses(self, leading: list["torch.Tensor"]) -> bool:
         """Whether the card's specs refuse these tensors, its first inputs, whatever the others
         are: a call passing them is refused whatever else changes (the module's parameters, its
         attributes), so a refusal can be remembered by their specs alone (``graph.call_key``)."""
+        if self.ranged:
+            return len(leading) > len(self._specs) or any(
+                t.device.type != self.device or fits(t, spec[0], spec[1], spec[2], self.ranged.get(k, {})) is not None
+                for k, (t, spec) in enumerate(zip(leading, self._specs)))
         on_cuda = self.device == "cuda"
         for t, (dtype, shape, stride) in zip(leading, self._specs):
             if not (t.is_cuda if on_cuda else t.is_cpu) or t.dtype is not dtype or t.shape != shape or \

@@ -50,7 +50,19 @@ def _descriptor(spec: "TensorSpec") -> ForgeTensor:
     return d
 
 
+def _describe(descs: Any, tensors: list["torch.Tensor"]) -> None:
+    """Each descriptor's shape and strides those of its tensor (a range card's call)."""
+    for d, t in zip(descs, tensors):
+        d.ndim = t.dim()
+        for k, (n, st) in enumerate(zip(t.shape, t.stride())):
+            d.shape[k] = n
+            d.stride[k] = st
+
+
 class CardKernel:
+    _ranges: Any = None
+    """A range card's ranged dimensions (set per kernel in ``__init__``; None: an exact card's)."""
+
     def __init__(self, entry: Entry, folder: Path, device: str) -> None:
         backend = "cuda" if device == "cuda" else "cpu"
         build = pick_build(entry, backend)
@@ -87,6 +99,7 @@ class CardKernel:
         """The current stream's handle without building a Stream object (what inductor calls)."""
         self._empty_like = torch.empty_like
         self._empty_plain = torch.empty
+        self._torch = torch
         self._dead: dict[tuple[int, Any, int | None], torch.Tensor] = {}
         """The outputs callers drop, kept (``_dead_output``)."""
         self._scratch: dict[tuple[Any, int | None], torch.Tensor] = {}
@@ -96,9 +109,34 @@ class CardKernel:
         """forge_launch itself, None for a kernel with a workspace (``Library.plain_launch``)."""
         self.last_host_ns = 0
         """Host time of the last timed call spent on anything but the launch (outputs, descriptors)."""
+        self._ranges = sig.ranges
+        """A range card's ranged dimensions: a call's descriptors take its tensors' own shapes and
+        strides, its outputs are sized from its inputs (``ranges.output_shape``) and the workspace
+        is asked per shape (``_ws_by_shape``)."""
+        self._ws_by_shape: dict[tuple[Any, ...], int] = {}
+
+    def _ranged_outputs(self, inputs: list["torch.Tensor"]) -> list["torch.Tensor"]:
+        """A range card's fresh outputs for a call at any size of its range: each ranged dimension
+        the size of the input dimension it follows, laid out as the card's output is."""
+        from ..ranges import dense_strides, dim_order, output_shape
+
+        device = inputs[0].device if inputs else self.device
+        outs = []
+        for k, spec in enumerate(self.out_specs):
+            shape = output_shape(spec.shape, k, self._ranges, inputs)
+            if shape is None:
+                raise KernelError(f"output {k}'s size follows no input's")
+            order = dim_order(spec.shape, spec.stride)
+            stride = dense_strides(shape, order) if order is not None else None
+            dtype = getattr(self._torch, spec.dtype)
+            outs.append(self._torch.empty_strided(shape, stride, dtype=dtype, device=device) if stride is not None
+                        else self._torch.empty(shape, dtype=dtype, device=device))
+        return outs
 
     def _outputs(self, inputs: list["torch.Tensor"], keep: int = -1, stream: int | None = None) -> list["torch.Tensor"]:
         """Fresh outputs; with ``keep`` >= 0, fresh only that one and the others from ``_dead``."""
+        if self._ranges:
+            return self._ranged_outputs(inputs)
         device = inputs[0].device if inputs else self.device
         outs = []
         for k, (like, make, args, dtype) in enumerate(self._empty):
@@ -170,9 +208,21 @@ class CardKernel:
                 ins_d[i].data = t.data_ptr()
             for i, t in enumerate(outs):
                 outs_d[i].data = t.data_ptr()
+            if self._ranges:
+                _describe(ins_d, inputs)
+                _describe(outs_d, outs)
             ws = None
             if self._launch is None:
-                self._workspace_size(inputs, outs)
+                if self._ranges:  # the workspace a kernel asks for depends on the call's shapes
+                    key = tuple(tuple(t.shape) for t in inputs)
+                    size = self._ws_by_shape.get(key)
+                    if size is None:
+                        self._ws_bytes = None
+                        size = self._ws_by_shape[key] = self._workspace_size(inputs, outs)
+                    self._ws_bytes = size
+                    self._scratch = {k: v for k, v in self._scratch.items() if v.numel() >= size}
+                else:
+                    self._workspace_size(inputs, outs)
                 ws = self._workspace(outs[0].device if outs else self.device, stream)
             if timed:
                 self.last_host_ns = time.perf_counter_ns() - t0
@@ -185,6 +235,10 @@ class CardKernel:
         return outs
 
     def bind(self, keep: int) -> "Callable[[list[torch.Tensor], int], torch.Tensor] | None":
+        """None for a range card's kernel, whose descriptors change with every call's shapes."""
+        return None if self._ranges else self._bind(keep)
+
+    def _bind(self, keep: int) -> "Callable[[list[torch.Tensor], int], torch.Tensor] | None":
         """``__call__`` for a caller that uses output ``keep`` alone, specialised (a leaf module's
         learned site, ``leaf.LeafSites._fast``; a module card, ``specialised.specialised``): the
         launch called without ctypes' argument conversion on pointers converted once, the

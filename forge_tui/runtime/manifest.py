@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..cards import Card, CardKind, TensorSpec
+from ..cards import Card, CardKind, DimRange, TensorSpec
 from ..errors import ForgeError
 
 MANIFEST_VERSION = 1
@@ -51,16 +51,20 @@ class Signature(BaseModel):
     flags: list[str] = Field(default_factory=list)
     scope_keys: list[str] = Field(default_factory=list)
     """Op and chain cards: the profiled calls of the module that made the card's calls (``Card``)."""
+    ranges: dict[str, DimRange] = Field(default_factory=dict)
+    """A range card's varying dimensions (``Card.ranges``): the guard matches a call by its shape
+    class (``forge_tui.ranges.fits``), the kernel sizes its outputs from them."""
 
     @classmethod
     def of(cls, card: Card) -> "Signature":
         return cls(card=card.id, kind=card.kind, target=card.target, inputs=card.inputs, outputs=card.outputs,
                    program=card.program, module_paths=card.module_paths, call_args=card.call_args,
                    module_attrs=card.module_attrs,
-                   returns=card.returns, flags=card.flags, scope_keys=card.scope_keys)
+                   returns=card.returns, flags=card.flags, scope_keys=card.scope_keys, ranges=card.ranges)
 
     def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        """The signature's hash (an exact-shape card's as before ranges existed)."""
+        return hashlib.sha256(self.model_dump_json(exclude={"ranges"} if not self.ranges else None).encode()).hexdigest()[:16]
 
 
 class Build(BaseModel):

@@ -29,15 +29,30 @@ def matches(card: Card) -> list[tuple[Family, Match]]:
     gen = FAMILIES[-1]
     if fam is not gen:
         g = gen.match(card)
-        if g is not None:
+        if g is not None and (not card.ranges or gen.range_reason(g) is None):
             out.append((gen, g))
     return out
 
 
 def match(card: Card) -> tuple[Family, Match] | tuple[None, None]:
-    """(family, match) for the first family that serves the card, else (None, None)."""
+    """(family, match) for the first family that serves the card, else (None, None). A range card
+    is served only by a family whose kernels take its ranged sizes at run time
+    (``Family.range_reason``); ``range_refusals`` says why the others do not."""
     for fam in FAMILIES:
         m = fam.match(card)
-        if m is not None:
+        if m is not None and (not card.ranges or fam.range_reason(m) is None):
             return fam, m
     return None, None
+
+
+def range_refusals(card: Card) -> list[str]:
+    """Why each family that computes a range card cannot serve its range, one line each (the
+    card's own reason first, where no kernel could: ``ranges.range_reason``)."""
+    from ..ranges import range_reason
+
+    out = [why] if (why := range_reason(card)) else []
+    for fam in FAMILIES:
+        m = fam.match(card)
+        if m is not None and (why := fam.range_reason(m)) is not None:
+            out.append(why)
+    return out

@@ -12,9 +12,8 @@ static inline float MINIMUM(float a, float b) { return (a != a || b != b) ? NAN 
 //@section entry
 
 typedef ${to} TO;
-static const int64_t NUMEL = ${n};
 
-static void run(${params}, TO* out) {
+static void run(${params}, TO* out, const int64_t NUMEL) {
 #pragma omp parallel for schedule(static, ${chunk}) if(NUMEL >= PARALLEL_MIN)
     for (int64_t i = 0; i < NUMEL; ++i) {
             ${same}
@@ -26,7 +25,8 @@ static void run(${params}, TO* out) {
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
+    const int64_t NUMEL = ${n};
     if (n_in != ${n_in} || forge_numel(&out[0]) != NUMEL) return 2;
-    run(${args}, (TO*)out[0].data);
+    run(${args}, (TO*)out[0].data, NUMEL);
     return 0;
 }

@@ -15,10 +15,9 @@ __device__ __forceinline__ float MINIMUM(float a, float b) { return (a != a || b
 //@section entry
 
 typedef ${to} TO;
-static const int64_t NUMEL = ${n};
 
 template <int VEC>
-__global__ void __launch_bounds__(${threads}) fused(${params}, TO* __restrict__ out) {
+__global__ void __launch_bounds__(${threads}) fused(${params}, TO* __restrict__ out, const int64_t NUMEL) {
     for (int64_t base = ((int64_t)blockIdx.x * ${threads} + threadIdx.x) * VEC; base < NUMEL;
          base += (int64_t)gridDim.x * ${threads} * VEC) {
         ${same_loads}
@@ -38,9 +37,11 @@ __global__ void __launch_bounds__(${threads}) fused(${params}, TO* __restrict__ 
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
+    const int64_t NUMEL = ${n};
     if (n_in != ${n_in} || forge_numel(&out[0]) != NUMEL) return 2;
+    if (NUMEL == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    if (${aligned}) fused<${vec}><<<${grid}, ${threads}, 0, s>>>(${args}, (TO*)out[0].data);
-    else fused<1><<<${grid1}, ${threads}, 0, s>>>(${args}, (TO*)out[0].data);
+    if (${aligned}) fused<${vec}><<<${grid}, ${threads}, 0, s>>>(${args}, (TO*)out[0].data, NUMEL);
+    else fused<1><<<${grid1}, ${threads}, 0, s>>>(${args}, (TO*)out[0].data, NUMEL);
     return (int)cudaGetLastError();
 }

@@ -44,6 +44,11 @@ def _op(name: str) -> tuple[str, str]:
     return op.rstrip("_") if op.endswith("_") and not op.startswith("_") else op, overload
 
 
+def _numel(i: dict) -> str:
+    """The elements a call computes: the card's count, or a range card's call's own."""
+    return "forge_numel(&out[0])" if i.get("ranged") else str(i["n"])
+
+
 class Elementwise(Family):
     name = "elementwise"
 
@@ -150,12 +155,35 @@ class Elementwise(Family):
             ins.append({"dtype": s.dtype, "bstride": bstride, "same": same})
         if not any(i["same"] for i in ins):
             return None
+        ranged = sorted(int(k.split(".dim")[1]) for k in card.ranges if k.startswith("output0."))
+        fixed = numel([n for d, n in enumerate(y.shape) if d not in ranged])
         return Match(self.name, card, {"ins": ins, "lines": tr[0], "result": tr[1], "shape": y.shape,
-                                       "n": numel(y.shape), "tout": y.dtype})
+                                       "n": numel(y.shape), "tout": y.dtype, "ranged": bool(card.ranges),
+                                       "ranged_dims": ranged, "n_fixed": fixed})
+
+    def range_reason(self, m: Match) -> str | None:
+        """A range is served where the kernel's only size is the element count, read from the
+        output at run time: every input of the output's shape, or broadcast along dimensions the
+        range leaves fixed (a bias over the last one), each index then the same at every size."""
+        i = m.info
+        last = max(i["ranged_dims"], default=-1)
+        for k, inp in enumerate(i["ins"]):
+            if inp["same"]:
+                mine = sorted(int(key.split(".dim")[1]) for key in m.card.ranges if key.startswith(f"input{k}."))
+                if mine != i["ranged_dims"]:  # of the output's shape at one size, broadcast at another
+                    return f"elementwise: input {k} does not range over the output's ranged dimensions"
+                continue
+            # the index of dimension d divides by the sizes after it: fixed only where none is ranged
+            if any(key.startswith(f"input{k}.") for key in m.card.ranges) or \
+                    any(st for d, st in enumerate(inp["bstride"]) if d <= last):
+                return (f"elementwise: input {k} is broadcast along or outside a ranged dimension, "
+                        "its index is compiled for one size")
+        return None
 
     def _vecs(self, m: Match) -> list[int]:
+        """Vector widths that divide the element count, at every size of a range card's range."""
         isz = min([ITEMSIZE[i["dtype"]] for i in m.info["ins"] if i["same"]] + [ITEMSIZE[m.info["tout"]]])
-        return vec_widths(m.info["n"], isz)
+        return vec_widths(m.info["n_fixed"] if m.info.get("ranged") else m.info["n"], isz)
 
     @staticmethod
     def _modes(m: Match, backend: str) -> list[str]:
@@ -230,7 +258,7 @@ class Elementwise(Family):
         params, loads, args = self._body(m, CPU_CTYPE, False)
         same = "\n            ".join(f"const float in{k} = to_f(p{k}[i]);" for k, inp in enumerate(i["ins"]) if inp["same"])
         return CPU_COMMON + CPP.section("rounding") + CPP.fill(
-            "entry", to=CPU_CTYPE[i["tout"]], n=i["n"], params=params, chunk=p["chunk"], same=same, loads=loads,
+            "entry", to=CPU_CTYPE[i["tout"]], n=_numel(i), params=params, chunk=p["chunk"], same=same, loads=loads,
             comp=self._code(m, p.get("math", "eager")), result=i["result"], n_in=len(i["ins"]), args=args)
 
     def _cuda(self, m: Match, p: dict, device: DeviceProps) -> str:
@@ -241,14 +269,21 @@ class Elementwise(Family):
                                        for k, inp in enumerate(i["ins"]) if inp["same"])
         same_pick = "\n            ".join(f"const float in{k} = v{k}[j];" for k, inp in enumerate(i["ins"]) if inp["same"])
         n = i["n"]
-        full = -(-n // (threads * vec))
         wave = device.sms * (device.max_threads_per_sm // threads)  # blocks resident on the GPU at once
-        grid = {"full": full, "waves4": min(full, 4 * wave), "waves1": min(full, wave)}[p["grid"]]
+        if i.get("ranged"):  # the grid from the call's element count
+            full_v, full_1 = f"(NUMEL + {threads * vec - 1}) / {threads * vec}", f"(NUMEL + {threads - 1}) / {threads}"
+            cap = {"full": None, "waves4": 4 * wave, "waves1": wave}[p["grid"]]
+            grid: object = f"(unsigned)({full_v})" if cap is None else f"(unsigned)std::min<int64_t>({full_v}, {cap})"
+            grid1: object = f"(unsigned)({full_1})" if cap is None else grid
+        else:
+            full = -(-n // (threads * vec))
+            grid = {"full": full, "waves4": min(full, 4 * wave), "waves1": min(full, wave)}[p["grid"]]
+            grid1 = -(-n // threads) if p["grid"] == "full" else grid
         aligned = " && ".join([f"forge_aligned(in[{k}].data, {vec * ITEMSIZE[inp['dtype']]})"
                                for k, inp in enumerate(i["ins"]) if inp["same"]]
                               + [f"forge_aligned(out[0].data, {vec * ITEMSIZE[i['tout']]})"])
         return CUDA_COMMON + CUH.section("rounding") + CUH.section("fg") + FAST_HELPERS + CUH.fill(
-            "entry", to=CTYPE[i["tout"]], n=n, threads=threads, params=params, same_loads=same_loads,
+            "entry", to=CTYPE[i["tout"]], n=_numel(i), threads=threads, params=params, same_loads=same_loads,
             same_pick=same_pick, loads=loads, comp=self._code(m, p.get("math", "eager")), result=i["result"],
             n_in=len(i["ins"]), aligned=aligned, vec=vec, grid=grid, args=args,
-            grid1=-(-n // threads) if p["grid"] == "full" else grid)
+            grid1=grid1)

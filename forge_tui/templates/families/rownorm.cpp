@@ -32,10 +32,11 @@ TS* mean_out = (TS*)out[1].data; TS* rstd_out = (TS*)out[2].data;
 //@section entry
 
 ${types}
-static const int64_t ROWS = ${rows}, COLS = ${cols};
+static const int64_t COLS = ${cols};
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
+    const int64_t ROWS = ${rows};
     if (forge_numel(&in[${x}]) != ROWS * COLS || !forge_is_contiguous(&out[0])) return 2;
     ${inputs}
     TO* y = (TO*)out[0].data;

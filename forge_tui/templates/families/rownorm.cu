@@ -8,11 +8,11 @@ typedef ${tx} TX; typedef ${tw} TW; typedef ${tb} TB; typedef ${to} TO; typedef 
 //@section entry
 
 ${types}
-static const int64_t ROWS = ${rows};
 static const int COLS = ${cols};
 
 FORGE_EXPORT int forge_launch(const forge_tensor* in, int32_t n_in, forge_tensor* out, int32_t n_out,
                               const forge_scalar* sc, int32_t n_sc, void* stream) {
+    const int64_t ROWS = ${rows};
     if (forge_numel(&in[${x}]) != ROWS * COLS || !forge_is_contiguous(&out[0])) return 2;
     cudaStream_t s = (cudaStream_t)stream;
     const bool aligned = ${checks};

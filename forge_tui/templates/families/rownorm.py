@@ -95,14 +95,30 @@ def match_layer_norm(card: Card) -> dict | None:
             "tb": card.inputs[bi].dtype if bi is not None else x.dtype}
 
 
+def _rows(i: dict) -> str:
+    """The rows a call normalises: the card's count, or for a range card the call's own, from its
+    input's elements (its rows' length is fixed)."""
+    return f"forge_numel(&in[{i['x']}]) / COLS" if i.get("ranged") else str(i["rows"])
+
+
 class RowNorm(Family):
     name = "rownorm"
+
+    def range_reason(self, m: Match) -> str | None:
+        """A range over the rows is served (their count is read from the input at run time); one
+        over a row's length is not (it sizes each thread's registers at compile time)."""
+        x = m.card.inputs[m.info["x"]]
+        last = f"input{m.info['x']}.dim{len(x.shape) - 1}"
+        if last in m.card.ranges or any(k.startswith("input") and not k.startswith(f"input{m.info['x']}.")
+                                        for k in m.card.ranges):
+            return "rownorm: a row's length (and a weight's) is fixed when the kernel is compiled"
+        return None
 
     def match(self, card: Card) -> Match | None:
         info = match_rms(card) or match_layer_norm(card)
         if info is None or info["cols"] > 1024 * 32:
             return None
-        return Match("rms_norm" if info["kind"] == "rms" else "layer_norm", card, info)
+        return Match("rms_norm" if info["kind"] == "rms" else "layer_norm", card, {**info, "ranged": bool(card.ranges)})
 
     def _vecs(self, m: Match) -> list[int]:
         return vec_widths(m.info["cols"], ITEMSIZE[m.info["tin"]])
@@ -163,7 +179,7 @@ class RowNorm(Family):
             types = CPP.inline("ln_types", tx=ct[i["tin"]], tw=ct[i["tw"]], tb=ct[i["tb"]], to=ct[i["tout"]],
                                ts=ct[i["tstat"]])
             outs, body = CPP.inline("ln_outs"), CPP.inline("ln_body", eps=eps)
-        return CPU_COMMON + CPP.fill("entry", types=types, rows=i["rows"], cols=i["cols"], x=i["x"], inputs=inputs,
+        return CPU_COMMON + CPP.fill("entry", types=types, rows=_rows(i), cols=i["cols"], x=i["x"], inputs=inputs,
                                      outs=outs, chunk=p["chunk"], body=body)
 
     # ---- CUDA --------------------------------------------------------------------------------------
@@ -190,6 +206,7 @@ class RowNorm(Family):
             extra_t = "TB, TS"
         checks = " && ".join(f"forge_aligned({q}, {vec} * 4)" for q in ptrs.split(", "))
         return CUDA_COMMON + CUH.section("kernels") + CU.fill(
-            "entry", types=types, rows=rows, cols=cols, x=i["x"], checks=checks, kernel=kernel,
+            "entry", types=types, rows=_rows(i), cols=cols, x=i["x"], checks=checks, kernel=kernel,
             tparams=f"TX, TW, {extra_t}, TO", tpr=tpr, rpb=rpb, vec=vec, nv=-(-cols // (tpr * vec)), nv1=-(-cols // tpr),
-            blocks=-(-rows // rpb), threads=tpr * rpb, args=args, eps=f"(float){i['eps']!r}")
+            blocks=f"(unsigned)((ROWS + {rpb - 1}) / {rpb})" if i.get("ranged") else -(-rows // rpb),
+            threads=tpr * rpb, args=args, eps=f"(float){i['eps']!r}")

@@ -1,0 +1,234 @@
+"""Profiling a generation into range cards (``forge profile --generate N``): prefill and decode
+steps apart, calls that differ only in a size that varies by step as one card."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from forge_tui.cards import load_cards
+from forge_tui.ranges import at_sizes, checked_sizes, dense_strides, dim_order, size_points
+
+PROMPT, NEW = 8, 9  # a prefill at KV length 8, then decode steps at KV lengths 9..16
+
+WORKLOAD = textwrap.dedent(f"""
+    from forge_tui.examples import tiny_decoder as base
+    from forge_tui.examples._decoder_parts import decoder_inputs
+
+    def get_model():
+        return base.get_model()
+
+    def get_inputs():
+        return decoder_inputs(base.CONFIG, 1, {PROMPT})
+
+    generate = base.generate
+""")
+
+
+@pytest.fixture(scope="module")
+def gen_workspace(tmp_path_factory):
+    from conftest import FAST_TOML
+
+    from forge_tui.workspace import profile_into_workspace
+
+    root = tmp_path_factory.mktemp("genprof")
+    (root / "forge.toml").write_text(FAST_TOML)
+    (root / "gen_decoder.py").write_text(WORKLOAD)
+    ws, result = profile_into_workspace(root / "gen_decoder.py", root / "ws", device="cpu",
+                                        config_path=root / "forge.toml", generate=NEW)
+    return ws, result
+
+
+def _kv_product(cards):
+    """The attention's scores product q @ k^T: a bmm whose second operand's last dim is the KV length."""
+    return [c for c in cards if c.target == "aten.bmm.default" and "input1.dim2" in c.ranges and c.inputs[1].shape[1] == 16]
+
+
+def test_decode_steps_make_one_range_card_with_phases(gen_workspace):
+    ws, result = gen_workspace
+    cards = load_cards(ws.root / "cards")
+    (scores,) = _kv_product(cards)
+    kv = scores.ranges["input1.dim2"]
+    assert (kv.min, kv.max) == (PROMPT, PROMPT + NEW - 1)
+    layers = 2
+    assert kv.sizes() == {n: layers for n in range(PROMPT, PROMPT + NEW)}  # every step's calls, weighted
+    assert scores.ranges["output0.dim2"].same_as == "input1.dim2"
+    assert scores.phases == {"prefill": layers, "decode": layers * (NEW - 1)}
+    assert scores.calls == layers * NEW
+    assert scores.share == pytest.approx(sum(scores.phase_share.values()))
+    assert scores.phase_share["decode"] > 0 and scores.phase_share["prefill"] > 0
+    # the inputs kept: the most weighted size's and the range's ends'
+    assert len({json.dumps(s.point, sort_keys=True) for s in scores.samples}) >= 2
+    # no exact-shape card of one decode step is left beside it
+    assert not [c for c in cards if c.target == "aten.bmm.default" and not c.ranges]
+    assert result.generate == NEW
+
+
+def test_op_table_shows_prefill_and_decode_shares(gen_workspace):
+    ws, _ = gen_workspace
+    text = (ws.root / "optable.txt").read_text()
+    assert "share (prefill/decode)" in text
+    (scores,) = _kv_product(load_cards(ws.root / "cards"))
+    p, d = (100 * scores.phase_share[k] for k in ("prefill", "decode"))
+    assert f"({p:.1f}/{d:.1f})" in text
+    assert f"{PROMPT}..{PROMPT + NEW - 1}" in scores.shapes()
+
+
+def test_forward_profile_keeps_exact_cards(decoder_workspace):
+    for c in load_cards(decoder_workspace.root / "cards"):
+        assert not c.ranges and not c.phases
+        raw = json.loads((decoder_workspace.root / "cards" / f"{c.id}.json").read_text())
+        assert "ranges" not in raw and "phases" not in raw
+
+
+def test_generate_below_two_tokens_is_refused(tmp_path):
+    from forge_tui.errors import ForgeError
+    from forge_tui.workspace import profile_into_workspace
+
+    with pytest.raises(ForgeError, match="at least 2 new tokens"):
+        profile_into_workspace("example:tiny_decoder", tmp_path / "ws", device="cpu", generate=1)
+    assert not (tmp_path / "ws").exists()
+
+
+def test_layouts_and_sizes_of_a_range():
+    assert dim_order([8, 16, 10], [160, 1, 16]) == (0, 2, 1)  # a transposed view of a growing cache
+    assert dense_strides([8, 16, 13], (0, 2, 1)) == [208, 1, 16]
+    assert dim_order([8, 16, 10], [0, 1, 16]) is None  # broadcast: not dense
+    from forge_tui.cards import DimRange
+
+    sizes = checked_sizes(DimRange(min=8, max=16, weights={}))
+    assert sizes[0] == 8 and sizes[-1] == 16
+    assert any(n % 2 for n in sizes[1:-1]) and any(n in (11, 13) for n in sizes)
+
+
+def test_card_at_a_size_of_its_range(gen_workspace):
+    ws, _ = gen_workspace
+    (scores,) = _kv_product(load_cards(ws.root / "cards"))
+    points = size_points(scores)
+    assert {p["input1.dim2"] for p in points} >= {PROMPT, PROMPT + NEW - 1}
+    exact = at_sizes(scores, {**points[0], "input1.dim2": 13})
+    assert exact.inputs[1].shape[2] == 13 and exact.outputs[0].shape[2] == 13
+    assert exact.inputs[1].stride == dense_strides(exact.inputs[1].shape, dim_order(scores.inputs[1].shape,
+                                                                                    scores.inputs[1].stride))
+
+
+# ---- kernels that serve a range, guards by shape class ---------------------------------------------
+
+def _range_norm(cards):
+    """The decoder layers' RMSNorm module card, over the rows of the prefill and the decode steps."""
+    (norm,) = [c for c in cards if c.target == "module:RMSNorm" and "input0.dim1" in c.ranges]
+    return norm
+
+
+@pytest.fixture(scope="module")
+def range_kernel(gen_workspace):
+    """(workspace, RMSNorm range card, its rownorm kernel's source, the evaluation)."""
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.templates.registry import match
+
+    ws, _ = gen_workspace
+    norm = _range_norm(ws.cards())
+    fam, m = match(norm)
+    assert fam is not None and m is not None and fam.name == "rownorm"
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(norm, src)
+        assert r.correct, r.reason
+        rows = norm.ranges["input0.dim1"]
+        for n in range(rows.min, rows.max + 1):  # and every size of the range, one by one
+            from forge_tui.evaluator.api import EvalOptions
+
+            one = ev.evaluate(at_sizes(norm, {"input0.dim1": n}), src, EvalOptions(timing=False))
+            assert one.correct, (n, one.reason)
+        baked = fam.render(m.__class__(m.family, m.card, {**m.info, "ranged": False}), fam.initial(m, "cpu"), "cpu")
+        wrong = ev.evaluate(norm, baked)  # the same kernel with the card's row count baked in
+    promote_kernel(ws, norm.id, src, r, by="test")
+    return ws, norm, src, r, wrong
+
+
+def test_range_kernel_checked_at_ends_odd_and_prime_sizes(range_kernel):
+    _, norm, _, r, wrong = range_kernel
+    rows = norm.ranges["input0.dim1"]
+    checked = {p["input0.dim1"] for p in r.detail["range"]["checked"]}
+    assert {rows.min, rows.max} <= checked and any(n % 2 for n in checked)
+    assert r.detail["range"]["timed_at"] == {"input0.dim1": max(rows.sizes(), key=rows.sizes().__getitem__)}
+    assert r.time_us is not None
+    # a kernel that serves one size only fails at another, named in the reason
+    assert not wrong.correct and "at sizes input0.dim1=" in wrong.reason
+
+
+def test_family_that_cannot_serve_a_range_says_why(gen_workspace):
+    from forge_tui.templates.registry import match, range_refusals
+
+    ws, _ = gen_workspace
+    (soft,) = [c for c in ws.cards() if c.target == "aten._softmax.default" and c.ranges]
+    assert match(soft) == (None, None)
+    reasons = range_refusals(soft)
+    assert reasons and all(len(line.splitlines()) == 1 for line in reasons)
+    assert any(line.startswith("softmax:") for line in reasons)
+
+
+def test_guard_serves_the_range_and_falls_back_outside(range_kernel):
+    import torch
+
+    from forge_tui.generation import GreedyRunner, adapter_for
+    from forge_tui.ranges import OUTSIDE_RANGE
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
+    ws, norm, _, _, _ = range_kernel
+    wl = load_workload(ws.root / "workload.py")
+    model, inputs = wl.build("cpu")
+    model.eval()
+    with torch.no_grad():
+        eager = wl.module.generate(model, inputs, max_new_tokens=NEW)  # the model's own greedy loop
+        with apply(model, ws.root, only_faster=False) as applied:
+            runner = GreedyRunner(adapter_for(model), max_len=PROMPT + NEW, capture=None)
+            served = runner.generate(inputs[0], NEW).tokens
+            st = applied.board.cards[norm.id]
+            assert st.active and st.served >= 2 * 2 * NEW  # two norms a layer, every step
+            assert not st.fallbacks
+            longer = torch.randint(0, 256, (1, norm.ranges["input0.dim1"].max + 3))
+            model(longer)
+            assert st.fallbacks[OUTSIDE_RANGE] >= 4
+            served_before = st.served
+            model(longer[:, :PROMPT - 1])  # inside the range again: served
+            assert st.served > served_before
+    assert torch.equal(served, eager)
+
+
+def test_elementwise_serves_a_range_where_its_index_does_not_change(gen_workspace):
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.templates.registry import match, range_refusals
+
+    ws, _ = gen_workspace
+    (silu,) = [c for c in ws.cards() if c.target == "aten.silu.default" and c.ranges]
+    fam, m = match(silu)
+    assert fam is not None and m is not None and fam.name == "elementwise"
+    for backend in ("cpu", "cuda"):  # the element count read from the output, not compiled in
+        src = fam.render(m, fam.initial(m, backend), backend)
+        assert "const int64_t NUMEL = forge_numel(&out[0]);" in src
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(silu, fam.render(m, fam.initial(m, "cpu"), "cpu"))
+    assert r.correct, r.reason
+    # the attention's mask add: the mask is broadcast along ranged dimensions
+    (masked,) = [c for c in ws.cards() if c.target == "aten.add.Tensor" and len(c.inputs) == 2
+                 and len(c.inputs[1].shape) == 2 and c.ranges]
+    assert any(line.startswith("elementwise: input 1") for line in range_refusals(masked))
+
+
+def test_a_workload_that_cannot_generate_is_refused_in_one_line(tmp_path):
+    from forge_tui.errors import WorkloadError
+    from forge_tui.workspace import profile_into_workspace
+
+    with pytest.raises(WorkloadError, match=r"--generate needs a generate\(model, inputs\) function") as err:
+        profile_into_workspace("example:tiny_mlp", tmp_path / "ws", device="cpu", generate=4)
+    assert len(str(err.value).splitlines()) == 1
+    assert not (tmp_path / "ws").exists()
