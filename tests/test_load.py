@@ -266,7 +266,10 @@ def test_a_thousand_repeats_outlast_the_no_progress_limit_without_tripping_it(mo
         limit = evaluator.worker.limits["timing"]
     clock = FakeClock()
     real = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
-    monkeypatch.setattr(checks, "time", SimpleNamespace(**{**real, "monotonic": clock.monotonic}))
+    from forge_tui.evaluator import checks
+
+    for module in (checks, timing_protocol):  # the heartbeat's clock, where it is set and where it is read
+        monkeypatch.setattr(module, "time", SimpleNamespace(**{**real, "monotonic": clock.monotonic}))
 
     def round_of(r):
         clock.now += 0.1
