@@ -8,9 +8,9 @@
 WORKLOAD: a bundled example's name or a workload file (default: decoder, moe and
 bench/workloads/hf_llama_gen.py, each with a ``generate`` entry). For each, in a process of its own
 (one workload failing or running out of time leaves the others their rows): the flow of the README
-into a temporary workspace, each step skippable: profile (a bundled example at its generation
-shapes: its largest batch of ``PROMPT_LEN``-token prompts, the prefill the bench runs, not its 4 x
-1024 forward), ``forge experts`` and ``forge merge`` (every card that matches, --min-rewrite-speedup
+into a temporary workspace, each step skippable: profile (a generation of --new-tokens tokens from
+a bundled example's largest batch of ``PROMPT_LEN``-token prompts, not its 4 x 1024 forward: range
+cards over the prefill and the decode steps; --profile-forward profiles the prefill alone), ``forge experts`` and ``forge merge`` (every card that matches, --min-rewrite-speedup
 to ask more), an offline search with the template proposer under a small fixed budget (--evals,
 --search-wall), ``forge approve --auto``; then the four ways (``forge_tui.generation.bench``):
 prefill and decode tokens/s with spread, first call, token agreement, batch-1 decode against the
@@ -124,7 +124,10 @@ def run_child(name: str, opts: dict[str, Any], deadline: float, record: Path) ->
                                                      cpu_timing=CPU_TIMING if dev == "cpu" else ""))
                 t0 = time.time()
                 log("profiling")
-                if forge(["--config", str(cfg), "profile", spec, "-w", ws, "--device", dev, "-q", "--limit", "8"]) != 0:
+                profile = ["--config", str(cfg), "profile", spec, "-w", ws, "--device", dev, "-q", "--limit", "8"]
+                if opts["profile_generate"]:  # the prefill and every decode step, in range cards
+                    profile += ["--generate", str(opts["new_tokens"])]
+                if forge(profile) != 0:
                     raise RuntimeError("forge profile failed")
                 phase("profile", t0)
                 for step in ("experts", "merge"):
@@ -184,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-experts", action="store_true", help="skip forge experts")
     ap.add_argument("--no-merge", action="store_true", help="skip forge merge")
     ap.add_argument("--no-search", action="store_true", help="skip the offline search")
+    ap.add_argument("--profile-forward", action="store_true", help="profile the prefill's forward alone (exact "
+                    "cards at its shapes), not a generation of --new-tokens (range cards over the decode steps)")
     ap.add_argument("--evals", type=int, default=4, help="the search's evaluations per workload (default 4)")
     ap.add_argument("--search-wall", type=float, default=60.0, help="the search's wall limit, s (default 60)")
     ap.add_argument("--min-rewrite-speedup", type=float, default=0.0, help="experts/merge --min-speedup (default 0: "
@@ -203,6 +208,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     return {"device": dev, "workspace": args.workspace, "new_tokens": args.new_tokens, "batch": args.batch,
             "repeats": args.repeats, "compile": not args.no_compile, "compile_mode": args.compile_mode,
             "experts": not args.no_experts, "merge": not args.no_merge, "search": not args.no_search,
+            "profile_generate": not args.profile_forward,
             "evals": args.evals, "search_wall": args.search_wall, "min_rewrite_speedup": args.min_rewrite_speedup,
             "min_speedup": args.min_speedup, "max_spread": args.max_spread}
 
