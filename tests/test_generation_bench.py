@@ -116,6 +116,9 @@ def test_forge_bench_generate_prints_the_table(decoder_workspace, capsys):
                  "--no-compile", "--device", "cpu", "--gen-repeats", "1", "--json"]) == 0
     j = json.loads(capsys.readouterr().out)
     assert [row["way"] for row in j["rows"]] == ["eager", "eager+forge"] and j["new_tokens"] == 3
+    from forge_tui.generation_result import load
+
+    assert load(decoder_workspace.root) == j  # the last run, kept for the app to show
 
 
 @pytest.mark.parametrize("args, said", [
