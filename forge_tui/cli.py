@@ -357,6 +357,9 @@ def cmd_bench(args) -> int:
         g = generate_bench(args.workload, args.workspace, args.generate, batches=tuple(args.batch) if args.batch else None,
                            device=args.device, dtype=parse_dtype(args.dtype), repeats=args.gen_repeats,
                            with_compile=not args.no_compile, compile_mode=args.compile_mode)
+        from .generation_result import save
+
+        save(args.workspace, g.to_json())  # the app's screens show it (``generation_result.py``)
         print(json.dumps(g.to_json(), indent=1) if args.json else g.table())
         for what in g.mismatches():
             print(f"forge: error: tokens of {what}", file=sys.stderr)

@@ -93,6 +93,7 @@ class GeneratedOp:
         how many ran the reference, and why."""
         served, fallbacks, active, why = 0, Counter(self._unserved), False, self._why
         if self._applied is not None:
+            self._applied.board.settle()  # the counts module cards keep themselves (``status.Tally``)
             st = self._applied.guards[self.card.id].status
             served, active = st.served, st.active
             fallbacks.update(st.fallbacks)

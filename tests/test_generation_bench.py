@@ -9,7 +9,7 @@ import torch
 
 from forge_tui.cli import main
 from forge_tui.errors import ForgeError
-from forge_tui.generation.bench import WAYS, _judge, generate_bench
+from forge_tui.generation.bench import GAP_FLOOR, WAYS, _judge, generate_bench
 
 
 def test_generate_bench_four_ways_on_a_tiny_decoder(decoder_workspace):
@@ -57,26 +57,54 @@ def test_the_embedding_lookup_reads_rows_and_the_experts_only_those_chosen():
     assert dec.kv_bytes_per_token() == 2 * c.layers * c.kv_heads * c.head_dim * 4
 
 
-def test_tokens_that_differ_are_judged_against_the_model_in_fp32():
-    eager = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
-    close = torch.tensor([[1, 2, 9, 9], [5, 6, 7, 8]])
-    gaps = {1: 0.5, 9: 0.52, 3: 4.0}  # by the first differing token: eager's, a close way's, a worse one's
+def test_tokens_that_differ_are_judged_teacher_forced_against_the_model_in_fp32():
+    """Along eager's tokens: a way whose model is eager's but whose tokens went another way (a near
+    tie resolved otherwise) is as accurate as eager; a way whose model has a perturbed weight is
+    less accurate (its logits off fp32's, its argmax off fp32's at clear positions); identical
+    tokens say so and run no forward."""
+    import copy
 
-    def fp32(t):
-        return gaps[int(t[0, 2])]
+    from forge_tui.examples import tiny_decoder
+    from forge_tui.generation import adapter_for, eager_generate
+    from forge_tui.generation.bench import forced
 
-    worse = torch.tensor([[1, 2, 9, 9], [5, 6, 7, 8]])
-    gaps[9] = 0.52
-    out = _judge({"eager": eager, "eager+forge": eager.clone(), "compile": close}, eager, eager.clone(),
-                 lambda t: 0.5 if torch.equal(t, eager) else fp32(t))
+    torch.manual_seed(0)
+    model = tiny_decoder.get_model().eval()
+    perturbed = copy.deepcopy(model)
+    with torch.no_grad():
+        perturbed.layers[0].mlp.down_proj.weight.add_(torch.randn_like(perturbed.layers[0].mlp.down_proj.weight))
+    prompt = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+    eager = eager_generate(model, prompt, 6)
+    other = eager.clone()
+    other[0, 3:] = (other[0, 3:] + 1) % 256  # another trajectory from step 4, the model eager's own
+    worse = eager_generate(perturbed, prompt, 6)
+    assert not torch.equal(worse, eager)
+    models = {"eager": model, "eager+forge": model, "compile": copy.deepcopy(model), "compile+forge": perturbed}
+    seq = torch.cat([prompt, eager], dim=1)
+    asked: list[str] = []
+
+    def logits(name):
+        asked.append(name)
+        with torch.no_grad():
+            return adapter_for(models[name]).full_logits(seq)[:, :-1, :]
+
+    def ref():
+        with torch.no_grad():
+            return adapter_for(copy.deepcopy(model).float()).full_logits(seq)[:, :-1, :]
+
+    out = _judge({"eager": eager, "eager+forge": eager.clone(), "compile": other, "compile+forge": worse}, eager,
+                 eager.clone(), logits, ref)
     assert out["eager"] == ("eager's two runs identical", True) and out["eager+forge"] == ("identical", True)
+    assert "eager+forge" not in asked
     said, ok = out["compile"]
-    assert ok and said.startswith("differ from step 3 in 1 of 2 rows; as accurate as eager against fp32")
-    out = _judge({"eager": eager, "compile+forge": worse}, eager, torch.zeros_like(eager),
-                 lambda t: 0.5 if torch.equal(t, eager) else 0.9)
-    assert out["eager"] == ("eager's two runs differ", True)
+    assert ok and said.startswith("differ from step 4 in 1 of 2 rows; along eager's tokens as accurate as eager")
     said, ok = out["compile+forge"]
-    assert not ok and "LESS accurate than eager" in said and "0.9 vs 0.5" in said
+    assert not ok and "LESS accurate than eager" in said, said
+    r = ref().float()  # eager is the fp32 model here: clear is a margin above the floor
+    clear = forced(logits("compile+forge"), r, GAP_FLOOR * float(r.abs().max()))
+    assert clear.agree < clear.clear and f"fp32's argmax at {clear.agree} of {clear.clear} clear" in said
+    out = _judge({"eager": eager, "compile": other}, eager, torch.zeros_like(eager), logits, ref)
+    assert out["eager"] == ("eager's two runs differ", True) and out["compile"][1]
 
 
 def test_forge_bench_generate_prints_the_table(decoder_workspace, capsys):
@@ -88,6 +116,9 @@ def test_forge_bench_generate_prints_the_table(decoder_workspace, capsys):
                  "--no-compile", "--device", "cpu", "--gen-repeats", "1", "--json"]) == 0
     j = json.loads(capsys.readouterr().out)
     assert [row["way"] for row in j["rows"]] == ["eager", "eager+forge"] and j["new_tokens"] == 3
+    from forge_tui.generation_result import load
+
+    assert load(decoder_workspace.root) == j  # the last run, kept for the app to show
 
 
 @pytest.mark.parametrize("args, said", [

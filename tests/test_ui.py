@@ -387,6 +387,11 @@ def test_m_folds_and_groups_the_model_from_the_app(tmp_path):
             await until(pilot, lambda: app.bench_outcome is not None or app.failures, 240, "the model run")
             assert not app.failures, [f.error for f in app.failures]
             assert app.bench_outcome.outputs_agree.get("eager+forge") is None
+            # the workload generates: b measures its tokens/s next, in the same worker (awaited,
+            # so that no thread runs torch while the process exits)
+            await until(pilot, lambda: app.generation is not None or app.failures, 240, "the generation bench")
+            assert not app.failures, [f.error for f in app.failures]
+            assert any(line.startswith("  batch 1: prefill") for line in app.log_lines)
             app.rewriting = True  # while the worker runs, the guide says what it does
             assert "grouping routed experts" in app.guide_text()
 

@@ -174,6 +174,21 @@ class ScriptedSearch:
         return True
 
 
+def _way(way: str, batch: int, prefill: float, decode: float) -> dict[str, Any]:
+    def st(median: float) -> dict[str, Any]:
+        return {"median": median, "q1": median * 0.98, "q3": median * 1.02, "n": 3}
+
+    return {"way": way, "batch": batch, "prefill_tok_s": st(prefill), "decode_tok_s": st(decode), "tokens": "identical",
+            "agrees": True, "error": None}
+
+
+GENERATION: dict[str, Any] = {
+    "workload": "tiny_decoder", "device": "cpu", "dtype": "float32", "prompt_len": 16, "new_tokens": 8, "repeats": 3,
+    "rows": [_way("eager", 1, 1200.0, 300.0), _way("eager+forge", 1, 1500.0, 600.0),
+             _way("eager", 2, 2000.0, 500.0), _way("eager+forge", 2, 2100.0, 400.0)]}
+"""A ``forge bench --generate`` result as the workspace stores it (``generation_result.py``)."""
+
+
 class FixtureBackend(Backend):
     """The app's backend with fixed answers (no git, no evaluator, no model run); a search and the
     retimes publish scripted events (``script``, ``retime_rounds``)."""
@@ -198,6 +213,11 @@ class FixtureBackend(Backend):
         self.requests_open = True
         """Whether the RMSNorm request is offered; ``offer_after_retime`` opens it after the rounds."""
         self.offer_after_retime = False
+        self.generating_workload = False
+        """Whether the workload generates: ``b`` then measures tokens/s (``bench_generate``)."""
+        self.stored_generation: dict[str, Any] | None = None
+        """The workspace's stored ``forge bench --generate`` result (``generation``)."""
+        self.generation_runs = 0
 
     @contextmanager
     def search(self, *, settings: dict[str, Any], cards: list[str] | None, bus: Any, proposer: str = "auto",
@@ -297,6 +317,19 @@ class FixtureBackend(Backend):
     def rewrites(self) -> RewriteOutcome:
         return RewriteOutcome(["fold: fixture.py: the model has no batch norm after a convolution to fold",
                                "experts: fixture.py: the model has no routed mixture-of-experts block"], 0)
+
+    def generation(self) -> dict[str, Any] | None:
+        return self.stored_generation
+
+    def generates(self) -> bool:
+        return self.generating_workload
+
+    def bench_generate(self, repeats: int = 3) -> dict[str, Any] | None:
+        self.generation_runs += 1
+        if not self.generating_workload:
+            return None
+        self.stored_generation = GENERATION
+        return GENERATION
 
     def bench(self, repeats: int = 10) -> BenchOutcome:
         return BenchOutcome([Variant("eager", 842.8, 830.1, 851.0, "-"), Variant("eager+forge", 771.0, 760.2, 780.4)],

@@ -117,8 +117,8 @@ class ExampleAdapter:
         return torch.cat(out, dim=1)
 
     def full_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Every position's logits from the model's full forward (no cache)."""
-        return self.model(ids)[0]
+        """Every position's logits from the model's full forward (no cache), through ``call``."""
+        return self.call(ids)[0]
 
     def weight_bytes(self, batch: int) -> int:
         """Bytes of weights a decode step of ``batch`` sequences reads: routed experts only as

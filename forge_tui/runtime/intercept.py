@@ -216,9 +216,8 @@ def intercepting(original: Callable[..., Any], interceptor: type, table: dict[An
         if leads is not None:
             lead = leads.lead(args, kwargs)
             if leads.empty_leads and leads.unlike(lead):
-                for g in guards:
-                    if g.status.active:
-                        g.board.fell_back(g.status, UNSERVED_WHY)
+                leads.refused.add(lead)  # looked up first from now on (``refusing``)
+                unserved().n += 1
                 return original(*args, **kwargs)
             served = sum(g.status.served for g in guards)  # a chain's call counts there alone
         mode = interceptor(table, owner, chains)
@@ -238,7 +237,50 @@ def intercepting(original: Callable[..., Any], interceptor: type, table: dict[An
             leads.note(lead, sum(g.status.served for g in guards) > served)
         return realize_returned(ret) if ran else ret
 
-    return gated(intercepted, original, guards, trial, None if leads is None else servable, take_out)
+    tally: list[Any] = []
+
+    def unserved() -> Any:
+        """The count of calls run as written for ``UNSERVED_WHY`` (``status.Tally``)."""
+        if not tally:
+            tally.append(guards[0].board.tally([g.status for g in guards], UNSERVED_WHY))
+        return tally[0]
+
+    if leads is None or not guards:
+        return gated(intercepted, original, guards, trial, None if leads is None else servable, take_out)
+    outer: list[Callable[..., Any]] = []
+
+    def take_out_outer(_: Callable[..., Any]) -> bool:
+        return take_out is not None and take_out(outer[0])
+
+    outer.append(refusing(gated(intercepted, original, guards, trial, servable,
+                                take_out_outer if take_out is not None else None), original, leads.refused, unserved))
+    return outer[0]
+
+
+def refusing(forward: Callable[..., Any], original: Callable[..., Any], refused: set[Any],
+             unserved: Callable[[], Any]) -> Callable[..., Any]:
+    """``forward`` (an intercepted scope's, as ``apply`` serves it) behind one lookup: a call whose
+    first argument is a plain tensor with a lead its scope found ``Leads.unlike`` (``refused``: a
+    generation loop's decode steps, where the cards were profiled at the prompt's shapes) runs as
+    written at once, counted in ``unserved()``'s tally as ``intercepted`` counts it; anything else
+    goes through ``forward``, its trial and its checks, which such a call would pass only to run as
+    written. What forge adds to such a call is this function's frame and one lookup."""
+    import torch
+
+    tensor = torch.Tensor
+    tally: list[Any] = []
+
+    def refusing_forward(*args: Any, **kwargs: Any) -> Any:
+        if refused and args:
+            x = args[0]
+            if type(x) is tensor and (x.shape, x.dtype) in refused:
+                if not tally:
+                    tally.append(unserved())
+                tally[0].n += 1
+                return original(*args, **kwargs)
+        return forward(*args, **kwargs)
+
+    return refusing_forward
 
 
 UNSERVED_WHY = "a call unlike those its scope served (new shapes): run as written, not intercepted"

@@ -122,10 +122,11 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
     """Calls of tensors only whose tensors the card's specs refuse, by the tensors' specs
     (``graph.call_key``): the reason, counted again for a like call, which then runs the module's own
     forward at once (``MissMemo``)."""
-    shaped: dict[Any, str] = {}
+    shaped: dict[Any, Any] = {}
     """Refused calls whose first tensor, a plain one, has a shape not the card's (refused whatever
     its strides and whatever the call's other tensors are), by that tensor's shape, dtype and
-    device: the reason, for a call of as many arguments as the profiled one whose first argument
+    device: the count of their fallbacks for the reason (``status.Tally``, kept here without a
+    call), for a call of as many arguments as the profiled one whose first argument
     was the card's first input. Looked up before anything else, so that a generation step's call
     (a shape no kernel serves, five times a step in a Llama's norms, once in its rotary
     embedding, which takes the position ids by keyword) costs the host little more than the
@@ -173,9 +174,9 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
         if shaped and args and len(args) + len(kwargs) == n_call:
             x = args[0]
             if type(x) is Tensor:
-                why = shaped.get((x.shape, x.dtype, x.device))
-                if why is not None:
-                    board.fell_back(status, why)
+                tally = shaped.get((x.shape, x.dtype, x.device))
+                if tally is not None:
+                    tally.n += 1
                     return original(*args, **kwargs)
         f = fast[0]
         if f is not None:
@@ -247,7 +248,7 @@ def module_forward(module: "torch.nn.Module", original: Callable[..., Any], guar
                 x = args[0] if args else None
                 if lead_shape is not None and type(x) is Tensor and tuple(x.shape) != lead_shape:
                     if len(shaped) < MISS_MEMO:  # refused whatever the call's other arguments are
-                        shaped[(x.shape, x.dtype, x.device)] = why
+                        shaped[(x.shape, x.dtype, x.device)] = board.tally([status], why)
                 elif tensors_only is not None and guard.refuses(tensors[:tensors_only]) and len(misses) < MISS_MEMO:
                     misses[call_key(args, {})] = why
                 fell_back(why)

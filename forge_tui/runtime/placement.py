@@ -159,7 +159,8 @@ def _outside_graph(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial: Trial | None,
                    path: str, take_out: Callable[[Callable[..., Any]], bool] | None = None) -> Callable[..., Any]:
-    """A compiled scope's forward: the original once every card of the scope is off; tried in place
+    """A compiled scope's forward: a call its book refuses by its lead as written at once
+    (``GraphScope.refusing``); the original once every card of the scope is off; tried in place
     first with a ``trial``; switched to the original, with the reason in each card's status, if
     the forward cannot be compiled."""
     owned = list({id(g.guard): g.guard for g in guards}.values())
@@ -177,7 +178,16 @@ def _graph_forward(scope: GraphScope, guards: list[OpGuard | ChainGuard], trial:
         # untried): a call at other shapes would time the forward as written on both sides
         return bool(scope.book.serving) and call_key(args, kwargs) in scope.book.serving
 
-    return gated(scope, original, owned, trial, servable, take_out)
+    # a call the scope's book refuses by its lead runs as written before the gate's checks
+    # (``GraphScope.refusing``); taking the forward out takes out that outermost one
+    outer: list[Callable[..., Any]] = []
+
+    def take_out_outer(_: Callable[..., Any]) -> bool:
+        return take_out is not None and take_out(outer[0])
+
+    outer.append(scope.refusing(gated(scope, original, owned, trial, servable,
+                                      take_out_outer if take_out is not None else None)))
+    return outer[0]
 
 
 def scope_trial(trials: dict[tuple[str, ...], Trial], guards: list[OpGuard | ChainGuard], path: str, trial_calls: int,

@@ -52,6 +52,24 @@ class CardStatus:
                 "trial": self.trial, "traced_fallbacks": dict(self.traced_fallbacks)}
 
 
+class Tally:
+    """Fallbacks that a caller counts by its own ``n += 1`` (no call, no lock): calls of a step that
+    no card serves, which would otherwise each take the board's lock and a trip through
+    ``fell_back``. The board folds ``n`` into the fallbacks of each of ``statuses`` still active, for
+    ``reason``, before anything reads them (``StatusBoard.settle``). Only the caller writes ``n``
+    and only the board ``folded``, so a fold on another thread loses no count; a model called on
+    several threads at once may lose one to another's increment (a status figure, which no guard
+    decides by)."""
+
+    __slots__ = ("folded", "n", "reason", "statuses")
+
+    def __init__(self, statuses: list[CardStatus], reason: str) -> None:
+        self.statuses = statuses
+        self.reason = reason
+        self.n = 0
+        self.folded = 0
+
+
 class StatusBoard:
     def __init__(self, path: Path | None = None, min_interval_s: float = 1.0) -> None:
         self.cards: dict[str, CardStatus] = {}
@@ -62,6 +80,8 @@ class StatusBoard:
         self._dirty = False
         """Counts changed since the last write (``_touch``)."""
         self._stop = threading.Event()
+        self._tallies: list[Tally] = []
+        """The counts callers keep themselves (``tally``), folded in by ``settle``."""
         self._writer: threading.Thread | None = None
         """Writes the counts at most every ``min_interval_s`` while they change (``_write_loop``),
         started by the first count."""
@@ -91,6 +111,29 @@ class StatusBoard:
                     st.fallbacks[reason] += 1
         self._touch()
 
+    def tally(self, statuses: list[CardStatus], reason: str) -> Tally:
+        """A count of fallbacks of ``statuses`` for ``reason`` that the caller keeps itself
+        (``Tally``), folded into the statuses by ``settle``; starts the writer as a count does."""
+        t = Tally(statuses, reason)
+        with self._lock:
+            self._tallies.append(t)
+        self._touch()
+        return t
+
+    def settle(self) -> None:
+        """Fold the tallies' new counts into their statuses (each still active)."""
+        with self._lock:
+            self._settle_locked()
+
+    def _settle_locked(self) -> None:
+        for t in self._tallies:
+            n = t.n - t.folded
+            if n:
+                t.folded += n
+                for st in t.statuses:
+                    if st.active:
+                        st.fallbacks[t.reason] += n
+
     def traced_fallback(self, st: CardStatus, reason: str) -> None:
         with self._lock:
             st.traced_fallbacks[reason] += 1
@@ -111,6 +154,7 @@ class StatusBoard:
 
     def disable(self, st: CardStatus, reason: str) -> None:
         with self._lock:
+            self._settle_locked()  # what was counted while it was active stays its own
             if st.active:
                 st.active = False
                 st.disabled_reason = reason
@@ -118,6 +162,7 @@ class StatusBoard:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
+            self._settle_locked()
             return {"pid": os.getpid(), "started_at": self.started_at, "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "cards": [c.to_json() for c in self.cards.values()]}
 
@@ -136,7 +181,7 @@ class StatusBoard:
 
     def _write_loop(self) -> None:
         while not self._stop.wait(self.min_interval_s):
-            if self._dirty:
+            if self._dirty or any(t.n != t.folded for t in self._tallies):
                 self.write()
 
     def close(self) -> None:

@@ -42,6 +42,8 @@ from .messages import (
     CardsLoaded,
     CardsRetimed,
     Failed,
+    GenerationBenched,
+    GenerationStarted,
     Progress,
     RetimeFinished,
     RewritesDone,
@@ -139,6 +141,10 @@ class ForgeApp(App[None]):
         self.promoted_count = 0
         self.bench_outcome: BenchOutcome | None = None
         self.bench_running = False
+        self.generation: dict[str, Any] | None = None
+        """The workspace's last ``forge bench --generate`` result (tokens/s), or None."""
+        self.generating = False
+        """The model run (``b``) is measuring tokens per second, its forward's result shown."""
         self.rewriting = False
         """``forge fold``, ``forge experts`` and ``forge merge`` are running on the model (``m``)."""
         self.rewritten = False
@@ -211,7 +217,7 @@ class ForgeApp(App[None]):
         events = self.backend.events() if with_history else None
         if self.budget is None:
             self.budget = self.backend.budget(self.config_path, self.search_settings)
-        self.post_message(CardsLoaded(cards, title, events, self.backend.offline_lines(cards)))
+        self.post_message(CardsLoaded(cards, title, events, self.backend.offline_lines(cards), self.backend.generation()))
         if with_history:
             self.requests_worker()
 
@@ -222,6 +228,8 @@ class ForgeApp(App[None]):
         self.profiling = False
         self.cards = message.cards
         self.offline = message.offline
+        if message.generation is not None or not self.generating:
+            self.generation = message.generation
         self.sub_title = message.title
         if message.events is not None and not self.search_running and not self.retiming:
             self.state = SearchState.of(message.events)
@@ -286,7 +294,7 @@ class ForgeApp(App[None]):
             self.requests_worker()
             self._guide()
         if worker.group == "bench" and ended:
-            self.bench_running = False
+            self.bench_running = self.generating = False
             self.bench_changed.publish(None)
             self._guide()
         if worker.group == "rewrites" and ended:
@@ -491,7 +499,7 @@ class ForgeApp(App[None]):
             else:
                 self.notify("already timing them again (x stops)", severity="warning")
             return
-        if self.search_running or self.bench_running or self.rewriting:
+        if self.search_running or self.bench_running or self.generating or self.rewriting:
             self.notify("the model or a search is running: t waits for it (x stops a search)", severity="warning")
             return
         self.retime_auto = True
@@ -558,8 +566,8 @@ class ForgeApp(App[None]):
 
     # ---- the profile's untrusted cards, timed again ---------------------------------------------------
     def _busy_with_work(self) -> bool:
-        return (self.profiling or self.search_running or self.retiming or self.bench_running or self.rewriting
-                or self.stopping)
+        return (self.profiling or self.search_running or self.retiming or self.bench_running or self.generating
+                or self.rewriting or self.stopping)
 
     def _maybe_retime_cards(self, scheduled: bool = False) -> None:
         """Time the untrusted cards again once nothing else runs (a search or a model run is load
@@ -638,7 +646,7 @@ class ForgeApp(App[None]):
         self._maybe_retime_cards()
 
     def action_bench(self) -> None:
-        if self.bench_running:
+        if self.bench_running or self.generating:
             self.notify("the model is already running", severity="warning")
             return
         self.bench_running = True
@@ -648,7 +656,7 @@ class ForgeApp(App[None]):
         self._guide()
 
     def action_rewrite(self) -> None:
-        if self.rewriting or self.bench_running:
+        if self.rewriting or self.bench_running or self.generating:
             self.notify("the model is already running", severity="warning")
             return
         self.rewriting = True
@@ -673,7 +681,31 @@ class ForgeApp(App[None]):
 
     @work(thread=True, exclusive=True, group="bench", exit_on_error=False, name="running the model")
     def bench_worker(self) -> None:
+        """The forward four ways' two (``Backend.bench``), then, where the workload generates, its
+        tokens per second (``Backend.bench_generate``), each shown as it arrives."""
+        from textual.worker import get_current_worker
+
         self.post_message(BenchDone(self.backend.bench()))
+        if get_current_worker().is_cancelled or not self.backend.generates():
+            return
+        self.post_message(GenerationStarted())
+        self.post_message(GenerationBenched(self.backend.bench_generate()))
+
+    def on_generation_started(self, message: GenerationStarted) -> None:
+        self.generating = True
+        self.note("measuring tokens per second (forge bench --generate, without torch.compile) ...")
+        self.bench_changed.publish(None)
+
+    def on_generation_benched(self, message: GenerationBenched) -> None:
+        from ..generation_result import tokens_lines
+
+        self.generating = False
+        if message.result is not None:
+            self.generation = message.result
+            for line in tokens_lines(message.result):
+                self.note(line)
+        self.bench_changed.publish(None)
+        self._guide()
 
     def on_bench_done(self, message: BenchDone) -> None:
         self.bench_outcome = message.outcome

@@ -399,6 +399,44 @@ class Backend:
             promoted += len(entries)
         return RewriteOutcome(lines, promoted)
 
+    def generation(self) -> dict[str, Any] | None:
+        """The workspace's last ``forge bench --generate`` result (``generation_result.py``), or None."""
+        from ..generation_result import load
+
+        return load(self.root)
+
+    GENERATE_TOKENS = 16
+    """New tokens the app's generation bench asks for at most (the workload's own, fewer where it
+    asks for more): a run the user waits for, a few rounds on a small machine."""
+
+    def generates(self) -> bool:
+        """Whether the workspace's workload generates (defines ``generate(model, inputs)``)."""
+        from ..workload import load_workload
+
+        spec, _, _ = self._workload()
+        return callable(getattr(load_workload(spec).module, "generate", None))
+
+    def bench_generate(self, repeats: int = 3) -> dict[str, Any] | None:
+        """``forge bench --generate`` on the workspace's own copy of its workload, where it
+        generates (a ``generate`` entry): eager against eager + forge at the workload's batches,
+        its new tokens up to ``GENERATE_TOKENS`` (torch.compile left out, as ``bench`` leaves it),
+        stored in the workspace (``generation_result.py``). None where the workload does not
+        generate."""
+        from ..generation.bench import generate_bench
+        from ..generation_result import save
+        from ..workload import load_workload
+
+        spec, device, dtype = self._workload()
+        module = load_workload(spec).module
+        if not callable(getattr(module, "generate", None)):
+            return None
+        own = getattr(module, "NEW_TOKENS", None)
+        new = min(own, self.GENERATE_TOKENS) if isinstance(own, int) and own >= 2 else self.GENERATE_TOKENS
+        r = generate_bench(spec, self._ws(), new, device=device, dtype=dtype, repeats=repeats, with_compile=False)
+        data = r.to_json()
+        save(self.root, data)
+        return data
+
     def bench(self, repeats: int = 10) -> BenchOutcome:
         """``forge bench`` on the workspace's own copy of its workload (eager against eager + forge;
         torch.compile is left out here: it takes minutes on a small machine)."""

@@ -49,13 +49,15 @@ class CardsLoaded(Message):
     """A workspace's cards, and its recorded search (None: keep the state the app has)."""
 
     def __init__(self, cards: "list[Card]", title: str, events: list[SearchEvent] | None = None,
-                 offline: dict[str, str] | None = None) -> None:
+                 offline: dict[str, str] | None = None, generation: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.cards = cards
         self.title = title
         self.events = events
         self.offline = offline or {}
         """Card id -> which offline kernel serves it, or why none (the card pane's line)."""
+        self.generation = generation
+        """The workspace's last ``forge bench --generate`` result (``generation_result.py``), or None."""
 
 
 class SearchFinished(Message):
@@ -94,6 +96,18 @@ class RewritesDone(Message):
     def __init__(self, outcome: "RewriteOutcome") -> None:
         super().__init__()
         self.outcome = outcome
+
+
+class GenerationStarted(Message):
+    """The model run (``b``) measures tokens per second next: the workload generates."""
+
+
+class GenerationBenched(Message):
+    """``forge bench --generate``'s result as stored in the workspace (``generation_result.py``)."""
+
+    def __init__(self, result: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.result = result
 
 
 class BenchDone(Message):

@@ -32,6 +32,10 @@ class Leads:
         call's lead and another mask could otherwise keep the profiled call from being served)."""
         self.serving_leads: set[Any] = set()
         self.empty_leads: set[Any] = set()
+        self.refused: set[Any] = set()
+        """Leads found ``unlike``, in the form a caller's own lookup builds, ``(t.shape, t.dtype)``
+        (a ``torch.Size`` hashes and compares as the tuple): what a scope's forward looks up before
+        anything else (``placement.refusing``). A lead leaves it once a call with it serves."""
 
     def unlike(self, lead: Any) -> bool:
         """Whether a call with this lead is one no card serves, as far as the leads can tell
@@ -58,6 +62,8 @@ class Leads:
         """A call with this lead served a card, or none."""
         if lead is not None:
             (self.serving_leads if served else self.empty_leads).add(lead)
+            if served:
+                self.refused.discard(lead)
 
 
 def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -185,6 +185,7 @@ class GraphScope:
         decided at its first compile."""
         self.uncovered = 0
         """Calls run as written because no compiled variant covered them once compiling stopped."""
+        self._tally: Any = None
         self._run_only: Any = None
         """The compiled variants run without compiling (``torch._dynamo.run``), made once."""
         self._not_covered: set[Any] = set()
@@ -370,13 +371,17 @@ class GraphScope:
 
         book = self.book
         if book.empty_leads and self._failed is None and not torch.is_grad_enabled() and \
-                not torch.compiler.is_compiling() and book.unlike(book.lead(args, kwargs)):
-            # like a call that compiled a variant serving nothing (a generation step): as written,
-            # told by its lead before the other checks, the decorator's code and ``_run``'s frames
-            # (through all of them a decode step's call costs the host far more than eager's)
-            self.calls += 1
-            self._count_uncovered()
-            return self.original(*args, **kwargs)
+                not torch.compiler.is_compiling():
+            lead = book.lead(args, kwargs)
+            if book.unlike(lead):
+                # like a call that compiled a variant serving nothing (a generation step): as
+                # written, told by its lead before the other checks, the decorator's code and
+                # ``_run``'s frames (through all of them a decode step's call costs the host far
+                # more than eager's); the scope's forward looks it up first from now on
+                book.refused.add(lead)
+                self.calls += 1
+                self._count_uncovered()
+                return self.original(*args, **kwargs)
         if self._failed is not None or torch.is_grad_enabled() or \
                 torch.compiler.is_compiling() or self._hooks_changed() or not plain_context(self.device) or \
                 (self.device == "cuda" and self._compiled is None and torch.cuda.is_current_stream_capturing()):
@@ -387,6 +392,39 @@ class GraphScope:
         if self._wrapper is not None:  # the decorator's code as written; it calls ``_wrapped``
             return self._wrapper(self.module, *args, **kwargs)
         return self._run(self.original, args, kwargs)
+
+    def refusing(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """``forward`` (the scope's, as ``apply`` serves it) behind one lookup: a call whose first
+        argument is a plain tensor with a lead the book found ``unlike`` (``Leads.refused``: a
+        generation loop's decode steps, where the cards were profiled at the prompt's shapes) runs
+        the module's own forward at once, counted as ``__call__`` counts it (``_count_uncovered``,
+        the count kept here and folded into the status when read: ``status.Tally``). Everything
+        else goes through ``forward`` as before, its trial and the checks of ``__call__`` included:
+        such a call would pass them all and run as written. What forge adds to a step's call is then
+        this function's frame, a dictionary lookup and two flags, where the checks cost a decode
+        loop several percent of eager's time."""
+        import torch
+
+        refused, original = self.book.refused, self.original
+        tensor, grad = torch.Tensor, torch.is_grad_enabled
+        tally: list[Any] = []
+
+        # no ``is_compiling()`` here (two Python frames a call): where Dynamo traces a model
+        # through this forward, the refused call's branch traces the module's own forward, as
+        # ``__call__`` does while compiling, and the counts become side effects of each call
+        def refusing_forward(*args: Any, **kwargs: Any) -> Any:
+            if refused and args:
+                x = args[0]
+                if type(x) is tensor and (x.shape, x.dtype) in refused and self._failed is None and not grad():
+                    if not tally:
+                        tally.append(self.uncovered_tally())
+                    tally[0].n += 1
+                    self.calls += 1
+                    self.uncovered += 1
+                    return original(*args, **kwargs)
+            return forward(*args, **kwargs)
+
+        return refusing_forward
 
     def _wrapped(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """What a decorated forward's wrapper calls in place of the function it wraps: the scope,
@@ -484,6 +522,7 @@ class GraphScope:
             vs.serving.extend(new)
             self.book.serving.add(key)
             self.book.serving_leads.add(lead)
+            self.book.refused.discard(lead)
         else:
             self.book.empty.add(key)
             self.book.empty_leads.add(lead)
@@ -528,12 +567,24 @@ class GraphScope:
 
     def _counted(self) -> int:
         """The served calls and fallbacks counted so far for the scope's cards."""
+        if self.guards:
+            self.guards[0].board.settle()
         return sum(g.status.served + sum(g.status.fallbacks.values()) for g in self.guards)
 
     def _count_uncovered(self) -> None:
         self.uncovered += 1
-        if self.guards:  # one board holds an apply's cards
-            self.guards[0].board.fell_back_each(self._statuses, self.UNCOVERED_WHY)
+        self.uncovered_tally().n += 1
+
+    def uncovered_tally(self) -> Any:
+        """The count of the calls run as written (``UNCOVERED_WHY``) as fallbacks of each active
+        card of the scope (``status.Tally``): kept by the caller, folded in by the board."""
+        if self._tally is None:
+            from ..status import Tally
+
+            # one board holds an apply's cards
+            self._tally = self.guards[0].board.tally(self._statuses, self.UNCOVERED_WHY) if self.guards \
+                else Tally([], self.UNCOVERED_WHY)
+        return self._tally
 
 
 def _compiled_variants(function: Any) -> int:

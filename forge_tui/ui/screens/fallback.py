@@ -1,8 +1,9 @@
 """Fallback status: per promoted card, kernel active or disabled and why, calls served and fallen
 back with their reasons, re-read every second from the runtime's status.json while a model runs
-(``forge bench``, an applied model, or ``b`` here); and the end-to-end result. ``m`` runs ``forge fold``,
-``forge experts`` and ``forge merge`` on the model first (batch norms folded, routed experts grouped,
-sibling linears merged)."""
+(``forge bench``, an applied model, or ``b`` here); and the end-to-end result, with the tokens per
+second of the last ``forge bench --generate`` where the workload generates (``b`` measures them
+too). ``m`` runs ``forge fold``, ``forge experts`` and ``forge merge`` on the model first (batch
+norms folded, routed experts grouped, sibling linears merged)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,15 @@ class FallbackScreen(ForgeScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(BenchResult).show(self.forge.bench_outcome, self.forge.bench_running)
-        self.forge.bench_changed.subscribe(self, lambda _: self.query_one(BenchResult).show(
-            self.forge.bench_outcome, self.forge.bench_running))
+        self._show_bench()
+        self.forge.bench_changed.subscribe(self, lambda _: self._show_bench())
         self.action_refresh_status()
         if self.forge.live_refresh:
             self.set_interval(self.REFRESH_S, self.action_refresh_status)
+
+    def _show_bench(self) -> None:
+        app = self.forge
+        self.query_one(BenchResult).show(app.bench_outcome, app.bench_running, app.generation, app.generating)
 
     def action_refresh_status(self) -> None:
         self.read_status()

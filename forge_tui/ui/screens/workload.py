@@ -8,6 +8,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, Static
 
+from ...generation_result import summary_line
 from ...profiler.trust import shares_note
 from ...table import ordered
 from ..state import SearchState
@@ -52,6 +53,7 @@ class WorkloadScreen(ForgeScreen):
         app.cards_changed.subscribe(self, self._cards)
         app.state_changed.subscribe(self, self._state)
         app.cards_status_changed.subscribe(self, lambda _: self._note())
+        app.bench_changed.subscribe(self, lambda _: self._note())
         self._cards(app.cards)
         self._state(app.state)
         self.query_one(OpTable).focus()
@@ -64,8 +66,9 @@ class WorkloadScreen(ForgeScreen):
         self._note()
 
     def _note(self) -> None:
-        """At most three lines under the table: why the shares add up past the forward, which
-        cards are not trusted, and when they are timed again."""
+        """At most four lines under the table: why the shares add up past the forward, which
+        cards are not trusted, and when they are timed again; where the workload generates, the
+        tokens/s of the last ``forge bench --generate`` (``b`` on 3 measures them)."""
         cards = self.forge.cards
         nested = {c.id for c, inside in ordered(cards) if inside}
         total = sum(c.share or 0.0 for c in cards if c.id not in nested and c.share)
@@ -75,6 +78,8 @@ class WorkloadScreen(ForgeScreen):
             parts[1] = shares_note(cards, nested) or ""
             parts[0] = ""
         text = ": ".join(p for p in parts if p)
+        if self.forge.generation is not None:
+            text = "\n".join(t for t in (text, summary_line(self.forge.generation)) if t)
         note = self.query_one("#table-note", Static)
         note.update(text)
         note.display = bool(text)
