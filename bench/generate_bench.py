@@ -11,11 +11,11 @@ bench/workloads/hf_llama_gen.py, each with a ``generate`` entry). For each, in a
 into a temporary workspace, each step skippable: profile (a generation of --new-tokens tokens from
 a bundled example's largest batch of ``PROMPT_LEN``-token prompts, not its 4 x 1024 forward: range
 cards over the prefill and the decode steps; --profile-forward profiles the prefill alone),
-``forge experts`` and ``forge merge`` (every card that matches, --min-rewrite-speedup to ask more), an offline search with the template proposer under a small fixed budget (--evals,
---search-wall), ``forge approve --auto``; then the four ways (``forge_tui.generation.bench``):
-prefill and decode tokens/s with spread, first call, token agreement, batch-1 decode against the
-bandwidth limit. Writes $OUT/generate.json (or ./bench-out) after every workload; prints the tables
-last.
+``forge experts`` and ``forge merge`` (every card that matches, --min-rewrite-speedup to ask more),
+an offline search with the template proposer under a small fixed budget (--evals, --search-wall),
+``forge approve --auto``; then the four ways (``forge_tui.generation.bench``): prefill and decode
+tokens/s with spread, first call, token agreement, batch-1 decode against the bandwidth limit.
+Writes $OUT/generate.json (or ./bench-out) after every workload; prints the tables last.
 
 On the device machine the project's pure-Python dependencies travel as wheels (see
 bench/e2e_bench.py; transformers is on the device image). One call of at most 10 minutes
