@@ -18,6 +18,7 @@ from forge_tui.search.retime import noisy_cards
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.exhaustive  # it needs a kernel measured faster than eager, which a loaded machine may deny
 @pytest.mark.slow
 def test_e2e_bench_small_on_one_workload(tmp_path):
     # the RMSNorm module card by name: on a busy CPU the profile once ranked a triu card first, which

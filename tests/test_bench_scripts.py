@@ -12,13 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(720)  # the script's budget is a hang guard here: a loaded machine takes longer, never less
 def test_codegen_bench_small_gives_every_case_a_correct_kernel(tmp_path):
     cases = ["modules/HandGroupNorm/", "modules/Rotary/"]
     env = dict(os.environ, OUT=str(tmp_path), FORGE_CACHE_DIR=str(tmp_path / "cache"))
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "codegen_bench.py"), "--device", "cpu", "--small",
-                          "--sources", "modules", "--cases", *cases, "--evals", "2", "--budget-s", "50"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=110)
+                          "--sources", "modules", "--cases", *cases, "--evals", "2", "--budget-s", "600"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=700)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "codegen_cpu.json").read_text())
     assert {"date", "device", "device_name", "torch", "command", "settings", "sources", "cases", "skipped"} <= set(report)

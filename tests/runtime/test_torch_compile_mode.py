@@ -154,7 +154,7 @@ def test_a_kernel_switched_off_in_a_compiled_model_recompiles_to_one_graph(promo
     # forge status and the app's fallback pane say so
     assert "compiled graphs running PyTorch's code here: 1 (disabled)" in format_status({"cards": [st[norm.id]]})
     (row,) = status_rows({"cards": [st[norm.id]]}, [])
-    assert row[3] == "none; compiled graphs: 1 (disabled)"
+    assert row[3] == "0" and row[5].endswith("fell back: none; compiled graphs: 1 (disabled)"), row
 
 
 def test_no_dispatch_rule_switches_a_kernel_off_in_a_compiled_model(promoted, tmp_path):
