@@ -317,12 +317,19 @@ def test_an_evaluation_whose_workers_keep_dying_fails_with_the_reason(base_ws, l
         card = next(c for c in ws.cards() if c.id.startswith("_softmax"))
         fut = pool.submit(card, GOOD)
         with Client(lone_worker.scheduler_address, set_as_default=False) as client:
-            _kill(client, _worker_running_an_evaluation(statuses))
+            killed = _worker_running_an_evaluation(statuses)
+            _kill(client, killed)
         r = fut.result(timeout=120)
     finally:
+        runs: list = []
+        real_run = pool.client.run
+        pool.client.run = lambda fn, *a, **kw: runs.append((fn.__name__, kw.get("workers"))) or real_run(fn, *a, **kw)
         pool.close()
     assert r.status == "error" and r.failure == "worker_lost", r.reason
     assert "died 1 times" in r.reason and "given up" in r.reason
+    # closing releases the judges of the workers alive, never the dead one's (a call to it would
+    # wait out the connect timeout)
+    assert all(killed not in (workers or []) for name, workers in runs if name == "release"), runs
 
 
 @pytest.mark.slow
@@ -348,7 +355,10 @@ def test_the_scheduler_closed_mid_search_stops_it_and_resume_continues(base_ws, 
         time.sleep(0.1)
     first.sync(first.scheduler.close)  # the scheduler alone: its workers are left running
     t.join(timeout=300)
-    first.close()
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        first.close()  # its scheduler is gone: closing waits on it for the connect timeout (30 s)
     assert not t.is_alive() and out["rc"] == 1
     err = capsys.readouterr().err
     assert "went away" in err and "--resume continues" in err, err
