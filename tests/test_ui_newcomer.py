@@ -218,7 +218,7 @@ def test_noise_costs_time_not_the_outcome():
 
     async def scenario():
         app = make_app(backend)
-        app.retime_waits = (60.0,)
+        app.retime_waits = (3600.0,)  # longer than any wait of the test: only t ends it
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.cards, "the cards")
             await pilot.press("g")
@@ -249,7 +249,7 @@ def test_x_stops_the_retimes_and_the_guide_names_a_key_that_works():
 
     async def scenario():
         app = make_app(backend)
-        app.retime_waits = (60.0,)
+        app.retime_waits = (3600.0,)  # longer than any wait of the test: only t ends it
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.cards, "the cards")
             await pilot.press("g")
@@ -460,7 +460,7 @@ def test_the_agent_pane_shows_tokens_cached_tokens_and_cost_and_readable_entries
             target = next(n for n in _walk(tree.root) if n.data == (SOFTMAX, "n0002"))
             tree.move_cursor(target)
             await settle(pilot)
-            await pilot.press("t")
+            await pilot.press("a")
             await settle(pilot)
             texts = [str(s.content) for s in app.screen.query("TranscriptView Static")]
             joined = "\n".join(texts)

@@ -29,7 +29,7 @@ class TreeScreen(ForgeScreen):
         Binding("e", "tab('errors')", "Errors"),
         Binding("r", "tab('tests')", "Tests"),
         Binding("n", "tab('ncu')", "ncu"),
-        Binding("t", "tab('agent')", "Agent"),
+        Binding("a", "tab('agent')", "Agent"),
         Binding("f", "only_card", "One card", show=False),
         Binding("left_square_bracket", "focus_tree", "Tree", show=False),
     ]
