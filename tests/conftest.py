@@ -5,6 +5,10 @@ from pathlib import Path
 
 import pytest
 
+# inductor compiles in this process instead of warming a pool of compile workers (a torch import
+# each): the tests' graphs are small and the 2-core CI machine has no core to spare for a pool
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 FAST_TOML = """
 [timing]
