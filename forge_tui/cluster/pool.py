@@ -410,9 +410,9 @@ class DaskEvalPool:
         if self._lost is None:
             try:  # the workers' judge processes end with the search; a worker that died since the
                 # last poll is left out (a run addressed to it waits out the connect timeout)
-                alive = set(self.client.scheduler_info().get("workers", {}))
-                if self._eligible & alive:
-                    self.client.run(remote.release, workers=sorted(self._eligible & alive), on_error="ignore")
+                live = sorted(self._eligible & set(self.client.scheduler_info().get("workers", {})))
+                if live:
+                    self.client.run(remote.release, workers=live, on_error="ignore")
             except Exception:  # noqa: BLE001 - a worker gone meanwhile has no judge left to stop
                 pass
         self._close_client()
