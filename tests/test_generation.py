@@ -150,8 +150,8 @@ def test_runner_tokens_are_transformers_generate_tokens(llama):
     fake = FakeCapture()
     runner = GreedyRunner(adapter_for(model), max_len=32, capture=fake)
     got = runner.generate(ids, NEW)
-    assert got.graphed and fake.captured == 1 and torch.equal(got.tokens, eager)
-    assert runner.status().why_not_graphed is None
+    assert got.graphed and got.prefill_graphed and fake.captured == 2 and torch.equal(got.tokens, eager)  # prefill, step
+    assert runner.status().why_not_graphed is None and runner.status().why_no_prefill_graph is None
     with torch.no_grad():  # the static cache through generate() itself (the torch.compile way's loop)
         assert torch.equal(adapter_for(model).static_generate(ids, NEW), eager)
 
@@ -180,6 +180,9 @@ def test_a_step_with_a_host_sync_says_why_and_runs_op_by_op():
     assert why and why.startswith("the decode step aten.") and "in SparseMoE.forward (_decoder_parts.py:" in why, why
     assert not got.graphed and fake.captured == 0 and fake.warmups == 0  # the scan ran before any capture
     assert runner.status().op_by_op == {why: NEW - 1}
+    pwhy = runner.status().why_no_prefill_graph  # the prefill routes its tokens alike
+    assert pwhy and pwhy.startswith("the prefill aten.") and "in SparseMoE.forward" in pwhy, pwhy
+    assert not got.prefill_graphed and runner.status().prefill_op_by_op == {pwhy: 1}
     assert torch.equal(got.tokens, tiny_moe.generate(m, [_prompts(2)], NEW))
 
 
@@ -199,7 +202,7 @@ def test_experts_applied_make_the_moe_step_capturable_with_eagers_tokens(moe_exp
         runner = GreedyRunner(adapter_for(m), max_len=32, capture=fake)
         got = runner.generate(ids, NEW)
         served = {c["card"]: c["served"] for c in applied.status()["cards"] if c["kind"] == "experts"}
-    assert runner.status().why_not_graphed is None and got.graphed and fake.captured == 1
+    assert runner.status().why_not_graphed is None and got.graphed and got.prefill_graphed and fake.captured == 2
     assert served and all(n > 0 for n in served.values()), served
     assert torch.equal(got.tokens, eager)
 
@@ -240,14 +243,42 @@ def test_batches_run_in_their_bucket_padded_and_above_every_bucket_op_by_op():
         got = runner.generate(ids[:batch], NEW)
         assert got.graphed and got.bucket == (1 if batch == 1 else 4) and got.tokens.shape == (batch, NEW)
         assert torch.equal(got.tokens, eager_generate(m, ids[:batch], NEW))
-    assert fake.captured == 2 and fake.warmups == 2  # once per bucket, one warm-up on the capture's stream
+    # once per bucket, its prefill and its step, each with one warm-up on the capture's stream
+    assert fake.captured == 4 and fake.warmups == 4
     big = runner.generate(ids, NEW)  # 5: above every bucket
     assert not big.graphed and big.bucket is None and torch.equal(big.tokens, eager_generate(m, ids, NEW))
     st = runner.status()
-    assert st.graphs == {1: NEW - 1, 4: 2 * (NEW - 1)} and fake.replays == 3 * (NEW - 1)
+    assert st.graphs == {1: NEW - 1, 4: 2 * (NEW - 1)} and fake.replays == 3 * (NEW - 1) + 3  # and 3 prefills
     assert st.op_by_op == {"batch 5 above every bucket (1, 4)": NEW - 1}
+    assert st.prefill_graphs == {"1x16": 1, "4x16": 2} and st.prefill_op_by_op == {"batch 5 above every bucket (1, 4)": 1}
     assert st.generations["graph, bucket 4"] == 2 and st.why_not_graphed is None
     assert "batch 5 above every bucket" in st.line() and st.to_json()["graphs"] == {"1": NEW - 1, "4": 2 * (NEW - 1)}
+
+
+def test_prefills_padded_to_their_length_make_eagers_tokens_from_one_graph_per_length(llama):
+    """A prompt is padded on the right to the smallest captured length that holds it (never past
+    the cache's slots): its tokens are eager's, a later prompt of another length padded alike
+    replays the same graph, and a prompt longer than every length runs its prefill op by op."""
+    model, wl = llama
+    for ad, ids in ((adapter_for(_model(tiny_decoder)), _prompts(2, length=16)), (adapter_for(model), wl.get_inputs("cpu")[0])):
+        fake = FakeCapture()
+        runner = GreedyRunner(ad, max_len=32, lengths=(8, 16), capture=fake)
+        for n in (13, 16, 9, 5):
+            got = runner.generate(ids[:, :n], NEW)
+            assert got.prefill_graphed and torch.equal(got.tokens, eager_generate(ad.model, ids[:, :n], NEW)), n
+        st = runner.status()
+        assert fake.captured == 3 and st.prefill_graphs == {"2x16": 3, "2x8": 1}, st  # 16, 8 and the step
+        assert "prefills from CUDA graphs: 2x16 x3, 2x8 x1" in st.line()
+        # a cache of 14 slots holds 13 tokens and one new one: that prompt is padded to 14, not 16
+        short = GreedyRunner(ad, max_len=14, lengths=(16,), capture=FakeCapture())
+        got = short.generate(ids[:, :12], 2)
+        assert short.status().prefill_graphs == {"2x14": 1} and torch.equal(got.tokens, eager_generate(ad.model, ids[:, :12], 2))
+    long = runner.generate(ids, 4)  # the Llama's 16 tokens and lengths of 8 and 16: held; 17 is not
+    assert long.prefill_graphed
+    over = GreedyRunner(adapter_for(model), max_len=32, lengths=(8,), capture=FakeCapture())
+    got = over.generate(ids, 4)
+    assert got.graphed and not got.prefill_graphed and torch.equal(got.tokens, eager_generate(model, ids, 4))
+    assert over.status().prefill_op_by_op == {"a prompt of 16 tokens above every length (8)": 1}
 
 
 def test_a_capture_that_fails_says_why_and_every_step_runs_op_by_op():
@@ -256,6 +287,8 @@ def test_a_capture_that_fails_says_why_and_every_step_runs_op_by_op():
     got = runner.generate(_prompts(2), NEW)
     why = runner.status().why_not_graphed
     assert why == "the capture failed: RuntimeError: operation not permitted"
+    assert runner.status().why_no_prefill_graph == "the prefill's capture failed: RuntimeError: operation not permitted"
+    assert not got.prefill_graphed
     assert not got.graphed and torch.equal(got.tokens, eager_generate(m, _prompts(2), NEW))
     assert not runner.generate(_prompts(2), NEW).graphed  # and it is not tried again
 
@@ -343,4 +376,4 @@ def test_warm_up_and_capture_fit_a_cache_with_room_for_the_tokens_asked_alone(ll
         runner = GreedyRunner(ad, max_len=ids.shape[1] + 2, capture=fake, warmup=3)
         assert runner.generate(ids, 1).tokens.shape == (2, 1) and fake.captured == 0
         got = runner.generate(ids, 2)
-        assert got.graphed and fake.captured == 1 and torch.equal(got.tokens, eager_generate(ad.model, ids, 2))
+        assert got.graphed and fake.captured == 2 and torch.equal(got.tokens, eager_generate(ad.model, ids, 2))

@@ -26,6 +26,13 @@ def test_generate_bench_four_ways_on_a_tiny_decoder(decoder_workspace):
     assert "no CUDA device (cpu)" in steps["eager+forge"] and "static cache, torch.compile(forward" in steps["compile"]
     assert "backend=applied.backend()" not in steps["compile+forge"]  # nothing promoted: it is torch.compile
     assert any("nothing promoted" in n and "host-free decode step alone" in n for n in r.notes)
+    # what Dynamo did in each compiled way's first call, as a row's counts and a note
+    first = {row.way: row.compiled for row in r.rows if row.batch == 1 and row.way.startswith("compile")}
+    assert first["compile"]["graphs"] >= 1 and first["compile"]["frames_compiled"] >= 1, first
+    assert set(first["compile+forge"]) == set(first["compile"])  # nothing promoted: it may reuse compile's graphs
+    assert not any(row.compiled for row in r.rows if not row.way.startswith("compile"))
+    assert sum(n.startswith(("compile at batch 1: the first call compiled", "compile+forge at batch 1: the first call "
+                             "compiled")) for n in r.notes) == 2, r.notes
     # batch-1 decode against the bandwidth limit: bytes a step reads over the copy bandwidth given
     bw = r.bandwidth
     assert bw["bandwidth_Bps"] == 1e10 and bw["kv_length"] == 16 + 2

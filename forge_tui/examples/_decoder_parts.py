@@ -194,14 +194,16 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, past_key_values=None, cache_position=None):
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, cache_position=None, logits_to_keep=None):
         """Without a cache: the whole sequence's logits and the next-token distributions of its
         last ``sample_positions`` positions. With ``past_key_values`` (a ``StaticKV`` or
         ``DynamicKV`` of ``forge_tui.generation.cache``) and ``cache_position`` (the positions of
         ``input_ids``' tokens, a 1-D device tensor): the tokens' keys and values are written to the
-        cache, and only the last position's logits ``[batch, 1, vocab]`` are returned."""
+        cache, and only the last position's logits ``[batch, 1, vocab]`` are returned, or, as
+        Hugging Face's ``logits_to_keep`` tensor says, those of the positions it lists (a prompt
+        padded to a fixed length keeps its last real position's)."""
         if past_key_values is not None:
-            return self._cached(input_ids, past_key_values, cache_position)
+            return self._cached(input_ids, past_key_values, cache_position, logits_to_keep)
         cfg = self.cfg
         bsz, seq = input_ids.shape
         x = self.embed_tokens(input_ids)
@@ -218,7 +220,7 @@ class Decoder(nn.Module):
         probs = F.softmax(tail, dim=-1, dtype=torch.float32)
         return logits, probs
 
-    def _cached(self, input_ids: torch.Tensor, cache, positions: torch.Tensor) -> torch.Tensor:
+    def _cached(self, input_ids: torch.Tensor, cache, positions: torch.Tensor, keep=None) -> torch.Tensor:
         """One generation step over a KV cache. Every tensor it makes comes from device tensors
         (the embedding scale is filled on the device, not copied from the host), so a static
         cache's step can be captured in a CUDA graph."""
@@ -231,7 +233,7 @@ class Decoder(nn.Module):
         mask = cache.mask(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache, positions)
-        x = self.norm(x[:, -1:, :])
+        x = self.norm(x[:, -1:, :] if keep is None else x.index_select(1, keep))
         return self.lm_head(x)
 
 

@@ -76,7 +76,7 @@ class ExampleAdapter:
     def reset(self, cache: StaticKV) -> None:
         cache.reset()
 
-    def rewind(self, cache: StaticKV, at: int) -> None:
+    def rewind(self, cache: StaticKV, at: int | torch.Tensor) -> None:
         """The next step writes slot ``at``: the example's cache writes where the step's positions
         say, so there is nothing to move."""
 
@@ -86,6 +86,12 @@ class ExampleAdapter:
     def prefill(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
         return self.call(ids, past_key_values=cache, cache_position=positions)[:, -1, :]
+
+    def prefill_at(self, ids: torch.Tensor, last: torch.Tensor, cache: Any) -> torch.Tensor:
+        """A prefill over ``ids`` (a prompt padded on the right) that returns the logits of
+        position ``last`` (a device tensor ``[1]``: no host value enters it)."""
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.call(ids, past_key_values=cache, cache_position=positions, logits_to_keep=last)[:, -1, :]
 
     def decode(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         return self.call(ids, past_key_values=cache, cache_position=pos)[:, -1, :]
@@ -188,14 +194,20 @@ class HFAdapter:
     def reset(self, cache: Any) -> None:
         cache.reset()  # in place: the buffers stay where a captured graph reads them
 
-    def rewind(self, cache: Any, at: int) -> None:
-        """The next step writes slot ``at``: a transformers static cache keeps its own write
-        position per layer (``cumulative_length``, a tensor once the layer has been written)."""
+    def rewind(self, cache: Any, at: int | torch.Tensor) -> None:
+        """The next step writes slot ``at`` (a number, or a device tensor ``[1]``, which a captured
+        prefill copies from): a transformers static cache keeps its own write position per layer
+        (``cumulative_length``, a tensor once the layer has been written)."""
         for layer in getattr(cache, "layers", ()):
             length = getattr(layer, "cumulative_length", None)
             if isinstance(length, torch.Tensor):
-                length.fill_(at)
+                if isinstance(at, torch.Tensor):
+                    length.copy_(at.reshape(length.shape))
+                else:
+                    length.fill_(at)
             elif length is not None:
+                if isinstance(at, torch.Tensor):
+                    raise ForgeError("a cache layer not written yet keeps its position on the host: run a prefill first")
                 layer.cumulative_length = at
 
     def prefill(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
@@ -203,13 +215,25 @@ class HFAdapter:
         return out.logits[:, -1, :]
 
     def _mask(self, pos: torch.Tensor, batch: int, kv_length: int) -> torch.Tensor:
-        """The 4-D mask of one query at ``pos`` over a static cache's slots, made on the device
-        (Hugging Face takes a 4-D mask as it is, without the mask code that reads it back)."""
-        seen = (torch.arange(kv_length, device=pos.device) <= pos)[None, None, None, :].expand(batch, 1, 1, -1)
+        """The 4-D mask of queries at positions ``pos`` (``[queries]``) over a static cache's
+        slots, made on the device (Hugging Face takes a 4-D mask as it is, without the mask code
+        that reads it back)."""
+        seen = (torch.arange(kv_length, device=pos.device)[None, :] <= pos[:, None])[None, None].expand(batch, 1, -1, -1)
         if getattr(self.config, "_attn_implementation", "sdpa") == "sdpa":
             return seen
         low = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=pos.device)
         return torch.where(seen, torch.zeros((), dtype=self.dtype, device=pos.device), low)
+
+    def prefill_at(self, ids: torch.Tensor, last: torch.Tensor, cache: Any) -> torch.Tensor:
+        """A prefill over ``ids`` (a prompt padded on the right) that returns the logits of
+        position ``last`` (a device tensor ``[1]``): positions and the causal mask are made on the
+        device, as the decode step's are, so that it can be captured."""
+        batch, length = ids.shape
+        pos = torch.arange(length, device=ids.device)
+        mask = self._mask(pos, batch, self._slots[cache])
+        out = self.call(input_ids=ids, use_cache=True, logits_to_keep=last, position_ids=pos[None, :].expand(batch, -1),
+                        attention_mask=mask, **{self.cache_kw: cache})
+        return out.logits[:, -1, :]
 
     def decode(self, ids: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         batch = ids.shape[0]

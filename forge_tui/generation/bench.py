@@ -63,6 +63,8 @@ class WayResult:
     """How its decode steps ran (graphs, op by op and why, compiled)."""
     bandwidth_pct: float | None = None
     error: str | None = None
+    compiled: dict[str, int] = field(default_factory=dict)
+    """What Dynamo did during a compiled way's first call at this batch (``_dynamo_counts``)."""
 
     def to_json(self) -> dict[str, Any]:
         def st(s: Stats | None) -> dict[str, Any] | None:
@@ -71,7 +73,7 @@ class WayResult:
         return {"way": self.way, "batch": self.batch, "prefill_tok_s": st(self.prefill_tok_s),
                 "decode_tok_s": st(self.decode_tok_s), "decode_vs_eager": st(self.decode_vs_eager),
                 "first_call_s": self.first_call_s, "tokens": self.tokens, "agrees": self.agrees, "steps": self.steps,
-                "bandwidth_pct": self.bandwidth_pct, "error": self.error}
+                "bandwidth_pct": self.bandwidth_pct, "error": self.error, "compiled": self.compiled}
 
 
 @dataclass
@@ -155,6 +157,8 @@ class _Way:
     applied: Any = None
     logits: Callable[[Any], Any] | None = None
     """The way's model's logits at every position of a sequence, one forward (``_judge``)."""
+    backend: Any = None
+    """forge's torch.compile backend (``compile+forge``), whose sites and failures are reported."""
 
 
 def _said(text: str) -> Callable[[], str]:
@@ -213,8 +217,34 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
             else:
                 cad = adapter_for(gen).with_forward(torch.compile(gen, **kw))
             text = how if cap is None else how.split(", torch.compile")[0] + ", torch.compile(forward, backend=applied.backend())"
-            ways[name] = _Way(name, cm, cad.static_generate, _said(text), cap, cad.full_logits)
+            ways[name] = _Way(name, cm, cad.static_generate, _said(text), cap, cad.full_logits,
+                              kw["backend"] if cap is not None else None)
     return ways, runner
+
+
+def _dynamo_counts() -> dict[str, int]:
+    """Dynamo's running counts: frames it was given and those it compiled, graphs compiled, graph
+    breaks. A frame given and not compiled (a recompile limit reached, say) runs eagerly."""
+    from torch._dynamo.utils import counters
+
+    return {"frames": int(counters["frames"]["total"]), "frames_compiled": int(counters["frames"]["ok"]),
+            "graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def _compiled_note(way: str, batch: int, before: dict[str, int], after: dict[str, int], backend: Any) -> tuple[dict[str, int], str]:
+    """What a compiled way's first call at ``batch`` compiled, in one line, and forge's kernels
+    in its graphs (sites per card, rewrites that failed) where ``backend`` is forge's."""
+    d = {k: after[k] - before[k] for k in after}
+    eager = d["frames"] - d["frames_compiled"]
+    line = (f"{way} at batch {batch}: the first call compiled {d['graphs']} graph(s) from {d['frames_compiled']} of "
+            f"{d['frames']} frame(s), {d['graph_breaks']} graph break(s)"
+            + (f"; {eager} frame(s) ran eagerly" if eager > 0 else ""))
+    if backend is not None:
+        sites = ", ".join(f"{c} x{n}" for c, n in sorted(backend.sites.items())) or "none"
+        line += f"; forge's kernels in its graphs so far: {sites}"
+        if backend.failed:
+            line += f"; rewrites that failed: {len(backend.failed)} (first: {backend.failed[0][:160]})"
+    return d, line
 
 
 # ---- tokens against eager's ------------------------------------------------------------------
@@ -363,10 +393,14 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
                 for name, way in ways.items():  # first calls: compiles and captures included
                     try:
                         _sync(dev)
+                        before = _dynamo_counts()
                         t0 = time.perf_counter()
                         tokens[name] = way.generate(prompt, new_tokens)
                         _sync(dev)
                         rows[name].first_call_s = time.perf_counter() - t0
+                        if name.startswith("compile"):
+                            rows[name].compiled, said = _compiled_note(name, batch, before, _dynamo_counts(), way.backend)
+                            res.notes.append(said)
                     except Exception as exc:  # noqa: BLE001 - one way failing leaves the others their rows
                         if name == "eager":
                             raise
@@ -382,7 +416,13 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
                     fns[f"{name}|1"] = (lambda w=way, p=prompt: w.generate(p, 1))
                     fns[f"{name}|n"] = (lambda w=way, p=prompt: w.generate(p, new_tokens))
                 timer = Timer(dev, warmup=1, repeats=repeats, cold_l2=False)
+                before = _dynamo_counts()
                 _, raw, _ = timer.time(fns, subtract_overhead=False)
+                timed = {k: v - before[k] for k, v in _dynamo_counts().items()}
+                if timed["graphs"] or timed["frames"] != timed["frames_compiled"]:
+                    res.notes.append(f"batch {batch}: while timed, Dynamo compiled {timed['graphs']} more graph(s) and "
+                                     f"ran {timed['frames'] - timed['frames_compiled']} frame(s) eagerly "
+                                     "(a first call did not settle every shape)")
                 # a round whose N-token generation took no longer than its one-token one (a machine
                 # busy elsewhere) resolves no decode time: it is left out of the decode figures
                 decode_us = {n: [b - a if b > a else None for a, b in zip(raw[f"{n}|1"], raw[f"{n}|n"])] for n in live}
