@@ -154,6 +154,7 @@ def test_runner_tokens_are_transformers_generate_tokens(llama):
     assert runner.status().why_not_graphed is None and runner.status().why_no_prefill_graph is None
     with torch.no_grad():  # the static cache through generate() itself (the torch.compile way's loop)
         assert torch.equal(adapter_for(model).static_generate(ids, NEW), eager)
+        assert torch.equal(adapter_for(model).static_generate(ids, NEW, max_len=40), eager)  # a cache passed in
 
 
 # ---- with a workspace's kernels applied --------------------------------------------------------------

@@ -110,9 +110,10 @@ class ExampleAdapter:
             out.append(nxt)
         return torch.cat(out, dim=1)
 
-    def static_generate(self, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy tokens over a static cache, a plain loop (what ``torch.compile`` runs)."""
-        cache = self.static_cache(ids.shape[0], ids.shape[1] + new_tokens)
+    def static_generate(self, ids: torch.Tensor, new_tokens: int, max_len: int | None = None) -> torch.Tensor:
+        """Greedy tokens over a static cache of ``max_len`` slots (default: just enough), a plain
+        loop (what ``torch.compile`` runs)."""
+        cache = self.static_cache(ids.shape[0], max_len or ids.shape[1] + new_tokens)
         nxt = self.prefill(ids, cache).argmax(-1, keepdim=True)
         out = [nxt]
         pos = torch.full((1,), ids.shape[1], dtype=torch.long, device=ids.device)
@@ -251,9 +252,14 @@ class HFAdapter:
         """``model.generate`` with its default (dynamic) cache, greedy."""
         return self._generate(ids, new_tokens)
 
-    def static_generate(self, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    def static_generate(self, ids: torch.Tensor, new_tokens: int, max_len: int | None = None) -> torch.Tensor:
         """``model.generate`` with a static cache and the forward as it is now (compiled by the
-        caller: Hugging Face's documented fast path), without generate's own compile on top."""
+        caller: Hugging Face's documented fast path), without generate's own compile on top. With
+        ``max_len``, the cache is a ``StaticCache`` of that many slots passed in (so that every
+        generation of a batch, however many tokens it asks for, runs the same shapes)."""
+        if max_len is not None:
+            return self._generate(ids, new_tokens, past_key_values=self.static_cache(ids.shape[0], max_len),
+                                  disable_compile=True)
         return self._generate(ids, new_tokens, cache_implementation="static", disable_compile=True)
 
     def full_logits(self, ids: torch.Tensor) -> torch.Tensor:

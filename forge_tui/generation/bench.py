@@ -8,8 +8,10 @@ The ways, each on a copy of the workload's model:
   static cache, the decode step replayed from a CUDA graph per batch bucket (op by op, with the
   reason, where it cannot be; with nothing promoted this is the host-free step alone);
 - ``compile``: the documented fast path: a static cache and ``torch.compile`` of the forward
-  (``compile_mode``; transformers models through ``generate(cache_implementation="static")``,
-  ``fullgraph=True``; the examples in the same plain loop over a ``StaticKV``);
+  (``compile_mode``, ``dynamic=False``; transformers models through ``generate()`` with a
+  ``StaticCache`` passed in, ``fullgraph=True``; the examples in the same plain loop over a
+  ``StaticKV``). The cache has the N-token generation's slots in every call of a batch, so that
+  each batch's prefill and step compile once and the rounds time no recompile;
 - ``compile+forge``: the same, ``apply(model, ws, mode="torch_compile")`` first and the forward
   compiled with ``backend=applied.backend()``.
 
@@ -200,7 +202,7 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
 
     if with_compile:
         hf = isinstance(eager_ad, HFAdapter)
-        how = (f"static cache, torch.compile(forward, mode={compile_mode!r}{', fullgraph=True' if hf else ''}"
+        how = (f"static cache, torch.compile(forward, mode={compile_mode!r}, dynamic=False{', fullgraph=True' if hf else ''}"
                f"{'' if compile_backend == 'inductor' else f', backend={compile_backend!r}'})")
         for name in ("compile", "compile+forge"):
             cm = copy.deepcopy(model)
@@ -209,16 +211,21 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
                 cap = apply(cm, ws, mode="torch_compile", device=device)
             gen = generating_module(cm)
             _no_eos(gen)
+            # dynamic=False: each batch's prefill and step get graphs of their own, as a compile per
+            # batch size would (Dynamo's automatic dynamic shapes would otherwise recompile the
+            # second batch's graphs with a symbolic batch, or leave frames to run eagerly)
             kw: dict[str, Any] = {"backend": cap.backend(compile_backend)} if cap is not None else (
                 {"mode": compile_mode, "backend": compile_backend} if compile_backend == "inductor" else {"backend": compile_backend})
+            kw["dynamic"] = False
             if hf:
                 gen.forward = torch.compile(gen.forward, fullgraph=True, **kw)
                 cad: Any = HFAdapter(gen)
             else:
                 cad = adapter_for(gen).with_forward(torch.compile(gen, **kw))
             text = how if cap is None else how.split(", torch.compile")[0] + ", torch.compile(forward, backend=applied.backend())"
-            ways[name] = _Way(name, cm, cad.static_generate, _said(text), cap, cad.full_logits,
-                              kw["backend"] if cap is not None else None)
+            # one cache size for the one-token and the N-token generations: the same shapes in both
+            ways[name] = _Way(name, cm, lambda ids, n, g=cad.static_generate: g(ids, n, max_len), _said(text), cap,
+                              cad.full_logits, kw["backend"] if cap is not None else None)
     return ways, runner
 
 
