@@ -170,3 +170,30 @@ def test_the_generate_bench_script_on_a_given_workspace(decoder_workspace, tmp_p
     assert w["result"]["prompt_len"] == 16 and w["result"]["new_tokens"] == 3 and "generate" in w["phases_s"]
     tail = run.stdout[run.stdout.rindex("=" * 100):]
     assert "generate: tiny_decoder on cpu" in tail and tail.rstrip().endswith("generate.json")
+
+
+def test_a_way_that_fails_while_timed_loses_its_row_not_the_bench():
+    """A compiled way can fail in the rounds after a first call that passed (a recompile limit
+    reached with fullgraph=True): its row gets the error and the other ways are timed."""
+    from forge_tui.generation.bench import WayResult, _rounds, _Way
+    from forge_tui.timing import Timer
+
+    calls = {"eager": 0, "compile": 0}
+
+    def gen(name, fail_after=None):
+        def g(ids, n):
+            calls[name] += 1
+            if fail_after is not None and calls[name] > fail_after:
+                raise RuntimeError("Hard failure due to fullgraph=True\nmore")
+            return ids
+        return g
+
+    ways = {"eager": _Way("eager", None, gen("eager"), lambda: ""), "compile": _Way("compile", None, gen("compile", 1), lambda: "")}
+    rows = {n: WayResult(n, 1) for n in ways}
+    raw = _rounds(Timer("cpu", warmup=0, repeats=2, cold_l2=False), ways, object(), 4, rows)
+    assert set(raw) == {"eager|1", "eager|n"} and all(len(v) == 2 for v in raw.values())
+    assert rows["compile"].error == "while timed: RuntimeError: Hard failure due to fullgraph=True"
+    assert rows["eager"].error is None
+    ways["eager"] = _Way("eager", None, gen("eager", 0), lambda: "")
+    with pytest.raises(RuntimeError, match="fullgraph"):  # eager failing ends the bench
+        _rounds(Timer("cpu", warmup=0, repeats=1, cold_l2=False), {"eager": ways["eager"]}, object(), 4, rows)
