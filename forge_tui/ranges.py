@@ -136,6 +136,19 @@ def output_shape(card_shape: Sequence[int], k: int, ranges: dict[str, DimRange],
     return shape
 
 
+def output_layout(card_shape: Sequence[int], card_stride: Sequence[int], k: int, ranges: dict[str, DimRange],
+                  inputs: Sequence[Any]) -> tuple[list[int], list[int] | None] | None:
+    """Output ``k``'s shape for a call of ``inputs`` (``output_shape``) and its strides, laid
+    out as the card's output is (None where the card's is not dense); None where a ranged
+    dimension follows no input's. What a range card's kernel allocates and what a compiled
+    graph is told its custom op returns."""
+    shape = output_shape(card_shape, k, ranges, inputs)
+    if shape is None:
+        return None
+    order = dim_order(card_shape, card_stride)
+    return shape, (dense_strides(shape, order) if order is not None else None)
+
+
 def range_reason(card: Card) -> str | None:
     """Why no kernel can serve ``card``'s range whatever it computes, None where one can: an output
     dimension whose size follows no input's (the runtime could not size it)."""

@@ -202,6 +202,31 @@ def test_guard_serves_the_range_and_falls_back_outside(range_kernel):
     assert torch.equal(served, eager)
 
 
+def test_a_range_card_in_a_compiled_model_is_sized_by_each_call(range_kernel):
+    """Under torch.compile a module card is a custom op whose fake outputs tell the compiler their
+    shapes: a range card's follow the call's inputs (a prefill's rows, a step's one), not the
+    card's most weighted size, and the compiled greedy tokens are eager's."""
+    import torch
+
+    from forge_tui.generation import adapter_for
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
+    ws, norm, _, _, _ = range_kernel
+    wl = load_workload(ws.root / "workload.py")
+    model, inputs = wl.build("cpu")
+    model.eval()
+    with torch.no_grad():
+        eager = wl.module.generate(model, inputs, max_new_tokens=NEW)
+        with apply(model, ws.root, mode="torch_compile", only_faster=False) as applied:
+            ad = adapter_for(model)
+            compiled = ad.with_forward(torch.compile(ad.model, backend=applied.backend("eager"), dynamic=False))
+            got = compiled.static_generate(inputs[0], NEW)
+            st = applied.board.cards[norm.id]
+            assert st.served >= 2 * 2 * NEW and not st.fallbacks  # two norms a layer, the prefill and each step
+    assert torch.equal(got, eager)
+
+
 def test_elementwise_serves_a_range_where_its_index_does_not_change(gen_workspace):
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..ranges import output_layout
 from .guard import Guard
 
 if TYPE_CHECKING:
@@ -54,9 +55,24 @@ def custom_op(guard: Guard, own: bool = False) -> Callable[[list["torch.Tensor"]
             held = {t.untyped_storage().data_ptr() for t in inputs}
             return [o.clone() if o.untyped_storage().data_ptr() in held else o for o in outs]
 
+        ranges = guard.sig.ranges
+
         def fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            """The outputs' shapes and layouts: the card's, or, for a range card, sized from the
+            call's inputs as its kernel sizes them (``ranges.output_layout``)."""
             dev = inputs[0].device if inputs else torch.device("cpu")
-            return [torch.empty_strided(s.shape, s.stride, dtype=getattr(torch, s.dtype), device=dev) for s in specs]
+            outs = []
+            for k, s in enumerate(specs):
+                shape, stride = list(s.shape), list(s.stride)
+                if ranges:
+                    layout = output_layout(s.shape, s.stride, k, ranges, inputs)
+                    if layout is None:
+                        raise RuntimeError(f"{name}: output {k}'s size follows no input's")
+                    shape, stride = layout[0], layout[1] or []
+                dtype = getattr(torch, s.dtype)
+                outs.append(torch.empty_strided(shape, stride, dtype=dtype, device=dev) if stride
+                            else torch.empty(shape, dtype=dtype, device=dev))
+            return outs
 
         if not _LIBRARY:
             _LIBRARY.append(torch.library.Library("forge", "FRAGMENT"))

@@ -118,16 +118,15 @@ class CardKernel:
     def _ranged_outputs(self, inputs: list["torch.Tensor"]) -> list["torch.Tensor"]:
         """A range card's fresh outputs for a call at any size of its range: each ranged dimension
         the size of the input dimension it follows, laid out as the card's output is."""
-        from ..ranges import dense_strides, dim_order, output_shape
+        from ..ranges import output_layout
 
         device = inputs[0].device if inputs else self.device
         outs = []
         for k, spec in enumerate(self.out_specs):
-            shape = output_shape(spec.shape, k, self._ranges, inputs)
-            if shape is None:
+            layout = output_layout(spec.shape, spec.stride, k, self._ranges, inputs)
+            if layout is None:
                 raise KernelError(f"output {k}'s size follows no input's")
-            order = dim_order(spec.shape, spec.stride)
-            stride = dense_strides(shape, order) if order is not None else None
+            shape, stride = layout
             dtype = getattr(self._torch, spec.dtype)
             outs.append(self._torch.empty_strided(shape, stride, dtype=dtype, device=device) if stride is not None
                         else self._torch.empty(shape, dtype=dtype, device=device))
