@@ -15,8 +15,12 @@ from forge_tui.generation.bench import GAP_FLOOR, WAYS, _judge, generate_bench
 def test_generate_bench_four_ways_on_a_tiny_decoder(decoder_workspace):
     # torch.compile with the "eager" backend: Dynamo traces the forward as it would for inductor,
     # without inductor's C++ builds, which take minutes on a busy CPU
+    import torch._dynamo
+
+    limit = torch._dynamo.config.recompile_limit
     r = generate_bench("example:tiny_decoder", decoder_workspace, 4, batches=(2, 1), device="cpu", repeats=2,
                        compile_backend="eager", bandwidth_Bps=1e10)
+    assert torch._dynamo.config.recompile_limit == limit  # raised for the bench alone
     assert [(row.batch, row.way) for row in r.rows] == [(b, w) for b in (1, 2) for w in WAYS]
     for row in r.rows:
         assert row.error is None and row.first_call_s is not None and row.first_call_s > 0

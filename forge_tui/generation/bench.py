@@ -174,6 +174,12 @@ def _no_eos(gen: Any) -> None:
         cfg.eos_token_id = None
 
 
+def _sized(static_generate: Callable[..., Any], max_len: int) -> Callable[[Any, int], Any]:
+    """A compiled way's generation with a cache of ``max_len`` slots whatever it asks for: the
+    one-token and the N-token generations of a batch run the same shapes."""
+    return lambda ids, n: static_generate(ids, n, max_len)
+
+
 def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[int, ...], with_compile: bool,
                 compile_mode: str, compile_backend: str, notes: list[str], promoted: bool) -> tuple[dict[str, _Way], Any]:
     import torch
@@ -223,9 +229,8 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
             else:
                 cad = adapter_for(gen).with_forward(torch.compile(gen, **kw))
             text = how if cap is None else how.split(", torch.compile")[0] + ", torch.compile(forward, backend=applied.backend())"
-            # one cache size for the one-token and the N-token generations: the same shapes in both
-            ways[name] = _Way(name, cm, lambda ids, n, g=cad.static_generate: g(ids, n, max_len), _said(text), cap,
-                              cad.full_logits, kw["backend"] if cap is not None else None)
+            ways[name] = _Way(name, cm, _sized(cad.static_generate, max_len), _said(text), cap, cad.full_logits,
+                              kw["backend"] if cap is not None else None)
     return ways, runner
 
 
@@ -433,8 +438,8 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
         bw = float(ceilings(dev)["bandwidth_Bps"])
     import torch._dynamo
 
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+    dynamo_limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(dynamo_limit, RECOMPILE_LIMIT)
     try:
         with torch.no_grad():
             for batch in batches:
@@ -497,7 +502,7 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
                         rows[name].bandwidth_pct = 100 * st.median / limit if st is not None else None
                 res.rows.extend(rows.values())
     finally:
-        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.config.recompile_limit = dynamo_limit
         res.runner = runner.status().to_json()
         for way in ways.values():
             if way.applied is not None:
