@@ -127,9 +127,11 @@ def python_exe() -> str:
 # this test process that would start one with the same device, environment and working folder.
 # A kept judge must answer a ping before it is handed on; one that does not is killed and a fresh
 # one started. The modules in FRESH_JUDGE_MODULES test the judge itself (its process, its crashes,
-# its confinement, its limits) and always get a judge of their own, as outside the tests.
+# its confinement, its limits, its builds) and always get a judge and builds of their own, as
+# outside the tests.
 FRESH_JUDGE_MODULES = {"test_evaluator_cpu", "test_judge_cpu", "test_sandbox_leaks", "test_load", "test_search",
-                       "test_cluster", "test_inputs_adversarial", "test_arbiter", "test_store_damage"}
+                       "test_cluster", "test_inputs_adversarial", "test_arbiter", "test_store_damage",
+                       "test_evaluator_cuda"}
 _KEPT_JUDGES: dict[tuple, list] = {}
 _SHARE_JUDGES = {"on": True}
 
@@ -208,9 +210,60 @@ def _shared_judges():
             _end_judge(*kept.pop())
 
 
+# ---- builds of the same source shared -----------------------------------------------------------
+# Builds are cached by content hash (``Builder.key``: backend, arch, flags, compiler version, ABI
+# header, source) under each workspace's own cache folder, and tests build the same sources in
+# workspaces of their own (the chain tests' rotary kernel nine times): 85 of the suite's 277
+# compiles built a key already built. A build a test process made is copied into the next cache
+# folder that asks for its key, where ``Builder.build`` finds it as its own cached build. The
+# modules in FRESH_JUDGE_MODULES build everything themselves.
+_BUILT: dict[str, Path] = {}
+
+
+def _copy_build(first: Path, folder: Path, source_name: str) -> bool:
+    """The build in ``first`` copied into ``folder`` (its metadata last, each file whole or not at all)."""
+    import shutil
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in (source_name, "candidate.so", "build.json"):
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-")
+            os.close(fd)
+            shutil.copyfile(first / name, tmp)
+            os.replace(tmp, folder / name)
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_builds():
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.kernel_abi import SOURCE_NAMES
+
+    build = Builder.build
+
+    def shared_build(self, source: str):
+        key = self.key(source)
+        folder = self.cache_dir / key
+        first = _BUILT.get(key) if _SHARE_JUDGES["on"] else None
+        if first is not None and first != folder and not (folder / "build.json").exists():
+            if not _copy_build(first, folder, SOURCE_NAMES[self.backend]):
+                _BUILT.pop(key, None)
+        result = build(self, source)
+        if _SHARE_JUDGES["on"] and result.ok and not result.cached:
+            _BUILT.setdefault(key, folder)
+        return result
+
+    Builder.build = shared_build
+    yield
+    Builder.build = build
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _fresh_judges_here(request, _shared_judges):
-    """A module of FRESH_JUDGE_MODULES gets judges of its own, started and ended as outside the tests."""
+def _fresh_judges_here(request, _shared_judges, _shared_builds):
+    """A module of FRESH_JUDGE_MODULES gets judges and builds of its own, as outside the tests."""
     if request.module.__name__.rsplit(".", 1)[-1] not in FRESH_JUDGE_MODULES:
         yield
         return
