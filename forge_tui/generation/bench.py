@@ -357,11 +357,10 @@ def _rounds(timer: Timer, live: dict[str, "_Way"], prompt: Any, new_tokens: int,
 
 
 RECOMPILE_LIMIT = 64
-"""Dynamo's recompile limit while the bench runs. It counts the graphs of one function, and the two
+"""Dynamo's recompile limit while the bench runs. It counts the graphs of one function, and both
 compiled ways compile the same one: a transformers model's forward wrapper, which ``generate``
-calls with other arguments at the prefill and at a step. On the H100 the two ways had compiled 8
-graphs of it at batch 1, Dynamo's default limit, and with ``fullgraph=True`` batch 8's compile
-failed."""
+calls with other arguments at the prefill and at a step. Two ways at two batches reach Dynamo's
+default of 8, after which a compile under ``fullgraph=True`` raises."""
 
 
 def _sync(device: str) -> None:
