@@ -200,12 +200,17 @@ class GreedyRunner:
     def _prefill(self, slot: _Slot, prompt: torch.Tensor) -> None:
         """Reset the slot, run the prompt through the model and write the first new token."""
         self.adapter.reset(slot.cache)
-        slot.tokens.zero_()
-        nxt = self.adapter.prefill(prompt, slot.cache).argmax(-1, keepdim=True)
+        self._first_token(slot, self.adapter.prefill(prompt, slot.cache))
+        slot.pos.fill_(prompt.shape[1])
+
+    @staticmethod
+    def _first_token(slot: _Slot, logits: torch.Tensor) -> None:
+        """Write the token a prefill's last logits choose as the slot's first and next input."""
+        nxt = logits.argmax(-1, keepdim=True)
         slot.ids.copy_(nxt)
+        slot.tokens.zero_()
         slot.tokens[:, :1].copy_(nxt)
         slot.count.fill_(1)
-        slot.pos.fill_(prompt.shape[1])
 
     def _load(self, pre: _Prefill, prompt: torch.Tensor) -> None:
         """Write a prompt into a captured prefill's inputs (padded with token 0 on the right)."""
@@ -222,11 +227,7 @@ class GreedyRunner:
         position), and a padded position's query attends only to the positions before it, so
         the prompt's logits are those of the prompt alone."""
         self.adapter.reset(slot.cache)
-        nxt = self.adapter.prefill_at(pre.ids, pre.last, slot.cache).argmax(-1, keepdim=True)
-        slot.ids.copy_(nxt)
-        slot.tokens.zero_()
-        slot.tokens[:, :1].copy_(nxt)
-        slot.count.fill_(1)
+        self._first_token(slot, self.adapter.prefill_at(pre.ids, pre.last, slot.cache))
         slot.pos.copy_(pre.plen)
         self.adapter.rewind(slot.cache, pre.plen)
 
