@@ -8,7 +8,6 @@ import pytest
 
 from forge_tui.config import parse_config
 from forge_tui.evaluator import EvalOptions, Evaluator
-from forge_tui.evaluator.accused import MAX_SETS
 from forge_tui.workspace import profile_into_workspace
 
 HERE = Path(__file__).parent
@@ -84,11 +83,18 @@ def test_a_candidate_faster_than_the_profile_said_gets_samples_of_its_own_length
         r = ev.evaluate(slow, (CPU / "softmax_good.cpp").read_text(), EvalOptions())
     assert r.status == "passed", r.reason
     t, w, n = r.timing, cfg.timing.warmup, r.timing.candidate.n
-    k = t.calls_per_sample
-    assert k > 4, f"the candidate's own time did not size its samples: {k} calls of {t.candidate.median} µs"
+    k, per_call = t.calls_per_sample, t.sample_sized_by_us
+    # the warm-up timed the candidate far below the profile's 500 ms a call, and its time, not the
+    # profile's, sized the samples: as many calls as last the target, within the sets held
+    assert per_call is not None and 0.5 <= per_call < slow.time_us, per_call
+    from forge_tui.evaluator.judge import Evaluation
+
+    sizing = Evaluation.__new__(Evaluation)
+    sizing.card, sizing.device, sizing.tcfg, sizing._free_bytes = slow, "cpu", cfg.timing, None
+    assert sizing.calls_for(slow.time_us) == 1
+    assert k == min(t.sets_held, sizing.calls_for(per_call))
+    assert k == t.sets_held or k * per_call >= cfg.timing.batch_us
     assert t.checked_timed_runs == 1 * w + k * n  # the warm-up's one call a sample, then k a sample
-    # the count follows the warm-up's time: its samples reach the target or the sets run out
-    assert k == MAX_SETS or k * t.candidate.median >= 0.5 * cfg.timing.batch_us, (k, t.candidate.median)
 
 
 def test_the_sets_a_gpu_sample_holds_fit_an_eighth_of_its_free_memory(cards, monkeypatch):

@@ -151,6 +151,11 @@ class Timing(_Part):
     accepted it (nearer the program's float64 result than eager, on the inputs as the judge drew
     them: ``Evaluation.regenerated``)."""
     calls_per_sample: int = 1
+    sample_sized_by_us: float | None = None
+    """The warm-up's time a call (µs) that set ``calls_per_sample``; None where eager's profiled
+    time did (the candidate was not faster than it asked for)."""
+    sets_held: int = 1
+    """Input sets the runner held: the most calls a sample can make."""
     quiet: bool = True
     noisy_reasons: list[str] = Field(default_factory=list)
     load_notes: list[str] = Field(default_factory=list)

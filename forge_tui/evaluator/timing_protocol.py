@@ -151,6 +151,7 @@ class TimedEvaluation(CheckedEvaluation):
         acc = self.acc
         # calls a sample: eager's time's count first, then the candidate's own (after each warm-up)
         K = min(acc.sets, self.calls_for(self.card.time_us))
+        sized_by_us: float | None = None  # the warm-up's per-call time that last raised K
         eagers = [bind_program(self.card.program, ins, self.device) for ins in acc.batch_inputs]
         compiled, compile_note = self.compiled_baseline()
         if compiled is not None:
@@ -298,8 +299,10 @@ class TimedEvaluation(CheckedEvaluation):
                         if i == -1:
                             # the warm-up's fastest sample says what the candidate costs a call: enough
                             # calls that its own samples, not eager's, last the target (never fewer)
-                            per_call = max(min(warm_ns) / 1000.0 - runner_overhead, 0.0) / K
-                            K = max(K, min(acc.sets, self.calls_for(max(per_call, 0.5))))
+                            per_call = max(max(min(warm_ns) / 1000.0 - runner_overhead, 0.0) / K, 0.5)
+                            grown = min(acc.sets, self.calls_for(per_call))
+                            if grown > K:
+                                K, sized_by_us = grown, per_call
                     else:
                         raw["candidate"].append(ns / 1000.0)
                         raw["eager"].append(t_e)
@@ -379,6 +382,7 @@ class TimedEvaluation(CheckedEvaluation):
             "resolution_us": resolution, "below_resolution": floor <= resolution,
             "impossible": impossible_time(cand_med, floor, resolution),
             "checked_timed_runs": checked, "calls_per_sample": K,
+            "sample_sized_by_us": sized_by_us, "sets_held": acc.sets,
             "eager_off": sum(n for where, n in self.eager_off.items() if where.startswith("timed run")),
             "quiet": verdict.quiet, "noisy_reasons": verdict.reasons, "load_notes": notes.reasons,
             "threads_note": threads_note, "attempts": attempts,
