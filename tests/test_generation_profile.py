@@ -257,3 +257,45 @@ def test_a_workload_that_cannot_generate_is_refused_in_one_line(tmp_path):
         profile_into_workspace("example:tiny_mlp", tmp_path / "ws", device="cpu", generate=4)
     assert len(str(err.value).splitlines()) == 1
     assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-scope", "intercepted-scope"])
+def test_an_op_range_card_is_served_at_every_size_in_a_scope(gen_workspace, compiled):
+    """An op card over a range (the MLP's SiLU over the prefill's rows and each step's one) is
+    served in the prefill and at every decode step, in a compiled scope (its graph's site matched by
+    shape class, as the guard matches a call) as in an intercepted one, and the greedy tokens are
+    eager's. Placed last: the workspace it promotes into is the module's."""
+    import torch
+
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.generation import GreedyRunner, adapter_for
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.runtime.apply import apply
+    from forge_tui.templates.registry import match
+    from forge_tui.workload import load_workload
+
+    ws, _ = gen_workspace
+    (silu,) = [c for c in ws.cards() if c.target == "aten.silu.default" and c.ranges]
+    assert (silu.ranges["input0.dim1"].min, silu.ranges["input0.dim1"].max) == (1, PROMPT)
+    if not (ws.root / "kernels" / silu.id).exists():
+        fam, m = match(silu)
+        src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+        cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0,
+                                       "max_slowdown": 100.0}})
+        with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+            r = ev.evaluate(silu, src)
+        assert r.correct, r.reason
+        promote_kernel(ws, silu.id, src, r, by="test")
+    wl = load_workload(ws.root / "workload.py")
+    model, inputs = wl.build("cpu")
+    model.eval()
+    with torch.no_grad():
+        eager = wl.module.generate(model, inputs, max_new_tokens=NEW)
+        with apply(model, ws.root, cards=[silu.id], only_faster=False, compiled_scopes=compiled) as applied:
+            got = GreedyRunner(adapter_for(model), max_len=PROMPT + NEW, capture=None).generate(inputs[0], NEW).tokens
+            assert (len(applied.scopes) > 0) == compiled
+            st = applied.board.cards[silu.id]
+            layers = 2
+            assert st.served == layers * NEW and not st.fallbacks, (st.served, st.fallbacks)
+    assert torch.equal(got, eager)

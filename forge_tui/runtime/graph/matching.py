@@ -12,6 +12,7 @@ import re
 from typing import Any, Callable
 
 from ...program import encodes_as, resolve_op, run_program
+from ...ranges import fits
 from ..specs import spec_mismatch
 
 
@@ -64,46 +65,48 @@ def _bind_node(node: Any, pat: dict, env: _Env) -> _Env | None:
     return trial
 
 
-def _fits(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> bool:
-    """Whether ``val`` (a graph value's example tensor) has the spec's dtype, shape and strides."""
-    import torch
-
-    if not isinstance(val, torch.Tensor):
-        return False
-    dtype, shape, stride = spec
-    try:
-        if val.dtype is not dtype or tuple(int(s) for s in val.shape) != shape or val.device.type != device:
-            return False
-        return val.numel() <= 1 or tuple(int(s) for s in val.stride()) == stride
-    except (TypeError, RuntimeError):  # a symbolic size: not the card's
-        return False
+def _fits(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str,
+          ranged: dict[int, tuple[int, int]] | None = None) -> bool:
+    """Whether ``val`` (a graph value's example tensor) has the spec's dtype, shape and strides;
+    for a range card's input (``ranged``: its ranged dimensions), its shape class
+    (``ranges.fits``: fixed dimensions equal, ranged ones inside their range)."""
+    return _misfit(val, spec, device, ranged) is None
 
 
-def _matches_spec(node: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> bool:
-    return _fits(node.meta.get("val"), spec, device)
-
-
-def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str) -> str:
-    """Why ``val`` (a graph value's example tensor) is not the spec's, as the guard says it."""
+def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str,
+            ranged: dict[int, tuple[int, int]] | None = None) -> str | None:
+    """Why ``val`` (a graph value's example tensor) is not the spec's (or of its shape class, for
+    a range card's input), as the guard says it; None where it is."""
     import torch
 
     if not isinstance(val, torch.Tensor):
         return "not a tensor"
     try:
-        return spec_mismatch(val, spec, device) or "a layout the card does not have"
-    except (TypeError, RuntimeError):  # a symbolic size
+        if not all(type(n) is int for n in (*val.shape, *val.stride())):
+            return "a symbolic size"
+        if val.device.type != device:
+            return f"device {val.device.type}"
+        if ranged:
+            return fits(val, *spec, ranged)
+        dtype, shape, stride = spec
+        if val.dtype is not dtype or tuple(val.shape) != shape or (val.numel() > 1 and tuple(val.stride()) != stride):
+            return spec_mismatch(val, spec, device) or "a layout the card does not have"
+        return None
+    except (TypeError, RuntimeError):  # a size the tracer cannot read as a number
         return "a symbolic size"
 
 
 def find(graph: Any, program: dict, specs: list[Any], device: str,
-         misses: list[tuple[list[Any], str]] | None = None) -> list[tuple[list[Any], list[Any]]]:
+         misses: list[tuple[list[Any], str]] | None = None,
+         ranged: dict[int, dict[int, tuple[int, int]]] | None = None) -> list[tuple[list[Any], list[Any]]]:
     """Where ``program`` (a card's aten program with one tensor output, its last node's) is
     computed in ``graph``: (the graph values its inputs are, in order; its nodes), each node after
     the first read from an earlier one or from an input bound already. Its nodes but
     the last must be read by its own nodes alone (neither other nodes nor the graph's outputs), and
-    its inputs must have the card's dtypes, shapes and strides; ``misses`` receives, for each site
-    that is the card's program on inputs without them, its nodes and why not ("input 0: shape (8,
-    256)")."""
+    its inputs must have the card's dtypes, shapes and strides, or, for a range card (``ranged``:
+    the guard's ranged dimensions per input), its shape classes; ``misses`` receives, for each
+    site that is the card's program on inputs without them, its nodes and why not ("input 0:
+    shape (8, 256)")."""
     pats = program["nodes"]
     n_in = len(specs)
     found: list[tuple[list[Any], list[Any]]] = []
@@ -131,10 +134,11 @@ def find(graph: Any, program: dict, specs: list[Any], device: str,
         if any(u not in inner for n in env.nodes[:-1] for u in n.users):
             continue
         inputs = [env.inputs[k] for k in range(n_in)]
-        bad = next((k for k, (v, s) in enumerate(zip(inputs, specs)) if not _matches_spec(v, s, device)), None)
-        if bad is not None:
+        why = next(((k, w) for k, (v, s) in enumerate(zip(inputs, specs))
+                    if (w := _misfit(v.meta.get("val"), s, device, (ranged or {}).get(k))) is not None), None)
+        if why is not None:
             if misses is not None:
-                misses.append((env.nodes, f"input {bad}: {_misfit(inputs[bad].meta.get('val'), specs[bad], device)}"))
+                misses.append((env.nodes, f"input {why[0]}: {why[1]}"))
             continue
         found.append((inputs, env.nodes))
         used |= inner
@@ -166,7 +170,7 @@ def rewrite(gm: Any, guards: list[Any], device: str, opaque: Callable[[Any], Any
     for guard in guards:
         if not guard.status.active:
             continue
-        for inputs, nodes in find(graph, guard.sig.program, guard._specs, device):
+        for inputs, nodes in find(graph, guard.sig.program, guard._specs, device, ranged=guard.ranged):
             last = nodes[-1]
             with graph.inserting_before(last):
                 if opaque is None:
@@ -309,7 +313,7 @@ def rewrite_torch_level(gm: Any, agm: Any, guards: list[Any], device: str,
     for guard in guards:
         if not guard.status.active:
             continue
-        for inputs, nodes in find(agm.graph, guard.sig.program, guard._specs, device):
+        for inputs, nodes in find(agm.graph, guard.sig.program, guard._specs, device, ranged=guard.ranged):
             if taken.intersection(nodes):
                 continue  # an earlier card's site (the aten graph's rewrite takes the first too)
             taken.update(nodes)

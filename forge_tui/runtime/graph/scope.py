@@ -259,7 +259,7 @@ class GraphScope:
                 for g in scope.guards:
                     if g.status.active:
                         found_here: list[tuple[list[Any], str]] = []
-                        for _, nodes in find(agm.graph, g.sig.program, g._specs, scope.device, found_here):
+                        for _, nodes in find(agm.graph, g.sig.program, g._specs, scope.device, found_here, g.ranged):
                             sites.update(nodes)
                         whys.extend((g, nodes, why) for nodes, why in found_here)
                 # a site that another card of the scope serves (the k projection's chain where the
