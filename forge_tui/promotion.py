@@ -94,6 +94,10 @@ class Rewrite:
     time_us: float
     input_sets: list[str]
     line: str
+    vs_compile: Any = None
+    """``timing.Stats`` of the paired ratio of torch.compile's code for the card over the rewrite
+    (its call's latency each), where it was timed."""
+    compile_us: float | None = None
 
 
 def promote_rewrites(ws: Workspace, rewrites: list[Rewrite], subject: str, *, by: str | None = None) -> list[Entry]:
@@ -120,7 +124,9 @@ def promote_rewrites(ws: Workspace, rewrites: list[Rewrite], subject: str, *, by
             src.write_text(json.dumps(r.config, indent=1, sort_keys=True) + "\n")
             ev = Evidence(node=sig.kind, commit="", speedup_vs_eager=sp.median, speedup_vs_eager_q1=sp.q1,
                           speedup_vs_eager_q3=sp.q3, spread=sp.spread, time_us=r.time_us, eager_us=r.eager_us,
-                          input_sets=r.input_sets)
+                          input_sets=r.input_sets, compile_us=r.compile_us,
+                          speedup_vs_compile=r.vs_compile.median if r.vs_compile is not None else None,
+                          compile_basis="latency" if r.vs_compile is not None else None)
             e = Entry(card=sig.card, signature=sig, source=str(src.relative_to(root)), source_sha256=sha256_file(src),
                       builds=[], evidence=ev, approved_by=who, approved_at=now())
             man.entries[sig.card] = e

@@ -506,6 +506,60 @@ def test_experts_are_served_in_a_torch_compiled_model(moe_ws):
         torch._dynamo.reset()
 
 
+def test_torch_compiles_block_is_timed_beside_the_grouped_pass_and_kept_as_evidence(moe_ws, tmp_path, monkeypatch):
+    """Asked (on cuda by default), each experts card is timed against torch.compile's code for its
+    block too, interleaved with the block's forward and the grouped pass: its paired ratio is the
+    card's isolated ratio over the compiler's own code, promoted as its evidence, which the runtime
+    weighs the card by under torch.compile. A block that fails to compile leaves the ratio out and
+    says why. (Dynamo's eager backend stands in for inductor here: the wiring is under test.)"""
+    import shutil
+
+    from forge_tui.rewrites.base import promote_cards
+    from forge_tui.runtime.apply import _mode_why_not
+    from forge_tui.workspace import Workspace
+
+    real = torch.compile
+    compiled_blocks = []
+
+    def eager_compile(m, **kw):
+        compiled_blocks.append(m)
+        return real(m, backend="eager", **kw)
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    model, x = _model(), tiny_moe.get_inputs()
+    torch._dynamo.reset()
+    try:
+        plain, _ = experts_workspace_mod.propose(model, x, _forward, "cpu", repeats=3)
+        assert not compiled_blocks and all(c.vs_compile is None and not c.compile_note for c in plain)
+        cards, _ = experts_workspace_mod.propose(model, x, _forward, "cpu", repeats=3, vs_compile=True)
+    finally:
+        torch._dynamo.reset()
+    (card,) = [c for c in cards if not c.refused]
+    assert compiled_blocks and card.compiled is not None and card.vs_compile is not None
+    assert card.compiled.n == card.grouped.n == card.eager.n == 3
+    assert "torch.compile's block" in card.line() and card.to_json()["vs_compile"]["median"] == card.vs_compile.median
+    shutil.copytree(moe_ws.root, tmp_path / "ws", symlinks=True)  # the module's workspace stays as it is
+    (entry,) = promote_cards(Workspace.open(tmp_path / "ws"), [card], "Promote {n} routed-experts card{s}")
+    assert manifest(Workspace.open(tmp_path / "ws")).entries[card.card].evidence == entry.evidence
+    assert entry.evidence.speedup_vs_compile == card.vs_compile.median
+    assert entry.evidence.compile_basis == "latency" and entry.evidence.compile_us == card.compiled.median
+    slower = entry.model_copy(update={"evidence": entry.evidence.model_copy(update={"speedup_vs_compile": 0.8})})
+    assert "slower than torch.compile's own code for the card (0.800x)" in _mode_why_not(slower, Mode.TORCH_COMPILE, True)
+
+    def failing(m, **kw):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", failing)
+    cards, _ = experts_workspace_mod.propose(_model(), x, _forward, "cpu", repeats=3, vs_compile=True)
+    (card,) = [c for c in cards if not c.refused]
+    assert card.vs_compile is None and card.compile_note == "RuntimeError: no compiler here"
+    assert "torch.compile's block not timed: RuntimeError: no compiler here" in card.line()
+
+
+def _forward(model, inputs):
+    return model(*inputs)
+
+
 def test_experts_of_a_model_without_routed_experts_says_so(tmp_path, capsys):
     cfg = tmp_path / "forge.toml"
     cfg.write_text(FORGE_TOML)

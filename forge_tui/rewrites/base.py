@@ -188,8 +188,9 @@ def promote_cards(ws: Any, cards: list[RewriteCard], subject: str, *, by: str | 
         sig = Signature(card=c.card, kind=c.kind, target=c.target, inputs=[c.input], outputs=[c.output],
                         program=c.program, module_paths=c.sites(), returns=c.returns(), flags=[c.kind.value])
         config = {"target": c.target, "program": c.program} | c.config()
+        vs_compile, compiled = getattr(c, "vs_compile", None), getattr(c, "compiled", None)
         rewrites.append(Promoted(sig, c.file, config, c.speedup, c.eager.median, after.median, c.input_sets,
-                                c.line()))
+                                c.line(), vs_compile, compiled.median if compiled is not None else None))
     return promote_rewrites(ws, rewrites, subject.format(n=len(keep), s="s" if len(keep) > 1 else ""), by=by)
 
 

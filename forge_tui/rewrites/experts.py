@@ -35,6 +35,14 @@ from .base import Rewrite, RewriteCard, promote_cards, random_like, rewrite_line
 class ExpertsCard(RewriteCard):
     blocks: list[str] = field(default_factory=list)
     grouped: Stats | None = None
+    compiled: Stats | None = None
+    """torch.compile's code for the block (``dynamic=False``), timed interleaved with the two others
+    where asked (``propose``'s ``vs_compile``)."""
+    vs_compile: Stats | None = None
+    """The paired ratio of torch.compile's block over the grouped pass: the kernel's isolated ratio
+    over inductor's own code for the card."""
+    compile_note: str = ""
+    """Why torch.compile's block was not timed, where it was asked for."""
 
     kind: ClassVar[CardKind] = CardKind.EXPERTS
     file: ClassVar[str] = EXPERTS_FILE
@@ -53,17 +61,46 @@ class ExpertsCard(RewriteCard):
         return str(self.program["returns"])
 
     def line(self) -> str:
-        return rewrite_line(self, len(self.blocks), "block", "not served", "the block's own forward", self.grouped)
+        line = rewrite_line(self, len(self.blocks), "block", "not served", "the block's own forward", self.grouped)
+        if self.refused:
+            return line
+        if self.vs_compile is not None and self.compiled is not None:
+            v = self.vs_compile
+            return line + (f"; {v.median:.2f}x [{v.q1:.2f}, {v.q3:.2f}] torch.compile's block "
+                           f"({self.compiled.median:.1f} µs)")
+        return line + (f"; torch.compile's block not timed: {self.compile_note}" if self.compile_note else "")
 
     def site_json(self) -> dict[str, Any]:
-        return {"blocks": self.blocks, "share": self.share}
+        return {"blocks": self.blocks, "share": self.share,
+                "vs_compile": self.vs_compile.to_json() if self.vs_compile else None,
+                "compiled_us": self.compiled.median if self.compiled else None,
+                "compile_note": self.compile_note or None}
+
+
+def _compiled_block(m: Any, x: Any) -> tuple[Any, str]:
+    """(torch.compile of block ``m``, compiled by a first call on ``x``, or None; why not)."""
+    import torch
+
+    try:
+        compiled = torch.compile(m, dynamic=False)
+        with torch.no_grad():
+            compiled(x)
+        return compiled, ""
+    except Exception as exc:  # noqa: BLE001 - the comparison is left out, said why
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: int = 20,
-            min_speedup: float | None = None) -> tuple[list[ExpertsCard], dict[str, str]]:
+            min_speedup: float | None = None, vs_compile: bool | None = None
+            ) -> tuple[list[ExpertsCard], dict[str, str]]:
     """The experts cards of ``model`` (in eval mode) on ``inputs``, each checked and timed; and why
-    the modules that look like routed-experts blocks are not served."""
+    the modules that look like routed-experts blocks are not served. ``vs_compile`` (default: on
+    cuda) times torch.compile's code for each block too, interleaved with the block's own
+    forward and the grouped pass: what the runtime weighs the card by under torch.compile."""
     import torch
+
+    if vs_compile is None:
+        vs_compile = device == "cuda"
 
     blocks, why = find_blocks(model)
     by_id: dict[int, Block] = {id(model.get_submodule(b.path)): b for b in blocks}
@@ -128,14 +165,21 @@ def propose(model: Any, inputs: list[Any], run: Any, device: str, *, repeats: in
                 card.refused = f"the grouped pass does not match the block on the random input: {bad}"
                 continue
             card.input_sets.append("random")
-            stats, raw, _ = timer.time({"block": functools.partial(m, x),
-                                        "grouped": functools.partial(routed, x, gate, stacked, b, norm, logits, m)})
+            fns = {"block": functools.partial(m, x),
+                   "grouped": functools.partial(routed, x, gate, stacked, b, norm, logits, m)}
+            if vs_compile:
+                compiled, card.compile_note = _compiled_block(m, x)
+                if compiled is not None:
+                    fns["compiled"] = functools.partial(compiled, x)
+            stats, raw, _ = timer.time(fns)
             if forward_us is None:
                 fstats, _, _ = timer.time({"forward": functools.partial(run, model, inputs)})
                 forward_us = fstats["forward"].median
             del stacked
         card.eager, card.grouped = stats["block"], stats["grouped"]
         card.speedup = paired_ratio(raw["block"], raw["grouped"])
+        if "compiled" in raw:
+            card.compiled, card.vs_compile = stats["compiled"], paired_ratio(raw["compiled"], raw["grouped"])
         n = sum(calls.get(p, 0) for p in card.blocks)
         card.share = min(1.0, n * card.eager.median / forward_us) if forward_us else None
         card.refused = speed_refusal(card.speedup, min_speedup, "the block's own forward")
