@@ -22,8 +22,9 @@ class _Replaced:
     taken_out: bool = False
 
     def put_back(self) -> None:
+        # the instance's dict, as nn.Module.__setattr__ sets a plain callable (not its checks)
         if self.had_own:
-            self.module.forward = self.old
+            self.module.__dict__["forward"] = self.old
         else:
             self.module.__dict__.pop("forward", None)
 
@@ -65,6 +66,23 @@ class ReplacedForwards:
         outer.old, outer.had_own = inner.old, inner.had_own
         inner.taken_out = True
         return True
+
+    def suspend(self, keep: Callable[..., Any]) -> None:
+        """Put back what every module had before forge, but ``keep`` (the forward that resumes
+        them), until ``resume``: the model then runs as written (``QuietSteps``)."""
+        for r in reversed(self._restore):
+            if not r.taken_out and r.new is not keep:
+                d = r.module.__dict__  # ``put_back``, without a call an entry
+                if r.had_own:
+                    d["forward"] = r.old
+                elif "forward" in d:
+                    del d["forward"]
+
+    def resume(self, keep: Callable[..., Any]) -> None:
+        """Forge's forwards set again where ``suspend`` put them back."""
+        for r in self._restore:
+            if not r.taken_out and r.new is not keep:
+                r.module.__dict__["forward"] = r.new
 
     def restore(self) -> None:
         for r in reversed(self._restore):

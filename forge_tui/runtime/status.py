@@ -10,6 +10,7 @@ second, from a thread of its own, so that a served call never waits on the file 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import threading
 import time
@@ -70,6 +71,9 @@ class Tally:
         self.folded = 0
 
 
+_TALLY_N = operator.attrgetter("n")
+
+
 class StatusBoard:
     def __init__(self, path: Path | None = None, min_interval_s: float = 1.0) -> None:
         self.cards: dict[str, CardStatus] = {}
@@ -82,6 +86,11 @@ class StatusBoard:
         self._stop = threading.Event()
         self._tallies: list[Tally] = []
         """The counts callers keep themselves (``tally``), folded in by ``settle``."""
+        self.served_total = 0
+        self._direct = 0
+        """Fallbacks counted one by one (``fell_back``, ``fell_back_each``), for ``pending``."""
+        """Served calls of every card, as ``served`` counts them: what ``QuietSteps`` compares
+        before and after a call (``quiet.py``)."""
         self._writer: threading.Thread | None = None
         """Writes the counts at most every ``min_interval_s`` while they change (``_write_loop``),
         started by the first count."""
@@ -95,11 +104,27 @@ class StatusBoard:
     def served(self, st: CardStatus) -> None:
         with self._lock:
             st.served += 1
+            self.served_total += 1
         self._touch()
+
+    def fallback_counts(self) -> dict[tuple[str, str], int]:
+        """Every active card's fallbacks by (card, reason), the tallies folded in first."""
+        with self._lock:
+            self._settle_locked()
+            return {(c.card, why): n for c in self.cards.values() if c.active for why, n in c.fallbacks.items()}
+
+    def fallback_events(self) -> tuple[int, int]:
+        """Fallbacks counted so far: (one by one, by the tallies), a tally's count once whatever
+        cards it folds into. Read without the lock or a fold (``QuietSteps`` compares them before
+        and after a call): the tallies count the refusals their callers remember (a shape a card
+        refused before), the others the refusals still being judged or learned, and the calls a
+        guard holds back for a reason of its own (eager's call timed for the dispatch check)."""
+        return self._direct, sum(map(_TALLY_N, self._tallies))
 
     def fell_back(self, st: CardStatus, reason: str) -> None:
         with self._lock:
             st.fallbacks[reason] += 1
+            self._direct += 1
         self._touch()
 
     def fell_back_each(self, statuses: list[CardStatus], reason: str) -> None:
@@ -109,6 +134,7 @@ class StatusBoard:
             for st in statuses:
                 if st.active:
                     st.fallbacks[reason] += 1
+                    self._direct += 1
         self._touch()
 
     def tally(self, statuses: list[CardStatus], reason: str) -> Tally:
