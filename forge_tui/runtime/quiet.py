@@ -81,6 +81,11 @@ class QuietSteps:
         """Calls run as written, over all runs."""
         self.runs = 0
         """Runs that went quiet."""
+        self._tallies: dict[tuple[str, tuple[str, ...]], Any] = {}
+        """The tallies the plans count quiet calls by, per reason and cards (``_plan``)."""
+        self.serving: Any = None
+        """The lead of the last watched call that served: the next call with it is watched by
+        the served count alone (it serves again, most likely), without reading the fallbacks."""
         self.call: Callable[..., Any] = self.forward
         """The forward set on the model (one bound method: what ``suspend`` keeps by identity)."""
 
@@ -126,6 +131,16 @@ class QuietSteps:
         if lead != self.lead:
             self.lead, self.streak, self.last, self.plan = lead, 0, None, None
         board, grad = self.board, self._grad()
+        if lead is not None and lead == self.serving:  # a model whose calls serve: one count read
+            served = board.served_total
+            self.depth = 1
+            try:
+                out = self.inner(*args, **kwargs)
+            finally:
+                self.depth = 0
+            if board.served_total == served:
+                self.serving = None  # the next call with it is watched in full
+            return out
         served, (direct, tallied) = board.served_total, board.fallback_events()
         self.depth = 1
         try:
@@ -141,6 +156,8 @@ class QuietSteps:
             # for a reason of its own): not a call that forge's forwards would refuse the same
             # way at once
             self.streak, self.last, self.plan = 0, None, None
+            if board.served_total != served:
+                self.serving = lead
             return out
         plan = self.plan
         if plan is not None:  # a recheck of a quiet run
@@ -164,11 +181,19 @@ class QuietSteps:
         return out
 
     def _plan(self, step: dict[tuple[str, str], int], events: int) -> _Plan:
-        """Tallies that count a quiet call as ``step`` (fallbacks by (card, reason)) counted one."""
-        groups: dict[tuple[str, int], list[Any]] = {}
+        """Tallies that count a quiet call as ``step`` (fallbacks by (card, reason)) counted one:
+        one for each reason and set of cards, kept for the runs to come (every generation learns
+        its decode steps' plan again)."""
+        groups: dict[tuple[str, int], list[str]] = {}
         for (card, why), k in step.items():
-            groups.setdefault((why, k), []).append(self.board.cards[card])
-        return _Plan([(self.board.tally(statuses, why), k) for (why, k), statuses in groups.items()], events)
+            groups.setdefault((why, k), []).append(card)
+        tallies = []
+        for (why, k), cards in groups.items():
+            key = (why, tuple(sorted(cards)))
+            if key not in self._tallies:
+                self._tallies[key] = self.board.tally([self.board.cards[c] for c in key[1]], why)
+            tallies.append((self._tallies[key], k))
+        return _Plan(tallies, events)
 
     def _tracing(self) -> bool:
         """Whether Dynamo traces or a CUDA graph captures now: forwards are then never swapped."""

@@ -74,6 +74,18 @@ def test_two_alike_calls_that_serve_nothing_make_the_rest_of_the_run_quiet_and_c
         assert counts == {"card-a": {"shape": 8}, "card-b": {"shape": 8}}  # every step counted
         model(prompt)  # another lead ends the run: forge's forwards again, served
         assert board.served_total == 4 and model.a.__dict__["forward"] is not None and quiet.plan is None
+        model(prompt)  # a lead that served: watched by the served count alone
+        assert board.served_total == 6 and quiet.serving == quiet.lead
+        model(step)  # the next generation's steps are learned again
+        assert len(reached) == 14 and quiet.plan is None and not quiet.suspended
+        model(step)
+        assert quiet.plan is not None and quiet.suspended and len(reached) == 16
+        tallies = len(board._tallies)
+        for _ in range(3):  # more generations count through the same tallies
+            model(prompt)
+            for _ in range(4):
+                model(step)
+        assert len(board._tallies) == tallies and quiet.runs == 5
     forwards.restore()
     assert "forward" not in model.__dict__ and "forward" not in model.a.__dict__
 
