@@ -368,6 +368,30 @@ def test_the_generate_bench_with_experts_served_names_them_and_agrees(moe_expert
     assert "forge served: eager+forge: experts-" in r.table() and not any("nothing promoted" in n for n in r.notes)
 
 
+def test_the_bench_names_each_compiled_cards_ratio_over_torch_compiles_own_code(moe_experts_ws, tmp_path):
+    """torch.compile + forge's notes give each card it serves with the isolated ratio its evidence
+    holds over torch.compile's own code for it (``forge experts`` times the compiled block on cuda),
+    or that none was measured."""
+    import shutil
+
+    from forge_tui.generation.bench import _vs_compile
+    from forge_tui.promotion import manifest
+    from forge_tui.runtime.manifest import Manifest
+
+    (card,) = [c for c, e in manifest(moe_experts_ws).entries.items() if e.signature.kind == "experts"]
+    assert _vs_compile(moe_experts_ws, [card]) == [
+        f"compile+forge: {card}: its ratio over torch.compile's own code for it was not measured"]
+    shutil.copytree(moe_experts_ws.root, tmp_path / "ws", symlinks=True)
+    folder = tmp_path / "ws" / "kernels"
+    man = Manifest.load(folder)
+    e = man.entries[card]
+    man.entries[card] = e.model_copy(update={"evidence": e.evidence.model_copy(
+        update={"speedup_vs_compile": 1.3, "compile_basis": "latency"})})
+    man.save(folder)
+    assert _vs_compile(tmp_path / "ws", [card]) == [
+        f"compile+forge: {card}: 1.30x torch.compile's own code for it alone (call latency)"]
+
+
 def test_warm_up_and_capture_fit_a_cache_with_room_for_the_tokens_asked_alone(llama):
     """A bucket's first generation warms its step up and captures it before generating: those
     steps write the slot after the prompt again and again, never past the cache's end (a

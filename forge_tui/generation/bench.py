@@ -217,6 +217,8 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
             cap = None
             if name == "compile+forge" and promoted:
                 cap = apply(cm, ws, mode="torch_compile", device=device, only_faster=only_faster)
+                notes.extend(f"compile+forge: not used {c}: {why}" for c, why in cap.skipped.items())
+                notes.extend(_vs_compile(ws, [*cap.guards, *cap.experts]))
             gen = generating_module(cm)
             _no_eos(gen)
             # dynamic=False: each batch's prefill and step get graphs of their own, as a compile per
@@ -234,6 +236,26 @@ def _build_ways(model: Any, ws: Any, device: str, max_len: int, batches: tuple[i
             ways[name] = _Way(name, cm, _sized(cad.static_generate, max_len), _said(text), cap, cad.full_logits,
                               kw["backend"] if cap is not None else None)
     return ways, runner
+
+
+def _vs_compile(ws: Any, cards: list[str]) -> list[str]:
+    """compile+forge's cards, each with its isolated ratio over torch.compile's own code for it,
+    as its evidence has it (the evaluator's, or ``forge experts``' timing of the compiled block),
+    or that none was measured."""
+    from ..runtime.apply import _resolve
+    from ..runtime.manifest import Manifest
+
+    entries = Manifest.load(_resolve(ws)[0]).entries
+    out = []
+    for card in sorted(cards):
+        ev = entries[card].evidence
+        if ev.speedup_vs_compile is None:
+            out.append(f"compile+forge: {card}: its ratio over torch.compile's own code for it was not measured")
+        else:
+            basis = {"device": "device time", "latency": "call latency"}.get(ev.compile_basis or "", "call latency")
+            out.append(f"compile+forge: {card}: {ev.speedup_vs_compile:.2f}x torch.compile's own code for it "
+                       f"alone ({basis})")
+    return out
 
 
 def _dynamo_counts() -> dict[str, int]:
