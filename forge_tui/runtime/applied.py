@@ -14,7 +14,7 @@ from .guard import Guard
 from .leaf import LeafSites
 from .merge import MergeGuard
 from .mode import Mode
-from .quiet import QuietSteps
+from .passthrough import Passthrough
 from .status import StatusBoard
 from .trace import TraceSinks
 
@@ -55,8 +55,8 @@ class Applied:
         shared by its module cards' forwards and its compiled scopes."""
         self._backends: dict[str, CompileBackend] = {}
         self.mode = Mode.INFERENCE
-        self.quiet: QuietSteps | None = None
-        """Runs the model's calls that serve nothing as written (``quiet.py``); inference mode."""
+        self.passthrough: Passthrough | None = None
+        """Runs the model's calls that serve nothing as written (``passthrough.py``); inference mode."""
         self.traced: set[int] = set()
         """The modules (by id) inside a compiled scope, whose forwards Dynamo guarded: never taken
         out (``take_out``), which would make the scope compile again."""

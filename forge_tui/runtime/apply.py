@@ -40,7 +40,7 @@ from .manifest import KERNELS_DIR, MANIFEST_NAME, Entry, Manifest
 from .mode import Mode
 from .module_card import module_inputs
 from .opmatch import OpGuard
-from .quiet import QuietSteps
+from .passthrough import Passthrough
 from .status import STATUS_FILE, StatusBoard
 from .trial import Trial
 
@@ -114,9 +114,9 @@ def _install(inst: Install, man: Manifest, cards: list[str] | None) -> None:
     applied, model = inst.applied, inst.model
     if inst.mode == Mode.INFERENCE and applied.forwards.modules() and model not in applied.forwards.modules():
         # a model's calls that its cards serve nothing in (a generation's decode steps) stop
-        # paying for forge's forwards (``quiet.py``)
-        applied.quiet = QuietSteps(model, applied.board, applied.forwards.suspend, applied.forwards.resume)
-        applied.forwards.replace(model, applied.quiet.call)
+        # paying for forge's forwards (``passthrough.py``)
+        applied.passthrough = Passthrough(model, applied.board, applied.forwards.suspend, applied.forwards.resume)
+        applied.forwards.replace(model, applied.passthrough.call)
 
 
 def _mode_why_not(entry: Entry, mode: Mode, only_faster: bool) -> str | None:

@@ -69,7 +69,7 @@ class ReplacedForwards:
 
     def suspend(self, keep: Callable[..., Any]) -> None:
         """Put back what every module had before forge, but ``keep`` (the forward that resumes
-        them), until ``resume``: the model then runs as written (``QuietSteps``)."""
+        them), until ``resume``: the model then runs as written (``Passthrough``)."""
         for r in reversed(self._restore):
             if not r.taken_out and r.new is not keep:
                 d = r.module.__dict__  # ``put_back``, without a call an entry

@@ -89,8 +89,8 @@ class StatusBoard:
         self.served_total = 0
         self._direct = 0
         """Fallbacks counted one by one (``fell_back``, ``fell_back_each``), for ``pending``."""
-        """Served calls of every card, as ``served`` counts them: what ``QuietSteps`` compares
-        before and after a call (``quiet.py``)."""
+        """Served calls of every card, as ``served`` counts them: what ``Passthrough`` compares
+        before and after a call (``passthrough.py``)."""
         self._writer: threading.Thread | None = None
         """Writes the counts at most every ``min_interval_s`` while they change (``_write_loop``),
         started by the first count."""
@@ -115,7 +115,7 @@ class StatusBoard:
 
     def fallback_events(self) -> tuple[int, int]:
         """Fallbacks counted so far: (one by one, by the tallies), a tally's count once whatever
-        cards it folds into. Read without the lock or a fold (``QuietSteps`` compares them before
+        cards it folds into. Read without the lock or a fold (``Passthrough`` compares them before
         and after a call): the tallies count the refusals their callers remember (a shape a card
         refused before), the others the refusals still being judged or learned, and the calls a
         guard holds back for a reason of its own (eager's call timed for the dispatch check)."""

@@ -87,11 +87,11 @@ def test_decode_steps_no_kernel_serves_run_as_written_after_three(decoder_ws, co
     through forge's forwards (a compile that finds nothing to serve, the refusals judged, then two
     steps alike whose refusals were remembered); from the fourth on, a step runs the modules' own
     forwards, and what forge adds to its Python-level calls, paired with eager's same step, is the
-    model's one forward of forge's and three flags (``runtime/quiet.py``), whatever the model's
+    model's one forward of forge's and three flags (``runtime/passthrough.py``), whatever the model's
     size. Every ``RECHECK``-th such step goes through forge's forwards again: a few calls a forward
     it replaced, and the swaps'. Over a run that is 5.3 calls a step, 1.7% of eager's 315, where
     it was 24. Every refused call is still counted, as the status names it."""
-    from forge_tui.runtime.quiet import QuietSteps
+    from forge_tui.runtime.passthrough import Passthrough
 
     ws, promoted = decoder_ws
     torch.manual_seed(0)
@@ -103,17 +103,17 @@ def test_decode_steps_no_kernel_serves_run_as_written_after_three(decoder_ws, co
         forge, forge_tokens = _decode_counts(model, ids)
         replaced = len(applied.forwards.modules()) - 1  # the model's own forward aside
         cards = {c["card"]: c for c in applied.status()["cards"]}
-        quiet = applied.quiet
+        through = applied.passthrough
     assert torch.equal(forge_tokens, tokens)
     assert (len(applied.scopes) == 2) == compiled
     assert all(cards[c]["served"] > 0 for c in promoted), cards  # the prefill's calls
     added = [f - e for f, e in zip(forge, eager)]
-    recheck = 3 + QuietSteps.RECHECK  # the step whose call is the quiet run's RECHECK-th
+    recheck = 3 + Passthrough.RECHECK  # the step whose call is the pass-through run's RECHECK-th
     assert STEPS >= recheck
-    quiet_steps = [a for step, a in enumerate(added, 1) if step > 3 and step != recheck]
-    # QuietSteps.forward, torch.compiler.is_compiling, torch.jit.is_scripting, is_grad_enabled
-    assert quiet_steps == [4] * (STEPS - 4), added
-    assert quiet.quiet_calls == STEPS - 4 and quiet.runs == 1
+    passed = [a for step, a in enumerate(added, 1) if step > 3 and step != recheck]
+    # Passthrough.forward, torch.compiler.is_compiling, torch.jit.is_scripting, is_grad_enabled
+    assert passed == [4] * (STEPS - 4), added
+    assert through.passed_calls == STEPS - 4 and through.runs == 1
     # two attention scopes and five norms; an intercepted scope's children leave its
     # interception through a forward of forge's each
     assert replaced == 7 if compiled else replaced > 7

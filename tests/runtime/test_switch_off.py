@@ -442,7 +442,7 @@ def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch,
 
     from forge_tui import e2e
     from forge_tui.runtime.manifest import Manifest
-    from forge_tui.runtime.quiet import QuietSteps
+    from forge_tui.runtime.passthrough import Passthrough
     from forge_tui.timing import Stats
     from forge_tui.workspace import Workspace
 
@@ -463,8 +463,8 @@ def test_the_switch_off_in_cuda_graphs_is_its_own_verdict(promoted, monkeypatch,
             fwd = inspect.getclosurevars(fwd).nonlocals.get("original") if hasattr(fwd, "__code__") else None
         if fwd is not None:
             t += 30.0 if in_graph else -5.0
-        own = model.__dict__.get("forward")  # the softmax scope's, not the quiet-steps switch's
-        if own is not None and not isinstance(getattr(own, "__self__", None), QuietSteps):
+        own = model.__dict__.get("forward")  # the softmax scope's, not the pass-through switch's
+        if own is not None and not isinstance(getattr(own, "__self__", None), Passthrough):
             t += -10.0 if in_graph else 50.0
         return t
 

@@ -1,9 +1,9 @@
-"""Calls of a model that forge's forwards serve nothing in run as written (``QuietSteps``).
+"""Calls of a model that forge's forwards serve nothing in run as written (``Passthrough``).
 
 A generation loop calls the model once a step. Where the cards were profiled at the prompt's
 shapes, every decode step passes through forge's forwards (a module card's, a scope's) only to be
 refused and run the module's own code: a frame and a lookup each, several percent of a small
-step's host time. ``QuietSteps`` sits on the model's own forward and watches its calls by their
+step's host time. ``Passthrough`` sits on the model's own forward and watches its calls by their
 lead tensor (the first positional one, else the first of the forward's parameters passed one).
 Once two calls in a row with the same lead served no card and counted the same fallbacks, every
 one of them a refusal its forward remembered (``status.Tally``: a shape refused before, not one
@@ -11,12 +11,12 @@ being judged, learned or held back for the dispatch check), the calls that follo
 run with forge's forwards put back to the modules' own (``ReplacedForwards.suspend``), their
 fallbacks counted as the learned call counted them. A call with another lead (the next prompt's
 prefill) ends the run: forge's forwards are set again and the learning starts over. Every
-``RECHECK``-th call of a quiet run is watched again, and one that serves or counts otherwise ends
-the run too: a step whose shapes come into a range card's range (a prompt shorter than the
-profiled one) is served from then on.
+``RECHECK``-th call of a pass-through run is watched again, and one that serves or counts
+otherwise ends the run too: a step whose shapes come into a range card's range (a prompt shorter
+than the profiled one) is served from then on.
 
 Only in inference mode (op by op), never while Dynamo traces or a CUDA graph captures, and not
-with grad enabled. A run's quiet calls are not counted in the scopes' own call counts (the
+with grad enabled. A run's passed calls are not counted in the scopes' own call counts (the
 status's per-scope lines).
 """
 
@@ -30,8 +30,8 @@ from .status import StatusBoard
 
 
 class _Plan:
-    """What a quiet call counts: per (reason, count a call) the tally of the cards that fell back
-    so, and how many calls of the run were quiet."""
+    """What a passed call counts: per (reason, count a call) the tally of the cards that fell back
+    so, and how many calls of the run were passed through."""
 
     __slots__ = ("calls", "events", "tallies")
 
@@ -42,14 +42,15 @@ class _Plan:
         self.calls = 0
 
 
-class QuietSteps:
+class Passthrough:
     LEARN = 2
-    """Calls in a row with one lead that serve nothing and count the same before a run is quiet."""
+    """Calls in a row with one lead that serve nothing and count alike before the run passes through."""
     RECHECK = 32
-    """Every this many calls of a quiet run, one is watched: a step that would serve ends the run.
-    A watched call costs what forge's forwards cost and two swaps of them, about ten times a quiet
-    one's Python-level calls over the tiny decoder's seven forwards: 1 in 32 keeps the average
-    within 1% of eager's calls."""
+    """Every this many calls of a pass-through run, one is watched: a step that would serve ends
+    the run. A watched call costs what forge's forwards cost, two swaps of them and two counts
+    read: on the tiny decoder's seven forwards 44 Python-level calls where a passed call makes 4,
+    so 5.3 a step on average (1.7% of eager's 315); it serves a step come into a card's range at
+    most 31 steps late."""
 
     def __init__(self, model: Any, board: StatusBoard, suspend: Callable[[Callable[..., Any]], None],
                  resume: Callable[[Callable[..., Any]], None]) -> None:
@@ -77,12 +78,12 @@ class QuietSteps:
         self.plan: _Plan | None = None
         self.suspended = False
         self.depth = 0
-        self.quiet_calls = 0
+        self.passed_calls = 0
         """Calls run as written, over all runs."""
         self.runs = 0
-        """Runs that went quiet."""
+        """Runs that passed through."""
         self._tallies: dict[tuple[str, tuple[str, ...]], Any] = {}
-        """The tallies the plans count quiet calls by, per reason and cards (``_plan``)."""
+        """The tallies the plans count passed calls by, per reason and cards (``_plan``)."""
         self.serving: Any = None
         """The lead of the last watched call that served: the next call with it is watched by
         the served count alone (it serves again, most likely), without reading the fallbacks."""
@@ -116,7 +117,7 @@ class QuietSteps:
             if plan.calls % self.RECHECK and (self.suspended or self._suspend()):
                 for tally, k in plan.tallies:
                     tally.n += k
-                self.quiet_calls += 1
+                self.passed_calls += 1
                 self.depth = 1
                 try:
                     return self.inner(*args, **kwargs)
@@ -160,11 +161,11 @@ class QuietSteps:
                 self.serving = lead
             return out
         plan = self.plan
-        if plan is not None:  # a recheck of a quiet run
+        if plan is not None:  # a recheck of a pass-through run
             if events != plan.events:
                 self.streak, self.last, self.plan = 0, None, None
             else:
-                self._suspend()  # the next call is quiet at once
+                self._suspend()  # the next call passes through at once
             return out
         counts = board.fallback_counts()
         last = self.last
@@ -181,7 +182,7 @@ class QuietSteps:
         return out
 
     def _plan(self, step: dict[tuple[str, str], int], events: int) -> _Plan:
-        """Tallies that count a quiet call as ``step`` (fallbacks by (card, reason)) counted one:
+        """Tallies that count a passed call as ``step`` (fallbacks by (card, reason)) counted one:
         one for each reason and set of cards, kept for the runs to come (every generation learns
         its decode steps' plan again)."""
         groups: dict[tuple[str, int], list[str]] = {}
