@@ -17,7 +17,8 @@ than the profiled one) is served from then on.
 
 Only in inference mode (op by op), never while Dynamo traces or a CUDA graph captures, and not
 with grad enabled. A run's passed calls are not counted in the scopes' own call counts (the
-status's per-scope lines).
+status's per-scope lines). A model called on several threads at once may run a call through
+forge's forwards or past them while another swaps them: either computes the model's own result.
 """
 
 from __future__ import annotations

@@ -187,3 +187,14 @@ def test_calls_refused_one_by_one_never_make_a_pass_through_run():
         for _ in range(Passthrough.RECHECK + 4):
             model(torch.ones(2, 1))
     assert through.plan is None and through.passed_calls == 0 and len(reached) == 2 * (Passthrough.RECHECK + 4)
+
+
+def test_undone_while_passing_through_leaves_every_module_as_it_was():
+    model, _, forwards, reached, through = _served_model(lambda x: False)
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.ones(2, 1))
+    assert through.suspended and through.passed_calls == 1
+    forwards.restore()
+    assert all("forward" not in m.__dict__ for m in (model, model.a, model.b))
+    assert torch.equal(model(torch.ones(2, 1)), torch.full((2, 1), 3.0)) and len(reached) == 6
