@@ -7,6 +7,7 @@ Dynamo's own torch-level graph, that graph is rewritten instead (``rewrite_torch
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from typing import Any, Callable
@@ -70,30 +71,62 @@ def _fits(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: 
     """Whether ``val`` (a graph value's example tensor) has the spec's dtype, shape and strides;
     for a range card's input (``ranged``: its ranged dimensions), its shape class
     (``ranges.fits``: fixed dimensions equal, ranged ones inside their range)."""
-    return _misfit(val, spec, device, ranged) is None
+    import torch
+
+    if not isinstance(val, torch.Tensor):
+        return False
+    if ranged:
+        return _ranged_misfit(val, spec, device, ranged) is None
+    dtype, shape, stride = spec
+    try:
+        if val.dtype is not dtype or tuple(int(s) for s in val.shape) != shape or val.device.type != device:
+            return False
+        return val.numel() <= 1 or tuple(int(s) for s in val.stride()) == stride
+    except (TypeError, RuntimeError):  # a symbolic size: not the card's
+        return False
 
 
 def _misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str,
-            ranged: dict[int, tuple[int, int]] | None = None) -> str | None:
+            ranged: dict[int, tuple[int, int]] | None = None) -> str:
     """Why ``val`` (a graph value's example tensor) is not the spec's (or of its shape class, for
-    a range card's input), as the guard says it; None where it is."""
+    a range card's input), as the guard says it."""
     import torch
 
     if not isinstance(val, torch.Tensor):
         return "not a tensor"
+    if ranged:
+        return _ranged_misfit(val, spec, device, ranged) or "a layout the card does not have"
     try:
-        if not all(type(n) is int for n in (*val.shape, *val.stride())):
-            return "a symbolic size"
-        if val.device.type != device:
-            return f"device {val.device.type}"
-        if ranged:
-            return fits(val, *spec, ranged)
-        dtype, shape, stride = spec
-        if val.dtype is not dtype or tuple(val.shape) != shape or (val.numel() > 1 and tuple(val.stride()) != stride):
-            return spec_mismatch(val, spec, device) or "a layout the card does not have"
-        return None
-    except (TypeError, RuntimeError):  # a size the tracer cannot read as a number
+        return spec_mismatch(val, spec, device) or "a layout the card does not have"
+    except (TypeError, RuntimeError):  # a symbolic size
         return "a symbolic size"
+
+
+class _Sizes:
+    """A graph value's dtype, sizes and strides as plain numbers, as ``ranges.fits`` reads a tensor."""
+
+    __slots__ = ("dtype", "shape", "strides")
+
+    def __init__(self, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        self.dtype, self.shape, self.strides = dtype, shape, strides
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def _ranged_misfit(val: Any, spec: tuple[Any, tuple[int, ...], tuple[int, ...]], device: str,
+                   ranged: dict[int, tuple[int, int]]) -> str | None:
+    """``ranges.fits`` of a graph value against a range card's input, None where it fits."""
+    try:
+        sizes = _Sizes(val.dtype, tuple(int(n) for n in val.shape), tuple(int(n) for n in val.stride()))
+    except (TypeError, RuntimeError):  # a symbolic size: not the card's
+        return "a symbolic size"
+    if val.device.type != device:
+        return f"device {val.device.type}"
+    return fits(sizes, *spec, ranged)
 
 
 def find(graph: Any, program: dict, specs: list[Any], device: str,
@@ -134,11 +167,13 @@ def find(graph: Any, program: dict, specs: list[Any], device: str,
         if any(u not in inner for n in env.nodes[:-1] for u in n.users):
             continue
         inputs = [env.inputs[k] for k in range(n_in)]
-        why = next(((k, w) for k, (v, s) in enumerate(zip(inputs, specs))
-                    if (w := _misfit(v.meta.get("val"), s, device, (ranged or {}).get(k))) is not None), None)
-        if why is not None:
+        ranges = ranged or {}
+        bad = next((k for k, (v, s) in enumerate(zip(inputs, specs))
+                    if not _fits(v.meta.get("val"), s, device, ranges.get(k))), None)
+        if bad is not None:
             if misses is not None:
-                misses.append((env.nodes, f"input {why[0]}: {why[1]}"))
+                why = _misfit(inputs[bad].meta.get("val"), specs[bad], device, ranges.get(bad))
+                misses.append((env.nodes, f"input {bad}: {why}"))
             continue
         found.append((inputs, env.nodes))
         used |= inner
