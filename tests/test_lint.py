@@ -38,7 +38,7 @@ def test_import_contracts():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # a hang guard: about 85 CPU-s from a cold cache, over 300 s wall on a loaded 2-core machine
+@pytest.mark.timeout(1500)  # a hang guard: about 40 CPU-s from a cold cache, minutes of wall time on a loaded 2-core machine
 def test_mypy():
     r = run(tool("mypy"), "--cache-dir", str(ROOT / ".mypy_cache"), timeout=1400)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -46,30 +46,23 @@ def _join_continuations(text: str) -> str:
     return "\n".join(out)
 
 
+_LITERAL_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*["\n]?' r"|'(?:\\.|[^'\\\n])*['\n]?" r"|//[^\n]*|/\*.*?(?:\*/|\Z)",
+                                 re.DOTALL)
+"""A string or character literal (up to its closing quote or the end of its line; a backslash
+takes the next character with it), a line comment (up to the end of its line) or a block comment
+(up to its end or the end of the text), whichever starts first."""
+
+
+def _blank_comment(m: re.Match[str]) -> str:
+    text = m.group(0)
+    if text[0] in "\"'":
+        return text
+    return "" if text[1] == "/" else " " + "\n" * text.count("\n")
+
+
 def _strip_comments(text: str) -> str:
     """Comments blanked out (line numbers kept); string literals are left as they are."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"' or c == "'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-        elif text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append(" " + "\n" * text.count("\n", i, j))
-            i = j
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+    return _LITERAL_OR_COMMENT.sub(_blank_comment, text)
 
 
 def _why_not(name: str, header: str, include_dirs: Sequence[str] | None) -> str | None:

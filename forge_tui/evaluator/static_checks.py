@@ -59,11 +59,18 @@ def _text(src: bytes, node) -> str:
 
 
 def _walk(node):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(reversed(n.children))
+    """``node`` and every node below it, in source order (parents before their children).
+
+    A tree cursor moves through the tree without building each node's list of children, several
+    times faster than a stack of ``children`` lists on a candidate's few thousand nodes."""
+    cursor = node.walk()
+    while True:
+        yield cursor.node
+        if cursor.goto_first_child():
+            continue
+        while not cursor.goto_next_sibling():
+            if not cursor.goto_parent():
+                return
 
 
 def _strip_comments(text: str) -> str:
