@@ -144,6 +144,24 @@ def test_moves_are_one_axis_and_every_backend_has_points(table_ws):
     assert GEN.initial(m, "cuda")["vec"] == 8  # 16-byte accesses of bf16
 
 
+def _groups(src: str) -> int:
+    """A rows kernel's GROUPS, worked out from its source's C (rows rounded up to whole groups)."""
+    import re
+
+    m = re.search(r"static const int64_t ROWS = (\d+);\nstatic const int64_t GROUPS = \(ROWS \+ (\d+)\) / (\d+);", src)
+    assert m is not None, src[-3000:]
+    return (int(m.group(1)) + int(m.group(2))) // int(m.group(3))
+
+
+def _blocks(expr: str) -> int:
+    """A flat kernel's block count, ``(unsigned)((N LL + k - 1) / k)``, worked out."""
+    import re
+
+    m = re.fullmatch(r"\(unsigned\)\(\((\d+)LL \+ (\d+)\) / (\d+)\)", expr)
+    assert m is not None, expr
+    return (int(m.group(1)) + int(m.group(2))) // int(m.group(3))
+
+
 def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows():
     """The "waves" grid launches min(groups, SMs x resident blocks), resident blocks capped at 32:
     valid() counts them the same way, so a waves grid the emitter would launch differently from
@@ -162,8 +180,8 @@ def test_waves_is_valid_exactly_when_the_emitter_launches_fewer_blocks_than_rows
         src = GEN.render(m, p, "cuda", dev) if GEN.valid(m, p, "cuda", dev) else None
         assert (src is not None) == launches_fewer, sms
         if src is not None:
-            grid = int(re.search(r"<<<\s*(\d+)", src).group(1))
-            assert grid == sms * 32 < 512, (grid, sms)
+            cap = re.search(r"<<<\(unsigned\)\(GROUPS < (\d+) \? GROUPS : (\d+)\)", src)
+            assert cap is not None and int(cap.group(1)) == int(cap.group(2)) == sms * 32 < 512 == _groups(src), sms
 
 
 def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
@@ -172,7 +190,6 @@ def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
     128-column per-head norm does it), each row with its own names, and the grid has a block for
     each ``rpb * rpt`` rows; where every group is whole, no row is clamped. Refused with a row split over a cluster, with shared memory, and where
     the grid would have fewer blocks than the GPU has SMs."""
-    import re
 
     few = FEW_SMS
     by = {(_name(c), c.dtype): c for c in table_ws.cards()}
@@ -186,15 +203,15 @@ def test_rows_a_thread_load_every_row_before_any_reduction(table_ws):
     assert all(f"p0 + ro0_{i} + c0" in before for i in range(4)) and "_4" not in src
     assert [f"const int64_t rr_{i} = (g * RPT + {i}) * RPB + slot;" in before for i in range(4)] == [True] * 4
     assert all(f"store_vec<__nv_bfloat16, VEC>(q0 + ro0_{i} + c0, o0_{i});" in after for i in range(4))
-    assert re.search(r"GROUPS = 2;", GEN.render(gemma, p, "cuda", few))  # 16 rows, 8 a block
+    assert _groups(GEN.render(gemma, p, "cuda", few)) == 2  # 16 rows, 8 a block
     plain = GEN.render(gemma, {**p, "rpt": 1}, "cuda", few)
-    assert "const int64_t rr = g * RPB + slot;" in plain and "GROUPS = 8;" in plain
+    assert "const int64_t rr = g * RPB + slot;" in plain and _groups(plain) == 8
     # every group whole (16 rows, 8 a block): no row's liveness or clamp; one row a thread, or a
     # last group with dead rows (16 rows, 32 a block), keep them
     assert "const int64_t r_3 = rr_3;" in src and "ROWS - 1" not in src
     assert "const int64_t r = live ? rr : ROWS - 1;" in plain
     ragged = GEN.render(gemma, {**p, "rpb": 8}, "cuda", few)
-    assert "const int64_t r_3 = live_3 ? rr_3 : ROWS - 1;" in ragged and "GROUPS = 1;" in ragged
+    assert "const int64_t r_3 = live_3 ? rr_3 : ROWS - 1;" in ragged and _groups(ragged) == 1
     assert not GEN.valid(gemma, {**p, "cache": "smem"}, "cuda", few)
     assert not GEN.valid(gemma, {**p, "rpt": 8}, "cuda", few)  # one block for two SMs
     assert not GEN.valid(gemma, p, "cuda", dataclasses.replace(few, sms=4))  # two blocks for four SMs
@@ -1003,7 +1020,9 @@ def test_one_launch_for_outputs_of_different_sizes_gives_each_size_its_whole_gri
         assert GEN.valid(m, p, "cuda") and not GEN.valid(m, {**p, "grid": "waves4"}, "cuda")
         one = GEN.render(m, p, "cuda")
         each = GEN.render(m, {**p, "launch": "each"}, "cuda")
-        own = [(int(a), int(b)) for a, b in re.findall(r"fg_kernel1?<\d+><<<(\d+), \d+, 0, s>>>.*\n    else fg_kernel1?<1><<<(\d+),", each)]
+        own = [(_blocks(a), _blocks(b)) for a, b in re.findall(
+            r"fg_kernel1?<\d+><<<(\(unsigned\)\(\(\d+LL \+ \d+\) / \d+\)), \d+, 0, s>>>.*\n"
+            r"    else fg_kernel1?<1><<<(\(unsigned\)\(\(\d+LL \+ \d+\) / \d+\)),", each)]
         assert len(own) == 2, each[-1500:]
         rows = re.findall(r"if \(b < \(VEC == 1 \? (\d+)u : (\d+)u\)\) \{ fg_domain(\d)<VEC>\(b - \(VEC == 1 \? (\d+)u : (\d+)u\), "
                           r"VEC == 1 \? (\d+)u : (\d+)u", one)

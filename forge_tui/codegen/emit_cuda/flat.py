@@ -70,6 +70,16 @@ def fold_gains(kern: Kernel, parts: int, vec: int) -> bool:
     return folded is not None and folded[1] == 0 and len(folded[0]) < parts * flat
 
 
+def _grid(numel: int, per_block: int, cap: int | None) -> tuple[int, str]:
+    """Blocks covering ``numel`` elements ``per_block`` a block, at most ``cap``: the number, and
+    the C expression of it over the element count."""
+    full = -(-numel // per_block)
+    c = f"({numel}LL + {per_block - 1}) / {per_block}"
+    if cap is None:
+        return full, f"(unsigned)({c})"
+    return min(full, cap), f"(unsigned)({c} < {cap} ? {c} : {cap})"
+
+
 def emit_flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     """``fold`` = P > 1: each thread computes VEC columns in each of the row's P parts (c, c + H,
     ... with H = cols / P) and reads every distinct element once: accesses that meet across parts
@@ -89,14 +99,14 @@ def emit_flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     sources = "\n".join(src for src, _, _, _ in doms)
     if not one:
         launches = "".join(
-            f"    if ({al}) {name}<{vec}><<<{g}, {threads}, 0, s>>>({args_c});\n"
-            f"    else {name}<1><<<{g1}, {threads}, 0, s>>>({args_c});\n"
-            for (_, g, g1, al), name in zip(doms, [f"fg_kernel{d if d else ''}" for d in range(len(doms))]))
+            f"    if ({al}) {name}<{vec}><<<{gc}, {threads}, 0, s>>>({args_c});\n"
+            f"    else {name}<1><<<{gc1}, {threads}, 0, s>>>({args_c});\n"
+            for (_, (_, gc), (_, gc1), al), name in zip(doms, [f"fg_kernel{d if d else ''}" for d in range(len(doms))]))
         return PRELUDE + sources + "\n" + launcher(kern, card, launches) + "\n"
     names = ", ".join(a.split("__restrict__ ")[1] for a in params_c.split(", "))
     calls = []
     total = total1 = 0
-    for d, (_, g, g1, _) in enumerate(doms):
+    for d, (_, (g, _), (g1, _), _) in enumerate(doms):
         calls.append(f"    if (b < (VEC == 1 ? {total1 + g1}u : {total + g}u)) {{ fg_domain{d}<VEC>(b - (VEC == 1 ? "
                      f"{total1}u : {total}u), VEC == 1 ? {g1}u : {g}u, {names}); return; }}")
         total, total1 = total + g, total1 + g1
@@ -110,10 +120,12 @@ def emit_flat(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
 
 
 def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_c: str,
-                 device_fn: bool = False) -> tuple[str, int, int, str]:
+                 device_fn: bool = False) -> tuple[str, tuple[int, str], tuple[int, str], str]:
     """One domain's kernel named ``kname`` (a ``__global__`` one, or with ``device_fn`` a device
     function of its block index and block count, for a launch shared with other domains), its grid
-    at VEC and at 1, and the condition for the VEC instantiation."""
+    at VEC and at 1 (each a number and the C expression of it over the element count, which a
+    range card's source takes at run time: see codegen/ranged.py), and the condition for the VEC
+    instantiation."""
     w = NodeWriter(kern, "cuda", p.get("math", "eager"))
     threads, vec, parts = p["threads"], p["vec"], p.get("fold", 1)
     h = kern.cols // parts
@@ -172,10 +184,10 @@ def _flat_domain(kern: Kernel, p: dict, device: DeviceProps, kname: str, params_
                      + "\n".join(ind + "        " + b for b in body) + "\n" + ind + "    }")
     decls = [ind + d for d in w.row_decls()]
     numel = kern.rows * h
-    full = -(-numel // (threads * vec))
     wave = device.sms * max(1, device.max_threads_per_sm // threads)
-    grid = {"full": full, "waves4": min(full, 4 * wave), "waves1": min(full, wave)}[p["grid"]]
-    grid1 = -(-numel // threads) if p["grid"] == "full" else grid
+    cap = {"full": None, "waves4": 4 * wave, "waves1": wave}[p["grid"]]
+    grid = _grid(numel, threads * vec, cap)
+    grid1 = _grid(numel, threads, None) if p["grid"] == "full" else grid
     aligned = aligned_check(kern, vec, vloads, vouts)
     nl = "\n"
     folded = f", folded {parts} ways (a thread: columns c + k x {h})" if parts > 1 else ""

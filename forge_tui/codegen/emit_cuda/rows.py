@@ -174,7 +174,9 @@ def emit_rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     body = [line for stage in stages for i in range(rpt) for line in _row_copy(stage, i, rpt)]
     params_c, args_c = kernel_args(kern, w)
     groups = -(-kern.rows // (rpb * rpt))
-    grid = groups if p.get("grid", "rows") == "rows" else min(groups, device.sms * resident_blocks(tpr * rpb, device))
+    cap = device.sms * resident_blocks(tpr * rpb, device)
+    # the grid in C over GROUPS, which a range card's source takes at run time (codegen/ranged.py)
+    grid = "(unsigned)GROUPS" if p.get("grid", "rows") == "rows" else f"(unsigned)(GROUPS < {cap} ? GROUPS : {cap})"
     nv = -(-cols // (tpr * vec * split))
     nv1 = -(-cols // (tpr * split))
     smem = off
@@ -198,7 +200,8 @@ def emit_rows(kern: Kernel, p: dict, card, device: DeviceProps) -> str:
     rows_note = f", {rpt} rows a thread" if rpt > 1 else ""
     return PRELUDE + f'''
 /* {kern.summary}; {tpr} threads a row, {rpb} rows a block, {split} blocks a row, cache {cache}{rows_note} */
-static const int64_t ROWS = {kern.rows}, GROUPS = {groups};
+static const int64_t ROWS = {kern.rows};
+static const int64_t GROUPS = (ROWS + {rpb * rpt - 1}) / {rpb * rpt};
 static const int COLS = {cols};
 #define TPR {tpr}
 #define RPB {rpb}
