@@ -47,17 +47,26 @@ def input_ranges(ranges: dict[str, DimRange]) -> dict[int, dict[int, tuple[int, 
     return out
 
 
-def dim_order(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...] | None:
-    """The order in memory of a dense tensor's dimensions larger than one, outermost first (its
-    strides a contiguous layout of some permutation of its dimensions), None where it is not
-    dense (a slice, a broadcast)."""
-    order = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: (-stride[d], d))
-    acc = 1
-    for d in reversed(order):
-        if stride[d] != acc:
-            return None
-        acc *= shape[d]
-    return tuple(order)
+def dim_order(shape: Sequence[int], stride: Sequence[int], keep: Iterable[int] = ()) -> tuple[int, ...] | None:
+    """The order in memory of a dense tensor's dimensions larger than one and those of ``keep``
+    (a range card's ranged dimensions), outermost first (its strides a contiguous layout of some
+    permutation of its dimensions), None where it is not dense (a slice, a broadcast). A ranged
+    dimension of size one at the card's own size keeps its place by its stride: a decode step's
+    one row of q, a view of [batch, rows, heads, dim] transposed to put the heads first, has the
+    row stride of heads x dim, and its prefill's rows lie outside the heads in memory."""
+    sized = [d for d in range(len(shape)) if shape[d] > 1]
+    ones = sorted({d for d in keep if shape[d] == 1})
+    # a ranged dimension of one whose stride fits no place goes where a contiguous layout puts it
+    for dims in ([*sized, *ones], sized) if ones else (sized,):
+        order = sorted(dims, key=lambda d: (-stride[d], d))
+        acc = 1
+        for d in reversed(order):
+            if stride[d] != acc:
+                break
+            acc *= shape[d]
+        else:
+            return tuple(order)
+    return None
 
 
 def dense_strides(shape: Sequence[int], order: Sequence[int]) -> list[int]:
@@ -111,7 +120,7 @@ def fits(t: Any, dtype: Any, shape: tuple[int, ...], stride: tuple[int, ...], ra
     if t.numel() > 1 and tuple(t.stride()) != stride:
         # the same layout class: the layout ``at_sizes`` gives the card at this size (dense, its
         # dimensions in the card's order), the strides of dimensions of size one aside
-        order = dim_order(shape, stride)
+        order = dim_order(shape, stride, ranged)
         want = dense_strides(tshape, order) if order is not None else stride
         if any(n > 1 and st != w for n, st, w in zip(tshape, t.stride(), want)):
             return f"strides {tuple(t.stride())}"
@@ -145,8 +154,12 @@ def output_layout(card_shape: Sequence[int], card_stride: Sequence[int], k: int,
     shape = output_shape(card_shape, k, ranges, inputs)
     if shape is None:
         return None
-    order = dim_order(card_shape, card_stride)
+    order = dim_order(card_shape, card_stride, _ranged_dims(ranges, "output", k))
     return shape, (dense_strides(shape, order) if order is not None else None)
+
+
+def _ranged_dims(ranges: dict[str, DimRange], io: str, k: int) -> list[int]:
+    return [d for key in ranges for kio, kk, d in [parse_key(key)] if kio == io and kk == k]
 
 
 def range_reason(card: Card) -> str | None:
@@ -226,7 +239,7 @@ def at_sizes(card: Card, point: dict[str, int]) -> Card:
             key = dim_key("input", k, d)
             if key in point:
                 shape[d] = point[key]
-        order = dim_order(s.shape, s.stride)
+        order = dim_order(s.shape, s.stride, _ranged_dims(card.ranges, "input", k))
         stride = dense_strides(shape, order) if order is not None else list(s.stride)
         inputs.append(s.model_copy(update={"shape": shape, "stride": stride}))
     outputs = []
@@ -234,7 +247,7 @@ def at_sizes(card: Card, point: dict[str, int]) -> Card:
         sized = output_shape(s.shape, k, card.ranges, [i.shape for i in inputs])
         if sized is None:
             raise ValueError(range_reason(card) or f"output {k} cannot be sized")
-        order = dim_order(s.shape, s.stride)
+        order = dim_order(s.shape, s.stride, _ranged_dims(card.ranges, "output", k))
         stride = dense_strides(sized, order) if order is not None else list(s.stride)
         outputs.append(s.model_copy(update={"shape": sized, "stride": stride}))
     program = program_at(card.program, inputs)

@@ -252,7 +252,7 @@ def _widen(card: Card, g, device: str, quiet: "QuietTimer", store: TensorStore, 
     samples of the range's ends beside its own, its calls and time over every size (each size's
     time that of the timed size nearest in elements: the most weighted and the ends), its calls
     and share per phase."""
-    from ..ranges import heaviest_point
+    from ..ranges import heaviest_point, parse_key
 
     card.ranges = g.ranges
     for b in g.buckets[1:]:  # the calls of every size, so that a compiled scope compiles for them
@@ -263,7 +263,11 @@ def _widen(card: Card, g, device: str, quiet: "QuietTimer", store: TensorStore, 
     if card.time_us is not None:
         timed.append((_elements(g.rep), card.time_us))
     if g.ranges:
-        point = heaviest_point(card)
+        # the card's own samples are of its own inputs' sizes: the most weighted size of each
+        # ranged dimension where one size is ranged, but where several are (a decode step's rows
+        # and its KV length) the sizes of the most called shape, which ``heaviest_point``'s
+        # dimension-by-dimension choice need not be
+        point = {key: card.inputs[k].shape[d] for key in heaviest_point(card) for _, k, d in [parse_key(key)]}
         for s in card.samples:
             s.point = point
     for b in g.ends():
