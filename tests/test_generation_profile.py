@@ -4,6 +4,7 @@ steps apart, calls that differ only in a size that varies by step as one card.""
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -96,6 +97,12 @@ def test_layouts_and_sizes_of_a_range():
     assert dim_order([8, 16, 10], [160, 1, 16]) == (0, 2, 1)  # a transposed view of a growing cache
     assert dense_strides([8, 16, 13], (0, 2, 1)) == [208, 1, 16]
     assert dim_order([8, 16, 10], [0, 1, 16]) is None  # broadcast: not dense
+    # a decode step's q, [batch, rows, heads, dim] transposed to [1, 4, 1, 16]: its one row keeps
+    # its place outside the heads when the rows are ranged, so the prefill's 8 rows lie there too
+    q = ([1, 4, 1, 16], [64, 16, 64, 1])
+    assert dim_order(*q) == (1, 3) and dim_order(*q, keep=[2]) == (2, 1, 3)
+    assert dense_strides([1, 4, 8, 16], (2, 1, 3)) == [512, 16, 64, 1]
+    assert dim_order([1, 4, 1, 16], [64, 16, 7, 1], keep=[2]) == (1, 3)  # a stride that fits no place
     from forge_tui.cards import DimRange
 
     sizes = checked_sizes(DimRange(min=8, max=16, weights={}))
@@ -105,6 +112,11 @@ def test_layouts_and_sizes_of_a_range():
 
 def test_card_at_a_size_of_its_range(gen_workspace):
     ws, _ = gen_workspace
+    # a card ranged over two sizes (the scores' rows and KV length): its own samples are labelled
+    # with its own inputs' sizes, which the most weighted size of each dimension need not be
+    (soft,) = [c for c in ws.cards() if c.target == "aten._softmax.default" and c.ranges]
+    own = {k: soft.inputs[0].shape[int(k[-1])] for k in soft.ranges if k.startswith("input0.")}
+    assert soft.samples and soft.samples[0].point == own
     (scores,) = _kv_product(load_cards(ws.root / "cards"))
     points = size_points(scores)
     assert {p["input1.dim2"] for p in points} >= {PROMPT, PROMPT + NEW - 1}
@@ -166,11 +178,19 @@ def test_family_that_cannot_serve_a_range_says_why(gen_workspace):
     from forge_tui.templates.registry import match, range_refusals
 
     ws, _ = gen_workspace
+    # the softmax family compiles every size in, so the generator serves the scores' softmax
     (soft,) = [c for c in ws.cards() if c.target == "aten._softmax.default" and c.ranges]
-    assert match(soft) == (None, None)
-    reasons = range_refusals(soft)
-    assert reasons and all(len(line.splitlines()) == 1 for line in reasons)
-    assert any(line.startswith("softmax:") for line in reasons)
+    fam, _ = match(soft)
+    assert fam is not None and fam.name == "generated"
+    assert [line.split(":")[0] for line in range_refusals(soft)] == ["softmax"]
+    # the cache's cat along the KV length: its output's length follows no input's, so nothing serves it
+    grown = [c for c in ws.cards() if c.target == "aten.cat.default" and c.ranges
+             and any(r.same_as is None for k, r in c.ranges.items() if k.startswith("output"))]
+    assert grown and all(match(c) == (None, None) for c in grown)
+    for card in grown:
+        reasons = range_refusals(card)
+        assert reasons and all(len(line.splitlines()) == 1 for line in reasons)
+        assert "follows no input dimension's" in reasons[0] and reasons[-1].startswith("generated:")
 
 
 def test_guard_serves_the_range_and_falls_back_outside(range_kernel):
@@ -257,6 +277,105 @@ def test_a_workload_that_cannot_generate_is_refused_in_one_line(tmp_path):
         profile_into_workspace("example:tiny_mlp", tmp_path / "ws", device="cpu", generate=4)
     assert len(str(err.value).splitlines()) == 1
     assert not (tmp_path / "ws").exists()
+
+
+def _rotary(ws):
+    """The attention's rotary chain over q's heads and k's, the prefill's rows and each step's one."""
+    (rot,) = [c for c in ws.cards() if c.kind == "chain" and c.op_name == "mul+slice+slice+neg+cat+mul+add"]
+    return rot
+
+
+@pytest.fixture(scope="module")
+def rotary_kernel(gen_workspace):
+    """(the rotary range card, the generator's cpu source for its range, the evaluation)."""
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.templates.registry import match
+
+    ws, _ = gen_workspace
+    rot = _rotary(ws)
+    fam, m = match(rot)
+    assert fam is not None and m is not None and fam.name == "generated"
+    src = fam.render(m, fam.initial(m, "cpu"), "cpu")
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        r = ev.evaluate(rot, src)
+    return rot, src, r
+
+
+def test_the_generator_serves_a_chain_over_its_range(gen_workspace, rotary_kernel):
+    """The rotary chain ranges over the heads (q's 4, k's 2) and the rows (the prefill's 8, each
+    step's 1): its generated source reads both at run time, with a variant of its own for one
+    row, and is right at every size of the range, checked one by one."""
+    import itertools
+
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+    from forge_tui.evaluator.api import EvalOptions
+
+    ws, _ = gen_workspace
+    rot, src, r = rotary_kernel
+    assert r.correct, r.reason
+    heads, rows = rot.ranges["input0.dim1"], rot.ranges["input0.dim2"]
+    assert (heads.min, heads.max, rows.min, rows.max) == (2, 4, 1, PROMPT)
+    assert "const int64_t fg_n1 = in[0].shape[2];" in src and "if (in[0].shape[2] == 1) return fg_v0::" in src
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        for h, n in itertools.product(range(heads.min, heads.max + 1), range(rows.min, rows.max + 1)):
+            point = {"input0.dim1": h, "input0.dim2": n, "input1.dim2": n, "input2.dim2": n}
+            one = ev.evaluate(at_sizes(rot, point), src, EvalOptions(timing=False))
+            assert one.correct, (h, n, one.reason)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_generated_range_source_builds_for_cuda(gen_workspace):
+    """The cuda source of the rotary's range: its kernels take the sizes as parameters."""
+    import tempfile
+    from pathlib import Path
+
+    from forge_tui.evaluator.build import Builder
+    from forge_tui.templates.registry import match
+
+    ws, _ = gen_workspace
+    fam, m = match(_rotary(ws))
+    src = fam.render(m, fam.initial(m, "cuda"), "cuda")
+    assert "fg_kernel(const int64_t fg_n0, const int64_t fg_n1, " in src
+    built = Builder("cuda", Path(tempfile.mkdtemp(dir=ws.cache)), arch="sm_90").build(src)
+    assert built.ok, built.log[:2000]
+
+
+def test_a_generated_range_kernel_serves_the_prefill_and_the_steps(gen_workspace, rotary_kernel):
+    """The rotary's range kernel promoted (a chain: served in compiled scopes): its guard serves
+    q and k at the prefill's rows and at a step's one, and the greedy tokens are eager's. Every
+    call it does not serve is one its attention scope ran as written: the scope compiles at most
+    ``MAX_VARIANTS`` variants, and the tiny decoder's layers differ in ``layer_idx``, an integer
+    Dynamo guards, so its two layers at two shapes want four."""
+    import torch
+
+    from forge_tui.generation import GreedyRunner, adapter_for
+    from forge_tui.promotion import promote_kernel
+    from forge_tui.runtime.apply import apply
+    from forge_tui.runtime.graph.scope import GraphScope
+    from forge_tui.workload import load_workload
+
+    ws, _ = gen_workspace
+    rot, src, r = rotary_kernel
+    if not (ws.root / "kernels" / rot.id).exists():
+        promote_kernel(ws, rot.id, src, r, by="test")
+    wl = load_workload(ws.root / "workload.py")
+    model, inputs = wl.build("cpu")
+    model.eval()
+    with torch.no_grad():
+        eager = wl.module.generate(model, inputs, max_new_tokens=NEW)
+        with apply(model, ws.root, cards=[rot.id], only_faster=False, compiled_scopes=True) as applied:
+            got = GreedyRunner(adapter_for(model), max_len=PROMPT + NEW, capture=None).generate(inputs[0], NEW).tokens
+            st = applied.board.cards[rot.id]
+            layers = 2
+            # the prefill's q and k in both layers, then steps: at least one layer's every step
+            assert st.served >= layers * 2 + 2 * (NEW - 1), st.served
+            assert set(st.fallbacks) <= {GraphScope.UNCOVERED_WHY}, st.fallbacks
+    assert torch.equal(got, eager)
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled-scope", "intercepted-scope"])

@@ -31,8 +31,10 @@ from ..cards import Card
 from ..kernel_abi import ITEMSIZE
 from ..kernels.device import DEFAULT_DEVICE, DeviceProps
 from ..kernels.family import Family, Match, header
+from ..kernels.family import describe as _describe
 from .analyze import Unsupported, analyze
 from .emit_common import math_modes
+from .emit_cpu import PRELUDE as CPU_PRELUDE
 from .emit_cpu import emit_cpu
 from .emit_cuda import (
     cached_loads,
@@ -46,6 +48,7 @@ from .emit_cuda import (
     tile_steps,
     vec_ok,
 )
+from .emit_cuda.common import PRELUDE as CUDA_PRELUDE
 from .index import Index
 from .ir import FLOATS, Kernel
 
@@ -98,13 +101,82 @@ class _Cache:
 _CACHE = _Cache()
 
 
+def describe_params(p: dict) -> str:
+    return _describe("generated", p)
+
+
 def kernel_or_reason(card: Card) -> Kernel | str:
     """The generated kernel's analysis for the card, or the one-line reason there is none."""
     return _CACHE.get(card)
 
 
+RANGE_AXES: dict[str, list[object]] = {"grid": ["full", "rows"], "split": [1], "rpt": [1], "launch": ["each"]}
+"""For a range card, the values of these axes its source can take: grids whose launches read
+the sizes alone (a block per row group, or every element), one block a row, one row a thread,
+one launch a kernel (see ranged.py)."""
+
+_RANGED: OrderedDict[str, tuple[bool, str]] = OrderedDict()
+_RANGED_LOCK = threading.Lock()
+
+
+def _range_key(card: Card, p: dict, backend: str, device: DeviceProps) -> str:
+    return hashlib.sha256(json.dumps([card.id, card.program, [s.model_dump() for s in card.inputs],
+                                      {k: r.model_dump() for k, r in card.ranges.items()}, p, backend,
+                                      repr(device)], sort_keys=True, default=str).encode()).hexdigest()
+
+
 class Generated(Family):
     name = "generated"
+
+    # ---- range cards -----------------------------------------------------------------------------
+    def _range_source(self, m: Match, p: dict, backend: str, device: DeviceProps) -> str:
+        """The one source for the range card's whole range at configuration ``p`` (ranged.py), or
+        Unsupported with the reason; remembered by card and configuration."""
+        from .ranged import RangeSource
+
+        key = _range_key(m.card, p, backend, device)
+        with _RANGED_LOCK:
+            hit = _RANGED.get(key)
+        if hit is None:
+            def render_at(card: Card) -> str:
+                k = kernel_or_reason(card)
+                if isinstance(k, str):
+                    raise Unsupported(f"range: at {card.label}: {k}")
+                em = Match(self.name, card, {"kernel": k})
+                if not self._valid_exact(em, p, backend, device):
+                    raise Unsupported(f"range: {describe_params(p)} cannot run at {card.label}")
+                return emit_cpu(k, p, card) if backend == "cpu" else emit_cuda(k, p, card, device)
+
+            prelude = CPU_PRELUDE if backend == "cpu" else CUDA_PRELUDE
+            try:
+                hit = (True, RangeSource(m.card, render_at, prelude, backend).source())
+            except Unsupported as exc:
+                hit = (False, str(exc))
+            except Exception as exc:  # noqa: BLE001 - a bug of the generator must not stop a search
+                hit = (False, f"range: the generator failed ({type(exc).__name__}: {exc})")
+            with _RANGED_LOCK:
+                _RANGED[key] = hit
+                while len(_RANGED) > 128:
+                    _RANGED.popitem(last=False)
+        if not hit[0]:
+            raise Unsupported(hit[1])
+        return hit[1]
+
+    def range_reason(self, m: Match) -> str | None:
+        """None where the first configuration's source serves the whole range (ranged.py: the
+        generator's code at sampled sizes, its sizes fitted as polynomials), else why not."""
+        from ..ranges import range_reason
+
+        if range_reason(m.card) is not None:  # said first, in the card's own line
+            return "generated: no kernel can size the card's output at run time"
+        why = None
+        for backend in ("cuda", "cpu"):
+            try:
+                self._range_source(m, self.initial(m, backend), backend, DEFAULT_DEVICE)
+                return None
+            except Unsupported as exc:
+                why = why or f"generated: {exc}"
+        return why
 
     def match(self, card: Card) -> Match | None:
         k = kernel_or_reason(card)
@@ -158,6 +230,9 @@ class Generated(Family):
         modes = math_modes(self._k(m), backend)
         if len(modes) > 1:
             ax["math"] = modes
+        if m.card.ranges:
+            ax = {k: ([v for v in vals if v in RANGE_AXES[k]] if k in RANGE_AXES else vals) for k, vals in ax.items()}
+            ax.pop("bps", None)
         return ax
 
     def _axes(self, m: Match, backend: str, device: DeviceProps) -> dict[str, list]:
@@ -178,6 +253,17 @@ class Generated(Family):
         return ax
 
     def valid(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> bool:
+        if not m.card.ranges:
+            return self._valid_exact(m, p, backend, device)
+        if any(k in p and p[k] not in vals for k, vals in RANGE_AXES.items()) or "bps" in p:
+            return False
+        try:
+            self._range_source(m, p, backend, device)
+        except Unsupported:
+            return False
+        return True
+
+    def _valid_exact(self, m: Match, p: dict, backend: str, device: DeviceProps) -> bool:
         k = self._k(m)
         if p.get("math", "eager") not in math_modes(k, backend):
             return False
@@ -254,11 +340,23 @@ class Generated(Family):
 
     def initial(self, m: Match, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> dict:
         """The heuristic first configuration; ``math`` starts at ``eager`` (bit for bit where eager
-        is exact) where the program has other modes."""
+        is exact) where the program has other modes. For a range card, the first of these that
+        serves the whole range: the exact card's own, then with the range's axes, with one
+        element an access, unfolded."""
         p = self._initial(m, backend, device)
         if len(math_modes(self._k(m), backend)) > 1:
             p["math"] = "eager"
-        return p
+        if not m.card.ranges:
+            return p
+        ranged = {**p, **{k: vals[0] for k, vals in RANGE_AXES.items() if k in p and p[k] not in vals}}
+        ranged.pop("bps", None)
+        if not self._k(m).reductions:
+            ranged["grid"] = "full"
+        tries = [ranged, {**ranged, "vec": 1}, {**ranged, "vec": 1, "fold": 1} if "fold" in ranged else None]
+        for t in tries:
+            if t is not None and self.valid(m, t, backend, device):
+                return t
+        return ranged
 
     def _initial(self, m: Match, backend: str, device: DeviceProps) -> dict:
         k = self._k(m)
@@ -316,5 +414,8 @@ class Generated(Family):
 
     def render(self, m: Match, p: dict, backend: str, device: DeviceProps = DEFAULT_DEVICE) -> str:
         k = self._k(m)
-        src = emit_cpu(k, p, m.card) if backend == "cpu" else emit_cuda(k, p, m.card, device)
+        if m.card.ranges:
+            src = self._range_source(m, p, backend, device)
+        else:
+            src = emit_cpu(k, p, m.card) if backend == "cpu" else emit_cuda(k, p, m.card, device)
         return header(self.name, p, self.passes(m, p)) + src
