@@ -603,8 +603,9 @@ def test_a_remembered_refusal_leaves_a_compiled_scopes_trace_alone(promoted):
 def test_alike_scopes_stop_sharing_where_dynamo_guards_a_layer_of_its_own(tmp_path):
     """Where the shared copy compiles again for a call like one it compiled (Dynamo guards
     something of that layer's own: here an attribute the forward reads, set apart in one layer),
-    the book stops sharing: the later layers compile copies of their own, so one cache never
-    holds a variant a layer. Every layer is served and agrees with eager."""
+    the book stops sharing: that layer, from its next call, and the later layers compile copies
+    of their own, so one cache never holds a variant a layer. Every layer is served and agrees
+    with eager."""
     src = (HERE / "data" / "workloads" / "softmax_layers.py").read_text()
     src = src.replace("        self.proj = nn.Linear(64, 64)\n", "        self.proj = nn.Linear(64, 64)\n        self.t = 1.0\n")
     src = src.replace("return torch.softmax(self.proj(x), dim=-1)", "return torch.softmax(self.proj(x) * self.t, dim=-1)")
@@ -622,9 +623,9 @@ def test_alike_scopes_stop_sharing_where_dynamo_guards_a_layer_of_its_own(tmp_pa
         scopes = [applied.scopes[f"layers.{i}"] for i in range(3)]
         st = applied.status()["cards"][0]
     book = scopes[0].book
-    assert [s.shared for s in scopes] == [True, True, False] and not book.shared
-    assert book.variants.codes and len(book.variants.codes) == 2  # layer 0's and layer 1's
-    assert scopes[2].variants == 1 and st["served"] == 3 * 3
+    assert [s.shared for s in scopes] == [True, False, False] and not book.shared
+    assert book.variants.codes and len(book.variants.codes) == 2  # layer 0's and layer 1's first
+    assert scopes[1].variants == 1 and scopes[2].variants == 1 and st["served"] == 3 * 3
 
 
 def test_a_call_by_keywords_leads_with_the_forwards_first_parameter():

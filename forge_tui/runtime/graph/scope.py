@@ -185,6 +185,10 @@ class GraphScope:
         decided at its first compile."""
         self.uncovered = 0
         """Calls run as written because no compiled variant covered them once compiling stopped."""
+        self._leave = False
+        """Whether the scope leaves its book's shared copy after this call (``_count_variant``)."""
+        self._keys: set[Any] = set()
+        """The keys of the calls this scope compiled variants for."""
         self._tally: Any = None
         self._run_only: Any = None
         """The compiled variants run without compiling (``torch._dynamo.run``), made once."""
@@ -347,12 +351,19 @@ class GraphScope:
             self.failed = f"its module hooks changed after {self.MAX_REHOOKS} compiles"
             return True
         self.rehooks += 1
+        self._own_copy()
+        return False
+
+    def _own_copy(self) -> None:
+        """Compile a copy of the forward of the scope's own from the next call (``compiled``:
+        rehooked scopes, and those that leave a shared copy, do not share), every profiled call
+        pending again."""
         self._compiled = self._clone = self._hooks = self._run_only = None
         self._not_covered.clear()
         self.direct, self.direct_why, self._direct_tried = None, None, False
-        # a copy of its own from now on (``compiled``: rehooked scopes do not share)
         self._vs, self.shared, self.sites, self.levels, self.unmapped = _Variants(), False, {}, [], {}
-        return False
+        self._leave = False
+        self.pending = set(self.book.profiled)
 
     @property
     def failed(self) -> str | None:
@@ -479,6 +490,9 @@ class GraphScope:
         served = self._count_variant(sites, key, args, kwargs)
         if self.failed is not None:
             return out
+        if self._leave:
+            self._own_copy()
+            return out
         if first:
             self._direct_tried = True
             if not _compiled_variants(self._clone):
@@ -508,10 +522,16 @@ class GraphScope:
             return False
         if key is None:
             key = call_key(args, kwargs)
+        mine = key in self._keys
+        self._keys.add(key)
         if self.shared and key in self.book.serving | self.book.empty:
-            # an alike scope compiled a call like this one: Dynamo guards something of this
-            # module's own, and a shared cache would hold a variant a layer
+            # a call like one compiled before: Dynamo guards something of this module's own (a
+            # layer's ``layer_idx``), and a shared cache would hold a variant a layer. Scopes
+            # that compile later take copies of their own; so does this one from its next call
+            # where an alike scope compiled that call (its variants in the shared copy would
+            # count against the limit the others' share, and a layer's steps find it reached)
             self.book.shared = False
+            self._leave = not mine
         earlier = bool(vs.serving)
         vs.codes.extend(new)
         self._not_covered.clear()  # the new variant may cover them
