@@ -63,7 +63,7 @@ def test_sizes_that_change_become_polynomials_read_at_run_time():
             return "    const int64_t NUMEL = 16;\n    p[0] = 7;"
         return f"    constexpr int64_t NUMEL = {16 * n}, SQ = {n * n + 3};\n    p[r % {n}LL] = 7;"
 
-    src = RangeSource(_ranged_card(), _render(body, log=log), PRE, "cuda").source()
+    src = RangeSource(_ranged_card(), _render(body, log=log), PRE).source()
     assert src.startswith(PRE) and src.count(PRE) == 1
     # the variant for a size of 1 first, the general one picked otherwise
     assert "if (in[0].shape[1] == 1) return fg_v0::fg_launch(" in src
@@ -86,21 +86,21 @@ def test_a_size_that_is_no_polynomial_refuses_the_range():
     """A block count rounded up (ceil(n / 4)) computed in Python is no polynomial of n."""
     launch = lambda n: f"    k<<<{-(-n // 4)}, 256, 0, s>>>((float*)out[0].data);"  # noqa: E731
     with pytest.raises(Unsupported, match=r"^range: a size in its code \(\d+\) is no polynomial of the ranged sizes$"):
-        RangeSource(_ranged_card(), _render(lambda n: f"    p[{n}] = 1;", launch), PRE, "cuda").source()
+        RangeSource(_ranged_card(), _render(lambda n: f"    p[{n}] = 1;", launch), PRE).source()
 
 
 def test_a_size_the_compiler_needs_refuses_the_range():
     with pytest.raises(Unsupported, match=r"a ranged size is a compile-time constant of its code"):
-        RangeSource(_ranged_card(), _render(lambda n: f"    float acc[{n}];\n    acc[0] = 1;"), PRE, "cuda").source()
+        RangeSource(_ranged_card(), _render(lambda n: f"    float acc[{n}];\n    acc[0] = 1;"), PRE).source()
     with pytest.raises(Unsupported, match=r"a ranged size is a compile-time constant of its code"):
         RangeSource(_ranged_card(), _render(lambda n: "    p[0] = 1;",
-                                            lambda n: f"    k<{n}><<<1, 256, 0, s>>>(p);"), PRE, "cuda").source()
+                                            lambda n: f"    k<{n}><<<1, 256, 0, s>>>(p);"), PRE).source()
 
 
 def test_code_of_another_form_inside_the_range_refuses_it_naming_the_size():
     body = lambda n: "    p[0] = 1;" if n % 2 else "    p[0] = 1;\n    p[1] = 2;"  # noqa: E731
     with pytest.raises(Unsupported) as err:
-        RangeSource(_ranged_card(), _render(body), PRE, "cuda").source()
+        RangeSource(_ranged_card(), _render(body), PRE).source()
     assert re.match(r"^range: its code takes another form at sizes input0\.dim1=\d+ than at input0\.dim1=\d+$",
                     str(err.value))
 

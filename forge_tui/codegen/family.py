@@ -149,7 +149,7 @@ class Generated(Family):
 
             prelude = CPU_PRELUDE if backend == "cpu" else CUDA_PRELUDE
             try:
-                hit = (True, RangeSource(m.card, render_at, prelude, backend).source())
+                hit = (True, RangeSource(m.card, render_at, prelude).source())
             except Unsupported as exc:
                 hit = (False, str(exc))
             except Exception as exc:  # noqa: BLE001 - a bug of the generator must not stop a search

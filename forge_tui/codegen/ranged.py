@@ -129,12 +129,12 @@ def _c_poly(coef: dict[tuple[int, ...], int], names: list[str]) -> str:
 
 
 class RangeSource:
-    """How to render a range card's source for one configuration. ``render_at(card, params)`` is
-    the generator's exact-size rendering (the source without its header line); ``prelude`` what
-    every such source starts with."""
+    """A range card's one source for one configuration: ``render_at(card)`` is the generator's
+    source for an exact-size card at that configuration (without its header line), ``prelude``
+    what every such source starts with."""
 
-    def __init__(self, card: Card, render_at: Callable[[Card], str], prelude: str, backend: str) -> None:
-        self.card, self.render_at, self.prelude, self.backend = card, render_at, prelude, backend
+    def __init__(self, card: Card, render_at: Callable[[Card], str], prelude: str) -> None:
+        self.card, self.render_at, self.prelude = card, render_at, prelude
         self.groups = [_Group([k for k in keys if k.startswith("input")], card) for keys in _linked(card)]
         self.groups = [g for g in self.groups if g.keys]
         self._renders: dict[Point, str] = {}
@@ -168,19 +168,16 @@ class RangeSource:
         variants fixing more groups first, the general body of this call last."""
         free = [g for g in range(len(self.groups)) if g not in fixed]
         grid = list(itertools.product(*[[fixed[g]] if g in fixed else samples[g] for g in range(len(self.groups))]))
-        general = [p for p in grid if all(p[g] != 1 for g in free)]
-        skel0 = skeleton(self._at(general[-1]))[0]
-        for p in general:
-            if skeleton(self._at(p))[0] != skel0:
-                raise Unsupported(f"range: its code takes another form at sizes {self._named(p)} than at "
-                                  f"{self._named(general[-1])}")
+        top = grid[-1]  # every free group at its largest sampled size
+        skel0 = skeleton(self._at(top))[0]
+        # a group whose size 1 reads otherwise, the others' sizes larger, gets its own variants
         special = [g for g in free if any(p[g] == 1 and all(p[h] != 1 for h in free if h != g)
                                            and skeleton(self._at(p))[0] != skel0 for p in grid)]
         use = [p for p in grid if all(p[g] != 1 for g in special)]
         for p in use:
             if skeleton(self._at(p))[0] != skel0:
                 raise Unsupported(f"range: its code takes another form at sizes {self._named(p)} than at "
-                                  f"{self._named(general[-1])}")
+                                  f"{self._named(top)}")
         uniq: dict[tuple, tuple[dict[int, int], str]] = {}
         for g in special:
             for f, b in self._variants({**fixed, g: 1}, samples):
