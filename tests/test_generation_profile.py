@@ -353,27 +353,36 @@ def test_a_generated_range_kernel_serves_the_prefill_and_the_steps(gen_workspace
     own, else its steps would find the shared copy at its limit of variants and run as written."""
     import torch
 
-    from forge_tui.generation import GreedyRunner, adapter_for
     from forge_tui.promotion import promote_kernel
-    from forge_tui.runtime.apply import apply
-    from forge_tui.workload import load_workload
 
     ws, _ = gen_workspace
     rot, src, r = rotary_kernel
     if not (ws.root / "kernels" / rot.id).exists():
         promote_kernel(ws, rot.id, src, r, by="test")
+    eager, got, st, scopes = _generate_applied(ws, rot.id, compiled=True)
+    layers = 2
+    assert st.served == layers * 2 * NEW and not st.fallbacks, (st.served, st.fallbacks)
+    assert [s.shared for s in scopes] == [True, False]
+    assert torch.equal(got, eager)
+
+
+def _generate_applied(ws, card_id: str, compiled: bool):
+    """(eager's greedy tokens, the runner's with ``card_id`` applied, the card's status, the
+    apply's scopes): the workspace's workload generating NEW tokens from its PROMPT-token prompt."""
+    import torch
+
+    from forge_tui.generation import GreedyRunner, adapter_for
+    from forge_tui.runtime.apply import apply
+    from forge_tui.workload import load_workload
+
     wl = load_workload(ws.root / "workload.py")
     model, inputs = wl.build("cpu")
     model.eval()
     with torch.no_grad():
         eager = wl.module.generate(model, inputs, max_new_tokens=NEW)
-        with apply(model, ws.root, cards=[rot.id], only_faster=False, compiled_scopes=True) as applied:
+        with apply(model, ws.root, cards=[card_id], only_faster=False, compiled_scopes=compiled) as applied:
             got = GreedyRunner(adapter_for(model), max_len=PROMPT + NEW, capture=None).generate(inputs[0], NEW).tokens
-            st = applied.board.cards[rot.id]
-            layers = 2
-            assert st.served == layers * 2 * NEW and not st.fallbacks, (st.served, st.fallbacks)
-            assert [s.shared for s in applied.scopes.values()] == [True, False]
-    assert torch.equal(got, eager)
+            return eager, got, applied.board.cards[card_id], list(applied.scopes.values())
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled-scope", "intercepted-scope"])
@@ -386,11 +395,8 @@ def test_an_op_range_card_is_served_at_every_size_in_a_scope(gen_workspace, comp
 
     from forge_tui.config import parse_config
     from forge_tui.evaluator import Evaluator
-    from forge_tui.generation import GreedyRunner, adapter_for
     from forge_tui.promotion import promote_kernel
-    from forge_tui.runtime.apply import apply
     from forge_tui.templates.registry import match
-    from forge_tui.workload import load_workload
 
     ws, _ = gen_workspace
     (silu,) = [c for c in ws.cards() if c.target == "aten.silu.default" and c.ranges]
@@ -404,15 +410,8 @@ def test_an_op_range_card_is_served_at_every_size_in_a_scope(gen_workspace, comp
             r = ev.evaluate(silu, src)
         assert r.correct, r.reason
         promote_kernel(ws, silu.id, src, r, by="test")
-    wl = load_workload(ws.root / "workload.py")
-    model, inputs = wl.build("cpu")
-    model.eval()
-    with torch.no_grad():
-        eager = wl.module.generate(model, inputs, max_new_tokens=NEW)
-        with apply(model, ws.root, cards=[silu.id], only_faster=False, compiled_scopes=compiled) as applied:
-            got = GreedyRunner(adapter_for(model), max_len=PROMPT + NEW, capture=None).generate(inputs[0], NEW).tokens
-            assert (len(applied.scopes) > 0) == compiled
-            st = applied.board.cards[silu.id]
-            layers = 2
-            assert st.served == layers * NEW and not st.fallbacks, (st.served, st.fallbacks)
+    eager, got, st, scopes = _generate_applied(ws, silu.id, compiled)
+    assert (len(scopes) > 0) == compiled
+    layers = 2
+    assert st.served == layers * NEW and not st.fallbacks, (st.served, st.fallbacks)
     assert torch.equal(got, eager)
