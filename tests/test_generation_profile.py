@@ -128,6 +128,15 @@ def test_card_at_a_size_of_its_range(gen_workspace):
 
 # ---- kernels that serve a range, guards by shape class ---------------------------------------------
 
+def _cpu_evaluator(ws):
+    """The workspace's evaluator on the cpu backend, timing that tolerates a shared machine."""
+    from forge_tui.config import parse_config
+    from forge_tui.evaluator import Evaluator
+
+    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
+    return Evaluator(ws.store, ws.cache, cfg, backend="cpu")
+
+
 def _range_norm(cards):
     """The decoder layers' RMSNorm module card, over the rows of the prefill and the decode steps."""
     (norm,) = [c for c in cards if c.target == "module:RMSNorm" and "input0.dim1" in c.ranges]
@@ -137,8 +146,6 @@ def _range_norm(cards):
 @pytest.fixture(scope="module")
 def range_kernel(gen_workspace):
     """(workspace, RMSNorm range card, its rownorm kernel's source, the evaluation)."""
-    from forge_tui.config import parse_config
-    from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
     from forge_tui.templates.registry import match
 
@@ -147,8 +154,7 @@ def range_kernel(gen_workspace):
     fam, m = match(norm)
     assert fam is not None and m is not None and fam.name == "rownorm"
     src = fam.render(m, fam.initial(m, "cpu"), "cpu")
-    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
-    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+    with _cpu_evaluator(ws) as ev:
         r = ev.evaluate(norm, src)
         assert r.correct, r.reason
         rows = norm.ranges["input0.dim1"]
@@ -248,8 +254,6 @@ def test_a_range_card_in_a_compiled_model_is_sized_by_each_call(range_kernel):
 
 
 def test_elementwise_serves_a_range_where_its_index_does_not_change(gen_workspace):
-    from forge_tui.config import parse_config
-    from forge_tui.evaluator import Evaluator
     from forge_tui.templates.registry import match, range_refusals
 
     ws, _ = gen_workspace
@@ -259,8 +263,7 @@ def test_elementwise_serves_a_range_where_its_index_does_not_change(gen_workspac
     for backend in ("cpu", "cuda"):  # the element count read from the output, not compiled in
         src = fam.render(m, fam.initial(m, backend), backend)
         assert "const int64_t NUMEL = forge_numel(&out[0]);" in src
-    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
-    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+    with _cpu_evaluator(ws) as ev:
         r = ev.evaluate(silu, fam.render(m, fam.initial(m, "cpu"), "cpu"))
     assert r.correct, r.reason
     # the attention's mask add: the mask is broadcast along ranged dimensions
@@ -288,8 +291,6 @@ def _rotary(ws):
 @pytest.fixture(scope="module")
 def rotary_kernel(gen_workspace):
     """(the rotary range card, the generator's cpu source for its range, the evaluation)."""
-    from forge_tui.config import parse_config
-    from forge_tui.evaluator import Evaluator
     from forge_tui.templates.registry import match
 
     ws, _ = gen_workspace
@@ -297,8 +298,7 @@ def rotary_kernel(gen_workspace):
     fam, m = match(rot)
     assert fam is not None and m is not None and fam.name == "generated"
     src = fam.render(m, fam.initial(m, "cpu"), "cpu")
-    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
-    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+    with _cpu_evaluator(ws) as ev:
         r = ev.evaluate(rot, src)
     return rot, src, r
 
@@ -309,8 +309,6 @@ def test_the_generator_serves_a_chain_over_its_range(gen_workspace, rotary_kerne
     row, and is right at every size of the range, checked one by one."""
     import itertools
 
-    from forge_tui.config import parse_config
-    from forge_tui.evaluator import Evaluator
     from forge_tui.evaluator.api import EvalOptions
 
     ws, _ = gen_workspace
@@ -319,8 +317,7 @@ def test_the_generator_serves_a_chain_over_its_range(gen_workspace, rotary_kerne
     heads, rows = rot.ranges["input0.dim1"], rot.ranges["input0.dim2"]
     assert (heads.min, heads.max, rows.min, rows.max) == (2, 4, 1, PROMPT)
     assert "const int64_t fg_n1 = in[0].shape[2];" in src and "if (in[0].shape[2] == 1) return fg_v0::" in src
-    cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0, "max_slowdown": 100.0}})
-    with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+    with _cpu_evaluator(ws) as ev:
         for h, n in itertools.product(range(heads.min, heads.max + 1), range(rows.min, rows.max + 1)):
             point = {"input0.dim1": h, "input0.dim2": n, "input1.dim2": n, "input2.dim2": n}
             one = ev.evaluate(at_sizes(rot, point), src, EvalOptions(timing=False))
@@ -393,8 +390,6 @@ def test_an_op_range_card_is_served_at_every_size_in_a_scope(gen_workspace, comp
     eager's. Placed last: the workspace it promotes into is the module's."""
     import torch
 
-    from forge_tui.config import parse_config
-    from forge_tui.evaluator import Evaluator
     from forge_tui.promotion import promote_kernel
     from forge_tui.templates.registry import match
 
@@ -404,9 +399,7 @@ def test_an_op_range_card_is_served_at_every_size_in_a_scope(gen_workspace, comp
     if not (ws.root / "kernels" / silu.id).exists():
         fam, m = match(silu)
         src = fam.render(m, fam.initial(m, "cpu"), "cpu")
-        cfg = parse_config({"timing": {"warmup": 1, "repeats": 3, "threads": 1, "max_spread": 10.0,
-                                       "max_slowdown": 100.0}})
-        with Evaluator(ws.store, ws.cache, cfg, backend="cpu") as ev:
+        with _cpu_evaluator(ws) as ev:
             r = ev.evaluate(silu, src)
         assert r.correct, r.reason
         promote_kernel(ws, silu.id, src, r, by="test")
