@@ -159,6 +159,8 @@ class _Checker(_Judge):
     def eager_is_off(self, *a, **k):
         return Evaluation.eager_is_off(self, *a, **k)
 
+    _is_truth = Evaluation._is_truth
+
     @staticmethod
     def _unwritten(o, e, which=None, nonfinite="exact"):
         return 0
@@ -178,6 +180,28 @@ def test_check_outputs_arbitrates_only_on_the_evaluators_own_inputs():
     assert judge.eager_off == {"random-0": 2}
     with pytest.raises(CandidateFailure, match="outside tolerance"):  # a timed call: its inputs are not trusted
         Evaluation.check_outputs(judge, "timed run 1", [], [cand], [eager_off])
+
+
+def test_an_output_equal_to_its_input_is_a_copy_only_where_the_truth_is_not_the_input():
+    """Gemma's soft-cap of small bf16 inputs, computed in fp32 and rounded once, is its input bit
+    for bit, where eager's three bf16 roundings are an ulp off at some elements: such an output is
+    right, not a copy. Where the truth is not the input, or no input of the evaluator's own
+    arbitrates (a timed call), the same output is a copy."""
+    import pytest
+
+    from forge_tui.evaluator.harness import CandidateFailure
+
+    x = (torch.randn(16, 64, generator=torch.Generator().manual_seed(0)) * 0.5).bfloat16()
+    eager = torch.tanh(x / 30.0) * 30.0
+    truth = (torch.tanh(x.double() / 30.0) * 30.0).bfloat16()
+    assert torch.equal(truth, x) and not torch.equal(eager, x)
+    Evaluation.check_outputs(_Checker([truth]), "random-0", [x], [x.clone()], [eager], pristine=[x.clone()])
+    with pytest.raises(CandidateFailure, match="output 0 is a copy of input 0"):
+        Evaluation.check_outputs(_Checker([truth]), "timed run 1", [x], [x.clone()], [eager])
+    off_by_one = truth.clone()
+    off_by_one[0, 0] = eager[0, 0] if eager[0, 0] != x[0, 0] else -x[0, 0]
+    with pytest.raises(CandidateFailure, match="output 0 is a copy of input 0"):
+        Evaluation.check_outputs(_Checker([off_by_one]), "random-0", [x], [x.clone()], [eager], pristine=[x.clone()])
 
 
 def test_cards_that_mutate_their_inputs_get_no_arbiter():
