@@ -7,7 +7,8 @@ every size, stride and extent is a literal of the source it writes. For a range 
 * Every rendered source, its comments aside, must read the same but for its integer literals
   (the *skeleton*). Each literal that changes is fitted, exactly, as a polynomial in the sizes
   of the ranged dimension groups (``ranges._linked``: dimensions that vary together are one
-  size), of degree at most 2 in each, and checked at every sampled size the fit did not use.
+  size), of degree at most 2 in each (``MAX_DEGREE``), and checked at every sampled size the fit
+  did not use.
   Where a group's whole range is sampled the fit is exact at every size it can take.
 * A size of 1 may read otherwise (a dimension of one drops out of every index: a decode step's
   one row). Where it does, that size gets a source of its own, itself a range source over the
@@ -38,6 +39,10 @@ from .values import Unsupported
 
 MAX_POINTS = 100
 """Sampled sizes (grid points over the groups) at most: each is an analysis and a rendering."""
+
+MAX_DEGREE = 2
+"""The highest power of a size in a fitted literal: a block count or an extent is linear in a size,
+a product of two extents quadratic."""
 
 SAMPLES = 7
 """Sizes sampled of a group whose range is larger: its ends, the checked and most weighted
@@ -190,9 +195,10 @@ class RangeSource:
 
     def _general(self, points: list[Point], skel0: str, free: list[int], special: list[int]) -> str:
         """The body for ``points`` (one skeleton): each literal that changes as its polynomial in
-        the free groups' sizes. A group whose every size (but a size 1 of its own variant) is
-        sampled is interpolated through them all; another is fitted at degree 2 at most and
-        checked at the sizes left over."""
+        the free groups' sizes, of degree ``MAX_DEGREE`` at most in each, solved on the first
+        sizes and checked at every other sampled one. Where a group's every size (but a size 1 of
+        its own variant) is sampled, the fit is exact at every size it can take; another group
+        needs a sampled size beyond those the fit used."""
         lits = [skeleton(self._at(p))[1] for p in points]
         sub = [tuple(p[g] for g in free) for p in points]
         degrees = []
@@ -200,10 +206,10 @@ class RangeSource:
             vals = sorted({s[i] for s in sub})
             grp = self.groups[g]
             domain = [v for v in range(grp.lo, grp.hi + 1) if not (v == 1 and g in special)]
-            if vals == domain:
-                degrees.append(len(vals) - 1)
-            elif len(vals) >= 4:
-                degrees.append(2)
+            if vals == domain:  # exact at every size of the domain, whatever degree fits it
+                degrees.append(min(len(vals) - 1, MAX_DEGREE))
+            elif len(vals) > MAX_DEGREE + 1:
+                degrees.append(MAX_DEGREE)
             else:
                 raise Unsupported(f"range: too few sizes of {grp.keys[0]} to fit its code to")
         names = [f"fg_n{g}" for g in free]
