@@ -197,6 +197,10 @@ def test_family_that_cannot_serve_a_range_says_why(gen_workspace):
         reasons = range_refusals(card)
         assert reasons and all(len(line.splitlines()) == 1 for line in reasons)
         assert "follows no input dimension's" in reasons[0] and reasons[-1].startswith("generated:")
+        # the card pane's line says the same
+        assert card.coverage.proposer == "agent"
+        assert card.coverage.why_not == ("no kernel serves aten.cat.default over its range: " + "; ".join(reasons) +
+                                         " (left to the LLM agent)")
 
 
 def test_guard_serves_the_range_and_falls_back_outside(range_kernel):

@@ -12,7 +12,7 @@ from ..cards import Card, Coverage
 from ..codegen import Generated, kernel_or_reason
 from ..kernels.device import DeviceProps, detect_device
 from ..kernels.family import Family, Match
-from .registry import match
+from .registry import match, range_refusals
 
 
 def valid_points(fam: Family, m: Match, backend: str, device: DeviceProps, limit: int | None = None) -> list[dict]:
@@ -40,6 +40,10 @@ def why_none(card: Card, fam: Family | None, m: Match | None, backend: str, devi
     in one line; None where one has."""
     if fam is None or m is None:
         why = kernel_or_reason(card)
+        refusals = range_refusals(card) if card.ranges else []
+        if refusals:  # a family computes the card at one size, none over its range
+            return (f"no kernel serves {card.target} over its range: " + "; ".join(refusals) +
+                    (f"; nor does the generator: {why}" if isinstance(why, str) else "") + " (left to the LLM agent)")
         return (f"no template family serves {card.target}, nor the generator: {why} (left to the LLM agent)"
                 if isinstance(why, str) else f"no template family serves {card.target} (left to the LLM agent)")
     if not has_point(fam, m, backend, device):
