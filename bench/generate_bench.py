@@ -156,7 +156,7 @@ def run_child(name: str, opts: dict[str, Any], deadline: float, record: Path) ->
             log(f"generation bench ({deadline - time.time():.0f} s left)")
             r = generate_bench(spec, ws, opts["new_tokens"], batches=tuple(opts["batch"]) if opts["batch"] else None,
                                device=dev, repeats=opts["repeats"], with_compile=opts["compile"],
-                               compile_mode=opts["compile_mode"])
+                               compile_mode=opts["compile_mode"], switch_off=True)
             phase("generate", t0)
             data["result"] = r.to_json()
             data["table"] = r.table()

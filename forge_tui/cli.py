@@ -356,7 +356,8 @@ def cmd_bench(args) -> int:
 
         g = generate_bench(args.workload, args.workspace, args.generate, batches=tuple(args.batch) if args.batch else None,
                            device=args.device, dtype=parse_dtype(args.dtype), repeats=args.gen_repeats,
-                           with_compile=not args.no_compile, compile_mode=args.compile_mode)
+                           with_compile=not args.no_compile, compile_mode=args.compile_mode,
+                           switch_off=not args.keep_slower)
         from .generation_result import save
 
         save(args.workspace, g.to_json())  # the app's screens show it (``generation_result.py``)
@@ -514,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dtype")
     sp.add_argument("--repeats", type=int, default=20)
     sp.add_argument("--no-compile", action="store_true", help="skip the two torch.compile variants")
-    sp.add_argument("--keep-slower", action="store_true", help="do not switch off kernels that slow the forward")
+    sp.add_argument("--keep-slower", action="store_true",
+                    help="do not switch off kernels that slow the forward (or, with --generate, a compiled generation)")
     sp.add_argument("--all-kernels", action="store_true",
                     help="use every promoted kernel, also those measured slower or whose dispatch eats their gain")
     sp.add_argument("--graphs", action="store_true", help="cuda: also eager and eager + forge each captured in a "

@@ -92,11 +92,14 @@ class GenBenchResult:
     """"bandwidth_Bps" (copy, read + written), and per batch 1 the bytes a step reads."""
     runner: dict[str, Any] = field(default_factory=dict)
     """The eager + forge runner's status (``RunnerStatus.to_json``)."""
+    switched_off: dict[str, str] = field(default_factory=dict)
+    """Cards switched off for compiled models by this bench, with why (``switch_off_under_compile``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"workload": self.workload, "device": self.device, "dtype": self.dtype, "prompt_len": self.prompt_len,
                 "new_tokens": self.new_tokens, "repeats": self.repeats, "rows": [r.to_json() for r in self.rows],
-                "notes": self.notes, "bandwidth": self.bandwidth, "runner": self.runner}
+                "notes": self.notes, "bandwidth": self.bandwidth, "runner": self.runner,
+                "switched_off": self.switched_off}
 
     def mismatches(self) -> list[str]:
         """The forge ways whose tokens do not agree with eager's (by the rule above)."""
@@ -397,11 +400,15 @@ def _sync(device: str) -> None:
 def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batches: tuple[int, ...] | None = None,
                    device: str | None = None, dtype: Any = None, repeats: int = 5, with_compile: bool = True,
                    compile_mode: str = "default", compile_backend: str = "inductor",
-                   bandwidth_Bps: float | None = None, only_faster: bool = True) -> GenBenchResult:
+                   bandwidth_Bps: float | None = None, only_faster: bool = True,
+                   switch_off: bool = False) -> GenBenchResult:
     """Greedy generation four ways (see the module's docstring). ``bandwidth_Bps``: the copy
     bandwidth to set batch-1 decode against (default: measured on CUDA, none elsewhere).
     ``only_faster``: ``apply``'s (False: every promoted kernel is used, whatever it is timed at
-    here, as the tests ask where they check what is served rather than how fast)."""
+    here, as the tests ask where they check what is served rather than how fast).
+    ``switch_off``: the kernels torch.compile + forge served are switched off for compiled models
+    where its generations were not faster than torch.compile's at every batch
+    (``switch_off_under_compile``; ``forge bench --generate`` unless ``--keep-slower``)."""
     import time
 
     import torch
@@ -463,6 +470,9 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
         bw = float(ceilings(dev)["bandwidth_Bps"])
     import torch._dynamo
 
+    whole: dict[int, tuple[list[float], list[float]]] = {}
+    """Per batch, the N-token generations' times: torch.compile's and torch.compile + forge's."""
+    compile_served: list[str] = []
     dynamo_limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(dynamo_limit, RECOMPILE_LIMIT)
     try:
@@ -496,6 +506,8 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
                 before = _dynamo_counts()
                 raw = _rounds(timer, live, prompt, new_tokens, rows)
                 live = {n: w for n, w in live.items() if rows[n].error is None}
+                if "compile" in live and "compile+forge" in live:
+                    whole[batch] = (raw["compile|n"], raw["compile+forge|n"])
                 timed = {k: v - before[k] for k, v in _dynamo_counts().items()}
                 if timed["graphs"] or timed["frames"] != timed["frames_compiled"]:
                     res.notes.append(f"batch {batch}: while timed, Dynamo compiled {timed['graphs']} more graph(s) and "
@@ -531,10 +543,51 @@ def generate_bench(workload_spec: Any, workspace: Any, new_tokens: int, *, batch
         res.runner = runner.status().to_json()
         for way in ways.values():
             if way.applied is not None:
-                res.runner.setdefault("served", {}).update(
-                    {f"{way.name}: {c['card']}": c["served"] for c in way.applied.status()["cards"]})
+                cards = way.applied.status()["cards"]
+                res.runner.setdefault("served", {}).update({f"{way.name}: {c['card']}": c["served"] for c in cards})
+                if way.name == "compile+forge":
+                    compile_served = [c["card"] for c in cards if c["served"]]
                 way.applied.undo()
     why = runner.status().why_not_graphed
     if why:
         res.notes.append(f"eager+forge decode steps run op by op: {why}")
+    if switch_off and only_faster and compile_served:
+        res.switched_off = switch_off_under_compile(ws, compile_served, whole, new_tokens, dev)
+        res.notes.extend(f"compile+forge: {card} switched off for compiled models: {why}"
+                         for card, why in res.switched_off.items())
     return res
+
+
+def switch_off_under_compile(ws: Any, served: list[str], whole: dict[int, tuple[list[float], list[float]]],
+                             new_tokens: int, dev: str) -> dict[str, str]:
+    """torch.compile + forge never below torch.compile, in generation as in the forward
+    (``e2e.switch_off_compile``): unless its N-token generations were faster than torch.compile's
+    at every batch timed (the paired ratio's median above 1, ``not_faster``), every kernel it served
+    is switched off for compiled models (eager models keep them), all at once, in one commit of the
+    workspace. A kernel faster than eager alone can still cost a compiled step more than it saves
+    (inductor fuses the ops it replaces with their neighbours, and the call leaves inductor's code).
+    Returns the cards switched off, with why."""
+    from ..e2e.switch_off import not_faster
+    from ..promotion import commit_manifest, kernels, kernels_dir
+    from ..runtime.manifest import Manifest
+    from ..timing import paired_ratio
+
+    slower = []
+    for batch, (c, cf) in sorted(whole.items()):
+        if not any(b > 0 for b in cf[:len(c)]):
+            continue
+        ratio = paired_ratio(c, cf)
+        if not_faster(ratio):
+            slower.append(f"batch {batch} {ratio.median:.3f}x [{ratio.q1:.3f}, {ratio.q3:.3f}]")
+    if not slower:
+        return {}
+    why = (f"torch.compile + forge generated {new_tokens} tokens at " + ", ".join(slower) +
+           f" torch.compile's speed (paired rounds, forge bench --generate, {dev})")
+    man = Manifest.load(kernels_dir(ws))
+    cards = [c for c in served if c in man.entries]
+    for card in cards:
+        man.entries[card].compile_disabled_reason = why
+    if cards:
+        commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(cards))} under torch.compile",
+                        [f"{card}: {why}" for card in cards], cards)
+    return {card: why for card in cards}

@@ -747,3 +747,36 @@ def test_the_bench_bounds_the_forward_by_the_served_cards_own_times(promoted, tm
     assert r.bound_basis == "isolation"
     assert r.to_json()["own_times_us"] == {c: list(v) for c, v in r.own_times.items()}
     assert f"{norm.id}: eager's ops {r.own_times[norm.id][0]:.1f} µs a call" in r.table()
+
+
+def test_generate_bench_switches_kernels_off_under_compile_unless_faster_at_every_batch(promoted, tmp_path):
+    """forge bench --generate: the kernels torch.compile + forge served are switched off for
+    compiled models unless its N-token generations were faster than torch.compile's at every batch
+    timed (the paired rounds' times, given here: the verdict, not the machine, is under test); eager
+    models keep them, and the decision is a commit of the workspace."""
+    import shutil
+
+    from forge_tui.generation.bench import switch_off_under_compile
+    from forge_tui.workspace import Workspace
+
+    src, norm, _ = promoted
+    shutil.copytree(src.root, tmp_path / "ws")
+    ws = Workspace.open(tmp_path / "ws")
+    faster = ([10.0, 10.0, 10.0], [8.0, 8.5, 9.0])
+    assert switch_off_under_compile(ws, [norm.id], {1: faster, 8: faster}, 8, "cpu") == {}
+    assert not manifest(ws).entries[norm.id].compile_disabled_reason
+    # faster at batch 1, slower at batch 8 (10/12, 10/12.5, 10/9: a median of 0.833)
+    off = switch_off_under_compile(ws, [norm.id, "op-not-promoted"],
+                                   {1: faster, 8: ([10.0, 10.0, 10.0], [12.0, 12.5, 9.0])}, 8, "cpu")
+    assert list(off) == [norm.id]
+    assert off[norm.id] == ("torch.compile + forge generated 8 tokens at batch 8 0.833x [0.817, 0.972] "
+                            "torch.compile's speed (paired rounds, forge bench --generate, cpu)")
+    assert manifest(ws).entries[norm.id].compile_disabled_reason == off[norm.id]
+    with ws.git() as repo:
+        message = repo.log()[0][1]
+    assert message.startswith("switch off 1 kernel under torch.compile\n") and "Forge-Event: switch-off" in message
+    model = load_workload().get_model()
+    with apply(model, ws, mode=Mode.TORCH_COMPILE, only_faster=False) as applied:
+        assert "switched off under torch.compile" in applied.skipped[norm.id]
+    with apply(model, ws, only_faster=False) as applied:
+        assert norm.id in applied.guards
