@@ -271,8 +271,10 @@ def _dynamo_counts() -> dict[str, int]:
 
 
 def _compiled_note(way: str, batch: int, before: dict[str, int], after: dict[str, int], backend: Any) -> tuple[dict[str, int], str]:
-    """What a compiled way's first call at ``batch`` compiled, in one line, and forge's kernels
-    in its graphs (sites per card, rewrites that failed) where ``backend`` is forge's."""
+    """What a compiled way's first call at ``batch`` compiled, in one line, and the op and chain
+    cards ``backend`` rewrote into its graphs (sites per card, rewrites that failed) where it is
+    forge's. Module cards are not among them: they enter the graphs as the custom ops their
+    modules' forwards call, and the served counts list them."""
     d = {k: after[k] - before[k] for k in after}
     eager = d["frames"] - d["frames_compiled"]
     line = (f"{way} at batch {batch}: the first call compiled {d['graphs']} graph(s) from {d['frames_compiled']} of "
@@ -280,7 +282,7 @@ def _compiled_note(way: str, batch: int, before: dict[str, int], after: dict[str
             + (f"; {eager} frame(s) ran eagerly" if eager > 0 else ""))
     if backend is not None:
         sites = ", ".join(f"{c} x{n}" for c, n in sorted(backend.sites.items())) or "none"
-        line += f"; forge's kernels in its graphs so far: {sites}"
+        line += f"; op and chain cards rewritten into its graphs so far: {sites}"
         if backend.failed:
             line += f"; rewrites that failed: {len(backend.failed)} (first: {backend.failed[0][:160]})"
     return d, line
