@@ -769,8 +769,9 @@ def test_generate_bench_switches_kernels_off_under_compile_unless_faster_at_ever
     off = switch_off_under_compile(ws, [norm.id, "op-not-promoted"],
                                    {1: faster, 8: ([10.0, 10.0, 10.0], [12.0, 12.5, 9.0])}, 8, "cpu")
     assert list(off) == [norm.id]
-    assert off[norm.id] == ("torch.compile + forge generated 8 tokens at batch 8 0.833x [0.817, 0.972] "
-                            "torch.compile's speed (paired rounds, forge bench --generate, cpu)")
+    assert off[norm.id] == ("torch.compile + forge's 8-token generations were not faster than torch.compile's: "
+                            "0.833x [0.817, 0.972] at batch 8 (its speed over torch.compile's, paired rounds, "
+                            "forge bench --generate, cpu)")
     assert manifest(ws).entries[norm.id].compile_disabled_reason == off[norm.id]
     with ws.git() as repo:
         message = repo.log()[0][1]
