@@ -46,8 +46,14 @@ def switch_off_under_compile(ws: Any, man: Manifest, compiled_applied: Any, stat
                    f"(forge bench's own process had measured {ratio.median:.3f}x; {dev})")
     else:
         why = here
-    for card in served:
-        man.entries[card].compile_disabled_reason = why
-    commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(served))} under torch.compile",
-                    [f"{card}: {why}" for card in served], served)
+    disable_under_compile(ws, man, served, why)
     return {f"{card} (under torch.compile)": why for card in served}, fresh
+
+
+def disable_under_compile(ws: Any, man: Manifest, cards: list[str], why: str) -> None:
+    """Switch ``cards`` off for compiled models (eager models keep them), with ``why``, in one
+    commit of the workspace."""
+    for card in cards:
+        man.entries[card].compile_disabled_reason = why
+    commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(cards))} under torch.compile",
+                    [f"{card}: {why}" for card in cards], cards)

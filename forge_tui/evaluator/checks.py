@@ -260,7 +260,16 @@ class CheckedEvaluation:
         could have written)."""
         import torch
 
-        made: list | None = None
+        made: list = []
+
+        def own() -> list | None:
+            """The evaluator's own inputs, made once where ``pristine`` makes them."""
+            if not callable(pristine):
+                return pristine
+            if not made:
+                made.append(pristine())
+            return made[0]
+
         for k, (o, e) in enumerate(zip(outs, expected)):
             mismatch = compare(o, e, k, scale=_rms(e), nonfinite=nonfinite)
             if mismatch is not None:
@@ -268,10 +277,8 @@ class CheckedEvaluation:
                 if unwritten:
                     raise CandidateFailure("unwritten", f"{where}: output {k}: {unwritten} of {o.numel()} elements "
                                            "were never written (still hold the poison the evaluator filled in)")
-                if callable(pristine) and made is None:
-                    made = pristine()
-                own = made if callable(pristine) else pristine
-                off = 0 if own is None else self.eager_is_off(k, own, o, e, expected, nonfinite)
+                mine = own()
+                off = 0 if mine is None else self.eager_is_off(k, mine, o, e, expected, nonfinite)
                 if not off:
                     raise CandidateFailure("mismatch", f"{where}: {mismatch}",
                                            {"max_abs_err": mismatch.max_abs_err, "bad_fraction": mismatch.bad_fraction,
@@ -282,10 +289,8 @@ class CheckedEvaluation:
                 raise CandidateFailure("constant", f"{where}: output {k} is constant where the reference is not")
             for j, t in enumerate(ins):
                 if t.shape == o.shape and t.dtype == o.dtype and torch.equal(t, o) and not torch.equal(t, e):
-                    if callable(pristine) and made is None:
-                        made = pristine()
-                    own = made if callable(pristine) else pristine
-                    if own is None or not self._is_truth(k, own, o, expected):
+                    mine = own()
+                    if mine is None or not self._is_truth(k, mine, o, expected):
                         raise CandidateFailure("copy_of_input", f"{where}: output {k} is a copy of input {j}")
 
     def _is_truth(self, k: int, ins: list, o, expected: list) -> bool:

@@ -570,7 +570,8 @@ def switch_off_under_compile(ws: Any, served: list[str], whole: dict[int, tuple[
     (inductor fuses the ops it replaces with their neighbours, and the call leaves inductor's code).
     Returns the cards switched off, with why."""
     from ..e2e.switch_off import not_faster
-    from ..promotion import commit_manifest, kernels, kernels_dir
+    from ..e2e.switch_off_compile import disable_under_compile
+    from ..promotion import kernels_dir
     from ..runtime.manifest import Manifest
     from ..timing import paired_ratio
 
@@ -587,9 +588,6 @@ def switch_off_under_compile(ws: Any, served: list[str], whole: dict[int, tuple[
            ", ".join(slower) + f" (its speed over torch.compile's, paired rounds, forge bench --generate, {dev})")
     man = Manifest.load(kernels_dir(ws))
     cards = [c for c in served if c in man.entries]
-    for card in cards:
-        man.entries[card].compile_disabled_reason = why
     if cards:
-        commit_manifest(ws, man, "switch-off", f"switch off {kernels(len(cards))} under torch.compile",
-                        [f"{card}: {why}" for card in cards], cards)
+        disable_under_compile(ws, man, cards, why)
     return {card: why for card in cards}
